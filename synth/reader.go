@@ -177,13 +177,11 @@ func eachMember(b []byte, set func(key string, raw json.RawMessage) error) error
 		if end < 0 {
 			return bad()
 		}
-		var key string
-		if bytes.IndexByte(b[i:end], '\\') >= 0 {
+		key, ok := plainKey(b[i+1 : end-1])
+		if !ok { // escapes or control characters: let encoding/json judge
 			if err := json.Unmarshal(b[i:end], &key); err != nil {
 				return bad()
 			}
-		} else {
-			key = string(b[i+1 : end-1])
 		}
 		i = skipSpace(b, end)
 		if i >= len(b) || b[i] != ':' {
@@ -192,10 +190,13 @@ func eachMember(b []byte, set func(key string, raw json.RawMessage) error) error
 		i = skipSpace(b, i+1)
 		end = valueEnd(b, i)
 		// hash_ids is most of a trace's bytes; decodeHashIDs checks it.
-		if end < 0 || (key != "hash_ids" && !json.Valid(b[i:end])) {
+		if end <= i || (key != "hash_ids" && !json.Valid(b[i:end])) {
 			return bad()
 		}
 		if err := set(key, b[i:end]); err != nil {
+			if errors.Is(err, errSyntax) {
+				return bad()
+			}
 			return err
 		}
 		i = skipSpace(b, end)
@@ -214,6 +215,16 @@ func eachMember(b []byte, set func(key string, raw json.RawMessage) error) error
 			return bad()
 		}
 	}
+}
+
+// plainKey returns k as a string when it needs no unescaping.
+func plainKey(k []byte) (string, bool) {
+	for _, c := range k {
+		if c < 0x20 || c == '\\' {
+			return "", false
+		}
+	}
+	return string(k), true
 }
 
 func skipSpace(b []byte, i int) int {
@@ -276,6 +287,9 @@ func valueEnd(b []byte, i int) int {
 }
 
 var null = []byte("null")
+
+// errSyntax tells eachMember that a value it did not check is not JSON.
+var errSyntax = errors.New("invalid JSON")
 
 // setField decodes one member into rec. Keys match exactly (case matters,
 // as in AIPerf's pydantic model); a null value counts as absent.
@@ -396,6 +410,9 @@ func decodeCount(key string, raw json.RawMessage, isNull bool) (*int, error) {
 func decodeHashIDs(raw json.RawMessage) ([]int64, error) {
 	if ids, ok := scanIntList(raw); ok {
 		return ids, nil
+	}
+	if !json.Valid(raw) {
+		return nil, errSyntax
 	}
 	if raw[0] != '[' {
 		return nil, fmt.Errorf("hash_ids: must be a list of integers, got %s", kindOf(raw))

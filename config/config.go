@@ -1,0 +1,447 @@
+// Package config is the YAML schema of kvload-exporter: targets (inference
+// servers) and workloads (traces replayed against them), their defaults and
+// their validation.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"time"
+
+	promconfig "github.com/prometheus/common/config"
+	"github.com/prometheus/common/model"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is a whole configuration file.
+type Config struct {
+	Targets   []Target   `yaml:"targets"`
+	Workloads []Workload `yaml:"workloads"`
+
+	// dir is the directory of the file, against which trace paths resolve.
+	dir string
+}
+
+// Target is one inference server (or an emulated one).
+type Target struct {
+	Name             string                      `yaml:"name"`
+	URL              string                      `yaml:"url,omitempty"`
+	Model            string                      `yaml:"model,omitempty"`
+	API              string                      `yaml:"api,omitempty"`
+	Dialect          string                      `yaml:"dialect,omitempty"`
+	PromptFormat     string                      `yaml:"prompt_format,omitempty"`
+	Tokenizer        string                      `yaml:"tokenizer,omitempty"`
+	RequestTimeout   Duration                    `yaml:"request_timeout,omitempty"`
+	HTTPClientConfig *promconfig.HTTPClientConfig `yaml:"http_client_config,omitempty"`
+	ExtraBody        map[string]any              `yaml:"extra_body,omitempty"`
+	Cache            Cache                       `yaml:"cache,omitempty"`
+	Emulate          *Emulate                    `yaml:"emulate,omitempty"`
+}
+
+// Cache describes the target's KV prefix cache, for the theoretical model
+// and for reading the observed hits.
+type Cache struct {
+	BlockSize      int    `yaml:"block_size,omitempty"`
+	CapacityBlocks int    `yaml:"capacity_blocks,omitempty"`
+	Observed       string `yaml:"observed,omitempty"`
+	MetricsURL     string `yaml:"metrics_url,omitempty"`
+}
+
+// Emulate asks for an in-process emulated engine instead of a URL.
+type Emulate struct{}
+
+// Workload is one trace replayed against one or more targets.
+type Workload struct {
+	Name         string    `yaml:"name"`
+	Trace        string    `yaml:"trace"`
+	Targets      []string  `yaml:"targets"`
+	BlockSize    int       `yaml:"block_size,omitempty"`
+	Seed         uint64    `yaml:"seed,omitempty"`
+	Synthesis    Synthesis `yaml:"synthesis,omitempty"`
+	Loop         string    `yaml:"loop,omitempty"`
+	MaxInFlight  int       `yaml:"max_in_flight,omitempty"`
+	OnSaturation string    `yaml:"on_saturation,omitempty"`
+	Shard        Shard     `yaml:"shard,omitempty"`
+}
+
+// Synthesis reshapes the trace before replay (AIPerf's per-row transform).
+type Synthesis struct {
+	SpeedupRatio         float64 `yaml:"speedup_ratio,omitempty"`
+	PrefixLenMultiplier  float64 `yaml:"prefix_len_multiplier,omitempty"`
+	PrefixRootMultiplier int     `yaml:"prefix_root_multiplier,omitempty"`
+	PromptLenMultiplier  float64 `yaml:"prompt_len_multiplier,omitempty"`
+	OutputLenMultiplier  float64 `yaml:"output_len_multiplier,omitempty"`
+	MaxISL               int     `yaml:"max_isl,omitempty"`
+	MaxOSL               int     `yaml:"max_osl,omitempty"`
+}
+
+// Duration is a Prometheus-style duration ("30s", "10m", "1h30m").
+type Duration model.Duration
+
+// UnmarshalYAML reports a bad duration as a type error, so that decoding
+// goes on and every other problem is reported too.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	md, err := model.ParseDuration(n.Value)
+	if err != nil || n.Kind != yaml.ScalarNode {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %q is not a duration such as 30s or 10m", n.Line, n.Value)}}
+	}
+	*d = Duration(md)
+	return nil
+}
+
+// MarshalYAML writes the duration back in the same form.
+func (d Duration) MarshalYAML() (any, error) { return model.Duration(d).String(), nil }
+
+// Shard selects this replica's share of the trace.
+type Shard struct {
+	Index int `yaml:"index"`
+	Count int `yaml:"count"`
+}
+
+// Defaults of the contract.
+const (
+	DefaultAPI            = "chat"
+	DefaultDialect        = "openai"
+	DefaultPromptFormat   = "text"
+	DefaultTokenizer      = "o200k_base"
+	DefaultRequestTimeout = Duration(10 * time.Minute)
+	DefaultCacheBlockSize = 16
+	DefaultObserved       = "usage"
+	DefaultTraceBlockSize = 512
+	DefaultLoop           = "fresh"
+	DefaultMaxInFlight    = 64
+	DefaultOnSaturation   = "drop"
+)
+
+// Load reads, defaults and validates a configuration file. Its error lists
+// every problem, each on its own line prefixed with the file name.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := Parse(data, filepath.Dir(path))
+	if err != nil {
+		return nil, prefixLines(path, err)
+	}
+	return cfg, nil
+}
+
+// Parse decodes data strictly (unknown keys are errors), applies defaults and
+// validates. dir resolves relative trace paths.
+func Parse(data []byte, dir string) (*Config, error) {
+	var root yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("invalid YAML: %w", err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, errors.New("more than one YAML document")
+	}
+	cfg := &Config{dir: dir}
+	if root.Kind != 0 {
+		walk := walkKeys(&root, reflect.TypeOf(cfg))
+		var problems []error
+		for _, u := range walk.unknown {
+			problems = append(problems, errors.New(u))
+		}
+		strict := yaml.NewDecoder(bytes.NewReader(data))
+		strict.KnownFields(true)
+		if err := strict.Decode(cfg); err != nil {
+			var te *yaml.TypeError
+			if !errors.As(err, &te) {
+				return nil, fmt.Errorf("invalid YAML: %w", err)
+			}
+			for _, e := range te.Errors {
+				if strings.Contains(e, "not found in type") {
+					continue // already reported with its path
+				}
+				problems = append(problems, errors.New(walk.locate(e)))
+			}
+		}
+		if len(problems) > 0 {
+			return nil, errors.Join(problems...)
+		}
+	}
+	cfg.applyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func prefixLines(path string, err error) error {
+	lines := strings.Split(err.Error(), "\n")
+	for i, l := range lines {
+		lines[i] = path + ": " + l
+	}
+	return &Error{msg: strings.Join(lines, "\n"), err: err}
+}
+
+// Error is a configuration that cannot be used; its text has one problem per
+// line.
+type Error struct {
+	msg string
+	err error
+}
+
+func (e *Error) Error() string { return e.msg }
+func (e *Error) Unwrap() error { return e.err }
+
+func (c *Config) applyDefaults() {
+	for i := range c.Targets {
+		t := &c.Targets[i]
+		t.API = orDefault(t.API, DefaultAPI)
+		t.Dialect = orDefault(t.Dialect, DefaultDialect)
+		t.PromptFormat = orDefault(t.PromptFormat, DefaultPromptFormat)
+		t.Tokenizer = orDefault(t.Tokenizer, DefaultTokenizer)
+		if t.RequestTimeout == 0 {
+			t.RequestTimeout = DefaultRequestTimeout
+		}
+		if t.Cache.BlockSize == 0 {
+			t.Cache.BlockSize = DefaultCacheBlockSize
+		}
+		t.Cache.Observed = orDefault(t.Cache.Observed, DefaultObserved)
+		if t.Cache.Observed == "server_metrics" && t.Cache.MetricsURL == "" && t.URL != "" {
+			t.Cache.MetricsURL = strings.TrimSuffix(t.URL, "/") + "/metrics"
+		}
+		if t.Emulate != nil && t.Model == "" {
+			t.Model = "kvload-emulated"
+		}
+		if t.HTTPClientConfig == nil {
+			d := promconfig.DefaultHTTPClientConfig
+			t.HTTPClientConfig = &d
+		}
+	}
+	for i := range c.Workloads {
+		w := &c.Workloads[i]
+		if w.BlockSize == 0 {
+			w.BlockSize = DefaultTraceBlockSize
+		}
+		s := &w.Synthesis
+		s.SpeedupRatio = orOne(s.SpeedupRatio)
+		s.PrefixLenMultiplier = orOne(s.PrefixLenMultiplier)
+		s.PromptLenMultiplier = orOne(s.PromptLenMultiplier)
+		s.OutputLenMultiplier = orOne(s.OutputLenMultiplier)
+		if s.PrefixRootMultiplier == 0 {
+			s.PrefixRootMultiplier = 1
+		}
+		w.Loop = orDefault(w.Loop, DefaultLoop)
+		if w.MaxInFlight == 0 {
+			w.MaxInFlight = DefaultMaxInFlight
+		}
+		w.OnSaturation = orDefault(w.OnSaturation, DefaultOnSaturation)
+		if w.Shard == (Shard{}) {
+			w.Shard = Shard{Index: 0, Count: 1}
+		}
+	}
+}
+
+func orDefault(v, d string) string {
+	if v == "" {
+		return d
+	}
+	return v
+}
+
+func orOne(v float64) float64 {
+	if v == 0 {
+		return 1
+	}
+	return v
+}
+
+// TracePath is the workload's trace file, resolved against the config file's
+// directory.
+func (c *Config) TracePath(w *Workload) string {
+	if filepath.IsAbs(w.Trace) || c.dir == "" {
+		return w.Trace
+	}
+	return filepath.Join(c.dir, w.Trace)
+}
+
+// Target returns the target called name.
+func (c *Config) Target(name string) (*Target, bool) {
+	for i := range c.Targets {
+		if c.Targets[i].Name == name {
+			return &c.Targets[i], true
+		}
+	}
+	return nil, false
+}
+
+var namePattern = regexp.MustCompile(`^[a-zA-Z0-9_-]+$`)
+
+// Validate reports every problem at once, each prefixed with its YAML path.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(path, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...)))
+	}
+	if len(c.Targets) == 0 {
+		bad("targets", "at least one target is required")
+	}
+	if len(c.Workloads) == 0 {
+		bad("workloads", "at least one workload is required")
+	}
+	seen := map[string]bool{}
+	for i := range c.Targets {
+		t := &c.Targets[i]
+		p := fmt.Sprintf("targets[%d]", i)
+		switch {
+		case t.Name == "":
+			bad(p+".name", "is required")
+		case !namePattern.MatchString(t.Name):
+			bad(p+".name", "%q may hold only letters, digits, '_' and '-'", t.Name)
+		case seen[t.Name]:
+			bad(p+".name", "duplicate target name %q", t.Name)
+		}
+		seen[t.Name] = true
+		validateTarget(t, p, bad)
+	}
+	seenW := map[string]bool{}
+	for i := range c.Workloads {
+		w := &c.Workloads[i]
+		p := fmt.Sprintf("workloads[%d]", i)
+		switch {
+		case w.Name == "":
+			bad(p+".name", "is required")
+		case !namePattern.MatchString(w.Name):
+			bad(p+".name", "%q may hold only letters, digits, '_' and '-'", w.Name)
+		case seenW[w.Name]:
+			bad(p+".name", "duplicate workload name %q", w.Name)
+		}
+		seenW[w.Name] = true
+		if w.Trace == "" {
+			bad(p+".trace", "is required")
+		}
+		if len(w.Targets) == 0 {
+			bad(p+".targets", "at least one target is required")
+		}
+		dup := map[string]bool{}
+		for j, name := range w.Targets {
+			tp := fmt.Sprintf("%s.targets[%d]", p, j)
+			if _, ok := c.Target(name); !ok {
+				bad(tp, "unknown target %q", name)
+			}
+			if dup[name] {
+				bad(tp, "target %q listed twice", name)
+			}
+			dup[name] = true
+		}
+		validateWorkload(w, p, bad)
+	}
+	return errors.Join(errs...)
+}
+
+func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
+	switch {
+	case t.URL == "" && t.Emulate == nil:
+		bad(p, "one of url or emulate is required")
+	case t.URL != "" && t.Emulate != nil:
+		bad(p, "url and emulate are mutually exclusive")
+	case t.URL != "":
+		validateURL(t.URL, p+".url", bad)
+	}
+	if t.Model == "" {
+		bad(p+".model", "is required")
+	}
+	oneOf(t.API, p+".api", bad, "chat", "completions")
+	oneOf(t.Dialect, p+".dialect", bad, "vllm", "sglang", "trtllm", "dynamo", "llamacpp", "openai")
+	oneOf(t.PromptFormat, p+".prompt_format", bad, "text", "token_ids")
+	if t.PromptFormat == "token_ids" && t.API != "completions" {
+		bad(p+".prompt_format", "token_ids needs api: completions")
+	}
+	if t.RequestTimeout <= 0 {
+		bad(p+".request_timeout", "must be positive")
+	}
+	if err := t.HTTPClientConfig.Validate(); err != nil {
+		bad(p+".http_client_config", "%v", err)
+	}
+	if t.Cache.BlockSize < 1 {
+		bad(p+".cache.block_size", "must be at least 1, got %d", t.Cache.BlockSize)
+	}
+	if t.Cache.CapacityBlocks < 0 {
+		bad(p+".cache.capacity_blocks", "must be ≥ 0 (0 is infinite), got %d", t.Cache.CapacityBlocks)
+	}
+	oneOf(t.Cache.Observed, p+".cache.observed", bad, "usage", "server_metrics", "none")
+	if t.Cache.MetricsURL != "" {
+		validateURL(t.Cache.MetricsURL, p+".cache.metrics_url", bad)
+	}
+	if t.Cache.Observed == "server_metrics" && t.Cache.MetricsURL == "" && t.Emulate == nil {
+		bad(p+".cache.metrics_url", "is required with observed: server_metrics")
+	}
+}
+
+func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
+	if w.BlockSize < 1 {
+		bad(p+".block_size", "must be at least 1, got %d", w.BlockSize)
+	}
+	s := w.Synthesis
+	positive := func(v float64, key string) {
+		if !(v > 0) {
+			bad(p+".synthesis."+key, "must be positive, got %v", v)
+		}
+	}
+	positive(s.SpeedupRatio, "speedup_ratio")
+	positive(s.PrefixLenMultiplier, "prefix_len_multiplier")
+	positive(s.PromptLenMultiplier, "prompt_len_multiplier")
+	if s.OutputLenMultiplier < 0 {
+		bad(p+".synthesis.output_len_multiplier", "must be ≥ 0, got %v", s.OutputLenMultiplier)
+	}
+	if s.PrefixRootMultiplier < 1 {
+		bad(p+".synthesis.prefix_root_multiplier", "must be at least 1, got %d", s.PrefixRootMultiplier)
+	}
+	if s.MaxISL < 0 {
+		bad(p+".synthesis.max_isl", "must be ≥ 0 (0 is no limit), got %d", s.MaxISL)
+	}
+	if s.MaxOSL < 0 {
+		bad(p+".synthesis.max_osl", "must be ≥ 0 (0 is no limit), got %d", s.MaxOSL)
+	}
+	oneOf(w.Loop, p+".loop", bad, "fresh", "repeat", "once")
+	if w.MaxInFlight < 1 {
+		bad(p+".max_in_flight", "must be at least 1, got %d", w.MaxInFlight)
+	}
+	oneOf(w.OnSaturation, p+".on_saturation", bad, "drop", "queue")
+	if w.Shard.Count < 1 {
+		bad(p+".shard.count", "must be at least 1, got %d", w.Shard.Count)
+	} else if w.Shard.Index < 0 || w.Shard.Index >= w.Shard.Count {
+		bad(p+".shard.index", "must be in 0..%d, got %d", w.Shard.Count-1, w.Shard.Index)
+	}
+}
+
+// validateURL checks a base URL without ever echoing its userinfo, which may
+// hold a password.
+func validateURL(raw, path string, bad func(string, string, ...any)) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		bad(path, "not a valid URL")
+		return
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		bad(path, "%s: scheme must be http or https", u.Redacted())
+	case u.Host == "":
+		bad(path, "%s: has no host", u.Redacted())
+	case strings.HasSuffix(strings.TrimSuffix(u.Path, "/"), "/v1") && !strings.HasSuffix(path, "metrics_url"):
+		bad(path, "%s: give the base URL without /v1", u.Redacted())
+	}
+}
+
+func oneOf(v, path string, bad func(string, string, ...any), allowed ...string) {
+	for _, a := range allowed {
+		if v == a {
+			return
+		}
+	}
+	bad(path, "%q is not one of %s", v, strings.Join(allowed, ", "))
+}

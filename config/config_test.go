@@ -1,0 +1,112 @@
+package config
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+func TestLoadGood(t *testing.T) {
+	cfg, err := Load(filepath.Join("testdata", "good.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ok := cfg.Target("vllm-a")
+	if !ok {
+		t.Fatal("target vllm-a missing")
+	}
+	if a.API != "chat" || a.PromptFormat != "text" || a.Cache.BlockSize != 16 || a.Cache.Observed != "usage" ||
+		time.Duration(a.RequestTimeout) != 10*time.Minute || !a.HTTPClientConfig.FollowRedirects {
+		t.Errorf("defaults not applied: %+v", a)
+	}
+	if got := string(a.HTTPClientConfig.Authorization.Credentials); got != "s3cr3t-token" {
+		t.Errorf("credentials = %q", got)
+	}
+	demo, _ := cfg.Target("demo")
+	if demo.Emulate == nil || demo.Model != "kvload-emulated" {
+		t.Errorf("emulated target: %+v", demo)
+	}
+	w := &cfg.Workloads[0]
+	if w.BlockSize != 512 || w.Loop != "fresh" || w.MaxInFlight != 64 || w.OnSaturation != "drop" ||
+		w.Shard != (Shard{0, 1}) || w.Synthesis.SpeedupRatio != 2 || w.Synthesis.PrefixLenMultiplier != 1 ||
+		w.Synthesis.PrefixRootMultiplier != 1 || w.Seed != 42 {
+		t.Errorf("workload defaults: %+v", w)
+	}
+	if got, want := cfg.TracePath(w), filepath.Join("testdata", "traces", "conversation_trace.jsonl"); got != want {
+		t.Errorf("TracePath = %q, want %q", got, want)
+	}
+}
+
+// TestBadConfigs checks that every bad-*.yml fails with all its problems,
+// exactly as recorded in its golden file, and never echoes a secret.
+func TestBadConfigs(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "bad-*.yml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no bad configs: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			_, err := Load(f)
+			if err == nil {
+				t.Fatal("Load succeeded")
+			}
+			got := err.Error() + "\n"
+			for _, secret := range []string{"hunter2", "s3cr3t"} {
+				if strings.Contains(got, secret) {
+					t.Errorf("error text holds a secret: %s", got)
+				}
+			}
+			golden := strings.TrimSuffix(f, ".yml") + ".golden"
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./config -update)", err)
+			}
+			if got != string(want) {
+				t.Errorf("problems differ from %s:\n got:\n%s\nwant:\n%s", golden, got, want)
+			}
+		})
+	}
+}
+
+func TestValidateCountsEveryProblem(t *testing.T) {
+	_, err := Load(filepath.Join("testdata", "bad-values.yml"))
+	if err == nil {
+		t.Fatal("bad-values.yml loaded")
+	}
+	if n := strings.Count(err.Error(), "\n") + 1; n < 20 {
+		t.Errorf("only %d problems reported:\n%v", n, err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, name := range []string{"good.yml", "bad-values.yml", "bad-types.yml", "bad-unknown-keys.yml"} {
+		data, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := Parse(data, "")
+		if err == nil {
+			// An accepted config is complete: every workload names known targets.
+			for _, w := range cfg.Workloads {
+				for _, name := range w.Targets {
+					if _, ok := cfg.Target(name); !ok {
+						t.Fatalf("accepted unknown target %q", name)
+					}
+				}
+			}
+		}
+	})
+}
