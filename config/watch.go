@@ -1,0 +1,67 @@
+package config
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// Watcher reports changes to a configuration file. It watches the file's
+// directory, not the file: editors replace files by renaming, and Kubernetes
+// swaps ConfigMap contents by re-pointing a symlink, and a watch on the file
+// itself loses both.
+type Watcher struct {
+	w *fsnotify.Watcher
+}
+
+// NewWatcher starts watching the directory of path; changes made after it
+// returns are seen.
+func NewWatcher(path string) (*Watcher, error) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, fmt.Errorf("watching %s: %w", path, err)
+	}
+	dir := filepath.Dir(path)
+	if err := w.Add(dir); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("watching directory %s: %w", dir, err)
+	}
+	return &Watcher{w: w}, nil
+}
+
+// Run calls changed after each burst of changes has been quiet for
+// debounce. It may call changed when the file did not change (another file
+// of the directory did); the caller compares contents. Run closes the
+// watcher and returns when ctx is done.
+func (w *Watcher) Run(ctx context.Context, debounce time.Duration, changed func()) {
+	defer w.w.Close()
+	timer := time.NewTimer(debounce)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.w.Events:
+			if !ok {
+				return
+			}
+			if ev.Op == fsnotify.Chmod {
+				continue // touches and permission changes do not change content
+			}
+			timer.Reset(debounce)
+		case _, ok := <-w.w.Errors:
+			if !ok {
+				return
+			}
+			// An error such as a queue overflow may have lost events: treat
+			// it as a change, the content check downstream sorts it out.
+			timer.Reset(debounce)
+		case <-timer.C:
+			changed()
+		}
+	}
+}
