@@ -40,8 +40,10 @@ type Collector struct {
 	reloadOK          prometheus.Gauge
 	reloadTime        prometheus.Gauge
 
+	now        func() time.Time
 	mu         sync.Mutex
 	passesDone map[string]int // workload → passes counted in trace_loops_total
+	recent     map[wtKey]*recent
 }
 
 var _ replay.Observer = (*Collector)(nil)
@@ -80,7 +82,9 @@ func New(reg prometheus.Registerer) *Collector {
 		targetInfo:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "target_info", Help: "Configured targets; always 1."}, []string{"target", "model", "api", "dialect"}),
 		reloadOK:          prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "config_last_reload_successful", Help: "Whether the last configuration reload succeeded (1) or failed (0)."}),
 		reloadTime:        prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "config_last_reload_success_timestamp_seconds", Help: "Time of the last successful configuration reload."}),
+		now:               time.Now,
 		passesDone:        map[string]int{},
+		recent:            map[wtKey]*recent{},
 	}
 	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
@@ -112,6 +116,9 @@ func (c *Collector) Forget(workload, target string) {
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens} {
 		v.DeletePartialMatch(l)
 	}
+	c.mu.Lock()
+	delete(c.recent, wtKey{workload, target})
+	c.mu.Unlock()
 }
 
 // ForgetWorkload deletes the per-workload series of a removed workload.
@@ -155,6 +162,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	w, t := r.Workload, r.Target
 	c.inFlight.WithLabelValues(w, t).Dec()
 	c.requests.WithLabelValues(w, t, string(r.Outcome)).Inc()
+	c.record(r)
 	if r.Outcome != replay.OutcomeSuccess {
 		return
 	}

@@ -135,3 +135,35 @@ func gatherText(reg prometheus.Gatherer) ([]byte, error) {
 	}
 	return b.Bytes(), nil
 }
+
+func TestStatus(t *testing.T) {
+	c := New(prometheus.NewRegistry())
+	now := time.Unix(5000, 0)
+	c.now = func() time.Time { return now }
+	scripted(c) // two successes, one failure, all "now"
+	now = now.Add(10 * time.Second)
+	st := c.Status()
+	if len(st) != 1 {
+		t.Fatalf("got %d rows", len(st))
+	}
+	s := st[0]
+	if s.Window != 10*time.Second || s.RequestsPerSec != 0.3 {
+		t.Errorf("window %v rate %v, want 10s and 0.3/s", s.Window, s.RequestsPerSec)
+	}
+	if s.TTFTP50 != 20*time.Millisecond || s.TTFTP99 != 40*time.Millisecond {
+		t.Errorf("TTFT p50 %v p99 %v", s.TTFTP50, s.TTFTP99)
+	}
+	if want := 1024.0 / 2424; s.ObservedHitRate != want {
+		t.Errorf("observed %v, want %v", s.ObservedHitRate, want)
+	}
+	if want := 1024.0 / 2400; s.TheoreticalRate != want {
+		t.Errorf("theoretical %v, want %v", s.TheoreticalRate, want)
+	}
+	if s.ErrorRatio != 1.0/3 {
+		t.Errorf("error ratio %v", s.ErrorRatio)
+	}
+	now = now.Add(2 * time.Minute)
+	if st := c.Status(); st[0].RequestsPerSec != 0 {
+		t.Errorf("old samples still counted: %+v", st[0])
+	}
+}
