@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"html/template"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/version"
+
+	"github.com/kvload-exporter/kvload-exporter/collector"
+)
+
+// webDeps is what the HTTP endpoints need from the daemon.
+type webDeps struct {
+	gatherer      prometheus.Gatherer
+	telemetryPath string
+	ready         func() bool
+	reload        func(ctx context.Context) error
+	landing       func() landingData
+}
+
+// landingData is what the landing page shows.
+type landingData struct {
+	Version       string
+	TelemetryPath string
+	ConfigFile    string
+	ReloadOK      bool
+	LastReload    time.Time // last successful (re)load
+	ReloadError   string    // why the last reload failed; never holds a secret
+	Rows          []collector.Status
+	Targets       []landingTarget
+}
+
+type landingTarget struct {
+	Name, Model, API, Dialect string
+}
+
+func newMux(d webDeps) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET "+d.telemetryPath, promhttp.HandlerFor(d.gatherer, promhttp.HandlerOpts{
+		EnableOpenMetrics:   true, // exemplars and native histograms over protobuf/OpenMetrics
+		ErrorHandling:       promhttp.ContinueOnError,
+		MaxRequestsInFlight: 40,
+	}))
+	mux.HandleFunc("GET /-/healthy", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("Healthy\n"))
+	})
+	mux.HandleFunc("GET /-/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if !d.ready() {
+			http.Error(w, "Not ready", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("Ready\n"))
+	})
+	mux.HandleFunc("/-/reload", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "This endpoint requires a POST request.", http.StatusMethodNotAllowed)
+			return
+		}
+		if err := d.reload(r.Context()); err != nil {
+			http.Error(w, "failed to reload config:\n"+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Write([]byte("Reloaded\n"))
+	})
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		data := d.landing()
+		data.Version = version.Info()
+		data.TelemetryPath = d.telemetryPath
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		if err := landingTemplate.Execute(w, data); err != nil {
+			http.Error(w, "rendering the page failed", http.StatusInternalServerError)
+		}
+	})
+	return mux
+}
+
+// landingTemplate escapes every value (html/template), so names and error
+// texts from a config file cannot inject markup.
+var landingTemplate = template.Must(template.New("landing").Funcs(template.FuncMap{
+	"ms":  func(d time.Duration) string { return formatMillis(d) },
+	"pct": func(f float64) string { return formatPercent(f) },
+	"ago": func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return t.UTC().Format(time.RFC3339)
+	},
+}).Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="refresh" content="10">
+<title>kvload-exporter</title>
+<style>
+body { font-family: sans-serif; margin: 2em; }
+table { border-collapse: collapse; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: right; }
+th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) { text-align: left; }
+.bad { color: #b00; } .ok { color: #070; }
+</style>
+</head>
+<body>
+<h1>kvload-exporter</h1>
+<p>Replays LLM request traces against inference servers and measures latency and prefix-cache hits.
+<a href="{{.TelemetryPath}}">Metrics</a> · <a href="/-/healthy">Health</a> · <a href="/-/ready">Ready</a></p>
+<h2>Workloads</h2>
+{{if .Rows}}<table>
+<tr><th>Workload</th><th>Target</th><th>Requests/s</th><th>Errors</th><th>TTFT p50</th><th>TTFT p99</th><th>Observed hit rate</th><th>Theoretical hit rate</th><th>Window</th></tr>
+{{range .Rows}}<tr><td>{{.Workload}}</td><td>{{.Target}}</td><td>{{printf "%.2f" .RequestsPerSec}}</td><td>{{pct .ErrorRatio}}</td><td>{{ms .TTFTP50}}</td><td>{{ms .TTFTP99}}</td><td>{{pct .ObservedHitRate}}</td><td>{{pct .TheoreticalRate}}</td><td>{{.Window}}</td></tr>
+{{end}}</table>{{else}}<p>No request has finished yet.</p>{{end}}
+<h2>Targets</h2>
+<table><tr><th>Target</th><th>Model</th><th>API</th><th>Dialect</th></tr>
+{{range .Targets}}<tr><td>{{.Name}}</td><td>{{.Model}}</td><td>{{.API}}</td><td>{{.Dialect}}</td></tr>
+{{end}}</table>
+<h2>Configuration</h2>
+<p>File: <code>{{.ConfigFile}}</code>. Last reload:
+{{if .ReloadOK}}<span class="ok">successful</span>{{else}}<span class="bad">failed</span>{{end}};
+last success {{ago .LastReload}}.</p>
+{{if .ReloadError}}<pre class="bad">{{.ReloadError}}</pre>{{end}}
+<p><small>{{.Version}}</small></p>
+</body>
+</html>
+`))
+
+func formatMillis(d time.Duration) string {
+	if d == 0 {
+		return "–"
+	}
+	return d.Round(100 * time.Microsecond).String()
+}
+
+func formatPercent(f float64) string {
+	return strconv.FormatFloat(f*100, 'f', 1, 64) + "%"
+}
