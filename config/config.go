@@ -32,18 +32,18 @@ type Config struct {
 
 // Target is one inference server (or an emulated one).
 type Target struct {
-	Name             string                      `yaml:"name"`
-	URL              string                      `yaml:"url,omitempty"`
-	Model            string                      `yaml:"model,omitempty"`
-	API              string                      `yaml:"api,omitempty"`
-	Dialect          string                      `yaml:"dialect,omitempty"`
-	PromptFormat     string                      `yaml:"prompt_format,omitempty"`
-	Tokenizer        string                      `yaml:"tokenizer,omitempty"`
-	RequestTimeout   Duration                    `yaml:"request_timeout,omitempty"`
+	Name             string                       `yaml:"name"`
+	URL              string                       `yaml:"url,omitempty"`
+	Model            string                       `yaml:"model,omitempty"`
+	API              string                       `yaml:"api,omitempty"`
+	Dialect          string                       `yaml:"dialect,omitempty"`
+	PromptFormat     string                       `yaml:"prompt_format,omitempty"`
+	Tokenizer        string                       `yaml:"tokenizer,omitempty"`
+	RequestTimeout   Duration                     `yaml:"request_timeout,omitempty"`
 	HTTPClientConfig *promconfig.HTTPClientConfig `yaml:"http_client_config,omitempty"`
-	ExtraBody        map[string]any              `yaml:"extra_body,omitempty"`
-	Cache            Cache                       `yaml:"cache,omitempty"`
-	Emulate          *Emulate                    `yaml:"emulate,omitempty"`
+	ExtraBody        map[string]any               `yaml:"extra_body,omitempty"`
+	Cache            Cache                        `yaml:"cache,omitempty"`
+	Emulate          *Emulate                     `yaml:"emulate,omitempty"`
 }
 
 // Cache describes the target's KV prefix cache, for the theoretical model
