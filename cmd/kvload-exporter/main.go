@@ -73,6 +73,7 @@ func run(ctx context.Context, args []string, s streams) (code int) {
 		analyzeCommand(app),
 		synthesizeCommand(app),
 		hashCommand(app),
+		emulateCommand(app),
 	}
 	chosen, err := app.Parse(args)
 	if err != nil {

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// The emulate command serves until its context ends and exits 0; the
+// first stderr line carries the URL.
+func TestEmulateCommandServes(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	var out bytes.Buffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"emulate", "--listen", "127.0.0.1:0", "--model", "tiny",
+			"--block-size", "4", "--overhead", "0s", "--prefill-per-token", "0s", "--inter-token", "0s"},
+			streams{stdout: &out, stderr: pw})
+		pw.Close()
+	}()
+
+	br := bufio.NewReader(pr)
+	first, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading stderr: %v", err)
+	}
+	m := regexp.MustCompile(`url=(http://\S+)`).FindStringSubmatch(first)
+	if m == nil {
+		t.Fatalf("no url in %q", first)
+	}
+	rest := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(br)
+		rest <- string(b)
+	}()
+
+	body := `{"model": "tiny", "prompt": [1,2,3,4,5,6,7,8,9], "max_tokens": 3}`
+	var cached []int
+	for range 2 {
+		resp, err := http.Post(m[1]+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c struct {
+			Usage struct {
+				CompletionTokens    int `json:"completion_tokens"`
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&c)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || c.Usage.CompletionTokens != 3 {
+			t.Fatalf("status %d, usage %+v, %v", resp.StatusCode, c.Usage, err)
+		}
+		cached = append(cached, c.Usage.PromptTokensDetails.CachedTokens)
+	}
+	if cached[0] != 0 || cached[1] != 8 {
+		t.Fatalf("cached tokens %v, want [0 8] with 4-token blocks", cached)
+	}
+
+	cancel()
+	if c := <-code; c != exitOK {
+		t.Fatalf("exit code %d", c)
+	}
+	if tail := <-rest; !strings.Contains(tail, "emulator stopped") || !strings.Contains(tail, "success=2") {
+		t.Fatalf("stderr after start: %q", tail)
+	}
+}
+
+func TestEmulateCommandBadInput(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"negative block size", []string{"--block-size", "-1"}},
+		{"probability above one", []string{"--error-rate", "1.5"}},
+		{"probabilities above one together", []string{"--error-rate", "0.6", "--hang-rate", "0.6"}},
+		{"bad duration", []string{"--inter-token", "fast"}},
+		{"negative capacity", []string{"--capacity-blocks", "-2"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			args := append([]string{"emulate", "--listen", "127.0.0.1:0"}, tt.args...)
+			if code := run(context.Background(), args, streams{stdout: &out, stderr: &errOut}); code != exitBadInput {
+				t.Fatalf("exit code %d, want %d; stderr %s", code, exitBadInput, errOut.String())
+			}
+		})
+	}
+}
+
+func TestEmulateCommandListenError(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"emulate", "--listen", "256.0.0.1:bad"}, streams{stdout: &out, stderr: &errOut})
+	if code != exitFailure {
+		t.Fatalf("exit code %d, want %d; stderr %s", code, exitFailure, errOut.String())
+	}
+}

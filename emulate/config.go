@@ -1,0 +1,195 @@
+package emulate
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Defaults applied by New to zero fields where zero has no useful meaning.
+const (
+	DefaultModel        = "kvload-emulated"
+	DefaultBlockSize    = 16 // vLLM's default KV block size
+	DefaultMaxRunning   = 256
+	DefaultMaxModelLen  = 262144
+	DefaultMaxBodyBytes = 64 << 20
+	// DefaultSlowFirstTokenDelay is the extra prefill time of the
+	// slow-first-token fault when its delay is left at zero.
+	DefaultSlowFirstTokenDelay = time.Second
+)
+
+// Demo timings of DefaultConfig, roughly a small model on one GPU. New
+// keeps zero durations as zero (no delay), which is what tests want.
+const (
+	DefaultOverhead        = 2 * time.Millisecond
+	DefaultPrefillPerToken = 20 * time.Microsecond
+	DefaultInterToken      = 10 * time.Millisecond
+)
+
+// Config describes one emulated engine. The zero value is valid: New fills
+// in the model name, block size, max running, max model length and body
+// limit, and keeps every duration at zero, so responses come back at once.
+// DefaultConfig has demo timings instead.
+type Config struct {
+	// Model is the served model name; requests naming another model get
+	// a 404 like vLLM's. Empty model fields in requests are accepted.
+	Model string `yaml:"model"`
+	// MaxModelLen bounds prompt plus output tokens (400 beyond it).
+	MaxModelLen int `yaml:"max_model_len"`
+	// MaxBodyBytes bounds a request body (413 beyond it).
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+
+	// BlockSize is the prefix cache's block size in tokens.
+	BlockSize int `yaml:"block_size"`
+	// CapacityBlocks bounds the prefix cache, evicting least recently
+	// used blocks; 0 means unbounded.
+	CapacityBlocks int `yaml:"capacity_blocks"`
+	// DisablePrefixCache starts with the cache off (no hits), like vLLM's
+	// --no-enable-prefix-caching. It can be turned on at run time.
+	DisablePrefixCache bool `yaml:"disable_prefix_cache"`
+	// OmitCachedTokens sends "prompt_tokens_details": null in usage, as
+	// vLLM does without --enable-prompt-tokens-details.
+	OmitCachedTokens bool `yaml:"omit_cached_tokens"`
+
+	// MaxRunning is how many sequences prefill or decode at once; later
+	// requests wait in a FIFO queue (vllm:num_requests_waiting).
+	MaxRunning int `yaml:"max_running"`
+	// Overhead is the fixed part of the time to first token.
+	Overhead time.Duration `yaml:"overhead"`
+	// PrefillPerToken is added to the time to first token for every
+	// prompt token not found in the prefix cache.
+	PrefillPerToken time.Duration `yaml:"prefill_per_token"`
+	// InterToken is the time between two output tokens.
+	InterToken time.Duration `yaml:"inter_token"`
+
+	// Faults are injected with the given probabilities.
+	Faults Faults `yaml:"faults"`
+	// Seed seeds the fault RNG, so a run's faults are reproducible for a
+	// given arrival order.
+	Seed uint64 `yaml:"seed"`
+}
+
+// Faults are per-request probabilities in [0, 1]. One draw per request
+// picks at most one of the exclusive faults (Error500, Error429,
+// Disconnect, Malformed, Hang), so their sum must not exceed 1;
+// SlowFirstToken is drawn separately and combines with any outcome that
+// reaches prefill.
+type Faults struct {
+	// Error500 answers 500 with vLLM's nested error body, before any work.
+	Error500 float64 `yaml:"error_500"`
+	// Error429 answers 429 (rate limited), before any work.
+	Error429 float64 `yaml:"error_429"`
+	// Disconnect closes the connection after AfterTokens tokens.
+	Disconnect float64 `yaml:"disconnect"`
+	// Malformed writes "data: {not json" after AfterTokens tokens and ends
+	// the stream without [DONE] (a truncated JSON body when not streaming).
+	Malformed float64 `yaml:"malformed"`
+	// Hang sends the response headers and then nothing until the client
+	// goes away.
+	Hang float64 `yaml:"hang"`
+	// SlowFirstToken adds SlowFirstTokenDelay to the prefill.
+	SlowFirstToken float64 `yaml:"slow_first_token"`
+	// SlowFirstTokenDelay defaults to DefaultSlowFirstTokenDelay.
+	SlowFirstTokenDelay time.Duration `yaml:"slow_first_token_delay"`
+	// AfterTokens is how many output tokens go out before a disconnect or
+	// malformed fault; 0 means half of the requested output.
+	AfterTokens int `yaml:"after_tokens"`
+}
+
+// DefaultConfig returns the demo configuration: the defaults of New plus
+// the Default* timings.
+func DefaultConfig() Config {
+	return Config{
+		Model:           DefaultModel,
+		MaxModelLen:     DefaultMaxModelLen,
+		MaxBodyBytes:    DefaultMaxBodyBytes,
+		BlockSize:       DefaultBlockSize,
+		MaxRunning:      DefaultMaxRunning,
+		Overhead:        DefaultOverhead,
+		PrefillPerToken: DefaultPrefillPerToken,
+		InterToken:      DefaultInterToken,
+	}
+}
+
+// withDefaults fills the zero fields that have a default and reports
+// every invalid field at once.
+func (c Config) withDefaults() (Config, error) {
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.MaxModelLen == 0 {
+		c.MaxModelLen = DefaultMaxModelLen
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = DefaultBlockSize
+	}
+	if c.MaxRunning == 0 {
+		c.MaxRunning = DefaultMaxRunning
+	}
+	var errs []error
+	positive := func(name string, v int64) {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %d", name, v))
+		}
+	}
+	positive("max_model_len", int64(c.MaxModelLen))
+	positive("max_body_bytes", c.MaxBodyBytes)
+	positive("block_size", int64(c.BlockSize))
+	positive("capacity_blocks", int64(c.CapacityBlocks))
+	positive("max_running", int64(c.MaxRunning))
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{{"overhead", c.Overhead}, {"prefill_per_token", c.PrefillPerToken}, {"inter_token", c.InterToken}} {
+		if d.d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %v", d.name, d.d))
+		}
+	}
+	f, err := c.Faults.withDefaults()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	c.Faults = f
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, fmt.Errorf("emulate: invalid config: %w", err)
+	}
+	return c, nil
+}
+
+// withDefaults validates the probabilities and fills the slow delay.
+func (f Faults) withDefaults() (Faults, error) {
+	var errs []error
+	sum := 0.0
+	for _, p := range []struct {
+		name string
+		p    float64
+	}{
+		{"error_500", f.Error500}, {"error_429", f.Error429}, {"disconnect", f.Disconnect},
+		{"malformed", f.Malformed}, {"hang", f.Hang}, {"slow_first_token", f.SlowFirstToken},
+	} {
+		if math.IsNaN(p.p) || p.p < 0 || p.p > 1 {
+			errs = append(errs, fmt.Errorf("faults.%s must be within [0, 1], got %v", p.name, p.p))
+		}
+		if p.name != "slow_first_token" {
+			sum += p.p
+		}
+	}
+	// A little slack for decimal fractions such as 0.1+0.2+0.7.
+	if sum > 1+1e-9 {
+		errs = append(errs, fmt.Errorf("faults: error_500+error_429+disconnect+malformed+hang must not exceed 1, got %v", sum))
+	}
+	if f.SlowFirstTokenDelay < 0 {
+		errs = append(errs, fmt.Errorf("faults.slow_first_token_delay must not be negative, got %v", f.SlowFirstTokenDelay))
+	}
+	if f.SlowFirstTokenDelay == 0 {
+		f.SlowFirstTokenDelay = DefaultSlowFirstTokenDelay
+	}
+	if f.AfterTokens < 0 {
+		errs = append(errs, fmt.Errorf("faults.after_tokens must not be negative, got %d", f.AfterTokens))
+	}
+	return f, errors.Join(errs...)
+}

@@ -1,0 +1,310 @@
+// Package emulate is an OpenAI-compatible inference engine emulator, so
+// that the exporter can be run, demonstrated and tested without a GPU.
+//
+// It answers /v1/chat/completions, /v1/completions, /v1/models, /tokenize,
+// /detokenize, /health and /metrics with vLLM's shapes and metric names.
+// What it models is what the exporter measures: a real BPE tokenizer
+// (o200k_base) so prompt lengths are honest; a vLLM-like block prefix
+// cache (full blocks, chained hashes, LRU eviction, at most prompt−1
+// tokens hit) that fills usage.prompt_tokens_details.cached_tokens; and a
+// timing model in which a bounded number of sequences run at once, the
+// time to first token grows with the prompt tokens not found in the cache,
+// and output tokens follow at a fixed pace. Faults (errors, disconnects,
+// malformed chunks, hangs, slow first tokens) can be injected with seeded
+// probabilities, and the cache can be disabled, resized or flushed at run
+// time to show a cache regression. Output text is filler; every request
+// generates exactly its max_tokens, as vLLM does with ignore_eos.
+package emulate
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Engine is one emulated inference server. Its methods are safe for
+// concurrent use.
+type Engine struct {
+	cfg    Config // with defaults; Faults here is the initial set
+	tok    textTokenizer
+	pieces []string // output token texts, cycled
+	cache  *prefixCache
+	sched  *scheduler
+	faults faultState
+	reg    *prometheus.Registry
+	m      engineMetrics
+	mux    *http.ServeMux
+	nextID atomic.Uint64
+
+	statsMu sync.Mutex
+	stats   Stats // request and token counts only
+
+	// Seams for tests, set before the engine serves.
+	now    func() time.Time
+	sleep  func(ctx context.Context, d time.Duration) error
+	onDone func(Result) // called after a generation request is counted
+}
+
+// New returns an engine for cfg (see Config for the defaults).
+func New(cfg Config) (*Engine, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	tok, err := newTextTokenizer()
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		cfg:    cfg,
+		tok:    tok,
+		pieces: outputPieces(),
+		cache:  newPrefixCache(cfg.BlockSize, cfg.CapacityBlocks, !cfg.DisablePrefixCache),
+		sched:  newScheduler(cfg.MaxRunning),
+		faults: faultState{f: cfg.Faults, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6b766c6f6164))},
+		reg:    prometheus.NewRegistry(),
+		now:    time.Now,
+		sleep:  sleepCtx,
+	}
+	if err := e.registerMetrics(); err != nil {
+		return nil, err
+	}
+	e.mux = e.routes()
+	return e, nil
+}
+
+// Config returns the engine's configuration with defaults filled in and
+// the faults in force now.
+func (e *Engine) Config() Config {
+	c := e.cfg
+	c.Faults = e.faults.get()
+	st := e.cache.state()
+	c.CapacityBlocks, c.DisablePrefixCache = st.CapacityBlocks, !st.Enabled
+	return c
+}
+
+// Handler returns the HTTP API.
+func (e *Engine) Handler() http.Handler { return e.mux }
+
+// Gatherer returns the engine's own registry, the one behind /metrics.
+func (e *Engine) Gatherer() prometheus.Gatherer { return e.reg }
+
+// SetCacheEnabled turns the prefix cache on or off; off also empties it.
+func (e *Engine) SetCacheEnabled(on bool) { e.cache.setEnabled(on) }
+
+// Resize sets the cache capacity in blocks (0 for unbounded), evicting
+// least recently used blocks beyond it.
+func (e *Engine) Resize(capacityBlocks int) error {
+	if capacityBlocks < 0 {
+		return fmt.Errorf("emulate: capacity must not be negative, got %d", capacityBlocks)
+	}
+	e.cache.resize(capacityBlocks)
+	return nil
+}
+
+// Flush empties the prefix cache.
+func (e *Engine) Flush() { e.cache.flush() }
+
+// SetFaults replaces the fault probabilities for requests arriving from
+// now on.
+func (e *Engine) SetFaults(f Faults) error {
+	f, err := f.withDefaults()
+	if err != nil {
+		return fmt.Errorf("emulate: %w", err)
+	}
+	e.faults.set(f)
+	return nil
+}
+
+// Result is how a generation request ended.
+type Result int
+
+// Results, one counter each in Stats.
+const (
+	ResultSuccess      Result = iota
+	ResultError500            // injected 500
+	ResultError429            // injected 429
+	ResultDisconnected        // injected disconnect
+	ResultMalformed           // injected malformed chunk
+	ResultHung                // injected hang, counted when the client left
+	ResultRejected            // invalid request: 400, 404, 413
+	ResultCanceled            // the client went away first
+)
+
+func (r Result) String() string {
+	switch r {
+	case ResultSuccess:
+		return "success"
+	case ResultError500:
+		return "error_500"
+	case ResultError429:
+		return "error_429"
+	case ResultDisconnected:
+		return "disconnected"
+	case ResultMalformed:
+		return "malformed"
+	case ResultHung:
+		return "hung"
+	case ResultRejected:
+		return "rejected"
+	case ResultCanceled:
+		return "canceled"
+	}
+	return fmt.Sprintf("Result(%d)", int(r))
+}
+
+// Stats is the emulator's ground truth, for tests and GET /emulator/stats.
+// A request is counted just before its last byte is written, so a client
+// that has read a whole response sees it counted.
+type Stats struct {
+	// Generation requests by how they ended.
+	Success      int64 `json:"success"`
+	Error500     int64 `json:"error_500"`
+	Error429     int64 `json:"error_429"`
+	Disconnected int64 `json:"disconnected"`
+	Malformed    int64 `json:"malformed"`
+	Hung         int64 `json:"hung"`
+	Rejected     int64 `json:"rejected"`
+	Canceled     int64 `json:"canceled"`
+
+	// Usage totals of successful requests: what their usage objects said.
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	CachedTokens     int64 `json:"cached_tokens"`
+
+	// Prompt tokens looked up in the cache and found there, for every
+	// request that was admitted, whatever its end: the same numbers as
+	// vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total.
+	CacheQueryTokens int64 `json:"cache_query_tokens"`
+	CacheHitTokens   int64 `json:"cache_hit_tokens"`
+
+	// Now.
+	Running int        `json:"running"`
+	Waiting int        `json:"waiting"`
+	Cache   CacheState `json:"cache"`
+}
+
+// Stats returns a snapshot of the counts.
+func (e *Engine) Stats() Stats {
+	e.statsMu.Lock()
+	s := e.stats
+	e.statsMu.Unlock()
+	s.Running, s.Waiting = e.sched.counts()
+	s.Cache = e.cache.state()
+	return s
+}
+
+// usageCounts are one response's usage numbers.
+type usageCounts struct {
+	prompt, completion, cached int
+}
+
+// finish counts a generation request's end. It is called exactly once
+// per request, before the response's last write.
+func (e *Engine) finish(r Result, u usageCounts) {
+	e.statsMu.Lock()
+	s := &e.stats
+	switch r {
+	case ResultSuccess:
+		s.Success++
+		s.PromptTokens += int64(u.prompt)
+		s.CompletionTokens += int64(u.completion)
+		s.CachedTokens += int64(u.cached)
+	case ResultError500:
+		s.Error500++
+	case ResultError429:
+		s.Error429++
+	case ResultDisconnected:
+		s.Disconnected++
+	case ResultMalformed:
+		s.Malformed++
+	case ResultHung:
+		s.Hung++
+	case ResultRejected:
+		s.Rejected++
+	case ResultCanceled:
+		s.Canceled++
+	}
+	e.statsMu.Unlock()
+	if e.onDone != nil {
+		e.onDone(r)
+	}
+}
+
+// admitted records an admitted request's cache lookup in the metrics and
+// the stats together.
+func (e *Engine) admitted(promptTokens, hitTokens int) {
+	e.m.queries.Add(float64(promptTokens))
+	e.m.hits.Add(float64(hitTokens))
+	e.m.promptTokens.Add(float64(promptTokens))
+	e.statsMu.Lock()
+	e.stats.CacheQueryTokens += int64(promptTokens)
+	e.stats.CacheHitTokens += int64(hitTokens)
+	e.statsMu.Unlock()
+}
+
+// engineMetrics are vLLM's metrics that the emulator keeps.
+type engineMetrics struct {
+	queries, hits            prometheus.Counter
+	promptTokens, genTokens  prometheus.Counter
+	ttft                     prometheus.Histogram
+	runningFunc, waitingFunc prometheus.GaugeFunc
+}
+
+// registerMetrics creates the metrics on the engine's own registry. The
+// names keep vLLM's "vllm:" prefix so that dashboards and the exporter's
+// server-metrics scraper work unchanged; colons are legal in Prometheus
+// metric names (meant for recording rules, which is why promlint flags
+// them), and vLLM uses them anyway.
+func (e *Engine) registerMetrics() error {
+	labels := prometheus.Labels{"model_name": e.cfg.Model}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
+	}
+	e.m.queries = counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.")
+	e.m.hits = counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.")
+	e.m.promptTokens = counter("vllm:prompt_tokens_total", "Prompt tokens of admitted requests, cached or not.")
+	e.m.genTokens = counter("vllm:generation_tokens_total", "Output tokens generated.")
+	e.m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:        "vllm:time_to_first_token_seconds",
+		Help:        "Time from arrival to the first output token, queueing included.",
+		ConstLabels: labels,
+		// Wide enough for a queued long prompt, fine enough for a hit.
+		Buckets: []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+			0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560},
+	})
+	e.m.runningFunc = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "vllm:num_requests_running", Help: "Requests in prefill or decode.", ConstLabels: labels,
+	}, func() float64 { r, _ := e.sched.counts(); return float64(r) })
+	e.m.waitingFunc = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "vllm:num_requests_waiting", Help: "Requests queued for a running slot.", ConstLabels: labels,
+	}, func() float64 { _, w := e.sched.counts(); return float64(w) })
+	for _, c := range []prometheus.Collector{e.m.queries, e.m.hits, e.m.promptTokens, e.m.genTokens,
+		e.m.ttft, e.m.runningFunc, e.m.waitingFunc} {
+		if err := e.reg.Register(c); err != nil {
+			return fmt.Errorf("emulate: register metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+// sleepCtx waits for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,221 @@
+package emulate
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// newTestServer starts an engine for cfg behind an httptest server. The
+// optional setup runs before serving, to install test seams.
+func newTestServer(t testing.TB, cfg Config, setup ...func(*Engine)) (*Engine, *httptest.Server) {
+	t.Helper()
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	for _, f := range setup {
+		f(e)
+	}
+	srv := httptest.NewServer(e.Handler())
+	t.Cleanup(srv.Close)
+	return e, srv
+}
+
+// post sends body as JSON and returns the response, whose body the caller
+// closes.
+func post(t testing.TB, ctx context.Context, url string, body any) *http.Response {
+	t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case string:
+		r = strings.NewReader(b)
+	case []byte:
+		r = bytes.NewReader(b)
+	default:
+		js, err := json.Marshal(body)
+		if err != nil {
+			t.Fatalf("marshal: %v", err)
+		}
+		r = bytes.NewReader(js)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, r)
+	if err != nil {
+		t.Fatalf("new request: %v", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	return resp
+}
+
+// postDecode posts body, expects want status, and decodes the JSON answer.
+func postDecode(t testing.TB, url string, body any, want int, out any) {
+	t.Helper()
+	resp := post(t, context.Background(), url, body)
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	if resp.StatusCode != want {
+		t.Fatalf("POST %s: status %d, want %d; body %s", url, resp.StatusCode, want, data)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			t.Fatalf("decode %s: %v", data, err)
+		}
+	}
+}
+
+// readSSE parses a server-sent event stream strictly: each event is one
+// "data: " line followed by a blank line. It returns the payloads, and the
+// read error if the stream broke off.
+func readSSE(r io.Reader) ([]string, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<16), 1<<24)
+	var events []string
+	expectBlank := false
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case expectBlank:
+			if line != "" {
+				return events, fmt.Errorf("want a blank line after an event, got %q", line)
+			}
+			expectBlank = false
+		case strings.HasPrefix(line, "data: "):
+			events = append(events, strings.TrimPrefix(line, "data: "))
+			expectBlank = true
+		default:
+			return events, fmt.Errorf("unexpected line %q", line)
+		}
+	}
+	return events, sc.Err()
+}
+
+// wireChunk is the union of the chunk shapes, decoded loosely so tests
+// can check which fields are present.
+type wireChunk struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Index int `json:"index"`
+		Delta *struct {
+			Role    *string `json:"role"`
+			Content *string `json:"content"`
+		} `json:"delta"`
+		Message *struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"message"`
+		Text         *string `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *wireUsage `json:"usage"`
+}
+
+type wireUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (u *wireUsage) cached(t testing.TB) int {
+	t.Helper()
+	if u == nil || u.PromptTokensDetails == nil {
+		t.Fatalf("usage without prompt_tokens_details: %+v", u)
+	}
+	return u.PromptTokensDetails.CachedTokens
+}
+
+// complete sends a non-streaming /v1/completions request with a prompt of
+// token ids and returns its usage.
+func complete(t testing.TB, base string, ids []int, extra map[string]any) *wireUsage {
+	t.Helper()
+	body := map[string]any{"prompt": ids, "max_tokens": 2}
+	for k, v := range extra {
+		body[k] = v
+	}
+	var c wireChunk
+	postDecode(t, base+"/v1/completions", body, http.StatusOK, &c)
+	if c.Usage == nil {
+		t.Fatalf("no usage in %+v", c)
+	}
+	return c.Usage
+}
+
+// seq returns n token ids starting at from.
+func seq(from, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = from + i
+	}
+	return out
+}
+
+// fakeClock is a clock that only moves when the engine sleeps, so timing
+// is exact and tests never wait.
+type fakeClock struct {
+	mu     sync.Mutex
+	t      time.Time
+	sleeps []time.Duration
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) sleep(ctx context.Context, d time.Duration) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sleeps = append(c.sleeps, d)
+	if d > 0 {
+		c.t = c.t.Add(d)
+	}
+	return ctx.Err()
+}
+
+func (c *fakeClock) install(e *Engine) { e.now, e.sleep = c.now, c.sleep }
+
+func (c *fakeClock) recorded() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.sleeps...)
+}
+
+func decodeJSON(resp *http.Response, out any) error {
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// doRawNoFatal posts body as JSON; for goroutines, which must not call
+// t.Fatal.
+func doRawNoFatal(url string, body any) (*http.Response, error) {
+	js, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	return http.Post(url, "application/json", bytes.NewReader(js))
+}

@@ -1,0 +1,164 @@
+package emulate
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestMetricsLintAndGroundTruth(t *testing.T) {
+	e, srv := newTestServer(t, Config{BlockSize: 4, Model: "emu"})
+	prompts := [][]int{seq(1, 9), seq(1, 9), seq(1, 17), seq(50, 5), seq(1, 30)}
+	for _, p := range prompts {
+		complete(t, srv.URL, p, nil)
+	}
+	// Text prompts too, streamed.
+	for range 2 {
+		resp := post(t, context.Background(), srv.URL+"/v1/chat/completions",
+			chatBody("a prompt long enough to fill a few blocks of four tokens", map[string]any{"model": "emu", "stream": true, "max_tokens": 3}))
+		if _, err := readSSE(resp.Body); err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+
+	problems, err := testutil.GatherAndLint(e.Gatherer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, p := range problems {
+		// vLLM's names carry colons, which promlint reserves for
+		// recording rules; that is the one accepted problem.
+		if p.Text != "metric names should not contain ':'" {
+			t.Errorf("lint: %s: %s", p.Metric, p.Text)
+		}
+		names[p.Metric] = true
+	}
+	for _, want := range []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_requests_running",
+		"vllm:num_requests_waiting", "vllm:time_to_first_token_seconds", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"} {
+		if !names[want] {
+			t.Errorf("metric %s missing", want)
+		}
+	}
+
+	st := e.Stats()
+	if st.Success != int64(len(prompts)+2) || st.CachedTokens == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	for _, c := range []struct {
+		name string
+		got  float64
+		want int64
+	}{
+		{"queries", testutil.ToFloat64(e.m.queries), st.PromptTokens},
+		{"hits", testutil.ToFloat64(e.m.hits), st.CachedTokens},
+		{"queries vs cache stats", testutil.ToFloat64(e.m.queries), st.CacheQueryTokens},
+		{"hits vs cache stats", testutil.ToFloat64(e.m.hits), st.CacheHitTokens},
+		{"prompt tokens", testutil.ToFloat64(e.m.promptTokens), st.PromptTokens},
+		{"generation tokens", testutil.ToFloat64(e.m.genTokens), st.CompletionTokens},
+	} {
+		if c.got != float64(c.want) {
+			t.Errorf("%s: metric %v, stats %d", c.name, c.got, c.want)
+		}
+	}
+
+	// The exposition carries the model_name label.
+	if err := testutil.ScrapeAndCompare(srv.URL+"/metrics", strings.NewReader(`
+# HELP vllm:num_requests_waiting Requests queued for a running slot.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="emu"} 0
+`), "vllm:num_requests_waiting"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// With two running slots and more requests than that, requests queue, in
+// vllm:num_requests_waiting and Stats. The engine's sleep is a gate held
+// closed, so the first two requests sit in prefill until released.
+func TestQueueing(t *testing.T) {
+	gate := make(chan struct{})
+	queued := make(chan struct{}, 64)
+	e, srv := newTestServer(t, Config{MaxRunning: 2, Overhead: time.Millisecond}, func(e *Engine) {
+		e.sleep = func(ctx context.Context, d time.Duration) error {
+			select {
+			case <-gate:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		e.sched.onQueue = func() { queued <- struct{}{} }
+	})
+
+	const n = 12
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			resp, err := doRawNoFatal(srv.URL+"/v1/completions", map[string]any{"prompt": seq(i*100, 20), "max_tokens": 2})
+			if err != nil {
+				errs <- err
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				errs <- errors.New(resp.Status)
+			}
+		})
+	}
+	// n-2 requests must queue behind the two that hold the slots.
+	for range n - 2 {
+		<-queued
+	}
+	if got := testutil.ToFloat64(e.m.waitingFunc); got != n-2 {
+		t.Fatalf("num_requests_waiting %v, want %d", got, n-2)
+	}
+	if got := testutil.ToFloat64(e.m.runningFunc); got != 2 {
+		t.Fatalf("num_requests_running %v, want 2", got)
+	}
+	if st := e.Stats(); st.Waiting != n-2 || st.Running != 2 {
+		t.Fatalf("stats running %d waiting %d", st.Running, st.Waiting)
+	}
+	close(gate)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if st := e.Stats(); st.Success != n || st.Running != 0 || st.Waiting != 0 {
+		t.Fatalf("stats after %+v", st)
+	}
+}
+
+// A request that gives up while queued leaves the queue and is counted
+// as canceled; the slot holders are unaffected.
+func TestQueueCancel(t *testing.T) {
+	s := newScheduler(1)
+	if err := s.acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	queued := make(chan struct{}, 1)
+	s.onQueue = func() { queued <- struct{}{} }
+	ctx, cancel := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	go func() { res <- s.acquire(ctx) }()
+	<-queued
+	cancel()
+	if err := <-res; !errors.Is(err, context.Canceled) {
+		t.Fatalf("acquire: %v", err)
+	}
+	if r, w := s.counts(); r != 1 || w != 0 {
+		t.Fatalf("running %d waiting %d", r, w)
+	}
+	s.release()
+	if r, w := s.counts(); r != 0 || w != 0 {
+		t.Fatalf("running %d waiting %d", r, w)
+	}
+}
