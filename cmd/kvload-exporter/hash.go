@@ -1,16 +1,325 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"unicode/utf8"
 
 	"github.com/alecthomas/kingpin/v2"
+
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
-// hashCommand is a placeholder until the command is written.
+// hashCommand turns a file of prompts into a Mooncake trace, giving equal
+// hash ids to equal token prefixes (Dynamo's datagen hasher).
 func hashCommand(app *kingpin.Application) command {
-	cl := app.Command("hash", "not written yet")
-	return command{clause: cl, run: func(context.Context, streams) error {
-		return errors.New("hash: not implemented")
+	cl := app.Command("hash", `Tokenize prompts (JSONL rows {"prompt": "..."} or {"messages": [...]}) and write a Mooncake trace with input_length and hash_ids.`)
+	in := cl.Arg("PROMPTS", "JSONL file of prompts.").Required().String()
+	out := cl.Flag("output-file", "Trace to write.").Short('o').Required().String()
+	blockSize := cl.Flag("block-size", "Hash block size in tokens.").Default("512").Int()
+	tok := cl.Flag("tokenizer", "o200k_base, cl100k_base, or the path of a Hugging Face tokenizer.json.").Default(synth.TokenizerO200k).String()
+	return command{clause: cl, run: func(ctx context.Context, s streams) error {
+		if *blockSize <= 0 {
+			return badInput(fmt.Errorf("hash: --block-size must be positive, got %d", *blockSize))
+		}
+		t, err := synth.LoadTokenizer(*tok)
+		if err != nil {
+			return badInput(fmt.Errorf("hash: %w", err))
+		}
+		return hashFile(ctx, *in, *out, t, *blockSize)
 	}}
+}
+
+// hashFile writes the trace to a temporary file beside out and renames it
+// at the end, so a bad row never leaves a partial trace behind.
+func hashFile(ctx context.Context, inPath, outPath string, t synth.Tokenizer, blockSize int) (err error) {
+	in, err := os.Open(inPath)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(outPath), "."+filepath.Base(outPath)+".*")
+	if err != nil {
+		return fmt.Errorf("hash: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	w := bufio.NewWriterSize(tmp, 1<<16)
+	if err := hashPrompts(ctx, in, inPath, w, t, blockSize); err != nil {
+		return err
+	}
+	if err := w.Flush(); err != nil {
+		return fmt.Errorf("hash: write %s: %w", outPath, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("hash: write %s: %w", outPath, err)
+	}
+	if err := os.Rename(tmp.Name(), outPath); err != nil {
+		return fmt.Errorf("hash: %w", err)
+	}
+	return nil
+}
+
+// promptRow is one parsed input row.
+type promptRow struct {
+	line int
+	text string
+	rec  synth.Record // timestamp, output_length, session_id
+	ids  []int
+}
+
+// hashPrompts reads prompt rows from r and writes trace rows to w. Rows are
+// tokenized in parallel batches (tokenizing is the slow part) and hashed in
+// file order, since ids depend on first appearance.
+func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t synth.Tokenizer, blockSize int) error {
+	h, err := synth.NewHasher(blockSize)
+	if err != nil {
+		return badInput(err)
+	}
+	br := bufio.NewReaderSize(r, 1<<16)
+	workers := runtime.GOMAXPROCS(0)
+	const batchSize = 256
+	batch := make([]promptRow, 0, batchSize)
+	var out []byte
+	rows := 0
+	line := 0
+	flush := func() error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		errs := make([]error, len(batch))
+		var wg sync.WaitGroup
+		for k := range workers {
+			wg.Go(func() {
+				for i := k; i < len(batch); i += workers {
+					batch[i].ids, errs[i] = t.Encode(batch[i].text)
+				}
+			})
+		}
+		wg.Wait()
+		for i := range batch {
+			row := &batch[i]
+			if errs[i] != nil {
+				return &synth.LineError{File: name, Line: row.line, Err: errs[i]}
+			}
+			row.rec.InputLength = synth.Ptr(len(row.ids))
+			row.rec.HashIDs = h.Append(make([]int64, 0, (len(row.ids)+blockSize-1)/blockSize), row.ids)
+			out = row.rec.AppendJSON(out[:0])
+			out = append(out, '\n')
+			if _, err := w.Write(out); err != nil {
+				return fmt.Errorf("hash: write: %w", err)
+			}
+		}
+		batch = batch[:0]
+		return nil
+	}
+	for {
+		b, rerr := br.ReadBytes('\n')
+		if len(b) > 0 {
+			line++
+			if b = bytes.TrimSpace(b); len(b) > 0 {
+				row, err := parsePromptRow(b)
+				if err != nil {
+					return &synth.LineError{File: name, Line: line, Err: err}
+				}
+				row.line = line
+				batch = append(batch, row)
+				rows++
+				if len(batch) == batchSize {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return fmt.Errorf("hash: read %s: %w", name, rerr)
+		}
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	if rows == 0 {
+		return fmt.Errorf("%s: %w", name, synth.ErrEmptyTrace)
+	}
+	return nil
+}
+
+// parsePromptRow reads one row: exactly one of prompt (a non-empty string)
+// or messages (chat messages, rendered by renderChat); optional timestamp,
+// output_length and session_id are copied to the trace; other keys are
+// ignored, so prompt files from other tools can be fed as they are.
+func parsePromptRow(b []byte) (promptRow, error) {
+	var row promptRow
+	if !utf8.Valid(b) {
+		return row, errors.New("invalid UTF-8")
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return row, fmt.Errorf("invalid JSON: %w", err)
+	}
+	if m == nil {
+		return row, errors.New("a row must be a JSON object")
+	}
+	prompt, hasPrompt := m["prompt"]
+	msgs, hasMsgs := m["messages"]
+	switch {
+	case hasPrompt == hasMsgs:
+		return row, errors.New(`exactly one of "prompt" or "messages" must be given`)
+	case hasPrompt:
+		if err := json.Unmarshal(prompt, &row.text); err != nil || prompt[0] != '"' {
+			return row, fmt.Errorf("prompt: must be a string, got %s", jsonKind(prompt))
+		}
+		if row.text == "" {
+			return row, errors.New("prompt: is empty")
+		}
+	default:
+		text, err := renderChat(msgs)
+		if err != nil {
+			return row, err
+		}
+		row.text = text
+	}
+	if raw, ok := m["timestamp"]; ok && !isNull(raw) {
+		var f float64
+		if err := json.Unmarshal(raw, &f); err != nil || raw[0] == '"' {
+			return row, fmt.Errorf("timestamp: must be a number of milliseconds, got %s", jsonKind(raw))
+		}
+		if f < 0 || math.IsInf(f, 0) {
+			return row, fmt.Errorf("timestamp: must be ≥ 0, got %s", raw)
+		}
+		row.rec.Timestamp = &f
+	}
+	if raw, ok := m["output_length"]; ok && !isNull(raw) {
+		var n int
+		if err := json.Unmarshal(raw, &n); err != nil || n < 0 {
+			return row, fmt.Errorf("output_length: must be an integer ≥ 0, got %s", raw)
+		}
+		row.rec.OutputLength = &n
+	}
+	if raw, ok := m["session_id"]; ok && !isNull(raw) {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return row, fmt.Errorf("session_id: must be a string, got %s", jsonKind(raw))
+		}
+		row.rec.SessionID = &s
+	}
+	return row, nil
+}
+
+// renderChat renders chat messages with a ChatML-style template, the shape
+// Qwen and many other chat models use:
+//
+//	<|im_start|>{role}\n{content}<|im_end|>\n   for every message, then
+//	<|im_start|>assistant\n                      (the generation prompt)
+//
+// It is not any model's exact template (those live in each model's
+// tokenizer_config.json as Jinja): it is a stable, documented stand-in so that
+// equal conversation prefixes give equal token prefixes. Content that is a
+// string is used as is; a list of content parts contributes the "text" of
+// its {"type": "text"} parts, concatenated, and drops other parts (images,
+// audio); null content (an assistant turn with only tool calls) is empty.
+// tool_calls, names and other message keys are not rendered.
+func renderChat(raw json.RawMessage) (string, error) {
+	var msgs []json.RawMessage
+	if err := json.Unmarshal(raw, &msgs); err != nil || raw[0] != '[' {
+		return "", fmt.Errorf("messages: must be a list, got %s", jsonKind(raw))
+	}
+	if len(msgs) == 0 {
+		return "", errors.New("messages: must be a non-empty list")
+	}
+	var sb strings.Builder
+	for i, mraw := range msgs {
+		var m struct {
+			Role    *string         `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
+		if err := json.Unmarshal(mraw, &m); err != nil || mraw[0] != '{' {
+			return "", fmt.Errorf("messages[%d]: must be an object with a string role", i)
+		}
+		if m.Role == nil || *m.Role == "" {
+			return "", fmt.Errorf("messages[%d]: has no role", i)
+		}
+		content, err := messageContent(m.Content)
+		if err != nil {
+			return "", fmt.Errorf("messages[%d].%w", i, err)
+		}
+		sb.WriteString("<|im_start|>")
+		sb.WriteString(*m.Role)
+		sb.WriteString("\n")
+		sb.WriteString(content)
+		sb.WriteString("<|im_end|>\n")
+	}
+	sb.WriteString("<|im_start|>assistant\n")
+	return sb.String(), nil
+}
+
+func messageContent(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || isNull(raw) {
+		return "", nil
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", fmt.Errorf("content: %w", err)
+		}
+		return s, nil
+	case '[':
+		var parts []struct {
+			Type string  `json:"type"`
+			Text *string `json:"text"`
+		}
+		if err := json.Unmarshal(raw, &parts); err != nil {
+			return "", fmt.Errorf("content: must be a string or a list of content parts: %w", err)
+		}
+		var sb strings.Builder
+		for _, p := range parts {
+			if p.Type == "text" && p.Text != nil {
+				sb.WriteString(*p.Text)
+			}
+		}
+		return sb.String(), nil
+	}
+	return "", fmt.Errorf("content: must be a string, a list of content parts or null, got %s", jsonKind(raw))
+}
+
+func isNull(raw json.RawMessage) bool { return string(raw) == "null" }
+
+// jsonKind names the JSON type of raw for error messages.
+func jsonKind(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '"':
+		return "a string"
+	case '{':
+		return "an object"
+	case '[':
+		return "a list"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
 }

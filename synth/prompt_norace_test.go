@@ -1,0 +1,6 @@
+//go:build !race
+
+package synth
+
+// raceEnabled: see prompt_race_test.go.
+const raceEnabled = false

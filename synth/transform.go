@@ -1,0 +1,341 @@
+package synth
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Knobs are the synthesis settings shared by the per-row transform
+// (Transform) and the generative sampler (Generate). Their names follow
+// AIPerf's --synthesis-* options and the workload config's synthesis keys.
+type Knobs struct {
+	BlockSize            int     // tokens per hash block of the trace
+	SpeedupRatio         float64 // > 0; timestamps are divided by it
+	PrefixLenMultiplier  float64 // > 0; stretches or shrinks shared prefixes
+	PrefixRootMultiplier int     // ≥ 1; number of disjoint hash-id spaces
+	PromptLenMultiplier  float64 // > 0; scales the unique (non-prefix) tokens
+	OutputLenMultiplier  float64 // ≥ 0; scales output_length
+	MaxISL               int     // 0 = none; rows above it are dropped, results capped
+	MaxOSL               int     // 0 = none; output_length is capped at it
+	Seed                 uint64  // root of the named random streams
+}
+
+// DefaultKnobs returns the settings under which synthesis changes nothing.
+func DefaultKnobs() Knobs {
+	return Knobs{
+		BlockSize:            DefaultBlockSize,
+		SpeedupRatio:         1,
+		PrefixLenMultiplier:  1,
+		PrefixRootMultiplier: 1,
+		PromptLenMultiplier:  1,
+		OutputLenMultiplier:  1,
+	}
+}
+
+// Validate reports every knob out of range at once.
+func (k Knobs) Validate() error {
+	var errs []error
+	positive := func(name string, v float64) {
+		if !(v > 0) || math.IsInf(v, 0) {
+			errs = append(errs, fmt.Errorf("%s must be a finite number > 0, got %v", name, v))
+		}
+	}
+	if k.BlockSize <= 0 {
+		errs = append(errs, fmt.Errorf("block_size must be > 0, got %d", k.BlockSize))
+	}
+	positive("speedup_ratio", k.SpeedupRatio)
+	positive("prefix_len_multiplier", k.PrefixLenMultiplier)
+	positive("prompt_len_multiplier", k.PromptLenMultiplier)
+	if !(k.OutputLenMultiplier >= 0) || math.IsInf(k.OutputLenMultiplier, 0) {
+		errs = append(errs, fmt.Errorf("output_len_multiplier must be a finite number ≥ 0, got %v", k.OutputLenMultiplier))
+	}
+	if k.PrefixRootMultiplier < 1 {
+		errs = append(errs, fmt.Errorf("prefix_root_multiplier must be an integer ≥ 1, got %d", k.PrefixRootMultiplier))
+	}
+	if k.MaxISL < 0 {
+		errs = append(errs, fmt.Errorf("max_isl must be ≥ 0 (0 = no limit), got %d", k.MaxISL))
+	}
+	if k.MaxOSL < 0 {
+		errs = append(errs, fmt.Errorf("max_osl must be ≥ 0 (0 = no limit), got %d", k.MaxOSL))
+	}
+	return errors.Join(errs...)
+}
+
+// multipliersSet tells whether AIPerf would run its Synthesizer: any knob
+// other than max_isl/max_osl away from its default.
+func (k Knobs) multipliersSet() bool {
+	return k.SpeedupRatio != 1 || k.PrefixLenMultiplier != 1 || k.PrefixRootMultiplier != 1 ||
+		k.PromptLenMultiplier != 1 || k.OutputLenMultiplier != 1
+}
+
+// Stats summarises one synthesis run.
+type Stats struct {
+	RowsIn        int // rows read
+	RowsOut       int // rows written
+	DroppedMaxISL int // transform: input rows over max_isl; generate: sampled requests over max_isl
+}
+
+// Transform is AIPerf's per-row synthesis (trace-semantics §1.3 steps 2–5
+// and §4.1): rows with input_length > MaxISL are dropped, the rest are put
+// in session order (sessions by first appearance, rows without session_id
+// each their own, file order within a session), and, when any multiplier
+// is non-default, every row is rewritten: timestamps divided by the speedup
+// ratio and truncated, shared prefixes stretched by PrefixLenMultiplier,
+// unique tokens scaled by PromptLenMultiplier, output lengths scaled, ids
+// spread over PrefixRootMultiplier disjoint spaces. Fields the transform
+// does not own (session_id, delay, messages, unknown keys, ...) are kept.
+// With only MaxISL/MaxOSL set, rows are filtered and capped but not
+// renumbered, as in AIPerf. rows is not modified.
+//
+// Where AIPerf crashes or emits rows whose hash_ids do not fit input_length,
+// Transform defines its own behaviour so that every row with ids satisfies
+// the block rule last = isl − (n−1)·B ∈ (0, B]:
+//
+//   - A row whose ids are all shared and whose last block is partial
+//     (AIPerf: "input_len < prefix_len" ValueError) counts its last block at
+//     its real size: the prefix is the whole row and the prompt part is 0.
+//     The rewritten prefix ends with a block short by the same number of
+//     tokens, so isl' = len(prefix')·B − (len(ids)·B − isl). When P < 1 cuts
+//     the prefix before that last block, the kept blocks are all full.
+//   - P < 1 on a row without a shared prefix keeps no prefix block (AIPerf
+//     counts one block of tokens without an id).
+//   - The post-synthesis max_isl cap also trims hash_ids to
+//     ceil(max_isl/B) (AIPerf caps input_length only).
+//   - A row with ids whose scaled prompt would have 0 tokens and no prefix
+//     keeps one token (AIPerf writes input_length 0 and drops its ids).
+func Transform(rows []Record, k Knobs) ([]Record, Stats, error) {
+	if err := k.Validate(); err != nil {
+		return nil, Stats{}, err
+	}
+	st := Stats{RowsIn: len(rows)}
+	kept := make([]Record, 0, len(rows))
+	for _, r := range rows {
+		if k.MaxISL > 0 && r.InputLength != nil && *r.InputLength > k.MaxISL {
+			st.DroppedMaxISL++
+			continue
+		}
+		kept = append(kept, r)
+	}
+	out := sessionOrder(kept)
+	for i := range out {
+		empty := out[i].HashIDs != nil && len(out[i].HashIDs) == 0
+		out[i] = out[i].Clone()
+		if empty {
+			out[i].HashIDs = []int64{} // Clone turns [] into nil; keep the key
+		}
+	}
+	if k.multipliersSet() {
+		if err := applyMultipliers(out, k); err != nil {
+			return nil, Stats{}, err
+		}
+		for i := range out {
+			r := &out[i]
+			if r.Timestamp != nil {
+				*r.Timestamp = math.Trunc(*r.Timestamp / k.SpeedupRatio)
+			}
+			if r.OutputLength != nil {
+				v := math.RoundToEven(float64(*r.OutputLength) * k.OutputLenMultiplier)
+				if k.MaxOSL > 0 && v > float64(k.MaxOSL) {
+					v = float64(k.MaxOSL)
+				}
+				*r.OutputLength = max(1, int(v))
+			}
+		}
+	}
+	if k.MaxOSL > 0 {
+		for i := range out {
+			if r := &out[i]; r.OutputLength != nil && *r.OutputLength > k.MaxOSL {
+				*r.OutputLength = k.MaxOSL
+			}
+		}
+	}
+	st.RowsOut = len(out)
+	return out, st, nil
+}
+
+// sessionOrder groups rows by session_id in order of first appearance; a
+// row without session_id is a session of its own. It returns a new slice.
+func sessionOrder(rows []Record) []Record {
+	first := make(map[string]int) // session id → index in groups
+	var groups [][]int
+	for i, r := range rows {
+		if r.SessionID == nil {
+			groups = append(groups, []int{i})
+			continue
+		}
+		g, ok := first[*r.SessionID]
+		if !ok {
+			g = len(groups)
+			first[*r.SessionID] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	out := make([]Record, 0, len(rows))
+	for _, g := range groups {
+		for _, i := range g {
+			out = append(out, rows[i])
+		}
+	}
+	return out
+}
+
+// idLimit keeps synthesized hash ids well inside int64.
+const idLimit = 1 << 62
+
+// applyMultipliers rewrites hash_ids and input_length of rows in place with
+// the prefix, prompt and root multipliers (AIPerf's _apply_multipliers plus
+// the fixes listed on Transform).
+func applyMultipliers(rows []Record, k Knobs) error {
+	B := k.BlockSize
+	P, Q := k.PrefixLenMultiplier, k.PromptLenMultiplier
+	count := make(map[int64]int)
+	for i := range rows {
+		r := &rows[i]
+		if len(r.HashIDs) == 0 {
+			continue
+		}
+		if err := checkBlocks(r, B); err != nil {
+			return err
+		}
+		for _, h := range r.HashIDs {
+			count[h]++
+		}
+	}
+	var maxShared int64
+	for h, c := range count {
+		if c > 1 && h > maxShared {
+			maxShared = h
+		}
+	}
+	m := int64(1)
+	if P > 1 {
+		if P >= idLimit {
+			return fmt.Errorf("prefix_len_multiplier %v is too large", P)
+		}
+		m = int64(P)
+	}
+	if float64(maxShared+1)*float64(m) >= idLimit {
+		return fmt.Errorf("prefix_len_multiplier %v would push hash ids past %d", P, int64(idLimit))
+	}
+	next := (maxShared + 1) * m // the last id handed out; fresh ids follow it
+	fresh := func(ids []int64, n int) []int64 {
+		for ; n > 0; n-- {
+			next++
+			ids = append(ids, next)
+		}
+		return ids
+	}
+
+	for i := range rows {
+		r := &rows[i]
+		ids := r.HashIDs
+		if len(ids) == 0 {
+			continue
+		}
+		isl := *r.InputLength
+		lp := 0 // leading run of shared ids
+		for lp < len(ids) && count[ids[lp]] > 1 {
+			lp++
+		}
+		// short is how many tokens the row's last block lacks when the whole
+		// row is prefix; it stays on the last block of the new prefix.
+		short := 0
+		if lp == len(ids) {
+			short = lp*B - isl
+		}
+		prompt := isl - (lp*B - short)
+
+		var kept []int64
+		switch {
+		case P > 1:
+			tf := math.Ceil(float64(lp) * P)
+			if tf*float64(B) > maxCount {
+				return fmt.Errorf("line %d: prefix_len_multiplier %v makes a %.0f-block prefix", r.Line, P, tf)
+			}
+			total := int(tf)
+			kept = make([]int64, 0, total)
+			for _, h := range ids[:lp] {
+				for j := range m {
+					kept = append(kept, h*m+j)
+				}
+			}
+			kept = fresh(kept, total-len(kept))
+		case P < 1:
+			kb := 0
+			if lp > 0 {
+				kb = max(1, int(float64(lp)*P))
+			}
+			if kb < lp {
+				short = 0 // the partial last block was cut off
+			}
+			kept = append([]int64(nil), ids[:kb]...)
+		default:
+			kept = append([]int64(nil), ids[:lp]...)
+		}
+		prefix := len(kept) * B
+		if len(kept) > 0 {
+			prefix -= short
+		}
+
+		qf := float64(prompt) * Q
+		if qf > maxCount {
+			return fmt.Errorf("line %d: prompt_len_multiplier %v makes a %.0f-token prompt", r.Line, Q, qf)
+		}
+		q := int(qf)
+		if q == 0 && prefix == 0 {
+			q = 1 // keep the request non-empty
+		}
+		kept = fresh(kept, ceilDiv(q, B))
+		isl = prefix + q
+
+		if k.MaxISL > 0 && isl > k.MaxISL {
+			isl = k.MaxISL
+			kept = kept[:ceilDiv(isl, B)]
+		}
+		r.HashIDs = kept
+		*r.InputLength = isl
+	}
+
+	if R := k.PrefixRootMultiplier; R > 1 {
+		base := next + 1
+		if float64(base)*float64(R) >= idLimit {
+			return fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
+		}
+		rng := NewRand(k.Seed, StreamPrefixRoot)
+		for i := range rows {
+			ids := rows[i].HashIDs
+			if len(ids) == 0 {
+				continue
+			}
+			if t := int64(rng.IntN(R)); t > 0 {
+				for j := range ids {
+					ids[j] += t * base
+				}
+			}
+		}
+	}
+	for i := range rows {
+		if rows[i].HashIDs != nil && len(rows[i].HashIDs) == 0 {
+			rows[i].HashIDs = nil // AIPerf drops an empty hash_ids key
+		}
+	}
+	return nil
+}
+
+// checkBlocks applies the block rule to a row read without it, so the
+// transform never works on ids that cannot describe input_length.
+func checkBlocks(r *Record, B int) error {
+	if r.InputLength == nil {
+		return fmt.Errorf("line %d: hash_ids without input_length", r.Line)
+	}
+	n := len(r.HashIDs)
+	if last := *r.InputLength - (n-1)*B; last <= 0 || last > B {
+		return fmt.Errorf("line %d: input_length %d does not fit %d hash_ids of %d-token blocks",
+			r.Line, *r.InputLength, n, B)
+	}
+	return nil
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
