@@ -1,6 +1,8 @@
 package emulate
 
 import (
+	"github.com/kvload-exporter/kvload-exporter/synth"
+
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -20,15 +22,15 @@ type streamOptions struct {
 }
 
 type chatRequest struct {
-	Model               string         `json:"model"`
-	Messages            []chatMessage  `json:"messages"`
-	Stream              bool           `json:"stream"`
-	StreamOptions       *streamOptions `json:"stream_options"`
-	MaxTokens           *int           `json:"max_tokens"`
-	MaxCompletionTokens *int           `json:"max_completion_tokens"`
-	N                   *int           `json:"n"`
-	CacheSalt           string         `json:"cache_salt"`
-	AddGenerationPrompt *bool          `json:"add_generation_prompt"`
+	Model               string              `json:"model"`
+	Messages            []synth.ChatMessage `json:"messages"`
+	Stream              bool                `json:"stream"`
+	StreamOptions       *streamOptions      `json:"stream_options"`
+	MaxTokens           *int                `json:"max_tokens"`
+	MaxCompletionTokens *int                `json:"max_completion_tokens"`
+	N                   *int                `json:"n"`
+	CacheSalt           string              `json:"cache_salt"`
+	AddGenerationPrompt *bool               `json:"add_generation_prompt"`
 }
 
 type completionRequest struct {
@@ -42,11 +44,11 @@ type completionRequest struct {
 }
 
 type tokenizeRequest struct {
-	Model               string          `json:"model"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Messages            []chatMessage   `json:"messages"`
-	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
-	ReturnTokenStrs     bool            `json:"return_token_strs"`
+	Model               string              `json:"model"`
+	Prompt              json.RawMessage     `json:"prompt"`
+	Messages            []synth.ChatMessage `json:"messages"`
+	AddGenerationPrompt *bool               `json:"add_generation_prompt"`
+	ReturnTokenStrs     bool                `json:"return_token_strs"`
 }
 
 type tokenizeResponse struct {

@@ -1,6 +1,8 @@
 package emulate
 
 import (
+	"github.com/kvload-exporter/kvload-exporter/synth"
+
 	"context"
 	"encoding/json"
 	"io"
@@ -352,12 +354,12 @@ func TestChatTemplatePrefixStable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg := func(role, content string) chatMessage {
+	msg := func(role, content string) synth.ChatMessage {
 		raw, _ := json.Marshal(content)
-		return chatMessage{Role: role, Content: raw}
+		return synth.ChatMessage{Role: role, Content: raw}
 	}
-	turn1 := []chatMessage{msg("system", "Be brief."), msg("user", "What is 2+2?")}
-	turn2 := append(append([]chatMessage(nil), turn1...), msg("assistant", "4."), msg("user", "And 3+3?"))
+	turn1 := []synth.ChatMessage{msg("system", "Be brief."), msg("user", "What is 2+2?")}
+	turn2 := append(append([]synth.ChatMessage(nil), turn1...), msg("assistant", "4."), msg("user", "And 3+3?"))
 	a, _ := renderChat(turn1, false)
 	b, _ := renderChat(turn2, true)
 	ta, _ := e.tok.encode(a)

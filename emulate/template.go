@@ -1,13 +1,13 @@
 package emulate
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/tiktoken-go/tokenizer"
+
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
 // textTokenizer is o200k_base, a real byte-level BPE, so that prompt
@@ -65,78 +65,22 @@ func (t textTokenizer) decode(ids []int) (string, error) {
 	return s, nil
 }
 
-// chatMessage is one entry of a request's messages. Content may be a
-// string, null, or a list of parts of which only text parts are accepted.
-type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-// renderChat applies the emulator's chat template, a minimal ChatML:
-//
-//	<|im_start|>{role}\n{content}<|im_end|>\n     for each message
-//	<|im_start|>assistant\n                         if addGenerationPrompt
-//
-// The result is tokenized as plain text: o200k_base has no <|im_start|>
-// token, so each marker costs a few ordinary tokens. That is enough for
-// what the emulator models: a fixed per-message overhead, and a rendering
-// whose earlier turns are a token-exact prefix of later turns (each marker
-// starts a new pre-token), so multi-turn chats hit the prefix cache.
-func renderChat(msgs []chatMessage, addGenerationPrompt bool) (string, error) {
-	var b strings.Builder
-	for i, m := range msgs {
-		if m.Role == "" {
-			return "", fmt.Errorf("messages[%d]: role is required", i)
-		}
-		content, err := messageText(m.Content)
-		if err != nil {
-			return "", fmt.Errorf("messages[%d]: %w", i, err)
-		}
-		b.WriteString("<|im_start|>")
-		b.WriteString(m.Role)
-		b.WriteString("\n")
-		b.WriteString(content)
-		b.WriteString("<|im_end|>\n")
+// renderChat applies the project's chat template (synth.RenderChatML). The
+// result is tokenized as plain text: o200k_base has no <|im_start|> token, so
+// each marker costs a few ordinary tokens. That is enough for what the
+// emulator models: a fixed per-message overhead, and a rendering whose
+// earlier turns are a token-exact prefix of later turns (each marker starts a
+// new pre-token), so multi-turn chats hit the prefix cache. A text-only
+// model rejects image and audio parts, and so does the emulator.
+func renderChat(msgs []synth.ChatMessage, addGenerationPrompt bool) (string, error) {
+	text, skipped, err := synth.RenderChatML(msgs, addGenerationPrompt)
+	if err != nil {
+		return "", err
 	}
-	if addGenerationPrompt {
-		b.WriteString("<|im_start|>assistant\n")
+	if skipped > 0 {
+		return "", errors.New("only content parts of type text are supported")
 	}
-	return b.String(), nil
-}
-
-// messageText flattens a message's content. Text parts are joined with
-// newlines, as vLLM's chat preprocessing does for string-only templates.
-func messageText(raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return "", nil
-	}
-	switch raw[0] {
-	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", fmt.Errorf("content: %w", err)
-		}
-		return s, nil
-	case '[':
-		var parts []struct {
-			Type string  `json:"type"`
-			Text *string `json:"text"`
-		}
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return "", fmt.Errorf("content: %w", err)
-		}
-		texts := make([]string, 0, len(parts))
-		for j, p := range parts {
-			if p.Type != "text" || p.Text == nil {
-				return "", fmt.Errorf("content[%d]: only parts of type text with a text field are supported, got type %q", j, p.Type)
-			}
-			texts = append(texts, *p.Text)
-		}
-		return strings.Join(texts, "\n"), nil
-	default:
-		return "", errors.New("content must be a string, a list of text parts, or null")
-	}
+	return text, nil
 }
 
 // outputWords are what the emulator generates, cycled: each is a single

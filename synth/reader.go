@@ -333,7 +333,11 @@ func (rec *Record) setField(key string, raw json.RawMessage) error {
 	return err
 }
 
-func kindOf(raw json.RawMessage) string {
+// JSONKind names the JSON type of a value, for error messages.
+func JSONKind(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return "nothing"
+	}
 	switch raw[0] {
 	case '"':
 		return "a string"
@@ -354,8 +358,8 @@ func decodeMillis(key string, raw json.RawMessage, isNull bool) (*float64, error
 	if isNull {
 		return nil, nil
 	}
-	if kindOf(raw) != "a number" {
-		return nil, fmt.Errorf("%s: must be a number of milliseconds, got %s", key, kindOf(raw))
+	if JSONKind(raw) != "a number" {
+		return nil, fmt.Errorf("%s: must be a number of milliseconds, got %s", key, JSONKind(raw))
 	}
 	f, err := strconv.ParseFloat(string(raw), 64)
 	if err != nil || math.IsInf(f, 0) {
@@ -375,8 +379,8 @@ func decodeCount(key string, raw json.RawMessage, isNull bool) (*int, error) {
 	if isNull {
 		return nil, nil
 	}
-	if kindOf(raw) != "a number" {
-		return nil, fmt.Errorf("%s: must be an integer, got %s", key, kindOf(raw))
+	if JSONKind(raw) != "a number" {
+		return nil, fmt.Errorf("%s: must be an integer, got %s", key, JSONKind(raw))
 	}
 	n, err := strconv.ParseInt(string(raw), 10, 64)
 	if err != nil {
@@ -415,7 +419,7 @@ func decodeHashIDs(raw json.RawMessage) ([]int64, error) {
 		return nil, errSyntax
 	}
 	if raw[0] != '[' {
-		return nil, fmt.Errorf("hash_ids: must be a list of integers, got %s", kindOf(raw))
+		return nil, fmt.Errorf("hash_ids: must be a list of integers, got %s", JSONKind(raw))
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
@@ -425,10 +429,10 @@ func decodeHashIDs(raw json.RawMessage) ([]int64, error) {
 	for i, it := range items {
 		n, err := strconv.ParseInt(string(it), 10, 64)
 		if err != nil {
-			if kindOf(it) == "a number" {
+			if JSONKind(it) == "a number" {
 				return nil, fmt.Errorf("hash_ids[%d]: %s is not an integer in range", i, it)
 			}
-			return nil, fmt.Errorf("hash_ids[%d]: must be an integer, got %s", i, kindOf(it))
+			return nil, fmt.Errorf("hash_ids[%d]: must be an integer, got %s", i, JSONKind(it))
 		}
 		if n < 0 {
 			return nil, fmt.Errorf("hash_ids[%d]: must be ≥ 0, got %d", i, n)
@@ -491,7 +495,7 @@ func decodeString(key string, raw json.RawMessage, isNull bool) (*string, error)
 		return nil, nil
 	}
 	if raw[0] != '"' {
-		return nil, fmt.Errorf("%s: must be a string, got %s", key, kindOf(raw))
+		return nil, fmt.Errorf("%s: must be a string, got %s", key, JSONKind(raw))
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
@@ -505,7 +509,7 @@ func decodeList(key string, raw json.RawMessage, isNull bool) ([]json.RawMessage
 		return nil, nil
 	}
 	if raw[0] != '[' {
-		return nil, fmt.Errorf("%s: must be a list, got %s", key, kindOf(raw))
+		return nil, fmt.Errorf("%s: must be a list, got %s", key, JSONKind(raw))
 	}
 	items := []json.RawMessage{}
 	if err := json.Unmarshal(raw, &items); err != nil {
@@ -519,7 +523,7 @@ func decodeObject(key string, raw json.RawMessage, isNull bool) (json.RawMessage
 		return nil, nil
 	}
 	if raw[0] != '{' {
-		return nil, fmt.Errorf("%s: must be an object, got %s", key, kindOf(raw))
+		return nil, fmt.Errorf("%s: must be an object, got %s", key, JSONKind(raw))
 	}
 	return append(json.RawMessage(nil), raw...), nil
 }

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"unicode/utf8"
 
@@ -186,7 +185,7 @@ func parsePromptRow(b []byte) (promptRow, error) {
 		return row, errors.New(`exactly one of "prompt" or "messages" must be given`)
 	case hasPrompt:
 		if err := json.Unmarshal(prompt, &row.text); err != nil || prompt[0] != '"' {
-			return row, fmt.Errorf("prompt: must be a string, got %s", jsonKind(prompt))
+			return row, fmt.Errorf("prompt: must be a string, got %s", synth.JSONKind(prompt))
 		}
 		if row.text == "" {
 			return row, errors.New("prompt: is empty")
@@ -201,7 +200,7 @@ func parsePromptRow(b []byte) (promptRow, error) {
 	if raw, ok := m["timestamp"]; ok && !isNull(raw) {
 		var f float64
 		if err := json.Unmarshal(raw, &f); err != nil || raw[0] == '"' {
-			return row, fmt.Errorf("timestamp: must be a number of milliseconds, got %s", jsonKind(raw))
+			return row, fmt.Errorf("timestamp: must be a number of milliseconds, got %s", synth.JSONKind(raw))
 		}
 		if f < 0 || math.IsInf(f, 0) {
 			return row, fmt.Errorf("timestamp: must be ≥ 0, got %s", raw)
@@ -218,108 +217,29 @@ func parsePromptRow(b []byte) (promptRow, error) {
 	if raw, ok := m["session_id"]; ok && !isNull(raw) {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return row, fmt.Errorf("session_id: must be a string, got %s", jsonKind(raw))
+			return row, fmt.Errorf("session_id: must be a string, got %s", synth.JSONKind(raw))
 		}
 		row.rec.SessionID = &s
 	}
 	return row, nil
 }
 
-// renderChat renders chat messages with a ChatML-style template, the shape
-// Qwen and many other chat models use:
-//
-//	<|im_start|>{role}\n{content}<|im_end|>\n   for every message, then
-//	<|im_start|>assistant\n                      (the generation prompt)
-//
-// It is not any model's exact template (those live in each model's
-// tokenizer_config.json as Jinja): it is a stable, documented stand-in so that
-// equal conversation prefixes give equal token prefixes. Content that is a
-// string is used as is; a list of content parts contributes the "text" of
-// its {"type": "text"} parts, concatenated, and drops other parts (images,
-// audio); null content (an assistant turn with only tool calls) is empty.
-// tool_calls, names and other message keys are not rendered.
+// renderChat renders a row's messages with the project's chat template
+// (synth.RenderChatML, shared with the emulator), generation prompt
+// included. Content parts other than text (images, audio) are left out.
 func renderChat(raw json.RawMessage) (string, error) {
-	var msgs []json.RawMessage
-	if err := json.Unmarshal(raw, &msgs); err != nil || raw[0] != '[' {
-		return "", fmt.Errorf("messages: must be a list, got %s", jsonKind(raw))
+	var msgs []synth.ChatMessage
+	if raw[0] != '[' {
+		return "", fmt.Errorf("messages: must be a list, got %s", synth.JSONKind(raw))
+	}
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return "", fmt.Errorf("messages: must be a list of objects with a string role: %w", err)
 	}
 	if len(msgs) == 0 {
 		return "", errors.New("messages: must be a non-empty list")
 	}
-	var sb strings.Builder
-	for i, mraw := range msgs {
-		var m struct {
-			Role    *string         `json:"role"`
-			Content json.RawMessage `json:"content"`
-		}
-		if err := json.Unmarshal(mraw, &m); err != nil || mraw[0] != '{' {
-			return "", fmt.Errorf("messages[%d]: must be an object with a string role", i)
-		}
-		if m.Role == nil || *m.Role == "" {
-			return "", fmt.Errorf("messages[%d]: has no role", i)
-		}
-		content, err := messageContent(m.Content)
-		if err != nil {
-			return "", fmt.Errorf("messages[%d].%w", i, err)
-		}
-		sb.WriteString("<|im_start|>")
-		sb.WriteString(*m.Role)
-		sb.WriteString("\n")
-		sb.WriteString(content)
-		sb.WriteString("<|im_end|>\n")
-	}
-	sb.WriteString("<|im_start|>assistant\n")
-	return sb.String(), nil
-}
-
-func messageContent(raw json.RawMessage) (string, error) {
-	if len(raw) == 0 || isNull(raw) {
-		return "", nil
-	}
-	switch raw[0] {
-	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", fmt.Errorf("content: %w", err)
-		}
-		return s, nil
-	case '[':
-		var parts []struct {
-			Type string  `json:"type"`
-			Text *string `json:"text"`
-		}
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return "", fmt.Errorf("content: must be a string or a list of content parts: %w", err)
-		}
-		var sb strings.Builder
-		for _, p := range parts {
-			if p.Type == "text" && p.Text != nil {
-				sb.WriteString(*p.Text)
-			}
-		}
-		return sb.String(), nil
-	}
-	return "", fmt.Errorf("content: must be a string, a list of content parts or null, got %s", jsonKind(raw))
+	text, _, err := synth.RenderChatML(msgs, true)
+	return text, err
 }
 
 func isNull(raw json.RawMessage) bool { return string(raw) == "null" }
-
-// jsonKind names the JSON type of raw for error messages.
-func jsonKind(raw json.RawMessage) string {
-	if len(raw) == 0 {
-		return "nothing"
-	}
-	switch raw[0] {
-	case '"':
-		return "a string"
-	case '{':
-		return "an object"
-	case '[':
-		return "a list"
-	case 't', 'f':
-		return "a boolean"
-	case 'n':
-		return "null"
-	}
-	return "a number"
-}
