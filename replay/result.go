@@ -28,6 +28,9 @@ var Outcomes = [...]Outcome{OutcomeSuccess, OutcomeHTTPError, OutcomeStreamError
 const (
 	DropMaxInFlight = "max_in_flight"
 	DropShutdown    = "shutdown"
+	// DropBuildError: the row's request could not be built (for example
+	// input_length inconsistent with hash_ids), so nothing was sent.
+	DropBuildError = "build_error"
 )
 
 // API is the OpenAI endpoint a target is driven through.

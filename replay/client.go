@@ -1,0 +1,459 @@
+package replay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/common/config"
+	"github.com/valyala/fastjson"
+)
+
+// TargetConfig is what the client needs of one configured target.
+type TargetConfig struct {
+	Name  string
+	URL   string // base URL without /v1; may carry query parameters
+	Model string // sent as "model"; omitted when empty
+
+	API          API     // chat | completions; empty means chat
+	Dialect      Dialect // empty means openai
+	PromptFormat string  // text | token_ids; empty means text
+
+	// RequestTimeout bounds one request from send to the end of its
+	// stream; 0 leaves it to the caller's context.
+	RequestTimeout   time.Duration
+	HTTPClientConfig config.HTTPClientConfig
+	ExtraBody        map[string]any // merged into every request body
+}
+
+// Client streams completions from one target and measures them. It is safe
+// for concurrent use; one Client serves every request to its target.
+type Client struct {
+	api      API
+	spec     dialectSpec
+	endpoint string // without userinfo
+	user     *url.Userinfo
+	timeout  time.Duration
+	http     *http.Client
+	model    []byte      // JSON string, nil when no model is configured
+	extra    []bodyField // extra_body, encoded once
+	secrets  []string    // inline credentials, scrubbed from error texts
+
+	streams sync.Pool // *streamParser, reused across requests
+
+	// cachedReported is set once any response from this target carried
+	// usage.prompt_tokens_details.cached_tokens. For dialects that omit
+	// the field when it is zero, it tells "zero" from "not reported".
+	cachedReported atomic.Bool
+}
+
+// streamParser bundles the per-stream buffers so a request reuses them.
+type streamParser struct {
+	sse   sseReader
+	state streamState
+}
+
+const (
+	maxErrorBody = 64 << 10 // the part of an error response read for its message
+	maxDrain     = 64 << 10 // read after [DONE] so the connection can be reused
+	maxErrorText = 300      // Result.Error is for logs: keep it short
+)
+
+// errRequestTimeout is the cause of the per-request deadline, telling it
+// apart from a deadline of the caller's context.
+var errRequestTimeout = errors.New("request timeout")
+
+// NewClient validates cfg and builds its HTTP client. Outbound auth, TLS and
+// proxy come from cfg.HTTPClientConfig via prometheus/common; its transport
+// keeps connections alive with MaxIdleConnsPerHost 1000 (MaxIdleConns
+// 20000), enough for hundreds of concurrent streams to one target without
+// re-dialling.
+func NewClient(cfg TargetConfig) (*Client, error) {
+	var errs []error
+	c := &Client{api: cfg.API, timeout: cfg.RequestTimeout}
+	if c.api == "" {
+		c.api = APIChat
+	}
+	if c.api != APIChat && c.api != APICompletions {
+		errs = append(errs, fmt.Errorf("api %q: want chat or completions", cfg.API))
+	}
+	dialect := cfg.Dialect
+	if dialect == "" {
+		dialect = DialectOpenAI
+	}
+	spec, ok := specFor(dialect)
+	if !ok {
+		errs = append(errs, fmt.Errorf("dialect %q: want vllm, sglang, trtllm, dynamo, llamacpp or openai", cfg.Dialect))
+	}
+	c.spec = spec
+	switch cfg.PromptFormat {
+	case "", PromptFormatText:
+	case PromptFormatTokenIDs:
+		if c.api != APICompletions {
+			errs = append(errs, errors.New("prompt_format token_ids needs api completions"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("prompt_format %q: want text or token_ids", cfg.PromptFormat))
+	}
+	if cfg.RequestTimeout < 0 {
+		errs = append(errs, fmt.Errorf("request_timeout %v is negative", cfg.RequestTimeout))
+	}
+	if err := c.setEndpoint(cfg.URL); err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.Model != "" {
+		c.model = appendJSONString(nil, cfg.Model)
+	}
+	extra, err := encodeExtraBody(cfg.ExtraBody)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	c.extra = extra
+	hc := cfg.HTTPClientConfig
+	if err := hc.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("http_client_config: %w", err))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	c.secrets = inlineSecrets(&hc, c.user)
+	c.http, err = config.NewClientFromConfig(hc, cfg.Name, config.WithUserAgent("kvload-exporter"))
+	if err != nil {
+		return nil, fmt.Errorf("http_client_config: %w", err)
+	}
+	return c, nil
+}
+
+// setEndpoint derives the endpoint from the base URL. Userinfo is kept out
+// of the request URL (and so out of every transport error) and sent as
+// basic auth, which is what net/http would do with it.
+func (c *Client) setEndpoint(base string) error {
+	u, err := url.Parse(base)
+	if err != nil {
+		// url.Parse errors quote the input, userinfo included.
+		return errors.New("url: cannot be parsed")
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return errors.New("url: want http:// or https:// with a host")
+	}
+	c.user, u.User = u.User, nil
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	u.RawPath = ""
+	if c.api == APICompletions {
+		u.Path += "/v1/completions"
+	} else {
+		u.Path += "/v1/chat/completions"
+	}
+	c.endpoint = u.String()
+	return nil
+}
+
+func inlineSecrets(hc *config.HTTPClientConfig, user *url.Userinfo) []string {
+	var s []string
+	add := func(v string) {
+		if v != "" {
+			s = append(s, v)
+		}
+	}
+	if user != nil {
+		p, _ := user.Password()
+		add(p)
+	}
+	if hc.BasicAuth != nil {
+		add(string(hc.BasicAuth.Password))
+	}
+	if hc.Authorization != nil {
+		add(string(hc.Authorization.Credentials))
+	}
+	add(string(hc.BearerToken))
+	if hc.OAuth2 != nil {
+		add(string(hc.OAuth2.ClientSecret))
+	}
+	return s
+}
+
+// Close releases the client's idle connections. Call it when the target is
+// removed; requests still running are not affected.
+func (c *Client) Close() {
+	c.http.CloseIdleConnections()
+}
+
+// Do sends one request and measures its stream into res. It returns when
+// the stream has ended, the request timed out or ctx was canceled; it
+// always sets res.Outcome and never keeps anything running afterwards.
+//
+// Outcomes:
+//   - timeout: the per-request deadline (RequestTimeout) expired, at any
+//     point.
+//   - canceled: ctx ended (cancel or the caller's own deadline).
+//   - connection_error: no response was received (dial, TLS, reset).
+//   - http_error: a non-2xx status, with the message of the error body.
+//     A row that cannot be encoded into a body is also an http_error,
+//     with status 0: a server would have refused it with a 400.
+//   - stream_error: an error event or error chunk (whether or not [DONE]
+//     follows), a malformed chunk, finish_reason "abort" or "error", a
+//     read error after the headers, or a stream that was cut off.
+//   - success: [DONE] arrived, or the body ended cleanly (EOF) after a
+//     chunk with a finish_reason or a usage object. A clean end without
+//     either is a cut-off stream: nothing says the generation completed.
+func (c *Client) Do(ctx context.Context, req Request, res *Result) {
+	res.Sent, res.FirstToken, res.LastToken = time.Time{}, time.Time{}, time.Time{}
+	res.Outcome, res.HTTPStatus, res.Error = "", 0, ""
+	res.OutputTokens, res.OutputFromUsage = 0, false
+	res.PromptTokens, res.PromptKnown = 0, false
+	res.CachedTokens, res.CachedKnown = 0, false
+
+	body, err := c.encodeRequest(req)
+	if err != nil {
+		res.Sent = time.Now()
+		c.setOutcome(res, OutcomeHTTPError, "encode request: "+err.Error())
+		return
+	}
+	rctx := ctx
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeoutCause(ctx, c.timeout, errRequestTimeout)
+		defer cancel()
+	}
+	hreq, err := http.NewRequestWithContext(rctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
+	if err != nil {
+		res.Sent = time.Now()
+		c.setOutcome(res, OutcomeConnectionError, "build request: "+err.Error())
+		return
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "text/event-stream")
+	if c.user != nil {
+		p, _ := c.user.Password()
+		hreq.SetBasicAuth(c.user.Username(), p)
+	}
+
+	res.Sent = time.Now()
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // drop the URL: the target name already says which endpoint
+		}
+		o := c.classify(ctx, rctx, OutcomeConnectionError)
+		c.setOutcome(res, o, c.failureText(o, err.Error()))
+		return
+	}
+	defer resp.Body.Close()
+	res.HTTPStatus = resp.StatusCode
+
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		msg := errorBodyMessage(b)
+		if msg == "" {
+			msg = http.StatusText(resp.StatusCode)
+		}
+		c.setOutcome(res, OutcomeHTTPError, fmt.Sprintf("HTTP %d: %s", resp.StatusCode, msg))
+		return
+	}
+
+	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), res)
+}
+
+// readStream consumes a 2xx streaming body into res and decides the
+// outcome (see Do).
+func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentType string, res *Result) {
+	sp, _ := c.streams.Get().(*streamParser)
+	if sp == nil {
+		sp = new(streamParser)
+	}
+	defer c.putStream(sp)
+	sp.sse.reset(body, time.Now)
+	sp.state.reset()
+	st := &sp.state
+	for {
+		ev, ok := sp.sse.next()
+		if !ok || st.handle(ev) {
+			break
+		}
+	}
+	if st.done && !st.failed {
+		// Reading on to the end of the body lets the transport reuse the
+		// connection; servers end the body right after [DONE].
+		sp.sse.drain(maxDrain)
+	}
+	c.fillUsage(res, st)
+
+	readErr := sp.sse.err
+	switch {
+	case st.failed:
+		c.setOutcome(res, OutcomeStreamError, st.failMsg)
+	case st.abort != "" && (st.done || readErr == io.EOF):
+		c.setOutcome(res, OutcomeStreamError, "finish_reason "+st.abort)
+	case st.done:
+		res.Outcome = OutcomeSuccess
+	case readErr != io.EOF:
+		o := c.classify(ctx, rctx, OutcomeStreamError)
+		c.setOutcome(res, o, c.failureText(o, "read body: "+readErr.Error()))
+	case st.finished || st.usageSeen:
+		res.Outcome = OutcomeSuccess
+	case st.events == 0 && !isEventStream(contentType):
+		c.setOutcome(res, OutcomeStreamError, fmt.Sprintf("no events; content type %q is not text/event-stream", contentType))
+	default:
+		c.setOutcome(res, OutcomeStreamError, "stream ended without [DONE], finish_reason or usage")
+	}
+}
+
+// putStream returns a parser to the pool without the body it read, and
+// drops buffers that one huge event grew, so the pool does not pin them.
+func (c *Client) putStream(sp *streamParser) {
+	sp.sse.r = nil
+	if cap(sp.sse.buf) > sseInitialBuffer {
+		sp.sse.buf = nil
+	}
+	if cap(sp.sse.data) > sseInitialBuffer {
+		sp.sse.data = nil
+	}
+	c.streams.Put(sp)
+}
+
+// failureText replaces the transport's wording for deadlines and
+// cancellations, which says nothing useful ("context canceled").
+func (c *Client) failureText(o Outcome, text string) string {
+	switch o {
+	case OutcomeTimeout:
+		return fmt.Sprintf("request_timeout %v expired", c.timeout)
+	case OutcomeCanceled:
+		return "canceled by the caller"
+	}
+	return text
+}
+
+// classify tells a deadline or cancellation from other failures: the
+// transport reports those as ordinary errors.
+func (c *Client) classify(ctx, rctx context.Context, otherwise Outcome) Outcome {
+	switch {
+	case errors.Is(context.Cause(rctx), errRequestTimeout):
+		return OutcomeTimeout
+	case ctx.Err() != nil:
+		return OutcomeCanceled
+	}
+	return otherwise
+}
+
+// fillUsage copies token counts from the stream into res.
+func (c *Client) fillUsage(res *Result, st *streamState) {
+	res.FirstToken, res.LastToken = st.first, st.last
+	if st.completionKnown {
+		res.OutputTokens, res.OutputFromUsage = st.completion, true
+	} else {
+		res.OutputTokens = st.contentChunks
+	}
+	res.PromptTokens, res.PromptKnown = st.prompt, st.promptKnown
+	switch {
+	case st.cachedKnown:
+		res.CachedTokens, res.CachedKnown = st.cached, true
+		c.cachedReported.Store(true)
+	case st.cacheNKnown:
+		res.CachedTokens, res.CachedKnown = st.cacheN, true
+	case st.usageSeen && c.spec.absentCachedIsZero && c.cachedReported.Load():
+		// SGLang (and Dynamo passing its usage through) drop
+		// prompt_tokens_details when the count is 0, and also when cache
+		// reporting is off. Once this target has reported a count, the
+		// reporting is on, so an absence is a zero; before that it stays
+		// unknown rather than turning "not reported" into a 0% hit rate.
+		res.CachedTokens, res.CachedKnown = 0, true
+	}
+}
+
+func (c *Client) setOutcome(res *Result, o Outcome, msg string) {
+	res.Outcome = o
+	res.Error = c.scrub(msg)
+}
+
+// scrub makes an error text safe and short for logs: no URL userinfo, no
+// configured inline credential, no Authorization-style token, one line.
+func (c *Client) scrub(s string) string {
+	s = stripUserinfo(s)
+	for _, secret := range c.secrets {
+		s = strings.ReplaceAll(s, secret, "<secret>")
+	}
+	s = redactAuthTokens(s)
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > maxErrorText {
+		cut := maxErrorText
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
+}
+
+// stripUserinfo removes "user:pass@" from every scheme://authority in s.
+func stripUserinfo(s string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(s, "://")
+		if i < 0 {
+			break
+		}
+		b.WriteString(s[:i+3])
+		s = s[i+3:]
+		end := strings.IndexAny(s, "/?# \t\n\"'")
+		if end < 0 {
+			end = len(s)
+		}
+		if at := strings.LastIndexByte(s[:end], '@'); at >= 0 {
+			s = s[at+1:]
+		}
+	}
+	if b.Len() == 0 {
+		return s
+	}
+	b.WriteString(s)
+	return b.String()
+}
+
+// redactAuthTokens replaces the token after "Bearer " or "Basic " (any
+// case), in case a server echoes request headers into its error.
+func redactAuthTokens(s string) string {
+	lower := strings.ToLower(s)
+	if !strings.Contains(lower, "bearer ") && !strings.Contains(lower, "basic ") {
+		return s
+	}
+	fields := strings.Fields(s)
+	for i := 0; i+1 < len(fields); i++ {
+		switch strings.ToLower(strings.Trim(fields[i], `"':`)) {
+		case "bearer", "basic":
+			fields[i+1] = "<secret>"
+		}
+	}
+	return strings.Join(fields, " ")
+}
+
+// errorBodyMessage extracts the message of a non-2xx body: one of the three
+// JSON error shapes, else the start of the text itself.
+func errorBodyMessage(b []byte) string {
+	var p fastjson.Parser
+	if v, err := p.ParseBytes(b); err == nil && v.Type() == fastjson.TypeObject {
+		if t := errorText(v); t != "" {
+			return t
+		}
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) > maxErrorText {
+		b = b[:maxErrorText]
+	}
+	return strings.ToValidUTF8(string(b), "")
+}
+
+func isEventStream(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "text/event-stream"
+}

@@ -1,0 +1,405 @@
+package replay
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Dialect names the server flavour a target speaks. All of them take the
+// OpenAI request shape; they differ in how an exact output length is asked
+// for, which extra fields they accept, and how they report cached tokens.
+type Dialect string
+
+// The dialects of the config's target.dialect.
+const (
+	DialectVLLM     Dialect = "vllm"
+	DialectSGLang   Dialect = "sglang"
+	DialectTRTLLM   Dialect = "trtllm"
+	DialectDynamo   Dialect = "dynamo"
+	DialectLlamaCpp Dialect = "llamacpp"
+	DialectOpenAI   Dialect = "openai"
+)
+
+// Prompt formats of target.prompt_format.
+const (
+	PromptFormatText     = "text"
+	PromptFormatTokenIDs = "token_ids"
+)
+
+// dialectSpec is what differs between dialects when a body is built and a
+// usage object is read.
+type dialectSpec struct {
+	// chatMax is the output-length field on /v1/chat/completions. OpenAI and
+	// vLLM deprecated max_tokens there in favour of max_completion_tokens;
+	// the others document max_tokens. /v1/completions always uses max_tokens.
+	chatMax string
+	// nPredict also sends llama.cpp's native n_predict, which its OpenAI
+	// routes accept beside max_tokens.
+	nPredict bool
+	// ignoreEOS and minTokens pin the output length: without them a model
+	// that emits EOS early produces fewer tokens than the trace asked for.
+	// OpenAI itself has neither; llama.cpp documents no min_tokens; TRT-LLM
+	// (which rejects unknown fields) documents both, as do vLLM, SGLang and
+	// Dynamo (root level).
+	ignoreEOS bool
+	minTokens bool
+	// absentCachedIsZero: this engine omits prompt_tokens_details when the
+	// count is zero (SGLang's --enable-cache-report, Dynamo passthrough).
+	// An absence then means zero only once the target has been seen to
+	// report cached tokens at all; see Client.cachedTokens.
+	absentCachedIsZero bool
+}
+
+func specFor(d Dialect) (dialectSpec, bool) {
+	switch d {
+	case DialectOpenAI:
+		return dialectSpec{chatMax: "max_completion_tokens"}, true
+	case DialectVLLM:
+		return dialectSpec{chatMax: "max_completion_tokens", ignoreEOS: true, minTokens: true}, true
+	case DialectSGLang:
+		return dialectSpec{chatMax: "max_tokens", ignoreEOS: true, minTokens: true, absentCachedIsZero: true}, true
+	case DialectTRTLLM:
+		return dialectSpec{chatMax: "max_tokens", ignoreEOS: true, minTokens: true}, true
+	case DialectDynamo:
+		return dialectSpec{chatMax: "max_tokens", ignoreEOS: true, minTokens: true, absentCachedIsZero: true}, true
+	case DialectLlamaCpp:
+		return dialectSpec{chatMax: "max_tokens", nPredict: true, ignoreEOS: true}, true
+	}
+	return dialectSpec{}, false
+}
+
+const (
+	jsonTrue     = "true"
+	includeUsage = `{"include_usage":true}`
+)
+
+// bodyField is one top-level member of a request body: its key and its
+// value as JSON text.
+type bodyField struct {
+	key string
+	val []byte
+}
+
+// bodyBuilder assembles a JSON object whose members keep the order in which
+// they were first set, so bodies are deterministic and a verbatim payload
+// keeps its own order. Setting an existing key replaces its value in place.
+type bodyBuilder struct {
+	fields []bodyField
+}
+
+func (b *bodyBuilder) set(key string, val []byte) {
+	for i := range b.fields {
+		if b.fields[i].key == key {
+			b.fields[i].val = val
+			return
+		}
+	}
+	b.fields = append(b.fields, bodyField{key, val})
+}
+
+// merge sets every member of the JSON object raw (a shallow merge: raw's
+// values win). A JSON null or empty input merges nothing.
+func (b *bodyBuilder) merge(raw []byte) error {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil {
+		return err
+	} else if tok != json.Delim('{') {
+		return errors.New("not a JSON object")
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		key, _ := tok.(string) // object keys are always strings
+		var val json.RawMessage
+		if err := dec.Decode(&val); err != nil {
+			return fmt.Errorf("member %q: %w", key, err)
+		}
+		b.set(key, val)
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("trailing data after the JSON object")
+	}
+	return nil
+}
+
+func (b *bodyBuilder) bytes() []byte {
+	n := 2
+	for _, f := range b.fields {
+		n += len(f.key) + len(f.val) + 4
+	}
+	out := make([]byte, 0, n)
+	out = append(out, '{')
+	for i, f := range b.fields {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = appendJSONString(out, f.key)
+		out = append(out, ':')
+		out = append(out, f.val...)
+	}
+	return append(out, '}')
+}
+
+// appendJSONString appends s as a JSON string. Unlike encoding/json it does
+// not escape <, > and &: prompts are large and those escapes only cost
+// bytes. Invalid UTF-8 becomes U+FFFD, as with encoding/json, because
+// Python servers reject a body that does not decode.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				dst = append(dst, s[start:i]...)
+				dst = append(dst, `\ufffd`...)
+				start = i + 1
+			}
+			i += size
+			continue
+		}
+		if c >= 0x20 && c != '"' && c != '\\' {
+			i++
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		i++
+		start = i
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// encodeExtraBody turns the target's extra_body into body fields, sorted by
+// key so that bodies do not depend on map order.
+func encodeExtraBody(extra map[string]any) ([]bodyField, error) {
+	keys := make([]string, 0, len(extra))
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	fields := make([]bodyField, 0, len(keys))
+	var errs []error
+	for _, k := range keys {
+		v, err := normalizeYAML(extra[k])
+		if err == nil && k == "stream" && v != true {
+			err = errors.New("the client always streams")
+		}
+		var b []byte
+		if err == nil {
+			b, err = json.Marshal(v)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("extra_body.%s: %w", k, err))
+			continue
+		}
+		fields = append(fields, bodyField{k, b})
+	}
+	return fields, errors.Join(errs...)
+}
+
+// normalizeYAML converts the map[any]any a YAML v2 decoder produces for
+// nested mappings into map[string]any, which encoding/json can marshal.
+func normalizeYAML(v any) (any, error) {
+	switch t := v.(type) {
+	case map[any]any:
+		m := make(map[string]any, len(t))
+		for k, e := range t {
+			ks, ok := k.(string)
+			if !ok {
+				return nil, fmt.Errorf("non-string key %v", k)
+			}
+			n, err := normalizeYAML(e)
+			if err != nil {
+				return nil, err
+			}
+			m[ks] = n
+		}
+		return m, nil
+	case map[string]any:
+		m := make(map[string]any, len(t))
+		for k, e := range t {
+			n, err := normalizeYAML(e)
+			if err != nil {
+				return nil, err
+			}
+			m[k] = n
+		}
+		return m, nil
+	case []any:
+		s := make([]any, len(t))
+		for i, e := range t {
+			n, err := normalizeYAML(e)
+			if err != nil {
+				return nil, err
+			}
+			s[i] = n
+		}
+		return s, nil
+	}
+	return v, nil
+}
+
+// encodeRequest builds the JSON body for one trace row.
+//
+// Rows with a Payload send it verbatim except for three members the
+// measurement depends on: model is set to the target's model when one is
+// configured (a trace is replayed against targets serving different model
+// names), stream is forced true and stream_options asks for usage.
+// Output-length fields are not added to a payload; it carries its own.
+//
+// Other rows get: model, messages (chat: one user message with Prompt, or
+// Messages verbatim plus Tools) or prompt (completions: Prompt or
+// PromptTokenIDs), stream, stream_options, and with MaxTokens > 0 the
+// dialect's output-length fields.
+//
+// Then the target's extra_body is merged, then the row's Extra (shallow,
+// later wins), and finally stream is set true again: the client can only
+// measure a streamed response.
+func (c *Client) encodeRequest(req Request) ([]byte, error) {
+	var b bodyBuilder
+	b.fields = make([]bodyField, 0, 10+len(c.extra))
+	if req.Payload != nil {
+		if err := b.merge(req.Payload); err != nil {
+			return nil, fmt.Errorf("payload: %w", err)
+		}
+		if c.model != nil {
+			b.set("model", c.model)
+		}
+		b.set("stream", []byte(jsonTrue))
+		b.set("stream_options", []byte(includeUsage))
+	} else {
+		if c.model != nil {
+			b.set("model", c.model)
+		}
+		switch c.api {
+		case APIChat:
+			if req.PromptTokenIDs != nil {
+				return nil, errors.New("a token-id prompt needs the completions API")
+			}
+			msgs, err := encodeMessages(req)
+			if err != nil {
+				return nil, err
+			}
+			b.set("messages", msgs)
+			if len(req.Tools) > 0 {
+				tools, err := rawArray(req.Tools)
+				if err != nil {
+					return nil, fmt.Errorf("tools: %w", err)
+				}
+				b.set("tools", tools)
+			}
+		case APICompletions:
+			if req.Messages != nil {
+				return nil, errors.New("chat messages need the chat API")
+			}
+			if req.PromptTokenIDs != nil {
+				b.set("prompt", encodeTokenIDs(req.PromptTokenIDs))
+			} else {
+				b.set("prompt", appendJSONString(nil, req.Prompt))
+			}
+		}
+		b.set("stream", []byte(jsonTrue))
+		b.set("stream_options", []byte(includeUsage))
+		if req.MaxTokens > 0 {
+			n := strconv.AppendInt(nil, int64(req.MaxTokens), 10)
+			if c.api == APIChat {
+				b.set(c.spec.chatMax, n)
+			} else {
+				b.set("max_tokens", n)
+			}
+			if c.spec.nPredict {
+				b.set("n_predict", n)
+			}
+			if c.spec.ignoreEOS {
+				b.set("ignore_eos", []byte(jsonTrue))
+			}
+			if c.spec.minTokens {
+				b.set("min_tokens", n)
+			}
+		}
+	}
+	for _, f := range c.extra {
+		b.set(f.key, f.val)
+	}
+	if err := b.merge(req.Extra); err != nil {
+		return nil, fmt.Errorf("extra: %w", err)
+	}
+	b.set("stream", []byte(jsonTrue))
+	return b.bytes(), nil
+}
+
+func encodeMessages(req Request) ([]byte, error) {
+	if len(req.Messages) == 0 {
+		out := append([]byte(nil), `[{"role":"user","content":`...)
+		out = appendJSONString(out, req.Prompt)
+		return append(out, "}]"...), nil
+	}
+	msgs, err := rawArray(req.Messages)
+	if err != nil {
+		return nil, fmt.Errorf("messages: %w", err)
+	}
+	return msgs, nil
+}
+
+// rawArray joins verbatim JSON values into an array, checking each is valid
+// so a bad row fails here rather than as an opaque 400 from the server.
+func rawArray(items []json.RawMessage) ([]byte, error) {
+	n := 2
+	for _, it := range items {
+		n += len(it) + 1
+	}
+	out := make([]byte, 0, n)
+	out = append(out, '[')
+	for i, it := range items {
+		if !json.Valid(it) {
+			return nil, fmt.Errorf("item %d is not valid JSON", i)
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, bytes.TrimSpace(it)...)
+	}
+	return append(out, ']'), nil
+}
+
+func encodeTokenIDs(ids []int) []byte {
+	out := make([]byte, 0, 2+len(ids)*7)
+	out = append(out, '[')
+	for i, id := range ids {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = strconv.AppendInt(out, int64(id), 10)
+	}
+	return append(out, ']')
+}

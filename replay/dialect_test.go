@@ -1,0 +1,198 @@
+package replay
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func mustClient(t testing.TB, cfg TargetConfig) *Client {
+	t.Helper()
+	if cfg.URL == "" {
+		cfg.URL = "http://127.0.0.1:1"
+	}
+	if cfg.Name == "" {
+		cfg.Name = "t"
+	}
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatalf("NewClient: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestEncodeRequest(t *testing.T) {
+	const m = `"model":"m",`
+	const so = `"stream":true,"stream_options":{"include_usage":true}`
+	chat := Request{Prompt: "Hi <there> & \"you\"\n", MaxTokens: 7}
+	compl := Request{Prompt: "Once", MaxTokens: 7}
+	const chatMsgs = `"messages":[{"role":"user","content":"Hi <there> & \"you\"\n"}],`
+	tests := []struct {
+		name    string
+		dialect Dialect
+		api     API
+		req     Request
+		extra   map[string]any
+		want    string
+	}{
+		{"openai chat", DialectOpenAI, APIChat, chat, nil,
+			`{` + m + chatMsgs + so + `,"max_completion_tokens":7}`},
+		{"openai completions", DialectOpenAI, APICompletions, compl, nil,
+			`{` + m + `"prompt":"Once",` + so + `,"max_tokens":7}`},
+		{"vllm chat", DialectVLLM, APIChat, chat, nil,
+			`{` + m + chatMsgs + so + `,"max_completion_tokens":7,"ignore_eos":true,"min_tokens":7}`},
+		{"vllm completions", DialectVLLM, APICompletions, compl, nil,
+			`{` + m + `"prompt":"Once",` + so + `,"max_tokens":7,"ignore_eos":true,"min_tokens":7}`},
+		{"vllm token ids", DialectVLLM, APICompletions, Request{PromptTokenIDs: []int{151644, 0, 42}, MaxTokens: 3}, nil,
+			`{` + m + `"prompt":[151644,0,42],` + so + `,"max_tokens":3,"ignore_eos":true,"min_tokens":3}`},
+		{"sglang chat", DialectSGLang, APIChat, chat, nil,
+			`{` + m + chatMsgs + so + `,"max_tokens":7,"ignore_eos":true,"min_tokens":7}`},
+		{"sglang completions", DialectSGLang, APICompletions, compl, nil,
+			`{` + m + `"prompt":"Once",` + so + `,"max_tokens":7,"ignore_eos":true,"min_tokens":7}`},
+		{"trtllm chat", DialectTRTLLM, APIChat, chat, nil,
+			`{` + m + chatMsgs + so + `,"max_tokens":7,"ignore_eos":true,"min_tokens":7}`},
+		{"dynamo chat", DialectDynamo, APIChat, chat, nil,
+			`{` + m + chatMsgs + so + `,"max_tokens":7,"ignore_eos":true,"min_tokens":7}`},
+		{"llamacpp chat", DialectLlamaCpp, APIChat, chat, nil,
+			`{` + m + chatMsgs + so + `,"max_tokens":7,"n_predict":7,"ignore_eos":true}`},
+		{"llamacpp completions", DialectLlamaCpp, APICompletions, compl, nil,
+			`{` + m + `"prompt":"Once",` + so + `,"max_tokens":7,"n_predict":7,"ignore_eos":true}`},
+		{"no max tokens", DialectVLLM, APIChat, Request{Prompt: "x"}, nil,
+			`{` + m + `"messages":[{"role":"user","content":"x"}],` + so + `}`},
+		{"messages and tools verbatim", DialectVLLM, APIChat, Request{
+			Messages: []json.RawMessage{
+				json.RawMessage(`{"role":"system","content":"Be brief."}`),
+				json.RawMessage(` {"role": "user", "content": "Weather?"} `),
+			},
+			Tools: []json.RawMessage{json.RawMessage(`{"type":"function","function":{"name":"get_weather","parameters":{}}}`)},
+		}, nil,
+			`{` + m + `"messages":[{"role":"system","content":"Be brief."},{"role": "user", "content": "Weather?"}],` +
+				`"tools":[{"type":"function","function":{"name":"get_weather","parameters":{}}}],` + so + `}`},
+		{"extra_body then row extra, row wins", DialectVLLM, APIChat, Request{
+			Prompt: "x", MaxTokens: 2,
+			Extra: json.RawMessage(`{"temperature":0.5,"cache_salt":"row","stream":false}`),
+		}, map[string]any{"cache_salt": "target", "top_k": 1, "nested": map[any]any{"a": []any{1, "b"}}},
+			`{` + m + `"messages":[{"role":"user","content":"x"}],` + so +
+				`,"max_completion_tokens":2,"ignore_eos":true,"min_tokens":2,"cache_salt":"row","nested":{"a":[1,"b"]},"top_k":1,"temperature":0.5}`},
+		{"payload verbatim, model and streaming forced", DialectTRTLLM, APIChat, Request{
+			Payload:   json.RawMessage(`{"messages":[{"role":"user","content":"p"}],"model":"other","stream":false,"max_tokens":9,"stream_options":{"include_usage":false}}`),
+			MaxTokens: 3, // ignored: the payload carries its own length
+			Extra:     json.RawMessage(`{"max_tokens":10}`),
+		}, nil,
+			`{"messages":[{"role":"user","content":"p"}],"model":"m","stream":true,"max_tokens":10,"stream_options":{"include_usage":true}}`},
+		{"null extra", DialectOpenAI, APICompletions, Request{Prompt: "a", Extra: json.RawMessage(`null`)}, nil,
+			`{` + m + `"prompt":"a",` + so + `}`},
+		{"invalid utf8 and control bytes", DialectOpenAI, APICompletions, Request{Prompt: "a\xffb\x01\t"}, nil,
+			`{` + m + `"prompt":"a\ufffdb\u0001\t",` + so + `}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustClient(t, TargetConfig{Model: "m", API: tt.api, Dialect: tt.dialect, ExtraBody: tt.extra})
+			got, err := c.encodeRequest(tt.req)
+			if err != nil {
+				t.Fatalf("encodeRequest: %v", err)
+			}
+			if string(got) != tt.want {
+				t.Errorf("body\n got %s\nwant %s", got, tt.want)
+			}
+			if !json.Valid(got) {
+				t.Errorf("body is not valid JSON")
+			}
+		})
+	}
+}
+
+func TestEncodeRequestNoModel(t *testing.T) {
+	c := mustClient(t, TargetConfig{Dialect: DialectLlamaCpp})
+	got, err := c.encodeRequest(Request{Prompt: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}`; string(got) != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+}
+
+func TestEncodeRequestErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		api  API
+		req  Request
+		want string
+	}{
+		{"token ids on chat", APIChat, Request{PromptTokenIDs: []int{1}}, "completions API"},
+		{"messages on completions", APICompletions, Request{Messages: []json.RawMessage{json.RawMessage(`{}`)}}, "chat API"},
+		{"bad message", APIChat, Request{Messages: []json.RawMessage{json.RawMessage(`{`)}}, "messages"},
+		{"bad tool", APIChat, Request{Prompt: "x", Tools: []json.RawMessage{json.RawMessage(`nope`)}}, "tools"},
+		{"extra not an object", APIChat, Request{Prompt: "x", Extra: json.RawMessage(`[1]`)}, "extra: not a JSON object"},
+		{"extra trailing data", APIChat, Request{Prompt: "x", Extra: json.RawMessage(`{} {}`)}, "extra: trailing data"},
+		{"payload not an object", APIChat, Request{Payload: json.RawMessage(`"s"`)}, "payload"},
+		{"payload broken", APIChat, Request{Payload: json.RawMessage(`{"a":`)}, "payload"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustClient(t, TargetConfig{Model: "m", API: tt.api, Dialect: DialectVLLM})
+			_, err := c.encodeRequest(tt.req)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v, want it to mention %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestNewClientValidation(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  TargetConfig
+		want string // "" = valid
+	}{
+		{"defaults", TargetConfig{URL: "http://h:8000"}, ""},
+		{"https with path and query", TargetConfig{URL: "https://h/prefix/?model=a", API: APICompletions, PromptFormat: PromptFormatTokenIDs}, ""},
+		{"unknown dialect", TargetConfig{URL: "http://h", Dialect: "tgi"}, `dialect "tgi"`},
+		{"unknown api", TargetConfig{URL: "http://h", API: "responses"}, `api "responses"`},
+		{"token ids on chat", TargetConfig{URL: "http://h", PromptFormat: PromptFormatTokenIDs}, "token_ids needs api completions"},
+		{"unknown prompt format", TargetConfig{URL: "http://h", PromptFormat: "bytes"}, `prompt_format "bytes"`},
+		{"negative timeout", TargetConfig{URL: "http://h", RequestTimeout: -1}, "negative"},
+		{"no scheme", TargetConfig{URL: "h:8000"}, "url:"},
+		{"no host", TargetConfig{URL: "http://"}, "url:"},
+		{"unparsable url keeps secrets out", TargetConfig{URL: "http://u:s3cret@h:port%"}, "url: cannot be parsed"},
+		{"extra_body stream false", TargetConfig{URL: "http://h", ExtraBody: map[string]any{"stream": false}}, "extra_body.stream"},
+		{"extra_body unencodable", TargetConfig{URL: "http://h", ExtraBody: map[string]any{"f": func() {}}}, "extra_body.f"},
+		{"extra_body non-string key", TargetConfig{URL: "http://h", ExtraBody: map[string]any{"m": map[any]any{1: 2}}}, "extra_body.m"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := NewClient(tt.cfg)
+			if c != nil {
+				defer c.Close()
+			}
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("err = %v, want it to mention %q", err, tt.want)
+			case err != nil && strings.Contains(err.Error(), "s3cret"):
+				t.Fatalf("error leaks the password: %v", err)
+			}
+		})
+	}
+}
+
+func TestNewClientEndpoint(t *testing.T) {
+	tests := []struct {
+		url  string
+		api  API
+		want string
+	}{
+		{"http://h:8000", APIChat, "http://h:8000/v1/chat/completions"},
+		{"http://h:8000/", APICompletions, "http://h:8000/v1/completions"},
+		{"https://user:pw@gw.example/llm/?model=qwen", APIChat, "https://gw.example/llm/v1/chat/completions?model=qwen"},
+	}
+	for _, tt := range tests {
+		c := mustClient(t, TargetConfig{URL: tt.url, API: tt.api})
+		if c.endpoint != tt.want {
+			t.Errorf("%s: endpoint %s, want %s", tt.url, c.endpoint, tt.want)
+		}
+	}
+}

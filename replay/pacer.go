@@ -1,0 +1,349 @@
+package replay
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/synth"
+)
+
+// LoopMode says what happens after a pass over the trace.
+type LoopMode string
+
+// The loop modes of the contract.
+const (
+	// LoopFresh replays the trace forever; every pass gets its own hash-id
+	// namespace, so no pass can hit blocks cached by an earlier one.
+	LoopFresh LoopMode = "fresh"
+	// LoopRepeat replays the trace forever with identical prompts.
+	LoopRepeat LoopMode = "repeat"
+	// LoopOnce replays the trace a single time.
+	LoopOnce LoopMode = "once"
+)
+
+// degeneratePassPeriod is the pass length of a trace whose timestamps are all
+// equal (or that has a single timed row): without it a looping workload would
+// start passes back to back with no time in between.
+const degeneratePassPeriod = time.Second
+
+// PacerOptions configures a Pacer.
+type PacerOptions struct {
+	// SpeedupRatio divides the trace's time axis: 2 replays twice as fast.
+	// 0 means 1. Leave it at 1 when synthesis has already rescaled the
+	// timestamps, or the speedup is applied twice.
+	SpeedupRatio float64
+	Loop         LoopMode // "" means LoopFresh
+	Shard        Shard    // the zero value means the whole trace
+	// Trace names the trace file in errors ("file:line: ...").
+	Trace string
+}
+
+// PacerItem is one row in one pass: a conversation's first turn from Next,
+// or a later turn from NextTurn.
+type PacerItem struct {
+	Pass      int           // 0-based pass over the trace
+	Index     int           // row index into the records
+	Due       time.Duration // offset from the run's origin (see Pacer.Seek)
+	Namespace uint64        // hash-id namespace of the pass (LoopFresh: the pass number)
+	Conv      int           // conversation ordinal in schedule order (all shards)
+	Turn      int           // 0 for a first turn
+}
+
+// TracePosition is where a replay stands: the next conversation not yet
+// started. Conv counts conversations in schedule order over the whole trace,
+// not this shard's share, so a position survives a change of shard.
+type TracePosition struct {
+	Pass int
+	Conv int
+}
+
+// Pacer turns trace rows into due times. It is pure: it never reads a clock,
+// and every Due is an offset from an origin the caller maps to wall time.
+//
+// Semantics follow AIPerf's fixed schedule: rows sharing a session_id are
+// the turns of one conversation in file order; a row without one is a
+// conversation of its own. Conversations are ordered by their first turn's
+// timestamp with a stable sort, so unsorted input is fine and ties keep file
+// order. The zero point is the smallest first-turn timestamp. A row's due
+// time within a pass is (timestamp − zero point) / speedup.
+//
+// The Pacer yields only first turns; the dispatcher asks it for the next turn
+// of a conversation (NextTurn) once the previous turn has finished.
+//
+// Pass length: the latest due time of any timed row plus the mean gap between
+// timed rows, so that looping keeps the trace's average rate rather than
+// firing the last row of one pass and the first of the next together. A
+// trace without spread in time (one timed row, or all equal) gets a pass a
+// second. Pass p starts p pass lengths after pass 0, whatever happened in
+// between: a slow pass does not push the next one back.
+//
+// Unlike AIPerf's synthesis, which truncates ts/speedup to whole
+// milliseconds, the division here is exact (to the nanosecond).
+//
+// A Pacer is not safe for concurrent use.
+type Pacer struct {
+	records []synth.Record
+	convs   []pacerConv     // schedule order
+	rowDue  []time.Duration // per row: due within a pass; meaningful for timed rows
+	next    []int32         // per row: the next turn's row, or -1
+	period  time.Duration
+	loop    LoopMode
+	shard   Shard
+
+	shareRows int // rows of this shard's share in one whole pass
+
+	// cursor
+	seek   TracePosition // where the run started (Seek)
+	origin time.Duration // absolute offset of seek; Due values are relative to it
+	pass   int
+	conv   int
+	done   bool
+}
+
+type pacerConv struct {
+	first int // row of the first turn
+	turns int
+	due   time.Duration
+}
+
+// NewPacer prepares the schedule of records. It fails when a conversation's
+// first turn has no timestamp (AIPerf does too: it could not be placed), when
+// a delay is negative, or on bad options. records are kept, not copied.
+func NewPacer(records []synth.Record, opts PacerOptions) (*Pacer, error) {
+	speedup := opts.SpeedupRatio
+	if speedup == 0 {
+		speedup = 1
+	}
+	if !(speedup > 0) || math.IsInf(speedup, 0) {
+		return nil, fmt.Errorf("speedup ratio must be a positive number, got %v", opts.SpeedupRatio)
+	}
+	loop := opts.Loop
+	if loop == "" {
+		loop = LoopFresh
+	}
+	switch loop {
+	case LoopFresh, LoopRepeat, LoopOnce:
+	default:
+		return nil, fmt.Errorf("unknown loop mode %q (want fresh, repeat or once)", loop)
+	}
+	shard := opts.Shard.orWhole()
+	if err := shard.Validate(); err != nil {
+		return nil, err
+	}
+	if len(records) == 0 {
+		return nil, fmt.Errorf("pacer: %w", synth.ErrEmptyTrace)
+	}
+	if len(records) > math.MaxInt32 {
+		return nil, fmt.Errorf("pacer: %d rows is more than supported", len(records))
+	}
+
+	lineErr := func(i int, err error) error {
+		line := records[i].Line
+		if line == 0 {
+			line = i + 1
+		}
+		return &synth.LineError{File: opts.Trace, Line: line, Err: err}
+	}
+
+	p := &Pacer{
+		records: records,
+		rowDue:  make([]time.Duration, len(records)),
+		next:    make([]int32, len(records)),
+		loop:    loop,
+		shard:   shard,
+	}
+
+	// Group rows into conversations in order of first appearance, linking
+	// each turn to the next one in file order.
+	bySession := map[string]int{} // session id → index into p.convs
+	last := map[int]int{}         // conv index → its last row so far
+	for i := range records {
+		r := &records[i]
+		p.next[i] = -1
+		if r.Delay != nil && *r.Delay < 0 {
+			return nil, lineErr(i, fmt.Errorf("delay must not be negative, got %v", *r.Delay))
+		}
+		if r.SessionID != nil {
+			if c, ok := bySession[*r.SessionID]; ok {
+				p.next[last[c]] = int32(i)
+				last[c] = i
+				p.convs[c].turns++
+				continue
+			}
+			bySession[*r.SessionID] = len(p.convs)
+			last[len(p.convs)] = i
+		}
+		if r.Timestamp == nil {
+			if r.SessionID != nil {
+				return nil, lineErr(i, fmt.Errorf("first turn of session %q has no timestamp; a fixed schedule needs one", *r.SessionID))
+			}
+			return nil, lineErr(i, errors.New("row has no timestamp; a fixed schedule needs one on every conversation's first turn"))
+		}
+		p.convs = append(p.convs, pacerConv{first: i, turns: 1})
+	}
+
+	zero := math.Inf(1)
+	for _, c := range p.convs {
+		zero = min(zero, *records[c.first].Timestamp)
+	}
+	var lastDue time.Duration
+	timed := 0
+	for i := range records {
+		ts := records[i].Timestamp
+		if ts == nil {
+			continue
+		}
+		ms := (*ts - zero) / speedup
+		if math.IsNaN(ms) || math.Abs(ms) > float64(math.MaxInt64/2)/1e6 {
+			return nil, lineErr(i, fmt.Errorf("timestamp %v is out of range", *ts))
+		}
+		p.rowDue[i] = time.Duration(math.Round(ms * 1e6))
+		lastDue = max(lastDue, p.rowDue[i])
+		timed++
+	}
+	for k := range p.convs {
+		p.convs[k].due = p.rowDue[p.convs[k].first]
+	}
+	slices.SortStableFunc(p.convs, func(a, b pacerConv) int { return cmp.Compare(a.due, b.due) })
+
+	p.period = lastDue + degeneratePassPeriod
+	if timed > 1 && lastDue > 0 {
+		p.period = lastDue + lastDue/time.Duration(timed-1)
+	}
+	for k, c := range p.convs {
+		if shard.Owns(k) {
+			p.shareRows += c.turns
+		}
+	}
+	return p, nil
+}
+
+// Records returns the rows the pacer schedules.
+func (p *Pacer) Records() []synth.Record { return p.records }
+
+// Period is the length of one pass.
+func (p *Pacer) Period() time.Duration { return p.period }
+
+// Conversations is the number of conversations in the whole trace.
+func (p *Pacer) Conversations() int { return len(p.convs) }
+
+// Loop is the pacer's loop mode.
+func (p *Pacer) Loop() LoopMode { return p.loop }
+
+// Seek moves the cursor to pos and makes it the origin: the first turn at pos
+// becomes due at offset 0 and later ones keep their spacing. Call it before
+// the first Next, typically to resume a replay after a reload. Turns of
+// conversations started before pos are not replayed.
+func (p *Pacer) Seek(pos TracePosition) error {
+	if pos.Pass < 0 || pos.Conv < 0 || pos.Conv > len(p.convs) {
+		return fmt.Errorf("position %+v is outside the trace (%d conversations)", pos, len(p.convs))
+	}
+	pos = p.normalize(pos)
+	p.seek = pos
+	p.pass, p.conv = pos.Pass, pos.Conv
+	p.origin = p.absolute(pos.Pass, p.convs[pos.Conv].due)
+	p.done = p.loop == LoopOnce && pos.Pass > 0
+	return nil
+}
+
+// Position returns the next conversation Next will consider.
+func (p *Pacer) Position() TracePosition { return p.normalize(TracePosition{p.pass, p.conv}) }
+
+func (p *Pacer) normalize(pos TracePosition) TracePosition {
+	if pos.Conv >= len(p.convs) {
+		return TracePosition{Pass: pos.Pass + 1, Conv: 0}
+	}
+	return pos
+}
+
+func (p *Pacer) absolute(pass int, due time.Duration) time.Duration {
+	return time.Duration(pass)*p.period + due
+}
+
+func (p *Pacer) namespace(pass int) uint64 {
+	if p.loop == LoopFresh {
+		return uint64(pass)
+	}
+	return 0
+}
+
+// Next returns the next first turn of this shard's share in due order, across
+// passes. It returns false when there is nothing more: after the single pass
+// of LoopOnce, or at once when the share is empty.
+func (p *Pacer) Next() (PacerItem, bool) {
+	if p.done || p.shareRows == 0 {
+		return PacerItem{}, false
+	}
+	for {
+		c := p.shard.firstOwned(p.conv)
+		if c >= len(p.convs) {
+			if p.loop == LoopOnce {
+				p.done = true
+				p.conv = len(p.convs)
+				return PacerItem{}, false
+			}
+			p.pass++
+			p.conv = 0
+			continue
+		}
+		p.conv = c + 1
+		conv := p.convs[c]
+		return PacerItem{
+			Pass:      p.pass,
+			Index:     conv.first,
+			Due:       p.absolute(p.pass, conv.due) - p.origin,
+			Namespace: p.namespace(p.pass),
+			Conv:      c,
+		}, true
+	}
+}
+
+// NextTurn returns the turn after it in its conversation. timed tells whether
+// that turn has a timestamp, in which case its Due is set as for a first
+// turn; otherwise Due is zero and the turn follows its predecessor's
+// completion (after its delay, if any).
+func (p *Pacer) NextTurn(it PacerItem) (next PacerItem, timed, ok bool) {
+	n := p.next[it.Index]
+	if n < 0 {
+		return PacerItem{}, false, false
+	}
+	next = it
+	next.Index = int(n)
+	next.Turn++
+	next.Due = 0
+	if p.records[n].Timestamp != nil {
+		next.Due = p.absolute(it.Pass, p.rowDue[n]) - p.origin
+		timed = true
+	}
+	return next, timed, true
+}
+
+// Delay is the think time before row i after its predecessor finished; zero
+// for rows without a delay.
+func (p *Pacer) Delay(i int) time.Duration {
+	d := p.records[i].Delay
+	if d == nil {
+		return 0
+	}
+	return time.Duration(math.Round(*d * 1e6))
+}
+
+// PassRows is the number of rows this shard sends in pass: its whole share,
+// or what is left of it for the pass a Seek landed in.
+func (p *Pacer) PassRows(pass int) int {
+	if pass < p.seek.Pass || (p.loop == LoopOnce && pass > 0) {
+		return 0
+	}
+	if pass > p.seek.Pass || p.seek.Conv == 0 {
+		return p.shareRows
+	}
+	n := 0
+	for c := p.shard.firstOwned(p.seek.Conv); c < len(p.convs); c += p.shard.Count {
+		n += p.convs[c].turns
+	}
+	return n
+}

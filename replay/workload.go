@@ -1,0 +1,543 @@
+package replay
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/synth"
+)
+
+// Sender sends one request and fills in res: Sent (just before writing; the
+// Workload presets it), FirstToken, LastToken, Outcome and the token counts.
+// It must return once ctx is done, with Outcome canceled.
+type Sender interface {
+	Do(ctx context.Context, req Request, res *Result)
+}
+
+// RequestBuilder turns a trace row into a request; ns is the pass's hash-id
+// namespace. It is called from many goroutines at once.
+type RequestBuilder interface {
+	Build(rec *synth.Record, ns uint64) (Request, error)
+}
+
+// SaturationPolicy says what happens to a due row when max_in_flight requests
+// are already out.
+type SaturationPolicy string
+
+const (
+	// SaturationDrop skips the row and counts it as dropped (max_in_flight).
+	SaturationDrop SaturationPolicy = "drop"
+	// SaturationQueue holds the row until a request finishes; the wait shows
+	// up as schedule lag, and the rows behind it wait too.
+	SaturationQueue SaturationPolicy = "queue"
+)
+
+// DispatchClock is the time source of a Workload, injected so that tests can
+// run a schedule without waiting for it.
+type DispatchClock interface {
+	Now() time.Time
+	// NewTimer returns a stopped timer.
+	NewTimer() DispatchTimer
+}
+
+// DispatchTimer is a reusable timer with the Go 1.23 guarantee: after Reset
+// or Stop no value from an earlier arming is received.
+type DispatchTimer interface {
+	C() <-chan time.Time
+	Reset(d time.Duration)
+	Stop()
+}
+
+// SystemClock is the real clock.
+func SystemClock() DispatchClock { return systemDispatchClock{} }
+
+type systemDispatchClock struct{}
+
+func (systemDispatchClock) Now() time.Time { return time.Now() }
+
+func (systemDispatchClock) NewTimer() DispatchTimer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return systemDispatchTimer{t}
+}
+
+type systemDispatchTimer struct{ t *time.Timer }
+
+func (s systemDispatchTimer) C() <-chan time.Time   { return s.t.C }
+func (s systemDispatchTimer) Reset(d time.Duration) { s.t.Reset(d) }
+func (s systemDispatchTimer) Stop()                 { s.t.Stop() }
+
+// WorkloadConfig configures one (workload, target) runner.
+type WorkloadConfig struct {
+	Name   string // workload label
+	Target string // target label
+
+	MaxInFlight  int              // at least 1
+	OnSaturation SaturationPolicy // "" means drop
+
+	Clock DispatchClock // nil means SystemClock
+	// Cache, when set, computes each request's theoretical cached tokens
+	// just before it is sent.
+	Cache *CacheModel
+	// OnBuildError, when set, hears why a row was dropped with
+	// DropBuildError (the error names the trace line), e.g. to log it.
+	OnBuildError func(error)
+}
+
+// Workload replays one trace against one target: it sends first turns when
+// the Pacer says they are due and later turns when session rules allow,
+// each request in its own goroutine, never more than MaxInFlight at once.
+//
+// Sessions follow AIPerf: turn k+1 goes only after turn k finished; then at
+// its own timestamp if it has one (at once if that is already past), else
+// `delay` ms after turn k finished, else at once. A turn that was dropped or
+// failed to build counts as finished when that happened, so the rest of its
+// conversation still runs. A later turn's Scheduled time is the moment the
+// rules let it go (never before the previous turn's end), so schedule lag
+// measures the exporter, not how long the server took on the previous turn.
+//
+// Every due row is either sent (Observer.Sent, then Finished) or dropped
+// (Observer.Dropped): DropMaxInFlight when all slots are taken under
+// SaturationDrop, DropBuildError when its request cannot be built (the
+// RequestBuilder runs in the request's goroutine, so a slow build delays
+// only its own send), DropShutdown when the run ends while the row waits
+// for a slot under SaturationQueue or was due but not yet sent when the run
+// ended. Rows not yet due when the run ends are neither. A pass is reported complete (Observer.PassCompleted) once every
+// row of the pass in this shard has been dispatched, sent or dropped,
+// without waiting for the answers: the count follows the schedule, not the
+// server.
+type Workload struct {
+	cfg   WorkloadConfig
+	pacer *Pacer
+	recs  []synth.Record
+	send  Sender
+	build RequestBuilder
+	obs   Observer
+	clock DispatchClock
+
+	slots    chan struct{} // one token per request in flight
+	wg       sync.WaitGroup
+	inflight atomic.Int64
+	draining atomic.Bool   // request goroutines must wake the dispatcher on exit
+	wake     chan struct{} // capacity 1: "look at finished turns / in-flight count"
+
+	mu       sync.Mutex
+	finished []finishedTurn // completed turns whose conversation goes on
+	pos      TracePosition  // next first turn not yet dispatched
+
+	started  atomic.Bool
+	stopOnce sync.Once
+	stopCh   chan struct{}
+	drain    time.Duration // set before stopCh is closed
+	done     chan struct{} // closed when Run returns
+}
+
+type finishedTurn struct {
+	it PacerItem
+	at time.Time
+}
+
+// NewWorkload returns a runner that replays pacer's records through send.
+// The Workload owns pacer from now on.
+func NewWorkload(cfg WorkloadConfig, pacer *Pacer, send Sender, build RequestBuilder, obs Observer) (*Workload, error) {
+	if pacer == nil || send == nil || build == nil || obs == nil {
+		return nil, errors.New("workload needs a pacer, a sender, a request builder and an observer")
+	}
+	if cfg.MaxInFlight < 1 {
+		return nil, fmt.Errorf("workload %s: max_in_flight must be at least 1, got %d", cfg.Name, cfg.MaxInFlight)
+	}
+	switch cfg.OnSaturation {
+	case "":
+		cfg.OnSaturation = SaturationDrop
+	case SaturationDrop, SaturationQueue:
+	default:
+		return nil, fmt.Errorf("workload %s: unknown on_saturation %q (want drop or queue)", cfg.Name, cfg.OnSaturation)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = SystemClock()
+	}
+	return &Workload{
+		cfg:    cfg,
+		pacer:  pacer,
+		recs:   pacer.Records(),
+		send:   send,
+		build:  build,
+		obs:    obs,
+		clock:  cfg.Clock,
+		slots:  make(chan struct{}, cfg.MaxInFlight),
+		wake:   make(chan struct{}, 1),
+		stopCh: make(chan struct{}),
+		done:   make(chan struct{}),
+		pos:    pacer.Position(),
+	}, nil
+}
+
+// Position is the next first turn not yet dispatched, for resuming the
+// replay in a new Workload (Pacer.Seek). Safe to call at any time.
+func (w *Workload) Position() TracePosition {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pos
+}
+
+func (w *Workload) setPos(p TracePosition) {
+	w.mu.Lock()
+	w.pos = p
+	w.mu.Unlock()
+}
+
+// Stop ends dispatching at once and lets requests in flight finish for up to
+// drain; those still running then are canceled (their outcome is canceled).
+// It returns when Run has returned, or at once if Run never started.
+// Calling it again only waits. Do not call it from an Observer method: Run
+// cannot return while its dispatcher waits on the observer.
+func (w *Workload) Stop(drain time.Duration) {
+	w.stopOnce.Do(func() {
+		w.drain = drain
+		close(w.stopCh)
+	})
+	if w.started.Load() {
+		<-w.done
+	}
+}
+
+type runEndReason int
+
+const (
+	runEndFinished runEndReason = iota // nothing left to send (loop once, empty share)
+	runEndStopped                      // Stop was called
+	runEndCanceled                     // ctx is done
+)
+
+// Run dispatches until ctx is done, Stop is called, or there is nothing left
+// to send (after the single pass of loop once, or for an empty shard). It
+// returns only after every request goroutine has exited: when ctx is done,
+// requests in flight are canceled at once; after Stop they get the drain
+// time; when the trace simply ran out, they finish on their own. The error is
+// ctx's cause when ctx ended the run, else nil. Run may be called once.
+func (w *Workload) Run(ctx context.Context) error {
+	if !w.started.CompareAndSwap(false, true) {
+		return fmt.Errorf("workload %s/%s: Run called twice", w.cfg.Name, w.cfg.Target)
+	}
+	defer close(w.done)
+
+	// Requests get their own cancel so that the drain deadline can cut
+	// them without touching the caller's context.
+	reqCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	timer := w.clock.NewTimer()
+	defer timer.Stop()
+
+	reason := w.dispatch(ctx, reqCtx, timer)
+	w.draining.Store(true)
+
+	// Wait for the requests in flight, within the drain time once Stop
+	// has been called.
+	var deadline <-chan time.Time
+	stop := w.stopCh
+	if reason == runEndStopped {
+		stop = nil
+		timer.Reset(w.drain)
+		deadline = timer.C()
+	}
+wait:
+	for w.inflight.Load() > 0 {
+		select {
+		case <-w.wake:
+			w.mu.Lock()
+			w.finished = w.finished[:0] // no more turns will be sent
+			w.mu.Unlock()
+		case <-stop:
+			stop = nil
+			timer.Reset(w.drain)
+			deadline = timer.C()
+		case <-deadline:
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	cancel()
+	w.wg.Wait()
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return nil
+}
+
+// workloadDispatcher is the state of Run's loop; only Run's goroutine touches it.
+type workloadDispatcher struct {
+	w        *Workload
+	reqCtx   context.Context
+	start    time.Time
+	head     PacerItem // next first turn from the pacer, if headOK
+	headOK   bool
+	turns    pendingTurns // later turns whose time is known
+	pending  int          // dispatched turns whose next turn waits for them
+	passLeft map[int]int  // rows of a pass not yet dispatched
+}
+
+func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer) runEndReason {
+	d := &workloadDispatcher{w: w, reqCtx: reqCtx, start: w.clock.Now(), passLeft: map[int]int{}}
+	d.advance()
+	for {
+		d.absorb()
+		select {
+		case <-ctx.Done():
+			return d.shutdown(runEndCanceled)
+		case <-w.stopCh:
+			return d.shutdown(runEndStopped)
+		default:
+		}
+
+		at, fromHeap, have := d.earliest()
+		if !have {
+			if d.pending == 0 {
+				return runEndFinished
+			}
+			select { // only finished turns can bring more work
+			case <-w.wake:
+			case <-ctx.Done():
+				return d.shutdown(runEndCanceled)
+			case <-w.stopCh:
+				return d.shutdown(runEndStopped)
+			}
+			continue
+		}
+
+		now := w.clock.Now()
+		if at.After(now) {
+			timer.Reset(at.Sub(now))
+			select {
+			case <-timer.C():
+			case <-w.wake:
+			case <-ctx.Done():
+				return d.shutdown(runEndCanceled)
+			case <-w.stopCh:
+				return d.shutdown(runEndStopped)
+			}
+			continue
+		}
+
+		// Due: send it now, then loop straight back for anything else due.
+		var it PacerItem
+		if fromHeap {
+			it = heap.Pop(&d.turns).(pendingTurn).it
+		} else {
+			it = d.head
+			d.advance()
+		}
+		if r := d.launch(ctx, it, at); r >= 0 {
+			return r
+		}
+	}
+}
+
+// earliest returns the send time of the next row, from the pacer or the
+// later turns, and where it comes from; have is false when there is none.
+func (d *workloadDispatcher) earliest() (at time.Time, fromHeap, have bool) {
+	if d.headOK {
+		at, have = d.start.Add(d.head.Due), true
+	}
+	if len(d.turns) > 0 && (!have || !d.turns[0].at.After(at)) {
+		at, fromHeap, have = d.turns[0].at, true, true
+	}
+	return at, fromHeap, have
+}
+
+// advance takes the next first turn from the pacer and records where the
+// replay stands, for Position.
+func (d *workloadDispatcher) advance() {
+	d.head, d.headOK = d.w.pacer.Next()
+	if d.headOK {
+		d.w.setPos(TracePosition{Pass: d.head.Pass, Conv: d.head.Conv})
+	} else {
+		d.w.setPos(d.w.pacer.Position())
+	}
+}
+
+// shutdown reports the rows that were due but not sent when the run ended
+// as dropped, so that every due row is accounted for whatever the moment of
+// the stop. They do not count towards their pass: a cut pass is not
+// complete.
+func (d *workloadDispatcher) shutdown(r runEndReason) runEndReason {
+	w := d.w
+	now := w.clock.Now()
+	for {
+		at, fromHeap, have := d.earliest()
+		if !have || at.After(now) {
+			return r
+		}
+		if fromHeap {
+			heap.Pop(&d.turns)
+		} else {
+			d.advance()
+		}
+		w.obs.Dropped(w.cfg.Name, w.cfg.Target, DropShutdown, at)
+	}
+}
+
+// launch sends it (scheduled at the given time) or drops it. It returns a
+// stop reason when the run ended while it waited for a slot, else -1.
+func (d *workloadDispatcher) launch(ctx context.Context, it PacerItem, scheduled time.Time) runEndReason {
+	w := d.w
+	acquired := false
+	select {
+	case w.slots <- struct{}{}:
+		acquired = true
+	default:
+	}
+	if !acquired && w.cfg.OnSaturation == SaturationDrop {
+		w.obs.Dropped(w.cfg.Name, w.cfg.Target, DropMaxInFlight, scheduled)
+		d.countRow(it.Pass)
+		d.follow(it, w.clock.Now())
+		return -1
+	}
+	for !acquired {
+		select {
+		case w.slots <- struct{}{}:
+			acquired = true
+		case <-w.wake:
+			d.absorb()
+		case <-ctx.Done():
+			w.obs.Dropped(w.cfg.Name, w.cfg.Target, DropShutdown, scheduled)
+			return d.shutdown(runEndCanceled)
+		case <-w.stopCh:
+			w.obs.Dropped(w.cfg.Name, w.cfg.Target, DropShutdown, scheduled)
+			return d.shutdown(runEndStopped)
+		}
+	}
+
+	_, _, more := w.pacer.NextTurn(it)
+	if more {
+		d.pending++
+	}
+	w.inflight.Add(1)
+	w.wg.Add(1)
+	go w.request(d.reqCtx, it, scheduled, more)
+	d.countRow(it.Pass)
+	return -1
+}
+
+// countRow notes that a row of pass was dispatched and reports the pass
+// once all of its rows were.
+func (d *workloadDispatcher) countRow(pass int) {
+	left, ok := d.passLeft[pass]
+	if !ok {
+		left = d.w.pacer.PassRows(pass)
+	}
+	left--
+	if left > 0 {
+		d.passLeft[pass] = left
+		return
+	}
+	delete(d.passLeft, pass)
+	d.w.obs.PassCompleted(d.w.cfg.Name, d.w.cfg.Target, pass)
+}
+
+// absorb schedules the next turns of conversations whose turn finished.
+func (d *workloadDispatcher) absorb() {
+	w := d.w
+	w.mu.Lock()
+	done := w.finished
+	w.finished = nil
+	w.mu.Unlock()
+	for _, f := range done {
+		d.pending--
+		d.follow(f.it, f.at)
+	}
+}
+
+// follow queues the turn after it, which finished (or was given up) at end.
+func (d *workloadDispatcher) follow(it PacerItem, end time.Time) {
+	next, timed, ok := d.w.pacer.NextTurn(it)
+	if !ok {
+		return
+	}
+	at := end.Add(d.w.pacer.Delay(next.Index))
+	if timed {
+		at = d.start.Add(next.Due)
+		if at.Before(end) {
+			at = end // its time has passed: go at once
+		}
+	}
+	heap.Push(&d.turns, pendingTurn{at: at, it: next})
+}
+
+// request is the goroutine of one request.
+func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Time, notify bool) {
+	defer w.wg.Done()
+	rec := &w.recs[it.Index]
+	var res *Result
+	if req, err := w.build.Build(rec, it.Namespace); err != nil {
+		w.obs.Dropped(w.cfg.Name, w.cfg.Target, DropBuildError, scheduled)
+		if w.cfg.OnBuildError != nil {
+			w.cfg.OnBuildError(fmt.Errorf("workload %s: trace line %d: %w", w.cfg.Name, rec.Line, err))
+		}
+	} else {
+		res = &Result{
+			Workload:         w.cfg.Name,
+			Target:           w.cfg.Target,
+			Scheduled:        scheduled,
+			TraceInputLength: rec.ISL(),
+			TraceHashIDs:     rec.HashIDs,
+			TraceNamespace:   it.Namespace,
+		}
+		if w.cfg.Cache != nil {
+			res.TheoreticalCachedTokens = w.cfg.Cache.Admit(it.Namespace, rec.HashIDs, rec.ISL())
+		}
+		res.Sent = w.clock.Now()
+		w.obs.Sent(w.cfg.Name, w.cfg.Target, scheduled, res.Sent)
+		w.send.Do(ctx, req, res)
+		if res.Outcome == "" && ctx.Err() != nil {
+			res.Outcome = OutcomeCanceled
+		}
+	}
+
+	// The slot and the session go on before the observer hears of the
+	// result: the server is done, and observers may be slow.
+	end := w.clock.Now()
+	<-w.slots
+	if notify {
+		w.mu.Lock()
+		w.finished = append(w.finished, finishedTurn{it: it, at: end})
+		w.mu.Unlock()
+	}
+	if res != nil {
+		w.obs.Finished(res)
+	}
+	// Decrement before reading draining: Run sets draining before it
+	// reads the count, so one of the two sides always sees the other.
+	w.inflight.Add(-1)
+	if notify || w.draining.Load() {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// pendingTurns orders pending later turns by send time.
+type pendingTurns []pendingTurn
+
+type pendingTurn struct {
+	at time.Time
+	it PacerItem
+}
+
+func (h pendingTurns) Len() int           { return len(h) }
+func (h pendingTurns) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h pendingTurns) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *pendingTurns) Push(x any)        { *h = append(*h, x.(pendingTurn)) }
+func (h *pendingTurns) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}

@@ -1,0 +1,900 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/synth"
+)
+
+// wlTestClock is a fake DispatchClock. Time moves only through Advance, or,
+// in jump mode, whenever a timer is armed: the clock then leaps to its
+// deadline, so a whole schedule runs as fast as the CPU allows.
+type wlTestClock struct {
+	mu     sync.Mutex
+	armed  *sync.Cond // broadcast whenever a timer is armed
+	now    time.Time
+	timers []*wlTestTimer
+	jump   bool
+}
+
+type wlTestTimer struct {
+	c     *wlTestClock
+	ch    chan time.Time
+	when  time.Time
+	armed bool
+}
+
+func newWLTestClock(jump bool) *wlTestClock {
+	c := &wlTestClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), jump: jump}
+	c.armed = sync.NewCond(&c.mu)
+	return c
+}
+
+func (c *wlTestClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *wlTestClock) NewTimer() DispatchTimer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &wlTestTimer{c: c, ch: make(chan time.Time, 1)}
+	c.timers = append(c.timers, t)
+	return t
+}
+
+// Advance moves the clock on by d and fires the timers that came due.
+func (c *wlTestClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	c.fireLocked()
+}
+
+// waitArmed blocks until some timer is armed to fire at when.
+func (c *wlTestClock) waitArmed(when time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for !slices.ContainsFunc(c.timers, func(t *wlTestTimer) bool { return t.armed && t.when.Equal(when) }) {
+		c.armed.Wait()
+	}
+}
+
+func (c *wlTestClock) fireLocked() {
+	for _, t := range c.timers {
+		if t.armed && !t.when.After(c.now) {
+			t.armed = false
+			select {
+			case t.ch <- c.now:
+			default:
+			}
+		}
+	}
+}
+
+func (t *wlTestTimer) C() <-chan time.Time { return t.ch }
+
+func (t *wlTestTimer) Reset(d time.Duration) {
+	c := t.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t.drainLocked()
+	t.when, t.armed = c.now.Add(d), true
+	if c.jump && t.when.After(c.now) {
+		c.now = t.when
+	}
+	c.armed.Broadcast()
+	c.fireLocked()
+}
+
+func (t *wlTestTimer) Stop() {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	t.armed = false
+	t.drainLocked()
+}
+
+func (t *wlTestTimer) drainLocked() {
+	select {
+	case <-t.ch:
+	default:
+	}
+}
+
+// wlTestBuilder encodes the row index and namespace into the prompt, and
+// fails for the rows in fail.
+type wlTestBuilder struct {
+	index map[*synth.Record]int
+	fail  map[int]bool
+}
+
+func newWLTestBuilder(recs []synth.Record) *wlTestBuilder {
+	b := &wlTestBuilder{index: map[*synth.Record]int{}, fail: map[int]bool{}}
+	for i := range recs {
+		b.index[&recs[i]] = i
+	}
+	return b
+}
+
+func (b *wlTestBuilder) Build(rec *synth.Record, ns uint64) (Request, error) {
+	i, ok := b.index[rec]
+	if !ok {
+		return Request{}, errors.New("record is not one of the pacer's")
+	}
+	if b.fail[i] {
+		return Request{}, fmt.Errorf("row %d: inconsistent input_length", i)
+	}
+	return Request{Prompt: fmt.Sprintf("%d/%d", i, ns), MaxTokens: rec.OSL()}, nil
+}
+
+func wlTestRow(req Request) (row int, ns uint64) {
+	a, b, _ := strings.Cut(req.Prompt, "/")
+	r, _ := strconv.Atoi(a)
+	n, _ := strconv.ParseUint(b, 10, 64)
+	return r, n
+}
+
+// wlTestSender hands each request to do.
+type wlTestSender struct {
+	do func(ctx context.Context, req Request, res *Result)
+}
+
+func (s *wlTestSender) Do(ctx context.Context, req Request, res *Result) { s.do(ctx, req, res) }
+
+// wlTestObserver records everything; waitUntil blocks on a condition over
+// what it recorded.
+type wlTestObserver struct {
+	mu       sync.Mutex
+	changed  *sync.Cond
+	sent     int
+	finished []*Result
+	dropped  []wlTestDrop
+	passes   []int
+	onPass   func(pass int)
+}
+
+type wlTestDrop struct {
+	reason    string
+	scheduled time.Time
+}
+
+func newWLTestObserver() *wlTestObserver {
+	o := &wlTestObserver{}
+	o.changed = sync.NewCond(&o.mu)
+	return o
+}
+
+func (o *wlTestObserver) Sent(_, _ string, scheduled, sent time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.sent++
+	o.changed.Broadcast()
+}
+
+func (o *wlTestObserver) Finished(r *Result) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.finished = append(o.finished, r)
+	o.changed.Broadcast()
+}
+
+func (o *wlTestObserver) Dropped(_, _, reason string, scheduled time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.dropped = append(o.dropped, wlTestDrop{reason, scheduled})
+	o.changed.Broadcast()
+}
+
+func (o *wlTestObserver) PassCompleted(_, _ string, pass int) {
+	o.mu.Lock()
+	o.passes = append(o.passes, pass)
+	o.changed.Broadcast()
+	f := o.onPass
+	o.mu.Unlock()
+	if f != nil {
+		f(pass)
+	}
+}
+
+func (o *wlTestObserver) waitUntil(cond func(o *wlTestObserver) bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for !cond(o) {
+		o.changed.Wait()
+	}
+}
+
+// finishedRow reports whether a result for hash id row has been recorded.
+func (o *wlTestObserver) finishedRow(row int64) func(*wlTestObserver) bool {
+	return func(o *wlTestObserver) bool {
+		return slices.ContainsFunc(o.finished, func(r *Result) bool { return r.TraceHashIDs[0] == row })
+	}
+}
+
+// wlTestRun starts w.Run and returns a channel with its result.
+func wlTestRun(ctx context.Context, w *Workload) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	return done
+}
+
+// wlTestReadSlice reads the first n rows of the conversation trace.
+func wlTestReadSlice(t testing.TB, n int) []synth.Record {
+	t.Helper()
+	recs, err := synth.ReadFile("../../shared/traces/conversation_trace.jsonl", synth.ReadOptions{BlockSize: 512})
+	if err != nil {
+		t.Skipf("trace not available: %v", err)
+	}
+	if len(recs) < n {
+		t.Fatalf("trace has %d rows, want at least %d", len(recs), n)
+	}
+	return recs[:n:n]
+}
+
+// wlTestSessionGuard is a Sender that checks session rules: turns of a
+// conversation go in order, never while the previous turn is running, and
+// a turn with a delay not before the previous one finished plus the delay.
+type wlTestSessionGuard struct {
+	t      *testing.T
+	clock  DispatchClock
+	recs   []synth.Record
+	sessOf func(row int) (conv, turn int)
+
+	mu    sync.Mutex
+	state map[[2]uint64]*wlTestSessionState // (namespace, conv)
+	sends map[[2]uint64]int                 // (namespace, row) → times sent
+}
+
+type wlTestSessionState struct {
+	done    int // turns finished
+	running bool
+	end     time.Time
+}
+
+func (g *wlTestSessionGuard) Do(ctx context.Context, req Request, res *Result) {
+	row, ns := wlTestRow(req)
+	conv, turn := g.sessOf(row)
+	key := [2]uint64{ns, uint64(conv)}
+	g.mu.Lock()
+	g.sends[[2]uint64{ns, uint64(row)}]++
+	st := g.state[key]
+	if st == nil {
+		st = &wlTestSessionState{}
+		g.state[key] = st
+	}
+	switch {
+	case st.running:
+		g.t.Errorf("row %d (conversation %d, turn %d) started while turn %d was running", row, conv, turn, st.done)
+	case st.done != turn:
+		g.t.Errorf("row %d is turn %d of conversation %d, but %d turns finished before it", row, turn, conv, st.done)
+	case turn > 0 && g.recs[row].Delay != nil && g.recs[row].Timestamp == nil:
+		if min := st.end.Add(time.Duration(*g.recs[row].Delay * 1e6)); res.Scheduled.Before(min) {
+			g.t.Errorf("row %d scheduled at %v, before previous turn end + delay %v", row, res.Scheduled, min)
+		}
+	}
+	st.running = true
+	g.mu.Unlock()
+
+	runtime.Gosched() // give a wrongly released next turn a chance to overlap
+
+	g.mu.Lock()
+	st.running = false
+	st.done++
+	st.end = g.clock.Now()
+	g.mu.Unlock()
+	res.Outcome = OutcomeSuccess
+	res.OutputTokens = 1
+}
+
+// TestWorkloadTraceSlice replays 2,000 rows of the conversation trace at 50×
+// on a jumping fake clock, with synthetic sessions of three turns: the
+// second turn keeps its timestamp, the third has none and waits 500 ms (or,
+// in every other session, follows at once).
+func TestWorkloadTraceSlice(t *testing.T) {
+	const rows = 2000
+	recs := wlTestReadSlice(t, rows)
+	for i := range recs {
+		recs[i].SessionID = synth.Ptr(fmt.Sprintf("s%d", i/3))
+		if i%3 == 2 {
+			recs[i].Timestamp = nil
+			if (i/3)%2 == 0 {
+				recs[i].Delay = synth.Ptr(500.0)
+			}
+		}
+	}
+	sessOf := func(row int) (int, int) { return row / 3, row % 3 }
+
+	for _, count := range []int{1, 2} {
+		t.Run(fmt.Sprintf("shards=%d", count), func(t *testing.T) {
+			clock := newWLTestClock(true)
+			guard := &wlTestSessionGuard{
+				t: t, clock: clock, recs: recs, sessOf: sessOf,
+				state: map[[2]uint64]*wlTestSessionState{}, sends: map[[2]uint64]int{},
+			}
+			drops := 0
+			for index := range count {
+				p, err := NewPacer(recs, PacerOptions{SpeedupRatio: 50, Loop: LoopOnce, Shard: Shard{index, count}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				obs := newWLTestObserver()
+				// The jumping clock lets the dispatcher run ahead of the
+				// request goroutines: room for all rows means no drops.
+				w, err := NewWorkload(WorkloadConfig{Name: "slice", Target: "fake", MaxInFlight: rows, Clock: clock},
+					p, guard, newWLTestBuilder(recs), obs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := w.Run(t.Context()); err != nil {
+					t.Fatalf("shard %d: Run = %v", index, err)
+				}
+				drops += len(obs.dropped)
+				if obs.sent+len(obs.dropped) != p.PassRows(0) {
+					t.Errorf("shard %d: %d sent + %d dropped, want %d rows", index, obs.sent, len(obs.dropped), p.PassRows(0))
+				}
+				if !slices.Equal(obs.passes, []int{0}) {
+					t.Errorf("shard %d: passes completed %v, want [0]", index, obs.passes)
+				}
+				for _, r := range obs.finished {
+					if r.ScheduleLag() < 0 {
+						t.Errorf("negative schedule lag %v", r.ScheduleLag())
+					}
+				}
+				if got, want := w.Position(), (TracePosition{Pass: 1}); got != want {
+					t.Errorf("shard %d: Position() = %+v after the pass, want %+v", index, got, want)
+				}
+			}
+			if drops != 0 {
+				t.Errorf("%d rows dropped with room for all", drops)
+			}
+			for i := range rows {
+				if n := guard.sends[[2]uint64{0, uint64(i)}]; n != 1 {
+					t.Errorf("row %d sent %d times over %d shards, want 1", i, n, count)
+				}
+			}
+		})
+	}
+}
+
+// TestWorkloadSaturation drives four rows 10 ms apart through a single slot
+// while the server holds each request until the test releases it.
+func TestWorkloadSaturation(t *testing.T) {
+	for _, tc := range []struct {
+		policy    SaturationPolicy
+		wantRows  []int64         // rows sent, in order
+		wantLags  []time.Duration // their schedule lags
+		wantDrops []time.Duration // scheduled offsets of dropped rows
+	}{
+		{SaturationDrop, []int64{0, 3}, []time.Duration{0, 0}, []time.Duration{10 * pacerTestTick, 20 * pacerTestTick}},
+		{SaturationQueue, []int64{0, 1, 2, 3}, []time.Duration{0, 10 * pacerTestTick, 0, 0}, nil},
+	} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			recs := pacerTestTimestamps(0, 10, 20, 30)
+			clock := newWLTestClock(false)
+			t0 := clock.Now()
+			release := make([]chan struct{}, len(recs))
+			for i := range release {
+				release[i] = make(chan struct{})
+			}
+			send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+				row, _ := wlTestRow(req)
+				<-release[row]
+				res.Outcome = OutcomeSuccess
+			}}
+			obs := newWLTestObserver()
+			p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := NewWorkload(WorkloadConfig{Name: "sat", Target: "fake", MaxInFlight: 1, OnSaturation: tc.policy, Clock: clock},
+				p, send, newWLTestBuilder(recs), obs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := wlTestRun(t.Context(), w)
+			drop := tc.policy == SaturationDrop
+
+			obs.waitUntil(func(o *wlTestObserver) bool { return o.sent == 1 })
+			clock.Advance(10 * pacerTestTick)
+			if drop {
+				obs.waitUntil(func(o *wlTestObserver) bool { return len(o.dropped) == 1 })
+			}
+			clock.Advance(10 * pacerTestTick) // now 20 ms
+			if drop {
+				obs.waitUntil(func(o *wlTestObserver) bool { return len(o.dropped) == 2 })
+			}
+			for row := range 3 {
+				close(release[row])
+				if slices.Contains(tc.wantRows, int64(row)) {
+					obs.waitUntil(obs.finishedRow(int64(row)))
+				}
+			}
+			clock.Advance(10 * pacerTestTick) // now 30 ms: row 3 is due
+			obs.waitUntil(func(o *wlTestObserver) bool { return o.sent == len(tc.wantRows) })
+			close(release[3])
+			if err := <-done; err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+
+			var rows []int64
+			var lags []time.Duration
+			for _, r := range obs.finished {
+				rows = append(rows, r.TraceHashIDs[0])
+				lags = append(lags, r.ScheduleLag())
+			}
+			if !slices.Equal(rows, tc.wantRows) || !slices.Equal(lags, tc.wantLags) {
+				t.Errorf("sent rows %v with lags %v, want %v with %v", rows, lags, tc.wantRows, tc.wantLags)
+			}
+			var drops []time.Duration
+			for _, d := range obs.dropped {
+				if d.reason != DropMaxInFlight {
+					t.Errorf("drop reason %q, want %q", d.reason, DropMaxInFlight)
+				}
+				drops = append(drops, d.scheduled.Sub(t0))
+			}
+			if !slices.Equal(drops, tc.wantDrops) {
+				t.Errorf("dropped rows scheduled at %v, want %v", drops, tc.wantDrops)
+			}
+			if !slices.Equal(obs.passes, []int{0}) {
+				t.Errorf("passes completed %v, want [0]", obs.passes)
+			}
+		})
+	}
+}
+
+// TestWorkloadSessionTiming checks the three ways a later turn is placed.
+func TestWorkloadSessionTiming(t *testing.T) {
+	recs := pacerTestRecords(
+		pacerTestRow{ts: 0, sid: "a"},
+		pacerTestRow{ts: -1, sid: "a", delay: 500}, // 500 ms after turn 0 ends
+		pacerTestRow{ts: 100, sid: "a"},            // its time is long past: at once
+		pacerTestRow{ts: 5000, sid: "a"},           // at its own time
+		pacerTestRow{ts: -1, sid: "a"},             // at once
+	)
+	clock := newWLTestClock(false)
+	t0 := clock.Now()
+	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+		if row, _ := wlTestRow(req); row == 0 {
+			clock.Advance(200 * pacerTestTick) // the server takes 200 ms
+		}
+		res.Outcome = OutcomeSuccess
+	}}
+	obs := newWLTestObserver()
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{Name: "sess", Target: "fake", MaxInFlight: 4, Clock: clock},
+		p, send, newWLTestBuilder(recs), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := wlTestRun(t.Context(), w)
+	obs.waitUntil(obs.finishedRow(0))
+	clock.waitArmed(t0.Add(700 * pacerTestTick))
+	clock.Advance(500 * pacerTestTick)
+	obs.waitUntil(obs.finishedRow(2))
+	clock.waitArmed(t0.Add(5000 * pacerTestTick))
+	clock.Advance(4300 * pacerTestTick)
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	want := []time.Duration{0, 700 * pacerTestTick, 700 * pacerTestTick, 5000 * pacerTestTick, 5000 * pacerTestTick}
+	var got []time.Duration
+	for _, r := range obs.finished {
+		got = append(got, r.Scheduled.Sub(t0))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("turns scheduled at %v, want %v", got, want)
+	}
+}
+
+// TestWorkloadStopDrain stops a workload with two requests in flight: one
+// finishes within the drain time, the other is canceled at its end.
+func TestWorkloadStopDrain(t *testing.T) {
+	recs := pacerTestTimestamps(0, 0, 10000)
+	clock := newWLTestClock(false)
+	finishB := make(chan struct{})
+	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+		if row, _ := wlTestRow(req); row == 1 {
+			<-finishB
+			res.Outcome = OutcomeSuccess
+			return
+		}
+		<-ctx.Done() // a request that would run forever
+		res.Outcome = OutcomeCanceled
+	}}
+	obs := newWLTestObserver()
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopFresh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{Name: "drain", Target: "fake", MaxInFlight: 8, Clock: clock},
+		p, send, newWLTestBuilder(recs), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := wlTestRun(t.Context(), w)
+	obs.waitUntil(func(o *wlTestObserver) bool { return o.sent == 2 })
+	if got, want := w.Position(), (TracePosition{Pass: 0, Conv: 2}); got != want {
+		t.Errorf("Position() = %+v, want %+v", got, want)
+	}
+
+	const drain = 30 * time.Second
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		w.Stop(drain)
+	}()
+	clock.waitArmed(clock.Now().Add(drain))
+	close(finishB)
+	obs.waitUntil(obs.finishedRow(1))
+	clock.Advance(drain) // past row 2's time too: it must not go out
+	<-stopped
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v, want nil after Stop", err)
+	}
+	if obs.sent != 2 {
+		t.Errorf("%d requests sent, want 2 (none after Stop)", obs.sent)
+	}
+	outcomes := map[int64]Outcome{}
+	for _, r := range obs.finished {
+		outcomes[r.TraceHashIDs[0]] = r.Outcome
+	}
+	if want := map[int64]Outcome{0: OutcomeCanceled, 1: OutcomeSuccess}; !maps.Equal(outcomes, want) {
+		t.Errorf("outcomes %v, want %v", outcomes, want)
+	}
+	w.Stop(drain) // again: returns at once
+}
+
+// TestWorkloadCancel cancels the run's context: in-flight requests are cut at
+// once and reported canceled.
+func TestWorkloadCancel(t *testing.T) {
+	recs := pacerTestTimestamps(0, 0, 50)
+	clock := newWLTestClock(false)
+	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+		<-ctx.Done() // leaves Outcome empty: the Workload must fill it in
+	}}
+	obs := newWLTestObserver()
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopRepeat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{Name: "cancel", Target: "fake", MaxInFlight: 8, Clock: clock},
+		p, send, newWLTestBuilder(recs), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := wlTestRun(ctx, w)
+	obs.waitUntil(func(o *wlTestObserver) bool { return o.sent == 2 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v, want context.Canceled", err)
+	}
+	if len(obs.finished) != 2 {
+		t.Fatalf("%d results, want 2", len(obs.finished))
+	}
+	for _, r := range obs.finished {
+		if r.Outcome != OutcomeCanceled {
+			t.Errorf("row %d: outcome %q, want canceled", r.TraceHashIDs[0], r.Outcome)
+		}
+	}
+	if err := w.Run(t.Context()); err == nil {
+		t.Error("a second Run succeeded")
+	}
+}
+
+// TestWorkloadLoop runs three passes of a three-row trace and checks that
+// each pass sends every row once, in the namespace of its loop mode.
+func TestWorkloadLoop(t *testing.T) {
+	const passes = 3
+	for _, tc := range []struct {
+		loop LoopMode
+		ns   func(pass int) uint64
+	}{
+		{LoopFresh, func(pass int) uint64 { return uint64(pass) }},
+		{LoopRepeat, func(int) uint64 { return 0 }},
+	} {
+		t.Run(string(tc.loop), func(t *testing.T) {
+			recs := pacerTestTimestamps(0, 10, 20) // period 30 ms
+			clock := newWLTestClock(true)
+			t0 := clock.Now()
+			send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) { res.Outcome = OutcomeSuccess }}
+			obs := newWLTestObserver()
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			obs.onPass = func(pass int) {
+				if pass == passes-1 {
+					cancel()
+				}
+			}
+			p, err := NewPacer(recs, PacerOptions{Loop: tc.loop})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The jumping clock lets the dispatcher run ahead of the request
+			// goroutines: leave room for every request of the three passes.
+			w, err := NewWorkload(WorkloadConfig{Name: "loop", Target: "fake", MaxInFlight: 16, Clock: clock},
+				p, send, newWLTestBuilder(recs), obs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Run(ctx); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Run = %v, want context.Canceled", err)
+			}
+			if !slices.Equal(obs.passes, []int{0, 1, 2}) {
+				t.Errorf("passes completed %v, want [0 1 2]", obs.passes)
+			}
+			// A row's pass follows from its scheduled time: 30 ms a pass.
+			seen := map[[2]int]int{}
+			for _, r := range obs.finished {
+				off := r.Scheduled.Sub(t0)
+				pass, row := int(off/(30*pacerTestTick)), int(off%(30*pacerTestTick)/(10*pacerTestTick))
+				if int64(row) != r.TraceHashIDs[0] {
+					t.Errorf("row %d scheduled at %v", r.TraceHashIDs[0], off)
+				}
+				if want := tc.ns(pass); r.TraceNamespace != want {
+					t.Errorf("pass %d row %d: namespace %d, want %d", pass, row, r.TraceNamespace, want)
+				}
+				seen[[2]int{pass, row}]++
+			}
+			for pass := range passes {
+				for row := range len(recs) {
+					if n := seen[[2]int{pass, row}]; n != 1 {
+						t.Errorf("pass %d row %d sent %d times, want 1", pass, row, n)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestWorkloadBuildError: a row whose request cannot be built is counted as
+// dropped with DropBuildError and the run goes on; loop once then ends.
+func TestWorkloadBuildError(t *testing.T) {
+	recs := pacerTestTimestamps(0, 10, 20)
+	clock := newWLTestClock(true)
+	t0 := clock.Now()
+	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) { res.Outcome = OutcomeSuccess }}
+	obs := newWLTestObserver()
+	build := newWLTestBuilder(recs)
+	build.fail[1] = true
+	var mu sync.Mutex
+	var buildErrs []error
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{
+		Name: "build", Target: "fake", MaxInFlight: 8, Clock: clock,
+		OnBuildError: func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			buildErrs = append(buildErrs, err)
+		},
+	}, p, send, build, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if want := []wlTestDrop{{DropBuildError, t0.Add(10 * pacerTestTick)}}; !slices.Equal(obs.dropped, want) {
+		t.Errorf("dropped %v, want %v", obs.dropped, want)
+	}
+	if obs.sent != 2 || len(obs.finished) != 2 {
+		t.Errorf("%d sent, %d finished, want 2 and 2", obs.sent, len(obs.finished))
+	}
+	if len(buildErrs) != 1 || !strings.Contains(buildErrs[0].Error(), "trace line 2: row 1: inconsistent input_length") {
+		t.Errorf("build errors %v, want one naming trace line 2", buildErrs)
+	}
+	if !slices.Equal(obs.passes, []int{0}) {
+		t.Errorf("passes completed %v, want [0]", obs.passes)
+	}
+}
+
+func TestNewWorkloadErrors(t *testing.T) {
+	recs := pacerTestTimestamps(0)
+	p, err := NewPacer(recs, PacerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := &wlTestSender{}
+	build := newWLTestBuilder(recs)
+	obs := newWLTestObserver()
+	for _, tc := range []struct {
+		name string
+		cfg  WorkloadConfig
+		p    *Pacer
+		want string
+	}{
+		{"max in flight", WorkloadConfig{Name: "w"}, p, "max_in_flight must be at least 1"},
+		{"saturation", WorkloadConfig{Name: "w", MaxInFlight: 1, OnSaturation: "block"}, p, `unknown on_saturation "block"`},
+		{"no pacer", WorkloadConfig{Name: "w", MaxInFlight: 1}, nil, "needs a pacer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewWorkload(tc.cfg, tc.p, send, build, obs)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestWorkloadStopBeforeRun: Stop on a Workload that never ran returns at
+// once, and a later Run returns without sending anything.
+func TestWorkloadStopBeforeRun(t *testing.T) {
+	recs := pacerTestTimestamps(0)
+	p, err := NewPacer(recs, PacerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := newWLTestObserver()
+	w, err := NewWorkload(WorkloadConfig{Name: "w", MaxInFlight: 1, Clock: newWLTestClock(false)},
+		p, &wlTestSender{}, newWLTestBuilder(recs), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Stop(time.Second)
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if obs.sent != 0 {
+		t.Errorf("%d sent after Stop", obs.sent)
+	}
+}
+
+// wlTestSSEServer answers every request with an SSE stream of 32 one-token
+// chunks, a usage chunk and [DONE]. The stream is written in one go: the
+// benchmark measures the dispatcher, and flushing every chunk would spend the
+// two cores on write syscalls instead.
+func wlTestSSEServer() *httptest.Server {
+	const chunk = `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok"}}]}` + "\n\n"
+	const tail = `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"length"}],` +
+		`"usage":{"prompt_tokens":8,"completion_tokens":32,"total_tokens":40}}` + "\n\ndata: [DONE]\n\n"
+	body := strings.Repeat(chunk, 32) + tail
+	return httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		rw.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(rw, body)
+	}))
+}
+
+// wlTestLagObserver keeps the schedule lag of every finished request.
+type wlTestLagObserver struct {
+	mu      sync.Mutex
+	lags    []time.Duration
+	dropped int
+	failed  int
+}
+
+func (o *wlTestLagObserver) Sent(_, _ string, _, _ time.Time) {}
+func (o *wlTestLagObserver) Finished(r *Result) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.lags = append(o.lags, r.ScheduleLag())
+	if r.Outcome != OutcomeSuccess {
+		o.failed++
+	}
+}
+func (o *wlTestLagObserver) Dropped(_, _, _ string, _ time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.dropped++
+}
+func (o *wlTestLagObserver) PassCompleted(_, _ string, _ int) {}
+
+type wlTestPromptBuilder struct{}
+
+func (wlTestPromptBuilder) Build(rec *synth.Record, _ uint64) (Request, error) {
+	return Request{Prompt: "hello", MaxTokens: rec.OSL()}, nil
+}
+
+// BenchmarkDispatchLag replays two seconds of evenly spaced requests per
+// iteration, on the real clock, through the Client against a local SSE
+// server, and reports the schedule lag (Sent − Scheduled) percentiles.
+func BenchmarkDispatchLag(b *testing.B) {
+	for _, rate := range []int{200, 1000, 5000} {
+		b.Run(fmt.Sprintf("rps=%d", rate), func(b *testing.B) {
+			srv := wlTestSSEServer()
+			defer srv.Close()
+			client, err := NewClient(TargetConfig{Name: "bench", URL: srv.URL, Model: "m"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer client.Close()
+
+			n := 2 * rate
+			recs := make([]synth.Record, n)
+			for i := range recs {
+				recs[i] = synth.Record{
+					Timestamp:    synth.Ptr(float64(i) * 1000 / float64(rate)),
+					InputLength:  synth.Ptr(8),
+					OutputLength: synth.Ptr(32),
+					Line:         i + 1,
+				}
+			}
+			obs := &wlTestLagObserver{}
+			b.ResetTimer()
+			for range b.N {
+				p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+				if err != nil {
+					b.Fatal(err)
+				}
+				w, err := NewWorkload(WorkloadConfig{Name: "bench", Target: "bench", MaxInFlight: 1024},
+					p, client, wlTestPromptBuilder{}, obs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := w.Run(b.Context()); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			slices.Sort(obs.lags)
+			pct := func(q float64) float64 {
+				if len(obs.lags) == 0 {
+					return 0
+				}
+				return float64(obs.lags[int(q*float64(len(obs.lags)-1))]) / float64(time.Microsecond)
+			}
+			b.ReportMetric(pct(0.50), "p50-lag-µs")
+			b.ReportMetric(pct(0.99), "p99-lag-µs")
+			b.ReportMetric(pct(1), "max-lag-µs")
+			b.ReportMetric(float64(obs.dropped), "dropped")
+			b.ReportMetric(float64(obs.failed), "failed")
+		})
+	}
+}
+
+// TestWorkloadStopWhileQueued: a row waiting for a slot when the run stops
+// is dropped with DropShutdown; with no drain time the request in flight is
+// canceled at once.
+func TestWorkloadStopWhileQueued(t *testing.T) {
+	recs := pacerTestTimestamps(0, 0)
+	clock := newWLTestClock(false)
+	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+		<-ctx.Done()
+		res.Outcome = OutcomeCanceled
+	}}
+	obs := newWLTestObserver()
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{Name: "q", Target: "fake", MaxInFlight: 1, OnSaturation: SaturationQueue, Clock: clock},
+		p, send, newWLTestBuilder(recs), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := wlTestRun(t.Context(), w)
+	obs.waitUntil(func(o *wlTestObserver) bool { return o.sent == 1 })
+	w.Stop(0)
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if want := []wlTestDrop{{DropShutdown, clock.Now()}}; !slices.Equal(obs.dropped, want) {
+		t.Errorf("dropped %v, want %v", obs.dropped, want)
+	}
+	if len(obs.finished) != 1 || obs.finished[0].Outcome != OutcomeCanceled {
+		t.Errorf("finished %v, want one canceled request", obs.finished)
+	}
+	if len(obs.passes) != 0 {
+		t.Errorf("passes completed %v, want none", obs.passes)
+	}
+}
