@@ -19,6 +19,8 @@ import (
 	promconfig "github.com/prometheus/common/config"
 	"github.com/prometheus/common/model"
 	"gopkg.in/yaml.v3"
+
+	"github.com/kvload-exporter/kvload-exporter/emulate"
 )
 
 // Config is a whole configuration file.
@@ -28,6 +30,10 @@ type Config struct {
 
 	// dir is the directory of the file, against which trace paths resolve.
 	dir string
+	// fingerprints holds a canonical form of each target's and workload's
+	// YAML ("target/NAME", "workload/NAME"), secrets included, to tell
+	// what a reload changed; it is never printed.
+	fingerprints map[string]string
 }
 
 // Target is one inference server (or an emulated one).
@@ -43,7 +49,7 @@ type Target struct {
 	HTTPClientConfig *promconfig.HTTPClientConfig `yaml:"http_client_config,omitempty"`
 	ExtraBody        map[string]any               `yaml:"extra_body,omitempty"`
 	Cache            Cache                        `yaml:"cache,omitempty"`
-	Emulate          *Emulate                     `yaml:"emulate,omitempty"`
+	Emulate          *emulate.Config              `yaml:"emulate,omitempty"`
 }
 
 // Cache describes the target's KV prefix cache, for the theoretical model
@@ -54,9 +60,6 @@ type Cache struct {
 	Observed       string `yaml:"observed,omitempty"`
 	MetricsURL     string `yaml:"metrics_url,omitempty"`
 }
-
-// Emulate asks for an in-process emulated engine instead of a URL.
-type Emulate struct{}
 
 // Workload is one trace replayed against one or more targets.
 type Workload struct {
@@ -128,6 +131,12 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ParseFile(path, data)
+}
+
+// ParseFile is Load for a file already read: relative trace paths resolve
+// against path's directory and problems are prefixed with path.
+func ParseFile(path string, data []byte) (*Config, error) {
 	cfg, err := Parse(data, filepath.Dir(path))
 	if err != nil {
 		return nil, prefixLines(path, err)
@@ -176,6 +185,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.fingerprints = fingerprints(&root)
 	return cfg, nil
 }
 
@@ -201,6 +211,9 @@ func (c *Config) applyDefaults() {
 	for i := range c.Targets {
 		t := &c.Targets[i]
 		t.API = orDefault(t.API, DefaultAPI)
+		if t.Emulate != nil {
+			t.Dialect = orDefault(t.Dialect, "vllm") // the emulator speaks vLLM
+		}
 		t.Dialect = orDefault(t.Dialect, DefaultDialect)
 		t.PromptFormat = orDefault(t.PromptFormat, DefaultPromptFormat)
 		t.Tokenizer = orDefault(t.Tokenizer, DefaultTokenizer)
@@ -215,7 +228,7 @@ func (c *Config) applyDefaults() {
 			t.Cache.MetricsURL = strings.TrimSuffix(t.URL, "/") + "/metrics"
 		}
 		if t.Emulate != nil && t.Model == "" {
-			t.Model = "kvload-emulated"
+			t.Model = orDefault(t.Emulate.Model, emulate.DefaultModel)
 		}
 		if t.HTTPClientConfig == nil {
 			d := promconfig.DefaultHTTPClientConfig
@@ -267,6 +280,13 @@ func (c *Config) TracePath(w *Workload) string {
 		return w.Trace
 	}
 	return filepath.Join(c.dir, w.Trace)
+}
+
+// Fingerprint returns a canonical form of the named target's or workload's
+// configuration (kind "target" or "workload"): equal fingerprints mean an
+// unchanged entry. It holds secrets; never log it.
+func (c *Config) Fingerprint(kind, name string) string {
+	return c.fingerprints[kind+"/"+name]
 }
 
 // Target returns the target called name.

@@ -115,3 +115,59 @@ func (w *keyWalk) locate(msg string) string {
 	}
 	return fmt.Sprintf("%s: %s (line %d)", path, msg[len(m[0]):], line)
 }
+
+// fingerprints renders each entry of targets and workloads canonically:
+// comments, quoting and layout do not matter, values do.
+func fingerprints(root *yaml.Node) map[string]string {
+	out := map[string]string{}
+	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
+		root = root.Content[0]
+	}
+	if root.Kind != yaml.MappingNode {
+		return out
+	}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		kind := strings.TrimSuffix(root.Content[i].Value, "s") // targets → target
+		list := root.Content[i+1]
+		if list.Kind != yaml.SequenceNode {
+			continue
+		}
+		for _, item := range list.Content {
+			var name string
+			for j := 0; j+1 < len(item.Content); j += 2 {
+				if item.Content[j].Value == "name" {
+					name = item.Content[j+1].Value
+				}
+			}
+			var b strings.Builder
+			canonical(&b, item)
+			out[kind+"/"+name] = b.String()
+		}
+	}
+	return out
+}
+
+func canonical(b *strings.Builder, n *yaml.Node) {
+	switch n.Kind {
+	case yaml.MappingNode:
+		b.WriteByte('{')
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			canonical(b, n.Content[i])
+			b.WriteByte(':')
+			canonical(b, n.Content[i+1])
+			b.WriteByte(',')
+		}
+		b.WriteByte('}')
+	case yaml.SequenceNode:
+		b.WriteByte('[')
+		for _, c := range n.Content {
+			canonical(b, c)
+			b.WriteByte(',')
+		}
+		b.WriteByte(']')
+	case yaml.AliasNode:
+		canonical(b, n.Alias)
+	default:
+		b.WriteString(strconv.Quote(n.Tag + " " + n.Value))
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -14,7 +15,8 @@ import (
 // swaps ConfigMap contents by re-pointing a symlink, and a watch on the file
 // itself loses both.
 type Watcher struct {
-	w *fsnotify.Watcher
+	w    *fsnotify.Watcher
+	name string // the file's base name
 }
 
 // NewWatcher starts watching the directory of path; changes made after it
@@ -29,12 +31,20 @@ func NewWatcher(path string) (*Watcher, error) {
 		w.Close()
 		return nil, fmt.Errorf("watching directory %s: %w", dir, err)
 	}
-	return &Watcher{w: w}, nil
+	return &Watcher{w: w, name: filepath.Base(path)}, nil
+}
+
+// concerns tells whether an event on name may change the file: the file
+// itself, or Kubernetes' "..data" links and "..TIMESTAMP" directories.
+// Other files of the directory (logs, traces) are ignored.
+func (w *Watcher) concerns(name string) bool {
+	base := filepath.Base(name)
+	return base == w.name || strings.HasPrefix(base, "..")
 }
 
 // Run calls changed after each burst of changes has been quiet for
-// debounce. It may call changed when the file did not change (another file
-// of the directory did); the caller compares contents. Run closes the
+// debounce. It may call changed when the file's content did not change; the
+// caller compares contents. Run closes the
 // watcher and returns when ctx is done.
 func (w *Watcher) Run(ctx context.Context, debounce time.Duration, changed func()) {
 	defer w.w.Close()
@@ -49,8 +59,8 @@ func (w *Watcher) Run(ctx context.Context, debounce time.Duration, changed func(
 			if !ok {
 				return
 			}
-			if ev.Op == fsnotify.Chmod {
-				continue // touches and permission changes do not change content
+			if ev.Op == fsnotify.Chmod || !w.concerns(ev.Name) {
+				continue
 			}
 			timer.Reset(debounce)
 		case _, ok := <-w.w.Errors:

@@ -43,7 +43,7 @@ func newLogger(f logFlags, w io.Writer) (log.Logger, slog.Level, error) {
 	default:
 		return nil, 0, fmt.Errorf("--log.level: %q is not debug, info, warn or error", f.level)
 	}
-	l = log.With(l, "ts", log.TimestampFormat(time.Now, time.RFC3339Nano), "caller", log.DefaultCaller)
+	l = log.With(l, "ts", log.TimestampFormat(time.Now, time.RFC3339Nano), "caller", log.Caller(5))
 	return level.NewFilter(l, opt), min, nil
 }
 

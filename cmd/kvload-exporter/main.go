@@ -70,6 +70,7 @@ func run(ctx context.Context, args []string, s streams) (code int) {
 	}()
 
 	commands := []command{
+		runCommand(app),
 		analyzeCommand(app),
 		synthesizeCommand(app),
 		hashCommand(app),
@@ -102,10 +103,24 @@ func (e badInputError) Unwrap() error { return e.err }
 
 func badInput(err error) error { return badInputError{err} }
 
+// codedError carries the exit code a command wants for its error.
+type codedError struct {
+	err  error
+	code int
+}
+
+func (e codedError) Error() string { return e.err.Error() }
+func (e codedError) Unwrap() error { return e.err }
+
+func withExitCode(err error, code int) error { return codedError{err, code} }
+
 func exitCode(err error) int {
 	var bad badInputError
 	var line *synth.LineError
+	var coded codedError
 	switch {
+	case errors.As(err, &coded):
+		return coded.code
 	case errors.As(err, &bad), errors.As(err, &line),
 		errors.Is(err, fs.ErrNotExist), errors.Is(err, fs.ErrPermission),
 		errors.Is(err, synth.ErrEmptyTrace):

@@ -1,0 +1,411 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-kit/log"
+	"github.com/go-kit/log/level"
+
+	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/synth"
+)
+
+// daemon owns the running configuration: the replay units, one per
+// (workload, target), and the in-process emulated engines. Reloads are
+// serialized by the caller (one goroutine runs reload); landing and ready
+// may be called from any goroutine.
+type daemon struct {
+	logger       log.Logger
+	configFile   string
+	drainTimeout time.Duration
+	coll         *collector.Collector
+	nsBase       uint64
+
+	// ctx is the daemon's lifetime: units and emulators run under it.
+	ctx context.Context
+	wg  sync.WaitGroup // every unit and emulator goroutine, and drains
+
+	// Owned by the reload goroutine.
+	cfgBytes  []byte // the file as last applied
+	badBytes  []byte // the file as last rejected
+	cfg       *config.Config
+	units     map[unitKey]*unit
+	emulators map[string]*emulated
+
+	ready   atomic.Bool
+	mu      sync.Mutex // guards the fields below, read by the landing page
+	status  reloadStatus
+	targets []landingTarget
+}
+
+type unitKey struct{ workload, target string }
+
+// unit is one running (workload, target).
+type unit struct {
+	fingerprint string
+	workload    *replay.Workload
+	client      *replay.Client
+	gate        *gatedObserver
+	done        chan struct{} // closed when Run returned
+}
+
+// emulated is an in-process emulated engine serving one target.
+type emulated struct {
+	fingerprint string
+	url         string
+	engine      *emulate.Engine
+	cancel      context.CancelFunc
+	wait        func() error
+}
+
+type reloadStatus struct {
+	ok          bool
+	lastSuccess time.Time
+	err         string
+}
+
+func newDaemon(ctx context.Context, logger log.Logger, configFile string, drain time.Duration, coll *collector.Collector) *daemon {
+	return &daemon{
+		ctx:          ctx,
+		logger:       logger,
+		configFile:   configFile,
+		drainTimeout: drain,
+		coll:         coll,
+		// A new namespace base per process start: see requestBuilder.nsBase.
+		nsBase:    uint64(time.Now().UnixNano()),
+		units:     map[unitKey]*unit{},
+		emulators: map[string]*emulated{},
+	}
+}
+
+// reload reads the configuration file and applies it. With force false an
+// unchanged file is a no-op (the watcher fires for any file of the
+// directory). A bad configuration leaves the running one in place.
+func (d *daemon) reload(force bool) error {
+	data, err := os.ReadFile(d.configFile)
+	if err == nil && !force && d.cfg != nil && (bytes.Equal(data, d.cfgBytes) || bytes.Equal(data, d.badBytes)) {
+		return nil // nothing new: another file of the directory changed
+	}
+	if err == nil {
+		err = d.apply(data)
+	}
+	if err != nil {
+		d.badBytes = data
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		d.status.ok = false
+		d.status.err = err.Error()
+		d.coll.ReloadDone(false, time.Now())
+		for _, line := range strings.Split(err.Error(), "\n") {
+			level.Error(d.logger).Log("msg", "configuration rejected", "problem", line)
+		}
+		return err
+	}
+	now := time.Now()
+	d.status = reloadStatus{ok: true, lastSuccess: now}
+	d.coll.ReloadDone(true, now)
+	return nil
+}
+
+// loadConfig parses a configuration and everything it references (traces,
+// tokenizers), reporting every problem it finds.
+func loadConfig(path string, data []byte) (*config.Config, map[string]*workloadData, error) {
+	cfg, err := config.ParseFile(path, data)
+	if err != nil {
+		return nil, nil, err
+	}
+	var errs []error
+	loaded := map[string]*workloadData{}
+	for i := range cfg.Workloads {
+		w := &cfg.Workloads[i]
+		wd, err := loadWorkload(cfg, w)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		loaded[w.Name] = wd
+	}
+	for i := range cfg.Targets {
+		t := &cfg.Targets[i]
+		if t.PromptFormat == "token_ids" {
+			if _, err := synth.LoadTokenizer(t.Tokenizer); err != nil {
+				errs = append(errs, fmt.Errorf("target %s: tokenizer: %w", t.Name, err))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, err
+	}
+	return cfg, loaded, nil
+}
+
+// apply makes the running state match data: unchanged units keep running
+// (and keep their trace position), changed and removed ones stop at once
+// and drain in the background, new ones start.
+func (d *daemon) apply(data []byte) error {
+	cfg, loaded, err := loadConfig(d.configFile, data)
+	if err != nil {
+		return err
+	}
+	if err := d.applyEmulators(cfg); err != nil {
+		return err
+	}
+
+	want := map[unitKey]string{}
+	for i := range cfg.Workloads {
+		w := &cfg.Workloads[i]
+		for _, tn := range w.Targets {
+			want[unitKey{w.Name, tn}] = cfg.Fingerprint("workload", w.Name) + "\x00" +
+				cfg.Fingerprint("target", tn) + "\x00" + loaded[w.Name].traceHash + "\x00" + d.emulatorURL(tn)
+		}
+	}
+	for k, u := range d.units {
+		if want[k] != u.fingerprint {
+			d.stopUnit(k, u)
+		}
+	}
+	var errs []error
+	tokenizers := map[string]synth.Tokenizer{}
+	for i := range cfg.Workloads {
+		w := &cfg.Workloads[i]
+		for _, tn := range w.Targets {
+			k := unitKey{w.Name, tn}
+			if _, running := d.units[k]; running {
+				continue
+			}
+			t, _ := cfg.Target(tn)
+			u, err := d.startUnit(w, t, loaded[w.Name], tokenizers, want[k])
+			if err != nil {
+				errs = append(errs, fmt.Errorf("workload %s, target %s: %w", w.Name, tn, err))
+				continue
+			}
+			d.units[k] = u
+		}
+	}
+	d.publishTargets(cfg)
+	d.cfg, d.cfgBytes = cfg, data
+	level.Info(d.logger).Log("msg", "configuration applied", "file", d.configFile, "units", len(d.units))
+	return errors.Join(errs...)
+}
+
+func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]synth.Tokenizer, fp string) (*unit, error) {
+	url := t.URL
+	if t.Emulate != nil {
+		url = d.emulatorURL(t.Name)
+	}
+	client, err := replay.NewClient(targetConfig(t, url))
+	if err != nil {
+		return nil, err
+	}
+	rb := &requestBuilder{prompts: wd.builder}
+	if w.Loop == "fresh" && w.Shard.Count == 1 {
+		// Replicas of a sharded workload must build the same prompts, so only
+		// an unsharded one moves to a new namespace base per start.
+		rb.nsBase = d.nsBase
+	}
+	if t.PromptFormat == "token_ids" {
+		tok := tokenizers[t.Tokenizer]
+		if tok == nil {
+			if tok, err = synth.LoadTokenizer(t.Tokenizer); err != nil {
+				client.Close()
+				return nil, fmt.Errorf("tokenizer: %w", err)
+			}
+			tokenizers[t.Tokenizer] = tok
+		}
+		if rb.prompts, err = synth.NewPromptBuilder(synth.PromptOptions{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes, Tokenizer: tok}); err != nil {
+			client.Close()
+			return nil, err
+		}
+	}
+	pacer, err := replay.NewPacer(wd.records, replay.PacerOptions{
+		SpeedupRatio: 1, // synthesis already rescaled the timestamps
+		Loop:         replay.LoopMode(w.Loop),
+		Shard:        replay.Shard{Index: w.Shard.Index, Count: w.Shard.Count},
+		Trace:        w.Trace,
+	})
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	gate := &gatedObserver{c: d.coll}
+	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
+	wl, err := replay.NewWorkload(replay.WorkloadConfig{
+		Name:         w.Name,
+		Target:       t.Name,
+		MaxInFlight:  w.MaxInFlight,
+		OnSaturation: replay.SaturationPolicy(w.OnSaturation),
+		Cache:        replay.NewCacheModel(w.BlockSize, t.Cache.BlockSize, t.Cache.CapacityBlocks),
+		OnBuildError: func(err error) { level.Warn(logger).Log("msg", "request not built, counted as dropped", "err", err) },
+	}, pacer, client, rb, gate)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	d.coll.Start(w.Name, t.Name)
+	u := &unit{fingerprint: fp, workload: wl, client: client, gate: gate, done: make(chan struct{})}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer close(u.done)
+		if err := wl.Run(d.ctx); err != nil {
+			level.Error(logger).Log("msg", "replay stopped", "err", err)
+		}
+	}()
+	level.Info(logger).Log("msg", "replay started", "rows", len(wd.records))
+	return u, nil
+}
+
+// stopUnit stops dispatching at once, deletes the unit's series, and drains
+// its in-flight requests in the background (cut at the drain timeout).
+func (d *daemon) stopUnit(k unitKey, u *unit) {
+	delete(d.units, k)
+	u.gate.closed.Store(true)
+	d.coll.Forget(k.workload, k.target)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		u.workload.Stop(d.drainTimeout)
+		<-u.done
+		u.client.Close()
+	}()
+	level.Info(d.logger).Log("msg", "replay stopped by reload", "workload", k.workload, "target", k.target)
+}
+
+// applyEmulators starts the emulated engines the configuration asks for and
+// stops those it no longer does (or asks for differently).
+func (d *daemon) applyEmulators(cfg *config.Config) error {
+	for name, e := range d.emulators {
+		t, ok := cfg.Target(name)
+		if !ok || t.Emulate == nil || cfg.Fingerprint("target", name) != e.fingerprint {
+			e.cancel()
+			if err := e.wait(); err != nil {
+				level.Warn(d.logger).Log("msg", "emulator stopped with an error", "target", name, "err", err)
+			}
+			delete(d.emulators, name)
+		}
+	}
+	for i := range cfg.Targets {
+		t := &cfg.Targets[i]
+		if t.Emulate == nil || d.emulators[t.Name] != nil {
+			continue
+		}
+		ecfg := *t.Emulate
+		if ecfg.Model == "" {
+			ecfg.Model = t.Model
+		}
+		eng, err := emulate.New(ecfg)
+		if err != nil {
+			return fmt.Errorf("target %s: emulate: %w", t.Name, err)
+		}
+		ctx, cancel := context.WithCancel(d.ctx)
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			cancel()
+			return fmt.Errorf("target %s: emulate: %w", t.Name, err)
+		}
+		done := make(chan error, 1)
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			done <- eng.Serve(ctx, l)
+		}()
+		var once sync.Once
+		var werr error
+		d.emulators[t.Name] = &emulated{
+			fingerprint: cfg.Fingerprint("target", t.Name),
+			url:         "http://" + l.Addr().String(),
+			engine:      eng,
+			cancel:      cancel,
+			wait:        func() error { once.Do(func() { werr = <-done }); return werr },
+		}
+		level.Info(d.logger).Log("msg", "emulated engine started", "target", t.Name, "url", "http://"+l.Addr().String())
+	}
+	return nil
+}
+
+func (d *daemon) emulatorURL(target string) string {
+	if e := d.emulators[target]; e != nil {
+		return e.url
+	}
+	return ""
+}
+
+func (d *daemon) publishTargets(cfg *config.Config) {
+	seen := map[string]bool{}
+	targets := make([]landingTarget, 0, len(cfg.Targets))
+	for _, t := range cfg.Targets {
+		d.coll.SetTarget(t.Name, t.Model, t.API, t.Dialect)
+		seen[t.Name] = true
+		targets = append(targets, landingTarget{Name: t.Name, Model: t.Model, API: t.API, Dialect: t.Dialect})
+	}
+	if d.cfg != nil {
+		for _, t := range d.cfg.Targets {
+			if !seen[t.Name] {
+				d.coll.ForgetTarget(t.Name)
+			}
+		}
+		kept := map[string]bool{}
+		for _, w := range cfg.Workloads {
+			kept[w.Name] = true
+		}
+		for _, w := range d.cfg.Workloads {
+			if !kept[w.Name] {
+				d.coll.ForgetWorkload(w.Name)
+			}
+		}
+	}
+	sort.Slice(targets, func(i, j int) bool { return targets[i].Name < targets[j].Name })
+	d.mu.Lock()
+	d.targets = targets
+	d.mu.Unlock()
+}
+
+// shutdown stops every unit, letting in-flight requests finish for up to the
+// drain timeout (their results are still counted), then the emulators.
+func (d *daemon) shutdown() {
+	d.ready.Store(false)
+	var wg sync.WaitGroup
+	for _, u := range d.units {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			u.workload.Stop(d.drainTimeout)
+			<-u.done
+			u.client.Close()
+		}()
+	}
+	wg.Wait()
+	for _, e := range d.emulators {
+		e.cancel()
+		e.wait()
+	}
+	d.wg.Wait()
+}
+
+func (d *daemon) landing() landingData {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return landingData{
+		ConfigFile:  d.configFile,
+		ReloadOK:    d.status.ok,
+		LastReload:  d.status.lastSuccess,
+		ReloadError: d.status.err,
+		Rows:        d.coll.Status(),
+		Targets:     d.targets,
+	}
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/synth"
+)
+
+// promptCacheBytes bounds each workload's block cache of prompt text.
+const promptCacheBytes = 64 << 20
+
+// workloadData is a workload's trace, read and synthesized once per reload
+// and shared by all its targets.
+type workloadData struct {
+	records   []synth.Record
+	traceHash string // sha256 of the trace file, part of the fingerprint
+	builder   *synth.PromptBuilder
+}
+
+// loadWorkload reads and reshapes a workload's trace. Errors name the file
+// and line.
+func loadWorkload(cfg *config.Config, w *config.Workload) (*workloadData, error) {
+	path := cfg.TracePath(w)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+	}
+	sum := sha256.Sum256(raw)
+	recs, err := synth.ReadFile(path, synth.ReadOptions{BlockSize: w.BlockSize})
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+	}
+	k := synth.Knobs{
+		BlockSize:            w.BlockSize,
+		SpeedupRatio:         w.Synthesis.SpeedupRatio,
+		PrefixLenMultiplier:  w.Synthesis.PrefixLenMultiplier,
+		PrefixRootMultiplier: w.Synthesis.PrefixRootMultiplier,
+		PromptLenMultiplier:  w.Synthesis.PromptLenMultiplier,
+		OutputLenMultiplier:  w.Synthesis.OutputLenMultiplier,
+		MaxISL:               w.Synthesis.MaxISL,
+		MaxOSL:               w.Synthesis.MaxOSL,
+		Seed:                 w.Seed,
+	}
+	recs, _, err = synth.Transform(recs, k)
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: synthesis of %s: %w", w.Name, path, err)
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("workload %s: %s: no row is left after synthesis (max_isl?)", w.Name, path)
+	}
+	builder, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes})
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+	}
+	return &workloadData{records: recs, traceHash: hex.EncodeToString(sum[:]), builder: builder}, nil
+}
+
+// requestBuilder turns trace rows into requests for one target.
+type requestBuilder struct {
+	prompts *synth.PromptBuilder
+	// tokenIDs sends token-id prompts, built with the target's tokenizer.
+	tokenIDs bool
+	// nsBase offsets the hash-id namespace of every pass, so that a restarted
+	// exporter does not resend prompts a server may still hold in its cache.
+	nsBase uint64
+}
+
+// Build implements replay.RequestBuilder.
+func (b *requestBuilder) Build(rec *synth.Record, ns uint64) (replay.Request, error) {
+	req := replay.Request{Extra: rec.Extra}
+	if rec.OutputLength != nil {
+		req.MaxTokens = max(*rec.OutputLength, 1) // 0 would mean "server default"
+	}
+	ns += b.nsBase
+	var err error
+	switch {
+	case rec.Payload != nil:
+		req.Payload = rec.Payload
+	case rec.Messages != nil:
+		req.Messages, req.Tools = rec.Messages, rec.Tools
+	case rec.TextInput != nil:
+		req.Prompt = *rec.TextInput
+	case b.tokenIDs:
+		req.PromptTokenIDs, err = b.prompts.AppendTokenIDs(nil, rec, ns, uint64(rec.Line))
+	default:
+		var text []byte
+		text, err = b.prompts.AppendText(make([]byte, 0, rec.ISL()*8), rec, ns, uint64(rec.Line))
+		req.Prompt = string(text)
+	}
+	return req, err
+}
+
+// gatedObserver forwards to the collector until closed. A unit that a reload
+// changed or removed has its series deleted at once; the requests it still
+// has in flight finish, but must not recreate those series.
+type gatedObserver struct {
+	c      *collector.Collector
+	closed atomic.Bool
+}
+
+func (g *gatedObserver) Sent(w, t string, scheduled, sent time.Time) {
+	if !g.closed.Load() {
+		g.c.Sent(w, t, scheduled, sent)
+	}
+}
+
+func (g *gatedObserver) Finished(r *replay.Result) {
+	if !g.closed.Load() {
+		g.c.Finished(r)
+	}
+}
+
+func (g *gatedObserver) Dropped(w, t, reason string, scheduled time.Time) {
+	if !g.closed.Load() {
+		g.c.Dropped(w, t, reason, scheduled)
+	}
+}
+
+func (g *gatedObserver) PassCompleted(w, t string, pass int) {
+	if !g.closed.Load() {
+		g.c.PassCompleted(w, t, pass)
+	}
+}
+
+// targetConfig converts a configured target for the client; url is the
+// emulator's when the target is emulated.
+func targetConfig(t *config.Target, url string) replay.TargetConfig {
+	return replay.TargetConfig{
+		Name:             t.Name,
+		URL:              url,
+		Model:            t.Model,
+		API:              replay.API(t.API),
+		Dialect:          replay.Dialect(t.Dialect),
+		PromptFormat:     t.PromptFormat,
+		RequestTimeout:   time.Duration(t.RequestTimeout),
+		HTTPClientConfig: *t.HTTPClientConfig,
+		ExtraBody:        t.ExtraBody,
+	}
+}
