@@ -16,12 +16,16 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: all build test test-go test-prompts lint fmt-check vet staticcheck bench tokenizers clean
+.PHONY: all build run test test-go test-prompts lint fmt-check vet staticcheck bench tokenizers clean
 
 all: build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/kvload-exporter
+
+## run: the quickstart: a bundled trace against an emulated engine, metrics on :9812.
+run:
+	$(GO) run ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
 test: lint tokenizers test-go test-prompts

@@ -83,8 +83,9 @@ func newMux(d webDeps) *http.ServeMux {
 // landingTemplate escapes every value (html/template), so names and error
 // texts from a config file cannot inject markup.
 var landingTemplate = template.Must(template.New("landing").Funcs(template.FuncMap{
-	"ms":  func(d time.Duration) string { return formatMillis(d) },
-	"pct": func(f float64) string { return formatPercent(f) },
+	"ms":   func(d time.Duration) string { return formatMillis(d) },
+	"secs": func(d time.Duration) string { return d.Round(time.Second).String() },
+	"pct":  func(f float64) string { return formatPercent(f) },
 	"ago": func(t time.Time) string {
 		if t.IsZero() {
 			return "never"
@@ -112,7 +113,7 @@ th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) { text-align: l
 <h2>Workloads</h2>
 {{if .Rows}}<table>
 <tr><th>Workload</th><th>Target</th><th>Requests/s</th><th>Errors</th><th>TTFT p50</th><th>TTFT p99</th><th>Observed hit rate</th><th>Theoretical hit rate</th><th>Window</th></tr>
-{{range .Rows}}<tr><td>{{.Workload}}</td><td>{{.Target}}</td><td>{{printf "%.2f" .RequestsPerSec}}</td><td>{{pct .ErrorRatio}}</td><td>{{ms .TTFTP50}}</td><td>{{ms .TTFTP99}}</td><td>{{pct .ObservedHitRate}}</td><td>{{pct .TheoreticalRate}}</td><td>{{.Window}}</td></tr>
+{{range .Rows}}<tr><td>{{.Workload}}</td><td>{{.Target}}</td><td>{{printf "%.2f" .RequestsPerSec}}</td><td>{{pct .ErrorRatio}}</td><td>{{ms .TTFTP50}}</td><td>{{ms .TTFTP99}}</td><td>{{pct .ObservedHitRate}}</td><td>{{pct .TheoreticalRate}}</td><td>{{secs .Window}}</td></tr>
 {{end}}</table>{{else}}<p>No request has finished yet.</p>{{end}}
 <h2>Targets</h2>
 <table><tr><th>Target</th><th>Model</th><th>API</th><th>Dialect</th></tr>
