@@ -44,6 +44,11 @@ type Collector struct {
 	mu         sync.Mutex
 	passesDone map[string]int // workload → passes counted in trace_loops_total
 	recent     map[wtKey]*recent
+	observed   map[string]string // target → usage | server_metrics | none
+	// pending holds, per server_metrics target, the prompt tokens each
+	// workload sent since the last scrape: the share of the server's cached
+	// tokens it is credited with.
+	pending map[string]map[string]float64
 }
 
 var _ replay.Observer = (*Collector)(nil)
@@ -85,6 +90,8 @@ func New(reg prometheus.Registerer) *Collector {
 		now:               time.Now,
 		passesDone:        map[string]int{},
 		recent:            map[wtKey]*recent{},
+		observed:          map[string]string{},
+		pending:           map[string]map[string]float64{},
 	}
 	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
@@ -129,15 +136,45 @@ func (c *Collector) ForgetWorkload(workload string) {
 	c.mu.Unlock()
 }
 
-// SetTarget publishes a target's info series, replacing an older one.
-func (c *Collector) SetTarget(target, model, api, dialect string) {
+// SetTarget publishes a target's info series, replacing an older one, and
+// says where its observed cached tokens come from: "usage" (each response),
+// "server_metrics" (AddServerCached) or "none".
+func (c *Collector) SetTarget(target, model, api, dialect, observed string) {
 	c.targetInfo.DeletePartialMatch(prometheus.Labels{"target": target})
 	c.targetInfo.WithLabelValues(target, model, api, dialect).Set(1)
+	c.mu.Lock()
+	c.observed[target] = observed
+	c.mu.Unlock()
 }
 
 // ForgetTarget deletes a removed target's info series.
 func (c *Collector) ForgetTarget(target string) {
 	c.targetInfo.DeletePartialMatch(prometheus.Labels{"target": target})
+	c.mu.Lock()
+	delete(c.observed, target)
+	delete(c.pending, target)
+	c.mu.Unlock()
+}
+
+// AddServerCached credits the increase of a target's own cached-token
+// counter to the workloads that sent it prompts since the last call, in
+// proportion to the prompt tokens each sent. Hits while this exporter sent
+// nothing came from other traffic and are not counted.
+func (c *Collector) AddServerCached(target string, delta float64) {
+	c.mu.Lock()
+	shares := c.pending[target]
+	delete(c.pending, target)
+	c.mu.Unlock()
+	var total float64
+	for _, p := range shares {
+		total += p
+	}
+	if delta <= 0 || total == 0 {
+		return
+	}
+	for w, p := range shares {
+		c.cachedTokens.WithLabelValues(w, target).Add(delta * p / total)
+	}
 }
 
 // ReloadDone records the outcome of a configuration (re)load.
@@ -180,7 +217,16 @@ func (c *Collector) Finished(r *replay.Result) {
 	}
 	c.tracePromptTokens.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
 	c.completionTokens.WithLabelValues(w, t).Add(float64(r.OutputTokens))
-	if r.CachedKnown {
+	c.mu.Lock()
+	mode := c.observed[t]
+	if mode == "server_metrics" {
+		if c.pending[t] == nil {
+			c.pending[t] = map[string]float64{}
+		}
+		c.pending[t][w] += float64(r.TraceInputLength)
+	}
+	c.mu.Unlock()
+	if r.CachedKnown && (mode == "usage" || mode == "") {
 		c.cachedTokens.WithLabelValues(w, t).Add(float64(r.CachedTokens))
 	}
 	c.theoreticalTokens.WithLabelValues(w, t).Add(float64(r.TheoreticalCachedTokens))

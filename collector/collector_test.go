@@ -21,7 +21,7 @@ var update = flag.Bool("update", false, "rewrite golden files")
 // scripted feeds a fixed sequence of events with known numbers.
 func scripted(c *Collector) {
 	t0 := time.Unix(1_700_000_000, 0)
-	c.SetTarget("vllm-a", "Qwen/Qwen3-0.6B", "chat", "vllm")
+	c.SetTarget("vllm-a", "Qwen/Qwen3-0.6B", "chat", "vllm", "usage")
 	c.Start("canary", "vllm-a")
 	c.ReloadDone(true, t0)
 

@@ -397,8 +397,15 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	if t.Cache.MetricsURL != "" {
 		validateURL(t.Cache.MetricsURL, p+".cache.metrics_url", bad)
 	}
-	if t.Cache.Observed == "server_metrics" && t.Cache.MetricsURL == "" && t.Emulate == nil {
-		bad(p+".cache.metrics_url", "is required with observed: server_metrics")
+	if t.Cache.Observed == "server_metrics" {
+		if t.Cache.MetricsURL == "" && t.Emulate == nil {
+			bad(p+".cache.metrics_url", "is required with observed: server_metrics")
+		}
+		switch t.Dialect {
+		case "vllm", "sglang", "trtllm", "dynamo":
+		default:
+			bad(p+".cache.observed", "server_metrics needs a dialect whose server counts cached tokens (vllm, sglang, trtllm, dynamo), got %q", t.Dialect)
+		}
 	}
 }
 

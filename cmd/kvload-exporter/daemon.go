@@ -44,6 +44,7 @@ type daemon struct {
 	cfg       *config.Config
 	units     map[unitKey]*unit
 	emulators map[string]*emulated
+	scrapers  map[string]*scraping
 
 	ready   atomic.Bool
 	mu      sync.Mutex // guards the fields below, read by the landing page
@@ -88,6 +89,7 @@ func newDaemon(ctx context.Context, logger log.Logger, configFile string, drain 
 		nsBase:    uint64(time.Now().UnixNano()),
 		units:     map[unitKey]*unit{},
 		emulators: map[string]*emulated{},
+		scrapers:  map[string]*scraping{},
 	}
 }
 
@@ -163,6 +165,9 @@ func (d *daemon) apply(data []byte) error {
 		return err
 	}
 	if err := d.applyEmulators(cfg); err != nil {
+		return err
+	}
+	if err := d.applyScrapers(cfg); err != nil {
 		return err
 	}
 
@@ -349,7 +354,7 @@ func (d *daemon) publishTargets(cfg *config.Config) {
 	seen := map[string]bool{}
 	targets := make([]landingTarget, 0, len(cfg.Targets))
 	for _, t := range cfg.Targets {
-		d.coll.SetTarget(t.Name, t.Model, t.API, t.Dialect)
+		d.coll.SetTarget(t.Name, t.Model, t.API, t.Dialect, t.Cache.Observed)
 		seen[t.Name] = true
 		targets = append(targets, landingTarget{Name: t.Name, Model: t.Model, API: t.API, Dialect: t.Dialect})
 	}
@@ -390,6 +395,7 @@ func (d *daemon) shutdown() {
 		}()
 	}
 	wg.Wait()
+	d.stopScrapers()
 	for _, e := range d.emulators {
 		e.cancel()
 		e.wait()

@@ -18,7 +18,7 @@ import (
 func testMux(ready bool, reloadErr error) *http.ServeMux {
 	reg := prometheus.NewRegistry()
 	c := collector.New(reg)
-	c.SetTarget("t<script>", "m", "chat", "vllm")
+	c.SetTarget("t<script>", "m", "chat", "vllm", "usage")
 	return newMux(webDeps{
 		gatherer:      reg,
 		telemetryPath: "/metrics",

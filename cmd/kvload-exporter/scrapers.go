@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-kit/log/level"
+	promconfig "github.com/prometheus/common/config"
+
+	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/config"
+)
+
+// serverScrapeInterval is how often a server_metrics target's /metrics is
+// read. The increase between two scrapes is credited to the workloads that
+// sent prompts in between.
+const serverScrapeInterval = 5 * time.Second
+
+// scraping is a running server-metrics scraper of one target.
+type scraping struct {
+	fingerprint string
+	cancel      context.CancelFunc
+	done        chan struct{}
+}
+
+// applyScrapers runs one scraper per target with observed: server_metrics
+// and stops those no longer wanted. The reload goroutine owns d.scrapers.
+func (d *daemon) applyScrapers(cfg *config.Config) error {
+	want := map[string]*config.Target{}
+	for i := range cfg.Targets {
+		if t := &cfg.Targets[i]; t.Cache.Observed == "server_metrics" {
+			want[t.Name] = t
+		}
+	}
+	fingerprint := func(t *config.Target) string {
+		return cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name)
+	}
+	for name, s := range d.scrapers {
+		if t := want[name]; t == nil || fingerprint(t) != s.fingerprint {
+			s.cancel()
+			<-s.done
+			delete(d.scrapers, name)
+		}
+	}
+	for name, t := range want {
+		if d.scrapers[name] != nil {
+			continue
+		}
+		url := t.Cache.MetricsURL
+		if t.Emulate != nil && url == "" {
+			url = d.emulatorURL(name) + "/metrics"
+		}
+		client, err := promconfig.NewClientFromConfig(*t.HTTPClientConfig, "kvload_server_metrics")
+		if err != nil {
+			return fmt.Errorf("target %s: server metrics client: %w", name, err)
+		}
+		sc := &collector.ServerScraper{Target: name, URL: url, Dialect: t.Dialect, Client: client, Interval: serverScrapeInterval}
+		ctx, cancel := context.WithCancel(d.ctx)
+		s := &scraping{fingerprint: fingerprint(t), cancel: cancel, done: make(chan struct{})}
+		d.scrapers[name] = s
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			defer close(s.done)
+			sc.Run(ctx, d.coll, func(err error) {
+				level.Warn(d.logger).Log("msg", "server metrics scrape failed", "target", name, "err", err)
+			})
+		}()
+	}
+	return nil
+}
+
+// stopScrapers ends every scraper (at shutdown).
+func (d *daemon) stopScrapers() {
+	for name, s := range d.scrapers {
+		s.cancel()
+		<-s.done
+		delete(d.scrapers, name)
+	}
+}

@@ -1,0 +1,131 @@
+package collector
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// ServerCacheMetric names, per dialect, the server's own counter of prompt
+// tokens served from its prefix cache (engines doc §A). The first name
+// present in a scrape is used; histogram metrics count by their sum.
+var ServerCacheMetric = map[string][]string{
+	"vllm":   {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total"},
+	"sglang": {"sglang:cached_tokens_total", "sglang:cached_tokens"},
+	"trtllm": {"trtllm_prompt_cached_tokens_total", "trtllm_prompt_cache_hit_tokens_total"},
+	"dynamo": {"dynamo_frontend_cached_tokens"},
+}
+
+// maxMetricsBytes bounds one scrape of a server's /metrics.
+const maxMetricsBytes = 32 << 20
+
+// ServerScraper reads a target's cached-token counter from its /metrics and
+// feeds the increase to the collector (observed: server_metrics).
+type ServerScraper struct {
+	Target   string
+	URL      string
+	Dialect  string
+	Client   *http.Client
+	Interval time.Duration
+
+	last float64
+	seen bool
+}
+
+// Run scrapes every Interval until ctx is done. A failed scrape is
+// reported through onError and retried at the next tick.
+func (s *ServerScraper) Run(ctx context.Context, c *Collector, onError func(error)) {
+	t := time.NewTicker(s.Interval)
+	defer t.Stop()
+	for {
+		if err := s.scrapeOnce(ctx, c); err != nil && ctx.Err() == nil {
+			onError(err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *ServerScraper) scrapeOnce(ctx context.Context, c *Collector) error {
+	v, err := s.read(ctx)
+	if err != nil {
+		return err
+	}
+	c.AddServerCached(s.Target, s.delta(v))
+	return nil
+}
+
+// delta is the counter's increase since the last scrape; a decrease means
+// the server restarted and its counter began again from zero. The first
+// scrape only sets the baseline: what the server counted before the
+// exporter started is not ours.
+func (s *ServerScraper) delta(v float64) float64 {
+	var d float64
+	switch {
+	case !s.seen:
+	case v < s.last:
+		d = v
+	default:
+		d = v - s.last
+	}
+	s.last, s.seen = v, true
+	return d
+}
+
+func (s *ServerScraper) read(ctx context.Context) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
+	if err != nil {
+		return 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
+	}
+	req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
+	resp, err := s.Client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("target %s: server metrics: HTTP %d", s.Target, resp.StatusCode)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, maxMetricsBytes))
+	if err != nil {
+		return 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
+	}
+	return cachedTokens(mfs, s.Dialect, s.Target)
+}
+
+// cachedTokens sums the dialect's cached-token metric over all its series
+// (every model and engine label of the server).
+func cachedTokens(mfs map[string]*dto.MetricFamily, dialect, target string) (float64, error) {
+	for _, name := range ServerCacheMetric[dialect] {
+		mf, ok := mfs[name]
+		if !ok {
+			// The text parser keys counters by their exposed name, with _total.
+			continue
+		}
+		var sum float64
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			case m.Untyped != nil:
+				sum += m.GetUntyped().GetValue()
+			case m.Histogram != nil:
+				sum += m.GetHistogram().GetSampleSum()
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+		return sum, nil
+	}
+	return 0, fmt.Errorf("target %s: server metrics: none of %v found (is the engine's metrics switch on?)", target, ServerCacheMetric[dialect])
+}
