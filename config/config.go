@@ -21,6 +21,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
 // Config is a whole configuration file.
@@ -410,29 +411,28 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 }
 
 func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
-	if w.BlockSize < 1 {
-		bad(p+".block_size", "must be at least 1, got %d", w.BlockSize)
-	}
 	s := w.Synthesis
-	positive := func(v float64, key string) {
-		if !(v > 0) {
-			bad(p+".synthesis."+key, "must be positive, got %v", v)
+	knobs := synth.Knobs{
+		BlockSize:            w.BlockSize,
+		SpeedupRatio:         s.SpeedupRatio,
+		PrefixLenMultiplier:  s.PrefixLenMultiplier,
+		PrefixRootMultiplier: s.PrefixRootMultiplier,
+		PromptLenMultiplier:  s.PromptLenMultiplier,
+		OutputLenMultiplier:  s.OutputLenMultiplier,
+		MaxISL:               s.MaxISL,
+		MaxOSL:               s.MaxOSL,
+	}
+	err := knobs.ValidateNamed(func(key string) string {
+		if key == "block_size" {
+			return p + ".block_size:"
 		}
-	}
-	positive(s.SpeedupRatio, "speedup_ratio")
-	positive(s.PrefixLenMultiplier, "prefix_len_multiplier")
-	positive(s.PromptLenMultiplier, "prompt_len_multiplier")
-	if s.OutputLenMultiplier < 0 {
-		bad(p+".synthesis.output_len_multiplier", "must be ≥ 0, got %v", s.OutputLenMultiplier)
-	}
-	if s.PrefixRootMultiplier < 1 {
-		bad(p+".synthesis.prefix_root_multiplier", "must be at least 1, got %d", s.PrefixRootMultiplier)
-	}
-	if s.MaxISL < 0 {
-		bad(p+".synthesis.max_isl", "must be ≥ 0 (0 is no limit), got %d", s.MaxISL)
-	}
-	if s.MaxOSL < 0 {
-		bad(p+".synthesis.max_osl", "must be ≥ 0 (0 is no limit), got %d", s.MaxOSL)
+		return p + ".synthesis." + key + ":"
+	})
+	if err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			path, msg, _ := strings.Cut(line, ": ")
+			bad(path, "%s", msg)
+		}
 	}
 	oneOf(w.Loop, p+".loop", bad, "fresh", "repeat", "once")
 	if w.MaxInFlight < 1 {

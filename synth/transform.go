@@ -33,31 +33,39 @@ func DefaultKnobs() Knobs {
 	}
 }
 
-// Validate reports every knob out of range at once.
-func (k Knobs) Validate() error {
+// Validate reports every knob out of range at once, naming each by its
+// configuration key (speedup_ratio, ...).
+func (k Knobs) Validate() error { return k.ValidateNamed(func(key string) string { return key }) }
+
+// ValidateNamed is Validate with each knob named by name(key), so that the
+// command line can say "--speedup-ratio" and a config file its YAML path.
+func (k Knobs) ValidateNamed(name func(key string) string) error {
 	var errs []error
-	positive := func(name string, v float64) {
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s %s", name(key), fmt.Sprintf(format, args...)))
+	}
+	positive := func(key string, v float64) {
 		if !(v > 0) || math.IsInf(v, 0) {
-			errs = append(errs, fmt.Errorf("%s must be a finite number > 0, got %v", name, v))
+			bad(key, "must be a finite number > 0, got %v", v)
 		}
 	}
 	if k.BlockSize <= 0 {
-		errs = append(errs, fmt.Errorf("block_size must be > 0, got %d", k.BlockSize))
+		bad("block_size", "must be > 0, got %d", k.BlockSize)
 	}
 	positive("speedup_ratio", k.SpeedupRatio)
 	positive("prefix_len_multiplier", k.PrefixLenMultiplier)
 	positive("prompt_len_multiplier", k.PromptLenMultiplier)
 	if !(k.OutputLenMultiplier >= 0) || math.IsInf(k.OutputLenMultiplier, 0) {
-		errs = append(errs, fmt.Errorf("output_len_multiplier must be a finite number ≥ 0, got %v", k.OutputLenMultiplier))
+		bad("output_len_multiplier", "must be a finite number ≥ 0, got %v", k.OutputLenMultiplier)
 	}
 	if k.PrefixRootMultiplier < 1 {
-		errs = append(errs, fmt.Errorf("prefix_root_multiplier must be an integer ≥ 1, got %d", k.PrefixRootMultiplier))
+		bad("prefix_root_multiplier", "must be an integer ≥ 1, got %d", k.PrefixRootMultiplier)
 	}
 	if k.MaxISL < 0 {
-		errs = append(errs, fmt.Errorf("max_isl must be ≥ 0 (0 = no limit), got %d", k.MaxISL))
+		bad("max_isl", "must be ≥ 0 (0 = no limit), got %d", k.MaxISL)
 	}
 	if k.MaxOSL < 0 {
-		errs = append(errs, fmt.Errorf("max_osl must be ≥ 0 (0 = no limit), got %d", k.MaxOSL))
+		bad("max_osl", "must be ≥ 0 (0 = no limit), got %d", k.MaxOSL)
 	}
 	return errors.Join(errs...)
 }

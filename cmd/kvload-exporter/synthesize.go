@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/alecthomas/kingpin/v2"
 
@@ -116,34 +116,11 @@ func (v *strictInt) String() string { return strconv.Itoa(int(*v)) }
 
 // checkSynthesisFlags reports every flag out of range, by flag name.
 func checkSynthesisFlags(k synth.Knobs, numRequests int) error {
-	var errs []error
-	positive := func(flag string, v float64) {
-		if !(v > 0) || math.IsInf(v, 0) {
-			errs = append(errs, fmt.Errorf("--%s must be a finite number > 0, got %v", flag, v))
-		}
-	}
-	if k.BlockSize <= 0 {
-		errs = append(errs, fmt.Errorf("--block-size must be > 0, got %d", k.BlockSize))
-	}
-	positive("speedup-ratio", k.SpeedupRatio)
-	positive("prefix-len-multiplier", k.PrefixLenMultiplier)
-	positive("prompt-len-multiplier", k.PromptLenMultiplier)
-	if !(k.OutputLenMultiplier >= 0) || math.IsInf(k.OutputLenMultiplier, 0) {
-		errs = append(errs, fmt.Errorf("--output-len-multiplier must be a finite number ≥ 0, got %v", k.OutputLenMultiplier))
-	}
-	if k.PrefixRootMultiplier < 1 {
-		errs = append(errs, fmt.Errorf("--prefix-root-multiplier must be an integer ≥ 1, got %d", k.PrefixRootMultiplier))
-	}
-	if k.MaxISL < 0 {
-		errs = append(errs, fmt.Errorf("--max-isl must be ≥ 0 (0 = no limit), got %d", k.MaxISL))
-	}
-	if k.MaxOSL < 0 {
-		errs = append(errs, fmt.Errorf("--max-osl must be ≥ 0 (0 = no limit), got %d", k.MaxOSL))
-	}
+	err := k.ValidateNamed(func(key string) string { return "--" + strings.ReplaceAll(key, "_", "-") })
 	if numRequests < 0 {
-		errs = append(errs, fmt.Errorf("--num-requests must be ≥ 0 (0 = transform each row), got %d", numRequests))
+		err = errors.Join(err, fmt.Errorf("--num-requests must be ≥ 0 (0 = transform each row), got %d", numRequests))
 	}
-	return errors.Join(errs...)
+	return err
 }
 
 // writeSynthesized writes rows as JSONL to path, or to stdout for "-". A file is
