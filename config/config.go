@@ -314,34 +314,30 @@ func (c *Config) Validate() error {
 	if len(c.Workloads) == 0 {
 		bad("workloads", "at least one workload is required")
 	}
-	seen := map[string]bool{}
+	// checkName validates a label-value name, unique among its kind.
+	checkName := func(kind, name, p string, seen map[string]bool) {
+		switch {
+		case name == "":
+			bad(p+".name", "is required")
+		case !namePattern.MatchString(name):
+			bad(p+".name", "%q may hold only letters, digits, '_' and '-'", name)
+		case seen[name]:
+			bad(p+".name", "duplicate %s name %q", kind, name)
+		}
+		seen[name] = true
+	}
+	seenT := map[string]bool{}
 	for i := range c.Targets {
 		t := &c.Targets[i]
 		p := fmt.Sprintf("targets[%d]", i)
-		switch {
-		case t.Name == "":
-			bad(p+".name", "is required")
-		case !namePattern.MatchString(t.Name):
-			bad(p+".name", "%q may hold only letters, digits, '_' and '-'", t.Name)
-		case seen[t.Name]:
-			bad(p+".name", "duplicate target name %q", t.Name)
-		}
-		seen[t.Name] = true
+		checkName("target", t.Name, p, seenT)
 		validateTarget(t, p, bad)
 	}
 	seenW := map[string]bool{}
 	for i := range c.Workloads {
 		w := &c.Workloads[i]
 		p := fmt.Sprintf("workloads[%d]", i)
-		switch {
-		case w.Name == "":
-			bad(p+".name", "is required")
-		case !namePattern.MatchString(w.Name):
-			bad(p+".name", "%q may hold only letters, digits, '_' and '-'", w.Name)
-		case seenW[w.Name]:
-			bad(p+".name", "duplicate workload name %q", w.Name)
-		}
-		seenW[w.Name] = true
+		checkName("workload", w.Name, p, seenW)
 		if w.Trace == "" {
 			bad(p+".trace", "is required")
 		}
