@@ -224,6 +224,7 @@ func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadDat
 		rb.nsBase = d.nsBase
 	}
 	if t.PromptFormat == "token_ids" {
+		rb.tokenIDs = true
 		tok := tokenizers[t.Tokenizer]
 		if tok == nil {
 			if tok, err = synth.LoadTokenizer(t.Tokenizer); err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // reloadDebounce is how long the config directory must be quiet before a
@@ -180,6 +182,7 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 
 	stopLoop()
 	d.shutdown() // not ready, stop dispatch, drain; the metrics stay up meanwhile
+	logDrained(logger, reg)
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := server.Shutdown(shutCtx); err != nil {
@@ -188,6 +191,40 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	stopDaemon()
 	level.Info(logger).Log("msg", "stopped")
 	return nil
+}
+
+// logDrained logs the request totals once the drain is over: requests that
+// finished (or were cut) at its very end are counted after the last scrape
+// Prometheus could take, and the log is the only place that shows them.
+func logDrained(logger log.Logger, g prometheus.Gatherer) {
+	mfs, err := g.Gather()
+	if err != nil {
+		level.Warn(logger).Log("msg", "drained; gathering the final request totals failed", "err", err)
+	}
+	byOutcome := map[string]float64{}
+	var inFlight float64
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "kvload_requests_total":
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "outcome" {
+						byOutcome[l.GetValue()] += m.GetCounter().GetValue()
+					}
+				}
+			}
+		case "kvload_requests_in_flight":
+			for _, m := range mf.GetMetric() {
+				inFlight += m.GetGauge().GetValue()
+			}
+		}
+	}
+	kv := []any{"msg", "drained"}
+	for _, o := range replay.Outcomes {
+		kv = append(kv, "requests_"+string(o), byOutcome[string(o)])
+	}
+	kv = append(kv, "requests_in_flight", inFlight)
+	level.Info(logger).Log(kv...)
 }
 
 // checkConfig is --config.check: every problem of the file and of the traces
