@@ -16,7 +16,7 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: all build run test test-go test-prompts lint fmt-check vet staticcheck bench tokenizers clean
+.PHONY: all build run test test-go test-prompts test-e2e lint fmt-check vet staticcheck bench tokenizers clean
 
 all: build
 
@@ -28,7 +28,7 @@ run:
 	$(GO) run ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
-test: lint tokenizers test-go test-prompts
+test: lint tokenizers test-go test-prompts test-e2e
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -37,6 +37,13 @@ test-go:
 # slow under -race, so it runs here on its own.
 test-prompts: tokenizers
 	$(GO) test -count=1 -timeout 40m -run '^TestEveryTracePromptTokenizes$$' -v ./synth
+
+# The daemon end to end against its emulated engines: the quickstart, a
+# pass over the whole synthetic trace (observed vs theoretical cache hits,
+# then the cache turned off) and prompt-token exactness. About a minute;
+# too slow under -race.
+test-e2e:
+	$(GO) test -count=1 -timeout 30m -run '^TestE2E' ./cmd/kvload-exporter
 
 lint: fmt-check vet staticcheck
 
