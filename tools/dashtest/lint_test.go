@@ -1,0 +1,609 @@
+package dashtest
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+	"gopkg.in/yaml.v3"
+)
+
+type metricKind int
+
+const (
+	counter metricKind = iota
+	gauge
+	histogram
+)
+
+type scope int
+
+const (
+	workloadTarget scope = iota // labels workload and target
+	workloadOnly
+	targetOnly
+	exporterWide // no labels of its own
+	engine       // an inference engine's own metric
+)
+
+type metric struct {
+	kind  metricKind
+	scope scope
+}
+
+// contract is the metric table of docs/contract.md (and README.md), plus
+// the engine metrics the cache dashboard reads. Dashboards and rules may
+// use no other name (besides the recording rules' own).
+var contract = map[string]metric{
+	"kvload_requests_total":                               {counter, workloadTarget},
+	"kvload_requests_dropped_total":                       {counter, workloadTarget},
+	"kvload_requests_in_flight":                           {gauge, workloadTarget},
+	"kvload_schedule_lag_seconds":                         {histogram, workloadTarget},
+	"kvload_time_to_first_token_seconds":                  {histogram, workloadTarget},
+	"kvload_inter_token_latency_seconds":                  {histogram, workloadTarget},
+	"kvload_request_duration_seconds":                     {histogram, workloadTarget},
+	"kvload_prompt_tokens_total":                          {counter, workloadTarget},
+	"kvload_trace_prompt_tokens_total":                    {counter, workloadTarget},
+	"kvload_completion_tokens_total":                      {counter, workloadTarget},
+	"kvload_cached_prompt_tokens_total":                   {counter, workloadTarget},
+	"kvload_theoretical_cached_prompt_tokens_total":       {counter, workloadTarget},
+	"kvload_trace_loops_total":                            {counter, workloadOnly},
+	"kvload_target_info":                                  {gauge, targetOnly},
+	"kvload_config_last_reload_successful":                {gauge, exporterWide},
+	"kvload_config_last_reload_success_timestamp_seconds": {gauge, exporterWide},
+	"kvload_exporter_build_info":                          {gauge, exporterWide},
+
+	"vllm:prefix_cache_hits_total":    {counter, engine},
+	"vllm:prefix_cache_queries_total": {counter, engine},
+	"sglang:cached_tokens_total":      {counter, engine},
+	"sglang:prompt_tokens_total":      {counter, engine},
+}
+
+// rawCounterOK are counters a panel may show without rate(): the number of
+// completed trace passes is read as is.
+var rawCounterOK = map[string]bool{"kvload_trace_loops_total": true}
+
+// lookup resolves a series name (with a histogram's _bucket/_sum/_count) to
+// its contract entry.
+func lookup(name string) (string, metric, bool) {
+	if m, ok := contract[name]; ok {
+		return name, m, true
+	}
+	for _, suf := range []string{"_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suf); ok {
+			if m, ok := contract[base]; ok && m.kind == histogram {
+				return base, m, true
+			}
+		}
+	}
+	return "", metric{}, false
+}
+
+// selectorNames lists the metric names a vector selector can match: its
+// name, or the alternatives of a __name__ matcher.
+func selectorNames(vs *parser.VectorSelector) []string {
+	if vs.Name != "" {
+		return []string{vs.Name}
+	}
+	for _, m := range vs.LabelMatchers {
+		if m.Name != labels.MetricName {
+			continue
+		}
+		switch m.Type {
+		case labels.MatchEqual:
+			return []string{m.Value}
+		case labels.MatchRegexp:
+			return strings.Split(m.Value, "|")
+		}
+	}
+	return []string{""}
+}
+
+func matcher(vs *parser.VectorSelector, name string) *labels.Matcher {
+	for _, m := range vs.LabelMatchers {
+		if m.Name == name {
+			return m
+		}
+	}
+	return nil
+}
+
+// rateSentinel stands for $__rate_interval while parsing, so that every
+// range can be checked to be it.
+const rateSentinel = "4242s"
+
+var dashboardVars = map[string]string{
+	"__rate_interval": rateSentinel,
+	"job":             "$job", "instance": "$instance",
+	"workload": "$workload", "target": "$target",
+	"engine_job": "$engine_job", "engine_instance": "$engine_instance",
+}
+
+// wantFilter names, per scope, the label=~"$var" filters every selector of a
+// dashboard query must carry.
+var wantFilter = map[scope][]string{
+	workloadTarget: {"job", "instance", "workload", "target"},
+	workloadOnly:   {"job", "instance", "workload"},
+	targetOnly:     {"job", "instance", "target"},
+	exporterWide:   {"job", "instance"},
+	engine:         {"job:engine_job", "instance:engine_instance"},
+}
+
+// lintDashboardExpr checks one panel query; it returns the problems.
+func lintDashboardExpr(expr string) []string {
+	var probs []string
+	s, err := substitute(expr, dashboardVars)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	// Variables stay as regex text ("$job"), which parses as a regex.
+	e, err := parser.ParseExpr(s)
+	if err != nil {
+		return []string{"does not parse: " + err.Error()}
+	}
+	sentinel, _ := time.ParseDuration(rateSentinel)
+	hasNative, hasClassic := map[string]bool{}, map[string]bool{}
+	parser.Inspect(e, func(n parser.Node, path []parser.Node) error {
+		switch n := n.(type) {
+		case *parser.SubqueryExpr:
+			probs = append(probs, "subquery "+n.String()+": use $__rate_interval ranges only")
+		case *parser.MatrixSelector:
+			if n.Range != sentinel {
+				probs = append(probs, "range of "+n.String()+" is not $__rate_interval")
+			}
+		case *parser.VectorSelector:
+			inRange := len(path) > 0
+			if inRange {
+				_, inRange = path[len(path)-1].(*parser.MatrixSelector)
+			}
+			for _, name := range selectorNames(n) {
+				base, m, ok := lookup(name)
+				if !ok {
+					probs = append(probs, "metric "+name+" is not in the contract")
+					continue
+				}
+				if (m.kind == counter || m.kind == histogram) && !inRange && !rawCounterOK[base] {
+					probs = append(probs, name+" is a counter: use it in rate()")
+				}
+				if m.kind == histogram {
+					if name == base {
+						hasNative[base] = true
+					} else if strings.HasSuffix(name, "_bucket") {
+						hasClassic[base] = true
+					}
+				}
+				for _, f := range wantFilter[m.scope] {
+					label, v, _ := strings.Cut(f, ":")
+					if v == "" {
+						v = label
+					}
+					mt := matcher(n, label)
+					if mt == nil || mt.Type != labels.MatchRegexp || mt.Value != "$"+v {
+						probs = append(probs, name+": want "+label+`=~"$`+v+`"`)
+					}
+				}
+			}
+		case *parser.AggregateExpr:
+			// sum by (le, ...) over _bucket series must keep le.
+			if vs := innerSelector(n.Expr); vs != nil && strings.HasSuffix(vs.Name, "_bucket") &&
+				(n.Without || !slices.Contains(n.Grouping, "le")) {
+				probs = append(probs, n.String()+": classic buckets need by (le, ...)")
+			}
+		}
+		return nil
+	})
+	for h := range hasNative {
+		if !hasClassic[h] {
+			probs = append(probs, h+": native quantile without the classic _bucket fallback")
+		}
+	}
+	for h := range hasClassic {
+		if !hasNative[h] {
+			probs = append(probs, h+": classic quantile without the native form")
+		}
+	}
+	return probs
+}
+
+// innerSelector is the vector selector under rate(...) of e, if e is that.
+func innerSelector(e parser.Expr) *parser.VectorSelector {
+	for {
+		switch x := e.(type) {
+		case *parser.ParenExpr:
+			e = x.Expr
+		case *parser.Call:
+			if len(x.Args) != 1 {
+				return nil
+			}
+			e = x.Args[0]
+		case *parser.MatrixSelector:
+			e = x.VectorSelector
+		case *parser.VectorSelector:
+			return x
+		default:
+			return nil
+		}
+	}
+}
+
+func TestLintDashboards(t *testing.T) {
+	uids := map[string]string{}
+	for _, d := range loadDashboards(t) {
+		t.Run(filepath.Base(d.path), func(t *testing.T) {
+			if d.UID == "" || d.Title == "" {
+				t.Errorf("uid %q, title %q: both must be set", d.UID, d.Title)
+			}
+			if other, dup := uids[d.UID]; dup {
+				t.Errorf("uid %q also used by %s", d.UID, other)
+			}
+			uids[d.UID] = d.path
+			if d.SchemaVersion < 39 {
+				t.Errorf("schemaVersion %d, want 39 or later", d.SchemaVersion)
+			}
+			lintDatasourceRefs(t, "", d.raw)
+			lintVariables(t, d)
+
+			ids := map[int]string{}
+			for _, p := range d.allPanels() {
+				if p.ID <= 0 {
+					t.Errorf("panel %q has no id", p.Title)
+				}
+				if other, dup := ids[p.ID]; dup {
+					t.Errorf("panel id %d used by %q and %q", p.ID, other, p.Title)
+				}
+				ids[p.ID] = p.Title
+				if p.Title == "" {
+					t.Errorf("panel %d has no title", p.ID)
+				}
+				if p.Type == "row" {
+					continue
+				}
+				if p.Datasource == nil || *p.Datasource != wantDS {
+					t.Errorf("panel %q: datasource %+v, want %+v", p.Title, p.Datasource, wantDS)
+				}
+				if p.Description == "" {
+					t.Errorf("panel %q has no description", p.Title)
+				}
+				if p.Type != "table" && p.FieldConfig.Defaults.Unit == "" {
+					t.Errorf("panel %q has no unit", p.Title)
+				}
+				if len(p.Targets) == 0 {
+					t.Errorf("panel %q has no queries", p.Title)
+				}
+				refs := map[string]bool{}
+				for _, q := range p.Targets {
+					if q.Datasource == nil || *q.Datasource != wantDS {
+						t.Errorf("panel %q query %s: datasource %+v, want %+v", p.Title, q.RefID, q.Datasource, wantDS)
+					}
+					if q.RefID == "" || refs[q.RefID] {
+						t.Errorf("panel %q: missing or repeated refId %q", p.Title, q.RefID)
+					}
+					refs[q.RefID] = true
+					for _, prob := range lintDashboardExpr(q.Expr) {
+						t.Errorf("panel %q query %s: %s", p.Title, q.RefID, prob)
+					}
+				}
+			}
+		})
+	}
+}
+
+// lintDatasourceRefs walks the whole JSON: every "datasource" must be the
+// datasource variable (the built-in Grafana annotation excepted), so that no
+// uid of somebody's Grafana is baked in.
+func lintDatasourceRefs(t *testing.T, path string, v any) {
+	t.Helper()
+	switch v := v.(type) {
+	case map[string]any:
+		for k, c := range v {
+			p := path + "." + k
+			if k == "datasource" {
+				m, _ := c.(map[string]any)
+				typ, _ := m["type"].(string)
+				uid, _ := m["uid"].(string)
+				builtin := typ == "grafana" && uid == "-- Grafana --" && strings.HasPrefix(path, ".annotations")
+				if !builtin && (typ != wantDS.Type || uid != wantDS.UID) {
+					t.Errorf("%s = %v, want %+v", p, c, wantDS)
+				}
+				continue
+			}
+			lintDatasourceRefs(t, p, c)
+		}
+	case []any:
+		for i, c := range v {
+			lintDatasourceRefs(t, path+"["+strconv.Itoa(i)+"]", c)
+		}
+	}
+}
+
+func lintVariables(t *testing.T, d *dashboard) {
+	t.Helper()
+	vars := map[string]variable{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = v
+	}
+	ds, ok := vars["datasource"]
+	if !ok || ds.Type != "datasource" || ds.queryString() != "prometheus" {
+		t.Errorf("want a datasource variable named datasource with query prometheus, have %+v", ds)
+	}
+	for _, name := range []string{"job", "instance", "workload", "target"} {
+		if _, ok := vars[name]; !ok {
+			t.Errorf("variable %s missing", name)
+		}
+	}
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		if v.Datasource == nil || *v.Datasource != wantDS {
+			t.Errorf("variable %s: datasource %+v", v.Name, v.Datasource)
+		}
+		if v.Refresh != 2 || !v.Multi || !v.IncludeAll || v.AllValue != ".*" {
+			t.Errorf("variable %s: refresh %d multi %v includeAll %v allValue %q; want 2 (on time range change), true, true, .*",
+				v.Name, v.Refresh, v.Multi, v.IncludeAll, v.AllValue)
+		}
+		sel, label, ok := labelValues(v.queryString())
+		if !ok || sel == "" {
+			t.Errorf("variable %s: query %q is not label_values(selector, label)", v.Name, v.queryString())
+			continue
+		}
+		if v.Definition != v.queryString() {
+			t.Errorf("variable %s: definition %q differs from query %q", v.Name, v.Definition, v.queryString())
+		}
+		s, err := substitute(sel, dashboardVars)
+		if err != nil {
+			t.Errorf("variable %s: %v", v.Name, err)
+			continue
+		}
+		e, err := parser.ParseExpr(s)
+		if err != nil {
+			t.Errorf("variable %s: selector %q: %v", v.Name, sel, err)
+			continue
+		}
+		vs, ok := e.(*parser.VectorSelector)
+		if !ok {
+			t.Errorf("variable %s: %q is not a series selector", v.Name, sel)
+			continue
+		}
+		for _, name := range selectorNames(vs) {
+			if _, _, ok := lookup(name); !ok {
+				t.Errorf("variable %s: metric %q is not in the contract", v.Name, name)
+			}
+		}
+		if !regexp.MustCompile(`^\w+$`).MatchString(label) {
+			t.Errorf("variable %s: label %q", v.Name, label)
+		}
+	}
+}
+
+// recordName is level:metric:operations, aggregated by (workload, target).
+var recordName = regexp.MustCompile(`^workload_target:kvload_[a-z0-9_]+:[a-z0-9_]+$`)
+
+func loadRules(t *testing.T) (recorded map[string]bool, alerts map[string]rulefmt.Rule) {
+	t.Helper()
+	root := repoRoot(t)
+	recorded, alerts = map[string]bool{}, map[string]rulefmt.Rule{}
+	for _, f := range []string{"kvload-rules.yml", "kvload-alerts.yml"} {
+		groups, errs := rulefmt.ParseFile(filepath.Join(root, "dashboards", "rules", f), false)
+		for _, err := range errs {
+			t.Errorf("%s: %v", f, err)
+		}
+		if groups == nil {
+			t.FailNow()
+		}
+		for _, g := range groups.Groups {
+			for _, r := range g.Rules {
+				if r.Record != "" {
+					recorded[r.Record] = true
+				} else {
+					alerts[r.Alert] = r
+				}
+			}
+		}
+	}
+	return recorded, alerts
+}
+
+func TestLintRules(t *testing.T) {
+	root := repoRoot(t)
+	recorded, alerts := loadRules(t)
+	if len(recorded) == 0 || len(alerts) == 0 {
+		t.Fatalf("%d recording rules, %d alerts", len(recorded), len(alerts))
+	}
+	for _, want := range []string{"KvloadCacheHitRegression", "KvloadTTFTRegression", "KvloadHighErrorRatio",
+		"KvloadGeneratorBehind", "KvloadNoTraffic", "KvloadConfigReloadFailed"} {
+		if _, ok := alerts[want]; !ok {
+			t.Errorf("alert %s missing", want)
+		}
+	}
+	for _, want := range []string{"workload_target:kvload_cache_efficiency:ratio_rate5m",
+		"workload_target:kvload_cache_hit:ratio_rate5m", "workload_target:kvload_cache_theoretical_hit:ratio_rate5m",
+		"workload_target:kvload_request_errors:ratio_rate5m", "workload_target:kvload_schedule_lag_seconds:p99_rate5m",
+		"workload_target:kvload_time_to_first_token_seconds:p99_rate5m"} {
+		if !recorded[want] {
+			t.Errorf("recording rule %s missing", want)
+		}
+	}
+	for name := range recorded {
+		if !recordName.MatchString(name) {
+			t.Errorf("recording rule %s: want workload_target:kvload_<metric>:<operations>", name)
+		}
+	}
+
+	// Every name a rule reads is in the contract or recorded here.
+	for _, f := range []string{"kvload-rules.yml", "kvload-alerts.yml"} {
+		groups, _ := rulefmt.ParseFile(filepath.Join(root, "dashboards", "rules", f), false)
+		for _, g := range groups.Groups {
+			for _, r := range g.Rules {
+				e, err := parser.ParseExpr(r.Expr)
+				if err != nil {
+					t.Errorf("%s %s%s: %v", f, r.Record, r.Alert, err)
+					continue
+				}
+				parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+					if vs, ok := n.(*parser.VectorSelector); ok {
+						for _, name := range selectorNames(vs) {
+							if _, _, ok := lookup(name); !ok && !recorded[name] {
+								t.Errorf("%s %s%s: metric %q is neither in the contract nor recorded", f, r.Record, r.Alert, name)
+							}
+						}
+					}
+					return nil
+				})
+			}
+		}
+	}
+
+	runbook, err := os.ReadFile(filepath.Join(root, "docs", "runbook.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := markdownAnchors(string(runbook))
+	const runbookBase = "https://github.com/kvload-exporter/kvload-exporter/blob/main/docs/runbook.md#"
+	for name, r := range alerts {
+		if s := r.Labels["severity"]; s != "warning" && s != "critical" {
+			t.Errorf("%s: severity %q, want warning or critical", name, s)
+		}
+		for _, a := range []string{"summary", "description", "runbook_url"} {
+			if r.Annotations[a] == "" {
+				t.Errorf("%s: annotation %s missing", name, a)
+			}
+		}
+		anchor, ok := strings.CutPrefix(r.Annotations["runbook_url"], runbookBase)
+		if !ok || !anchors[anchor] {
+			t.Errorf("%s: runbook_url %q: want %s<anchor> with the anchor a heading of docs/runbook.md (have %v)",
+				name, r.Annotations["runbook_url"], runbookBase, sortedKeys(anchors))
+		}
+		if anchor != strings.ToLower(name) {
+			t.Errorf("%s: runbook anchor %q, want %q", name, anchor, strings.ToLower(name))
+		}
+		if r.For == 0 {
+			t.Errorf("%s: no for: duration", name)
+		}
+	}
+	lintRuleTests(t, alerts)
+}
+
+// lintRuleTests checks that dashboards/rules/tests has, for every alert, a
+// case where it fires and one where it is expected silent.
+func lintRuleTests(t *testing.T, alerts map[string]rulefmt.Rule) {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(repoRoot(t), "dashboards", "rules", "tests", "*.yml"))
+	if len(files) == 0 {
+		t.Fatal("no rule unit tests in dashboards/rules/tests")
+	}
+	fires, silent := map[string]bool{}, map[string]bool{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			RuleFiles []string `yaml:"rule_files"`
+			Tests     []struct {
+				AlertRuleTest []struct {
+					AlertName string `yaml:"alertname"`
+					ExpAlerts []any  `yaml:"exp_alerts"`
+				} `yaml:"alert_rule_test"`
+			} `yaml:"tests"`
+		}
+		if err := yaml.Unmarshal(b, &doc); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if !slices.Contains(doc.RuleFiles, "../kvload-rules.yml") || !slices.Contains(doc.RuleFiles, "../kvload-alerts.yml") {
+			t.Errorf("%s: rule_files %v, want both ../kvload-rules.yml and ../kvload-alerts.yml", f, doc.RuleFiles)
+		}
+		for _, tc := range doc.Tests {
+			for _, a := range tc.AlertRuleTest {
+				if len(a.ExpAlerts) > 0 {
+					fires[a.AlertName] = true
+				} else {
+					silent[a.AlertName] = true
+				}
+			}
+		}
+	}
+	for name := range alerts {
+		if !fires[name] {
+			t.Errorf("%s: no rule unit test where it fires", name)
+		}
+		if !silent[name] {
+			t.Errorf("%s: no rule unit test where it stays silent", name)
+		}
+	}
+}
+
+// markdownAnchors are the GitHub anchors of a Markdown file's headings.
+func markdownAnchors(md string) map[string]bool {
+	out := map[string]bool{}
+	strip := regexp.MustCompile(`[^\p{L}\p{N} _-]`)
+	for _, line := range strings.Split(md, "\n") {
+		if !strings.HasPrefix(line, "#") {
+			continue
+		}
+		h := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		a := strings.ReplaceAll(strip.ReplaceAllString(strings.ToLower(h), ""), " ", "-")
+		out[a] = true
+	}
+	return out
+}
+
+func sortedKeys(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func knownName(name string) bool {
+	_, _, ok := lookup(name)
+	return ok
+}
+
+// TestLintReadme keeps README.md and this lint's contract table in step,
+// and checks that the README documents every dashboard and rule file.
+func TestLintReadme(t *testing.T) {
+	root := repoRoot(t)
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	// Names of the exporter's series (not recording rules: no colon before).
+	for _, m := range regexp.MustCompile(`(?:^|[^:\w])(kvload_[a-z_]+[a-z])\b`).FindAllStringSubmatch(readme, -1) {
+		if name := m[1]; !knownName(name) {
+			t.Errorf("README.md names %s, which the lint's contract table lacks", name)
+		}
+	}
+	_, section, ok := strings.Cut(readme, "\n## Dashboards and alerts\n")
+	if !ok {
+		t.Fatal(`README.md has no "## Dashboards and alerts" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	files, _ := filepath.Glob(filepath.Join(root, "dashboards", "*.json"))
+	rules, _ := filepath.Glob(filepath.Join(root, "dashboards", "rules", "*.yml"))
+	for _, f := range append(files, rules...) {
+		rel, _ := filepath.Rel(root, f)
+		if !strings.Contains(section, rel) {
+			t.Errorf("README.md's dashboards section does not mention %s", rel)
+		}
+	}
+	for _, d := range loadDashboards(t) {
+		for _, p := range d.allPanels() {
+			if p.Type == "row" && !strings.Contains(section, p.Title) {
+				t.Errorf("README.md's dashboards section does not describe the row %q of %s", p.Title, filepath.Base(d.path))
+			}
+		}
+	}
+}

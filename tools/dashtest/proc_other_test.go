@@ -1,0 +1,9 @@
+//go:build !linux
+
+package dashtest
+
+import "os/exec"
+
+// dieWithParent is Linux-only (Pdeathsig); elsewhere the test's cleanups
+// are the only way children are stopped.
+func dieWithParent(*exec.Cmd) {}
