@@ -298,6 +298,13 @@ func (d *daemon) applyEmulators(cfg *config.Config) error {
 	for name, e := range d.emulators {
 		t, ok := cfg.Target(name)
 		if !ok || t.Emulate == nil || cfg.Fingerprint("target", name) != e.fingerprint {
+			// Its units go first, so that none of their requests fails
+			// against a stopped engine and is counted as an error.
+			for k, u := range d.units {
+				if k.target == name {
+					d.stopUnit(k, u)
+				}
+			}
 			e.cancel()
 			if err := e.wait(); err != nil {
 				level.Warn(d.logger).Log("msg", "emulator stopped with an error", "target", name, "err", err)
