@@ -4,6 +4,21 @@ TOOLS     := $(GO) tool -modfile=tools/go.mod
 PKGS      := ./...
 BIN       := bin/kvload-exporter
 CACHE     := .cache
+DIST      := dist
+
+# Version information stamped into the binary (kvload-exporter --version and
+# kvload_exporter_build_info), as Prometheus' own builds do. Override any of
+# them: make release VERSION=1.2.0.
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+REVISION    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BRANCH      ?= $(shell git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknown)
+BUILD_DATE  ?= $(shell date -u +%Y%m%d-%H:%M:%S)
+BUILD_USER  ?= $(shell id -un 2>/dev/null || echo unknown)@$(shell hostname 2>/dev/null || echo unknown)
+VERSION_PKG := github.com/prometheus/common/version
+LDFLAGS     := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION) \
+               -X $(VERSION_PKG).Branch=$(BRANCH) -X $(VERSION_PKG).BuildDate=$(BUILD_DATE) \
+               -X $(VERSION_PKG).BuildUser=$(BUILD_USER)
+RELEASE_PLATFORMS := linux/amd64 linux/arm64
 
 # A real Prometheus and promtool (3.5 LTS), pinned in tools/go.mod, for the
 # rule unit tests and the end-to-end test of dashboards/.
@@ -21,13 +36,25 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: all build run test test-go test-prompts test-e2e lint fmt-check vet staticcheck bench tokenizers clean \
+.PHONY: all build release run test test-go test-prompts test-e2e lint fmt-check vet staticcheck bench tokenizers clean \
         prometheus test-rules test-dashboards test-prometheus
 
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/kvload-exporter
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvload-exporter
+
+## release: static binaries for every RELEASE_PLATFORMS into dist/, with dist/SHA256SUMS.
+release:
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	set -e; for p in $(RELEASE_PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; \
+	  echo "building $(DIST)/kvload-exporter-$(VERSION).$$os-$$arch"; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' \
+	    -o $(DIST)/kvload-exporter-$(VERSION).$$os-$$arch ./cmd/kvload-exporter; \
+	done
+	cd $(DIST) && sha256sum kvload-exporter-* > SHA256SUMS
+	cat $(DIST)/SHA256SUMS
 
 ## run: the quickstart: a bundled trace against an emulated engine, metrics on :9812.
 run:

@@ -33,6 +33,8 @@ type daemon struct {
 	drainTimeout time.Duration
 	coll         *collector.Collector
 	nsBase       uint64
+	// shard, when set (--shard), replaces every workload's own shard.
+	shard *config.Shard
 
 	// ctx is the daemon's lifetime: units and emulators run under it.
 	ctx context.Context
@@ -217,8 +219,12 @@ func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadDat
 	if err != nil {
 		return nil, err
 	}
+	shard := w.Shard
+	if d.shard != nil {
+		shard = *d.shard
+	}
 	rb := &requestBuilder{prompts: wd.builder}
-	if w.Loop == "fresh" && w.Shard.Count == 1 {
+	if w.Loop == "fresh" && shard.Count == 1 {
 		// Replicas of a sharded workload must build the same prompts, so only
 		// an unsharded one moves to a new namespace base per start.
 		rb.nsBase = d.nsBase
@@ -241,7 +247,7 @@ func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadDat
 	pacer, err := replay.NewPacer(wd.records, replay.PacerOptions{
 		SpeedupRatio: 1, // synthesis already rescaled the timestamps
 		Loop:         replay.LoopMode(w.Loop),
-		Shard:        replay.Shard{Index: w.Shard.Index, Count: w.Shard.Count},
+		Shard:        replay.Shard{Index: shard.Index, Count: shard.Count},
 		Trace:        w.Trace,
 	})
 	if err != nil {

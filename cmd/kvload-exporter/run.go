@@ -34,6 +34,8 @@ type runFlags struct {
 	configCheck   bool
 	telemetryPath string
 	drainTimeout  time.Duration
+	shard         string
+	shardCount    int
 	log           logFlags
 	web           *web.FlagConfig
 }
@@ -46,6 +48,8 @@ func runCommand(app *kingpin.Application) command {
 	cl.Flag("config.check", "Check the configuration file and the traces it names, print every problem, and exit (0 if fine, 1 if not).").BoolVar(&f.configCheck)
 	cl.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&f.telemetryPath)
 	cl.Flag("shutdown.drain-timeout", "On shutdown or when a reload removes a workload, how long requests in flight may take to finish.").Default("30s").DurationVar(&f.drainTimeout)
+	cl.Flag("shard", "Replay only this replica's share of every workload, overriding the workloads' shard: INDEX/COUNT (such as 0/3), or auto to take INDEX from the hostname's trailing ordinal (a StatefulSet pod kvload-2 is 2) with --shard.count.").PlaceHolder("INDEX/COUNT").StringVar(&f.shard)
+	cl.Flag("shard.count", "With --shard=auto: the number of replicas sharing the workloads.").IntVar(&f.shardCount)
 	cl.Flag("log.level", "Only log messages with the given severity or above: debug, info, warn, error.").Default("info").EnumVar(&f.log.level, "debug", "info", "warn", "error")
 	cl.Flag("log.format", "Output format of log messages: logfmt, json.").Default("logfmt").EnumVar(&f.log.format, "logfmt", "json")
 	f.web = kingpinflag.AddFlags(cl, ":9812")
@@ -63,6 +67,11 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	if f.configCheck {
 		return checkConfig(f.configFile, s)
 	}
+	hostname, _ := os.Hostname()
+	shard, err := parseShardFlag(f.shard, f.shardCount, hostname)
+	if err != nil {
+		return badInput(err)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
@@ -77,6 +86,10 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	daemonCtx, stopDaemon := context.WithCancel(context.Background())
 	defer stopDaemon()
 	d := newDaemon(daemonCtx, logger, f.configFile, f.drainTimeout, coll)
+	d.shard = shard
+	if shard != nil {
+		level.Info(logger).Log("msg", "every workload replays one shard", "shard", fmt.Sprintf("%d/%d", shard.Index, shard.Count))
+	}
 	level.Info(logger).Log("msg", "starting kvload-exporter", "config", f.configFile)
 	if err := d.reload(true); err != nil {
 		d.shutdown()
