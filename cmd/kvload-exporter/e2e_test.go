@@ -83,9 +83,15 @@ type e2eDaemon struct {
 // The test's cleanup stops it (and fails the test on a non-zero exit).
 func e2eStart(t *testing.T, cfg string, emulated ...string) *e2eDaemon {
 	t.Helper()
+	return e2eStartFlags(t, cfg, nil, emulated...)
+}
+
+// e2eStartFlags is e2eStart with extra command-line flags.
+func e2eStartFlags(t *testing.T, cfg string, flags []string, emulated ...string) *e2eDaemon {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &e2eDaemon{log: &e2eLog{}, cancel: cancel, exit: make(chan int, 1), emulators: map[string]string{}}
-	args := []string{"--config.file=" + cfg, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=10s"}
+	args := append([]string{"--config.file=" + cfg, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=10s"}, flags...)
 	go func() { d.exit <- run(ctx, args, streams{stdout: io.Discard, stderr: d.log}) }()
 	t.Cleanup(func() { d.stop(t) })
 	e2ePoll(t, "daemon serving", e2eDeadline, func() (bool, string) {

@@ -1169,7 +1169,7 @@ workloads:
 
 	ds := make([]*e2eDaemon, replicas)
 	for i := range replicas {
-		ds[i] = shippingStart(t, filepath.Join(dir, "kvload.yml"), fmt.Sprintf("--shard=%d/%d", i, replicas))
+		ds[i] = e2eStartFlags(t, filepath.Join(dir, "kvload.yml"), []string{fmt.Sprintf("--shard=%d/%d", i, replicas)})
 	}
 	var per []e2eTotals
 	e2ePoll(t, "every replica has replayed its share once", e2eDeadline, func() (bool, string) {
@@ -1210,31 +1210,4 @@ workloads:
 	}
 	t.Logf("%d rows; per replica %v/%v/%v requests; engine: %d successes, %d distinct prompts",
 		rows, per[0].Finished, per[1].Finished, per[2].Finished, s.Success, len(prompts))
-}
-
-// shippingStart runs the daemon on cfg with extra flags, as e2eStart does.
-func shippingStart(t *testing.T, cfg string, extra ...string) *e2eDaemon {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	d := &e2eDaemon{log: &e2eLog{}, cancel: cancel, exit: make(chan int, 1), emulators: map[string]string{}}
-	args := append([]string{"--config.file=" + cfg, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=10s"}, extra...)
-	go func() { d.exit <- run(ctx, args, streams{stdout: io.Discard, stderr: d.log}) }()
-	t.Cleanup(func() { d.stop(t) })
-	e2ePoll(t, "daemon serving", e2eDeadline, func() (bool, string) {
-		select {
-		case code := <-d.exit:
-			d.stopped = true
-			t.Fatalf("daemon exited with %d before serving:\n%s", code, d.log.String())
-		default:
-		}
-		logged := d.log.String()
-		m := e2eListenRE.FindStringSubmatch(logged)
-		if m == nil {
-			return false, logged
-		}
-		d.base = "http://" + m[1]
-		code, _, err := e2eGet(d.base + "/-/ready")
-		return err == nil && code == http.StatusOK, fmt.Sprintf("GET /-/ready: %d %v", code, err)
-	})
-	return d
 }
