@@ -1,8 +1,6 @@
 package emulate
 
 import (
-	"github.com/kvload-exporter/kvload-exporter/synth"
-
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -10,6 +8,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
 // Request bodies. Unknown fields are ignored, as vLLM does; fields the
@@ -245,7 +245,7 @@ func (e *Engine) parsePrompt(raw json.RawMessage) ([]int, *apiError) {
 }
 
 func (e *Engine) encodeText(s string) ([]int, *apiError) {
-	ids, err := e.tok.encode(s)
+	ids, err := e.tok.Encode(s)
 	if err != nil {
 		return nil, badRequest("prompt", "%v", err)
 	}

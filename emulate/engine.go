@@ -26,14 +26,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
 // Engine is one emulated inference server. Its methods are safe for
 // concurrent use.
 type Engine struct {
-	cfg    Config // with defaults; Faults here is the initial set
-	tok    textTokenizer
-	pieces []string // output token texts, cycled
+	cfg    Config          // with defaults; Faults here is the initial set
+	tok    synth.Tokenizer // o200k_base: a real BPE, so lengths and shared prefixes behave as on a real model
+	pieces []string        // output token texts, cycled
 	cache  *prefixCache
 	sched  *scheduler
 	faults faultState
@@ -57,9 +59,9 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	tok, err := newTextTokenizer()
+	tok, err := synth.LoadTokenizer("o200k_base")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("emulate: tokenizer: %w", err)
 	}
 	e := &Engine{
 		cfg:    cfg,

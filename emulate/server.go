@@ -487,7 +487,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	resp := tokenizeResponse{Count: len(tokens), MaxModelLen: e.cfg.MaxModelLen, Tokens: tokens}
 	if req.ReturnTokenStrs {
-		strs, err := e.tok.pieces(tokens)
+		strs, err := pieces(e.tok, tokens)
 		if err != nil {
 			writeError(w, badRequest("prompt", "%v", err))
 			return
@@ -503,7 +503,7 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	text, err := e.tok.decode(req.Tokens)
+	text, err := e.tok.Decode(req.Tokens)
 	if err != nil {
 		writeError(w, badRequest("tokens", "%v", err))
 		return

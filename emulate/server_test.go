@@ -1,8 +1,6 @@
 package emulate
 
 import (
-	"github.com/kvload-exporter/kvload-exporter/synth"
-
 	"context"
 	"encoding/json"
 	"io"
@@ -10,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
 func chatBody(content string, extra map[string]any) map[string]any {
@@ -131,7 +131,7 @@ func TestStreamShapes(t *testing.T) {
 					t.Fatalf("token chunk %d finish_reason %v", i, ch.FinishReason)
 				}
 			}
-			ids, err := e.tok.encode(text.String())
+			ids, err := e.tok.Encode(text.String())
 			if err != nil || len(ids) != tt.wantToks {
 				t.Fatalf("output re-tokenizes to %d tokens (%v), want %d", len(ids), err, tt.wantToks)
 			}
@@ -189,7 +189,7 @@ func TestNonStreaming(t *testing.T) {
 			if ch.FinishReason == nil || *ch.FinishReason != "length" {
 				t.Fatalf("finish_reason %v", ch.FinishReason)
 			}
-			ids, _ := e.tok.encode(text)
+			ids, _ := e.tok.Encode(text)
 			if len(ids) != tt.wantToks || c.Usage.CompletionTokens != tt.wantToks {
 				t.Fatalf("output %d tokens, usage %d, want %d", len(ids), c.Usage.CompletionTokens, tt.wantToks)
 			}
@@ -362,8 +362,8 @@ func TestChatTemplatePrefixStable(t *testing.T) {
 	turn2 := append(append([]synth.ChatMessage(nil), turn1...), msg("assistant", "4."), msg("user", "And 3+3?"))
 	a, _ := renderChat(turn1, false)
 	b, _ := renderChat(turn2, true)
-	ta, _ := e.tok.encode(a)
-	tb, _ := e.tok.encode(b)
+	ta, _ := e.tok.Encode(a)
+	tb, _ := e.tok.Encode(b)
 	if len(tb) <= len(ta) {
 		t.Fatalf("turn 2 shorter than turn 1")
 	}
@@ -375,14 +375,14 @@ func TestChatTemplatePrefixStable(t *testing.T) {
 }
 
 func TestOutputPiecesAreSingleTokens(t *testing.T) {
-	tok, err := newTextTokenizer()
+	tok, err := synth.LoadTokenizer("o200k_base")
 	if err != nil {
 		t.Fatal(err)
 	}
 	pieces := outputPieces()
 	var all strings.Builder
 	for _, p := range pieces {
-		ids, err := tok.encode(p)
+		ids, err := tok.Encode(p)
 		if err != nil || len(ids) != 1 {
 			t.Errorf("%q is %d tokens (%v)", p, len(ids), err)
 		}
@@ -390,7 +390,7 @@ func TestOutputPiecesAreSingleTokens(t *testing.T) {
 	for i := range 3 * len(pieces) {
 		all.WriteString(pieces[i%len(pieces)])
 	}
-	if ids, _ := tok.encode(all.String()); len(ids) != 3*len(pieces) {
+	if ids, _ := tok.Encode(all.String()); len(ids) != 3*len(pieces) {
 		t.Fatalf("concatenation is %d tokens, want %d", len(ids), 3*len(pieces))
 	}
 }

@@ -2,67 +2,22 @@ package emulate
 
 import (
 	"errors"
-	"fmt"
 	"strings"
-
-	"github.com/tiktoken-go/tokenizer"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
-// textTokenizer is o200k_base, a real byte-level BPE, so that prompt
-// lengths and shared prefixes behave as on a real model. It is safe for
-// concurrent use.
-type textTokenizer struct{ c tokenizer.Codec }
-
-func newTextTokenizer() (textTokenizer, error) {
-	c, err := tokenizer.Get(tokenizer.O200kBase)
-	if err != nil {
-		return textTokenizer{}, fmt.Errorf("emulate: tokenizer: %w", err)
-	}
-	return textTokenizer{c}, nil
-}
-
-// encode tokenizes text as plain text: strings that spell special tokens
-// are split like any other text, and nothing is added around it.
-func (t textTokenizer) encode(text string) ([]int, error) {
-	ids, _, err := t.c.Encode(text)
-	if err != nil {
-		return nil, fmt.Errorf("tokenize: %w", err)
-	}
-	out := make([]int, len(ids))
-	for i, id := range ids {
-		out[i] = int(id)
-	}
-	return out, nil
-}
-
 // pieces returns the text of each token, for /tokenize's token_strs.
-func (t textTokenizer) pieces(ids []int) ([]string, error) {
+func pieces(tok synth.Tokenizer, ids []int) ([]string, error) {
 	out := make([]string, len(ids))
 	for i, id := range ids {
-		s, err := t.c.Decode([]uint{uint(id)})
+		s, err := tok.Decode([]int{id})
 		if err != nil {
-			return nil, fmt.Errorf("detokenize: %w", err)
+			return nil, err
 		}
 		out[i] = s
 	}
 	return out, nil
-}
-
-func (t textTokenizer) decode(ids []int) (string, error) {
-	u := make([]uint, len(ids))
-	for i, id := range ids {
-		if id < 0 {
-			return "", fmt.Errorf("detokenize: negative token id %d", id)
-		}
-		u[i] = uint(id)
-	}
-	s, err := t.c.Decode(u)
-	if err != nil {
-		return "", fmt.Errorf("detokenize: %w", err)
-	}
-	return s, nil
 }
 
 // renderChat applies the project's chat template (synth.RenderChatML). The
