@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -34,7 +35,8 @@ func loadWorkload(cfg *config.Config, w *config.Workload) (*workloadData, error)
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
 	sum := sha256.Sum256(raw)
-	recs, err := synth.ReadFile(path, synth.ReadOptions{BlockSize: w.BlockSize})
+	// Parse the bytes already read for the fingerprint, not the file again.
+	recs, err := synth.ReadAll(bytes.NewReader(raw), path, synth.ReadOptions{BlockSize: w.BlockSize})
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
