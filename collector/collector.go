@@ -199,8 +199,22 @@ func (c *Collector) Finished(r *replay.Result) {
 	w, t := r.Workload, r.Target
 	c.inFlight.WithLabelValues(w, t).Dec()
 	c.requests.WithLabelValues(w, t, string(r.Outcome)).Inc()
-	c.record(r)
-	if r.Outcome != replay.OutcomeSuccess {
+	success := r.Outcome == replay.OutcomeSuccess
+
+	// One lock for the live summary and the server-metrics shares.
+	c.mu.Lock()
+	mode := c.observed[t]
+	usageCached := r.CachedKnown && (mode == "usage" || mode == "")
+	c.recordLocked(r, usageCached)
+	if success && mode == "server_metrics" {
+		if c.pending[t] == nil {
+			c.pending[t] = map[string]float64{}
+		}
+		c.pending[t][w] += float64(r.TraceInputLength)
+	}
+	c.mu.Unlock()
+
+	if !success {
 		return
 	}
 	if d, ok := r.TTFT(); ok {
@@ -217,16 +231,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	}
 	c.tracePromptTokens.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
 	c.completionTokens.WithLabelValues(w, t).Add(float64(r.OutputTokens))
-	c.mu.Lock()
-	mode := c.observed[t]
-	if mode == "server_metrics" {
-		if c.pending[t] == nil {
-			c.pending[t] = map[string]float64{}
-		}
-		c.pending[t][w] += float64(r.TraceInputLength)
-	}
-	c.mu.Unlock()
-	if r.CachedKnown && (mode == "usage" || mode == "") {
+	if usageCached {
 		c.cachedTokens.WithLabelValues(w, t).Add(float64(r.CachedTokens))
 	}
 	c.theoreticalTokens.WithLabelValues(w, t).Add(float64(r.TheoreticalCachedTokens))

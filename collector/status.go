@@ -54,7 +54,10 @@ type Status struct {
 
 type wtKey struct{ workload, target string }
 
-func (c *Collector) record(r *replay.Result) {
+// recordLocked adds a finished request to the live summary; c.mu is held.
+// usageCached tells whether the response's cached tokens count as observed
+// for its target (not with observed: server_metrics or none).
+func (c *Collector) recordLocked(r *replay.Result, usageCached bool) {
 	s := sample{at: c.now(), success: r.Outcome == replay.OutcomeSuccess}
 	if s.success {
 		if d, ok := r.TTFT(); ok {
@@ -63,13 +66,11 @@ func (c *Collector) record(r *replay.Result) {
 		if r.PromptKnown {
 			s.prompt = r.PromptTokens
 		}
-		if r.CachedKnown {
+		if usageCached {
 			s.cached = r.CachedTokens
 		}
 		s.trace, s.theoretical = r.TraceInputLength, r.TheoreticalCachedTokens
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	k := wtKey{r.Workload, r.Target}
 	w := c.recent[k]
 	if w == nil {
