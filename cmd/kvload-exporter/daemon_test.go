@@ -520,8 +520,15 @@ workloads:
 		t.Fatal(err)
 	}
 
-	// The counters of a request are updated one after another: poll until
-	// the scrape matches, and report the last difference if it never does.
+	// The series of a request are updated one after another, and a scrape
+	// may fall between two of them: poll until both the counters and the
+	// histogram counts match, and report the last difference if they never do.
+	histograms := []string{
+		"kvload_schedule_lag_seconds",
+		"kvload_time_to_first_token_seconds",
+		"kvload_inter_token_latency_seconds",
+		"kvload_request_duration_seconds",
+	}
 	var mfs families
 	eventually(t, "/metrics matching "+goldenPath, func() (bool, string) {
 		mfs = scrape(t, d.url)
@@ -529,19 +536,18 @@ workloads:
 		if err != nil {
 			return false, err.Error()
 		}
+		for _, h := range histograms {
+			if n, series := mfs.value(h, "workload", "golden", "target", "fake"); n != 4 || series != 1 {
+				var text bytes.Buffer
+				if mf := mfs[h]; mf != nil {
+					expfmt.MetricFamilyToText(&text, mf)
+				}
+				return false, fmt.Sprintf("%s: count %v in %d series, want 4 in 1:\n%s", h, n, series, text.String())
+			}
+		}
 		return true, ""
 	})
 
-	for _, h := range []string{
-		"kvload_schedule_lag_seconds",
-		"kvload_time_to_first_token_seconds",
-		"kvload_inter_token_latency_seconds",
-		"kvload_request_duration_seconds",
-	} {
-		if n, series := mfs.value(h, "workload", "golden", "target", "fake"); n != 4 || series != 1 {
-			t.Errorf("%s: count %v in %d series, want 4 in 1", h, n, series)
-		}
-	}
 	if got := srv.count("/v1/chat/completions"); got != 4 {
 		t.Errorf("the server saw %d requests, want 4", got)
 	}
