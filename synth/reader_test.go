@@ -279,6 +279,37 @@ func FuzzParseRecord(f *testing.F) {
 	})
 }
 
+// FuzzReadAll feeds whole files to the streaming reader: whatever the bytes
+// (several lines, blank lines, CR LF, NUL, invalid UTF-8, no final newline),
+// it returns rows or one error that names the file and a line number.
+func FuzzReadAll(f *testing.F) {
+	for _, s := range []string{
+		"{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [0]}\n\n{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 2, \"hash_ids\": [0, 1]}\n",
+		"{\"timestamp\": 0, \"input_length\": 10}\r\n{\"timestamp\": 1, \"input_length\": 3}",
+		"{\"timestamp\": -1}\n",
+		"\x00\n",
+		"{\"text_input\": \"\xff\xfe\"}\n",
+		"{\"session_id\": \"a\", \"delay\": 10, \"input_length\": 1}\n{\"session_id\": \"a\", \"delay\": 10, \"input_length\": 1}\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		recs, err := ReadAll(bytes.NewReader(data), "fuzz.jsonl", ReadOptions{BlockSize: 512})
+		if err != nil {
+			msg := err.Error()
+			if !strings.HasPrefix(msg, "fuzz.jsonl") {
+				t.Fatalf("error does not name the file: %q", msg)
+			}
+			return
+		}
+		for i, r := range recs {
+			if r.Line < 1 || (i > 0 && r.Line <= recs[i-1].Line) {
+				t.Fatalf("row %d has line %d after %d", i, r.Line, recs[max(i-1, 0)].Line)
+			}
+		}
+	})
+}
+
 func BenchmarkReadConversationRows(b *testing.B) {
 	data, err := os.ReadFile(sharedTraceFile(b, "conversation_trace.jsonl"))
 	if err != nil {
