@@ -19,10 +19,11 @@ type CacheModel struct {
 	serverBlock int
 	capacity    int // in server blocks; 0 = infinite
 
-	mu    sync.Mutex
-	index map[blockKey]*list.Element
-	lru   *list.List // front = most recently used; values are *cachedBlock
-	used  int        // server blocks held
+	mu     sync.Mutex
+	index  map[blockKey]*list.Element
+	lru    *list.List // front = most recently used; values are *cachedBlock
+	used   int        // server blocks held
+	newest uint64     // the highest namespace admitted so far
 }
 
 type blockKey struct {
@@ -53,6 +54,10 @@ func NewCacheModel(traceBlockSize, serverBlockSize, capacityBlocks int) *CacheMo
 func (m *CacheModel) Admit(ns uint64, ids []int64, inputLength int) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if ns > m.newest {
+		m.newest = ns
+		m.forgetBefore(ns - 1)
+	}
 	k := 0
 	for _, id := range ids {
 		if _, ok := m.index[blockKey{ns, id}]; !ok {
@@ -92,6 +97,27 @@ func (m *CacheModel) evict() {
 		m.lru.Remove(e)
 		delete(m.index, b.key)
 		m.used -= b.weight
+	}
+}
+
+// forgetBefore drops, from an infinite model, the blocks of namespaces
+// older than oldest. With loop: fresh every pass has a new namespace and no
+// later request can hit an earlier pass's blocks, so an always-on daemon
+// would otherwise grow by a whole trace's blocks every pass. The pass just
+// before is kept: its last session turns may still be going out. A bounded
+// model keeps its dead blocks, as a real server's LRU does, until evicted.
+func (m *CacheModel) forgetBefore(oldest uint64) {
+	if m.capacity != 0 || oldest == 0 {
+		return
+	}
+	for e := m.lru.Front(); e != nil; {
+		next := e.Next()
+		if b := e.Value.(*cachedBlock); b.key.ns < oldest {
+			m.lru.Remove(e)
+			delete(m.index, b.key)
+			m.used -= b.weight
+		}
+		e = next
 	}
 }
 

@@ -46,3 +46,38 @@ func TestCacheModel(t *testing.T) {
 		})
 	}
 }
+
+// TestCacheModelForgetsOldPasses: an infinite model holds the current and the
+// previous fresh pass only, so an always-on daemon does not grow every pass;
+// a bounded model keeps dead blocks until its LRU evicts them.
+func TestCacheModelForgetsOldPasses(t *testing.T) {
+	tests := []struct {
+		name     string
+		capacity int
+		// blocks held after each pass's request
+		want []int
+		// theoretical tokens of a late pass-1 request sent after pass 3 began
+		lateHit int
+	}{
+		{"infinite", 0, []int{3, 6, 6, 6}, 0},
+		{"bounded", 1 << 20, []int{3, 6, 9, 12}, 1024},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := NewCacheModel(512, 16, tt.capacity)
+			for pass, want := range tt.want {
+				m.Admit(uint64(pass), []int64{0, 1, 2}, 1536)
+				if got := m.Blocks(); got != want {
+					t.Errorf("after pass %d: %d blocks, want %d", pass, got, want)
+				}
+			}
+			// A late turn of the pass before the current one still hits.
+			if got := m.Admit(2, []int64{0, 1, 9}, 1536); got != 1024 {
+				t.Errorf("late turn of the previous pass: theoretical %d, want 1024", got)
+			}
+			if got := m.Admit(1, []int64{0, 1, 9}, 1536); got != tt.lateHit {
+				t.Errorf("turn of a forgotten pass: theoretical %d, want %d", got, tt.lateHit)
+			}
+		})
+	}
+}
