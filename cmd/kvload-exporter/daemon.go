@@ -254,8 +254,8 @@ func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadDat
 		client.Close()
 		return nil, err
 	}
-	gate := &gatedObserver{c: d.coll}
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
+	gate := &gatedObserver{c: d.coll, fails: newFailureLog(logger)}
 	wl, err := replay.NewWorkload(replay.WorkloadConfig{
 		Name:         w.Name,
 		Target:       t.Name,

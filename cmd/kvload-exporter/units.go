@@ -105,6 +105,7 @@ func (b *requestBuilder) Build(rec *synth.Record, ns uint64) (replay.Request, er
 // has in flight finish, but must not recreate those series.
 type gatedObserver struct {
 	c      *collector.Collector
+	fails  *failureLog // nil: failures are only counted
 	closed atomic.Bool
 }
 
@@ -117,6 +118,9 @@ func (g *gatedObserver) Sent(w, t string, scheduled, sent time.Time) {
 func (g *gatedObserver) Finished(r *replay.Result) {
 	if !g.closed.Load() {
 		g.c.Finished(r)
+		if g.fails != nil {
+			g.fails.finished(r)
+		}
 	}
 }
 
