@@ -148,6 +148,9 @@ func ParseFile(path string, data []byte) (*Config, error) {
 // Parse decodes data strictly (unknown keys are errors), applies defaults and
 // validates. dir resolves relative trace paths.
 func Parse(data []byte, dir string) (*Config, error) {
+	if err := checkBytes(data); err != nil {
+		return nil, err
+	}
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
@@ -158,6 +161,9 @@ func Parse(data []byte, dir string) (*Config, error) {
 		return nil, errors.New("more than one YAML document")
 	}
 	cfg := &Config{dir: dir}
+	if top := topNode(&root); top != nil && top.Kind != yaml.MappingNode && top.Tag != "!!null" {
+		return nil, fmt.Errorf("line %d: the file must be a mapping with targets and workloads, not %s", top.Line, nodeKind(top))
+	}
 	if root.Kind != 0 {
 		walk := walkKeys(&root, reflect.TypeOf(cfg))
 		var problems []error
@@ -169,7 +175,19 @@ func Parse(data []byte, dir string) (*Config, error) {
 		if err := strict.Decode(cfg); err != nil {
 			var te *yaml.TypeError
 			if !errors.As(err, &te) {
-				return nil, fmt.Errorf("invalid YAML: %w", err)
+				// A custom unmarshaller (http_client_config's) stops the
+				// whole decode with an error that names no place: find it.
+				var where []string
+				if !strings.HasPrefix(err.Error(), "yaml: ") {
+					locateFailures(topNode(&root), reflect.TypeOf(cfg), "", &where)
+				}
+				if len(where) == 0 {
+					return nil, fmt.Errorf("invalid YAML: %w", err)
+				}
+				for _, w := range where {
+					problems = append(problems, errors.New(w))
+				}
+				return nil, errors.Join(problems...)
 			}
 			for _, e := range te.Errors {
 				if strings.Contains(e, "not found in type") {

@@ -88,6 +88,48 @@ func TestValidateCountsEveryProblem(t *testing.T) {
 	}
 }
 
+// TestParseNamesWhere covers the problems yaml.v3 reports without a path or
+// a line: each must name where it is.
+func TestParseNamesWhere(t *testing.T) {
+	const head = "targets:\n  - {name: t, url: http://t:8000, model: m}\n"
+	const wl = "workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"nul byte", head + wl + "# \x00\n", "line 5: control character U+0000 is not allowed in YAML"},
+		{"invalid utf-8", head + "\xff" + wl, "line 3: invalid UTF-8"},
+		{"top-level list", "- targets: []\n", "line 1: the file must be a mapping with targets and workloads, not a list"},
+		{"top-level scalar", "hello\n", "line 1: the file must be a mapping with targets and workloads, not a scalar"},
+		{"http client config", "targets:\n  - name: t\n    url: http://t:8000\n    model: m\n    http_client_config: {bearer_token: a, authorization: {credentials: b}}\n" + wl,
+			"targets[0].http_client_config: authorization is not compatible with bearer_token & bearer_token_file (line 5)"},
+		// Two keys on one line: yaml.v3 gives the line only, so the path is
+		// their parent rather than whichever key came last.
+		{"flow mapping", head + "workloads:\n  - {name: w, trace: t.jsonl, targets: [t], synthesis: {max_isl: x, speedup_ratio: 2}}\n",
+			"workloads[0]: cannot unmarshal !!str `x` into int (line 4)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml), "")
+			if err == nil || err.Error() != tt.want {
+				t.Errorf("Parse: %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestCommonParent(t *testing.T) {
+	for _, tt := range [][3]string{
+		{"workloads[0].synthesis.max_isl", "workloads[0].synthesis.speedup_ratio", "workloads[0].synthesis"},
+		{"workloads[1].name", "workloads[10].name", "workloads"},
+		{"targets[0].cache", "workloads[0]", ""},
+		{"targets[0]", "targets[0].cache.block_size", "targets[0]"},
+	} {
+		if got := commonParent(tt[0], tt[1]); got != tt[2] {
+			t.Errorf("commonParent(%q, %q) = %q, want %q", tt[0], tt[1], got, tt[2])
+		}
+	}
+}
+
 func FuzzParse(f *testing.F) {
 	for _, name := range []string{"good.yml", "bad-values.yml", "bad-types.yml", "bad-unknown-keys.yml"} {
 		data, err := os.ReadFile(filepath.Join("testdata", name))

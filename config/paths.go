@@ -1,11 +1,13 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -16,10 +18,14 @@ import (
 type keyWalk struct {
 	unknown []string       // "path: unknown key ..." problems, in file order
 	paths   map[int]string // line → path of the value on that line
+	// shared marks lines holding several keys (a flow mapping such as
+	// "{a: 1, b: x}"): their path is the keys' parent, since yaml.v3 names
+	// only the line.
+	shared map[int]bool
 }
 
 func walkKeys(root *yaml.Node, t reflect.Type) *keyWalk {
-	w := &keyWalk{paths: map[int]string{}}
+	w := &keyWalk{paths: map[int]string{}, shared: map[int]bool{}}
 	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
 		root = root.Content[0]
 	}
@@ -31,9 +37,7 @@ func (w *keyWalk) walk(n *yaml.Node, t reflect.Type, path string) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if _, seen := w.paths[n.Line]; !seen || path != "" {
-		w.paths[n.Line] = path
-	}
+	w.setPath(n.Line, path)
 	switch {
 	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
 		fields := yamlFields(t)
@@ -49,7 +53,7 @@ func (w *keyWalk) walk(n *yaml.Node, t reflect.Type, path string) {
 				w.unknown = append(w.unknown, fmt.Sprintf("%s: unknown key %q (line %d)", where, k.Value, k.Line))
 				continue
 			}
-			w.paths[k.Line] = child
+			w.setPath(k.Line, child)
 			w.walk(v, ft, child)
 		}
 	case n.Kind == yaml.SequenceNode && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
@@ -57,6 +61,43 @@ func (w *keyWalk) walk(n *yaml.Node, t reflect.Type, path string) {
 			w.walk(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
 		}
 	}
+}
+
+// setPath records that line holds path: a deeper path of the same branch
+// replaces a shallower one, a sibling's makes the line shared.
+func (w *keyWalk) setPath(line int, path string) {
+	old, seen := w.paths[line]
+	switch {
+	case w.shared[line]:
+		w.paths[line] = commonParent(old, path)
+	case !seen || within(path, old):
+		w.paths[line] = path
+	case within(old, path):
+	default:
+		w.paths[line] = commonParent(old, path)
+		w.shared[line] = true
+	}
+}
+
+// within reports whether path is inner or the same as outer.
+func within(path, outer string) bool {
+	return strings.HasPrefix(path, outer) && isBoundary(path, len(outer))
+}
+
+func isBoundary(path string, i int) bool {
+	return i == 0 || i == len(path) || path[i] == '.' || path[i] == '['
+}
+
+// commonParent is the longest path both a and b are within.
+func commonParent(a, b string) string {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	for n > 0 && !(isBoundary(a, n) && isBoundary(b, n)) {
+		n--
+	}
+	return a[:n]
 }
 
 func joinPath(path, key string) string {
@@ -170,4 +211,87 @@ func canonical(b *strings.Builder, n *yaml.Node) {
 	default:
 		b.WriteString(strconv.Quote(n.Tag + " " + n.Value))
 	}
+}
+
+// checkBytes reports, with its line, what yaml.v3 rejects without saying
+// where: invalid UTF-8 and control characters (NUL and the like).
+func checkBytes(data []byte) error {
+	line := 1
+	for i := 0; i < len(data); {
+		c := data[i]
+		if c == '\n' {
+			line++
+		}
+		if c < 0x20 && c != '\t' && c != '\n' && c != '\r' || c == 0x7f {
+			return fmt.Errorf("line %d: control character %U is not allowed in YAML", line, rune(c))
+		}
+		r, n := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return fmt.Errorf("line %d: invalid UTF-8", line)
+		}
+		i += n
+	}
+	return nil
+}
+
+// topNode is the document's content node, nil for an empty document.
+func topNode(root *yaml.Node) *yaml.Node {
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			return nil
+		}
+		return root.Content[0]
+	}
+	if root.Kind == 0 {
+		return nil
+	}
+	return root
+}
+
+// nodeKind names a node's YAML kind for messages.
+func nodeKind(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.MappingNode:
+		return "a mapping"
+	default:
+		return "a scalar"
+	}
+}
+
+// locateFailures appends "path: error (line N)" for the deepest nodes whose
+// decoding into t fails with an error other than a type error, and reports
+// whether it found any.
+func locateFailures(n *yaml.Node, t reflect.Type, path string, out *[]string) bool {
+	if n == nil {
+		return false
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	err := n.Decode(reflect.New(t).Interface())
+	var te *yaml.TypeError
+	if err == nil || errors.As(err, &te) {
+		return false
+	}
+	found := false
+	switch {
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
+		fields := yamlFields(t)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if ft, ok := fields[n.Content[i].Value]; ok {
+				found = locateFailures(n.Content[i+1], ft, joinPath(path, n.Content[i].Value), out) || found
+			}
+		}
+	case n.Kind == yaml.SequenceNode && t.Kind() == reflect.Slice:
+		for i, item := range n.Content {
+			found = locateFailures(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i), out) || found
+		}
+	}
+	if !found && path != "" {
+		*out = append(*out, fmt.Sprintf("%s: %v (line %d)", path, err, n.Line))
+		found = true
+	}
+	return found
 }

@@ -136,14 +136,48 @@ func ReadAll(r io.Reader, name string, opts ReadOptions) ([]Record, error) {
 // ParseRecord decodes and validates one JSON row.
 func ParseRecord(line []byte, opts ReadOptions) (Record, error) {
 	var rec Record
+	if bytes.HasPrefix(line, utf8BOM) {
+		return rec, errors.New("starts with a UTF-8 byte order mark (BOM); save the file as UTF-8 without one")
+	}
 	if !utf8.Valid(line) {
-		return rec, errors.New("invalid UTF-8")
+		return rec, fmt.Errorf("invalid UTF-8 at byte %d of the line", firstInvalidUTF8(line)+1)
 	}
 	err := eachMember(line, rec.setField)
 	if err != nil {
 		return rec, err
 	}
 	return rec, rec.Validate(opts.BlockSize)
+}
+
+var utf8BOM = []byte("\xef\xbb\xbf")
+
+// firstInvalidUTF8 is the offset of the first byte of b that is not valid
+// UTF-8, or -1.
+func firstInvalidUTF8(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return -1
+}
+
+// maxEcho bounds how much of a bad value an error message repeats: a line
+// may be megabytes long, and the message goes to logs and HTTP replies.
+const maxEcho = 40
+
+// clip is raw for an error message, cut to maxEcho bytes.
+func clip(raw []byte) string {
+	if len(raw) <= maxEcho {
+		return string(raw)
+	}
+	n := maxEcho
+	for n > 0 && !utf8.RuneStart(raw[n]) {
+		n-- // keep the message valid UTF-8
+	}
+	return fmt.Sprintf("%s… (%d bytes)", raw[:n], len(raw))
 }
 
 // eachMember calls set for every member of the JSON object in b, in order.
@@ -363,10 +397,10 @@ func decodeMillis(key string, raw json.RawMessage, isNull bool) (*float64, error
 	}
 	f, err := strconv.ParseFloat(string(raw), 64)
 	if err != nil || math.IsInf(f, 0) {
-		return nil, fmt.Errorf("%s: number %s out of range", key, raw)
+		return nil, fmt.Errorf("%s: number %s out of range", key, clip(raw))
 	}
 	if f < 0 {
-		return nil, fmt.Errorf("%s: must be ≥ 0, got %s", key, raw)
+		return nil, fmt.Errorf("%s: must be ≥ 0, got %s", key, clip(raw))
 	}
 	return &f, nil
 }
@@ -388,13 +422,13 @@ func decodeCount(key string, raw json.RawMessage, isNull bool) (*int, error) {
 		f, ferr := strconv.ParseFloat(string(raw), 64)
 		if ferr != nil || f != math.Trunc(f) || math.Abs(f) > maxCount {
 			if ferr == nil && f == math.Trunc(f) {
-				return nil, fmt.Errorf("%s: %s is out of range", key, raw)
+				return nil, fmt.Errorf("%s: %s is out of range", key, clip(raw))
 			}
 			var ne *strconv.NumError
 			if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
-				return nil, fmt.Errorf("%s: %s is out of range", key, raw)
+				return nil, fmt.Errorf("%s: %s is out of range", key, clip(raw))
 			}
-			return nil, fmt.Errorf("%s: must be an integer, got %s", key, raw)
+			return nil, fmt.Errorf("%s: must be an integer, got %s", key, clip(raw))
 		}
 		n = int64(f)
 	}
@@ -430,7 +464,7 @@ func decodeHashIDs(raw json.RawMessage) ([]int64, error) {
 		n, err := strconv.ParseInt(string(it), 10, 64)
 		if err != nil {
 			if JSONKind(it) == "a number" {
-				return nil, fmt.Errorf("hash_ids[%d]: %s is not an integer in range", i, it)
+				return nil, fmt.Errorf("hash_ids[%d]: %s is not an integer in range", i, clip(it))
 			}
 			return nil, fmt.Errorf("hash_ids[%d]: must be an integer, got %s", i, JSONKind(it))
 		}
@@ -553,7 +587,7 @@ func (rec *Record) Validate(blockSize int) error {
 	case rec.Messages != nil && len(rec.Messages) == 0:
 		return errors.New("messages must be a non-empty list")
 	case rec.Type != nil && *rec.Type != "mooncake_trace":
-		return fmt.Errorf("type: must be \"mooncake_trace\", got %q", *rec.Type)
+		return fmt.Errorf("type: must be \"mooncake_trace\", got %q", clip([]byte(*rec.Type)))
 	}
 	for i, m := range rec.Messages {
 		var msg map[string]json.RawMessage
@@ -570,11 +604,16 @@ func (rec *Record) Validate(blockSize int) error {
 		}
 	}
 	if blockSize > 0 && len(rec.HashIDs) > 0 {
-		n := len(rec.HashIDs)
-		last := *rec.InputLength - (n-1)*blockSize
-		if last <= 0 || last > blockSize {
-			return fmt.Errorf("input_length %d does not fit %d hash_ids of %d-token blocks: the last block would hold %d tokens, want 1..%d",
-				*rec.InputLength, n, blockSize, last, blockSize)
+		// Divide rather than multiply: (n−1)·blockSize overflows for a huge
+		// configured block size.
+		n, isl := len(rec.HashIDs), *rec.InputLength
+		if isl < 1 {
+			return fmt.Errorf("input_length %d does not fit %d hash_ids of %d-token blocks: it needs at least 1 token",
+				isl, n, blockSize)
+		}
+		if need := (isl-1)/blockSize + 1; need != n {
+			return fmt.Errorf("input_length %d does not fit %d hash_ids of %d-token blocks: it needs %d",
+				isl, n, blockSize, need)
 		}
 	}
 	return nil

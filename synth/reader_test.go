@@ -50,11 +50,19 @@ func TestParseRecordErrors(t *testing.T) {
 		{"empty tools", `{"messages": [{"role": "user"}], "tools": []}`, "tools must be a non-empty list"},
 		{"wrong type tag", `{"input_length": 1, "type": "sharegpt"}`, "type: must be \"mooncake_trace\""},
 		{"nul byte in key", "{\"input_length\x00\": 1}", "invalid JSON"},
-		{"invalid utf8", "{\"input_length\": 1, \"x\": \"\xff\"}", "invalid UTF-8"},
+		{"invalid utf8", "{\"input_length\": 1, \"x\": \"\xff\"}", "invalid UTF-8 at byte 27 of the line"},
+		{"byte order mark", "\xef\xbb\xbf{\"input_length\": 1}", "byte order mark"},
+		{"block size overflow", `{"input_length": 40, "hash_ids": [1, 2, 3]}`, "does not fit 3 hash_ids of 4611686018427387904-token blocks: it needs 1"},
+		{"long value clipped", `{"input_length": 1, "type": "` + strings.Repeat("é", 100) + `"}`, `got "` + strings.Repeat("é", 20) + `… (200 bytes)"`},
+		{"long number clipped", `{"input_length": 1` + strings.Repeat("0", 100) + `}`, "input_length: 1" + strings.Repeat("0", 39) + "… (101 bytes) is out of range"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ParseRecord([]byte(tt.line), ReadOptions{BlockSize: 512})
+			bs := 512
+			if strings.Contains(tt.name, "overflow") {
+				bs = 1 << 62
+			}
+			_, err := ParseRecord([]byte(tt.line), ReadOptions{BlockSize: bs})
 			if err == nil {
 				t.Fatalf("ParseRecord(%s) succeeded, want error containing %q", tt.line, tt.want)
 			}

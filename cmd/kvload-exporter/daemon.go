@@ -152,6 +152,24 @@ func loadConfig(path string, data []byte) (*config.Config, map[string]*workloadD
 			}
 		}
 	}
+	// Build every target's client once now: what only the client checks
+	// (extra_body, TLS files) must fail here, before a reload has stopped
+	// anything, and in --config.check too.
+	for i := range cfg.Targets {
+		t := &cfg.Targets[i]
+		url := t.URL
+		if t.Emulate != nil {
+			url = "http://127.0.0.1" // the emulator's port is not chosen yet
+		}
+		c, err := replay.NewClient(targetConfig(t, url))
+		if err != nil {
+			for _, line := range strings.Split(err.Error(), "\n") {
+				errs = append(errs, fmt.Errorf("%s: targets[%d].%s", path, i, line))
+			}
+			continue
+		}
+		c.Close()
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, nil, err
 	}

@@ -30,6 +30,15 @@ type workloadData struct {
 // and line.
 func loadWorkload(cfg *config.Config, w *config.Workload) (*workloadData, error) {
 	path := cfg.TracePath(w)
+	// Only a regular file: opening a named pipe blocks (and with it every
+	// later reload), and a trace is read again at each reload anyway.
+	fi, err := os.Stat(path)
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("trace %s %s, not a regular file", path, fileKind(fi.Mode()))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
@@ -58,11 +67,53 @@ func loadWorkload(cfg *config.Config, w *config.Workload) (*workloadData, error)
 	if len(recs) == 0 {
 		return nil, fmt.Errorf("workload %s: %s: no row is left after synthesis (max_isl?)", w.Name, path)
 	}
+	for i := range recs {
+		if err := checkSendable(&recs[i]); err != nil {
+			return nil, fmt.Errorf("workload %s: %w", w.Name, &synth.LineError{File: path, Line: recs[i].Line, Err: err})
+		}
+	}
+	// Schedule problems (a row without a timestamp, one out of range) are
+	// found here, before a reload stops anything, rather than when a unit
+	// starts and the old one is already gone.
+	if _, err := replay.NewPacer(recs, replay.PacerOptions{SpeedupRatio: 1, Loop: replay.LoopMode(w.Loop), Trace: path}); err != nil {
+		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+	}
 	builder, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes})
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
 	return &workloadData{records: recs, traceHash: hex.EncodeToString(sum[:]), builder: builder}, nil
+}
+
+// maxRequestTokens bounds a row's input and output lengths: above any
+// model's context, below what building the prompt text could allocate.
+const maxRequestTokens = 1 << 24
+
+// checkSendable rejects a row no request can be built for.
+func checkSendable(rec *synth.Record) error {
+	if n := rec.ISL(); n > maxRequestTokens {
+		return fmt.Errorf("input_length %d is more than the %d tokens a request may have", n, maxRequestTokens)
+	}
+	if n := rec.OSL(); n > maxRequestTokens {
+		return fmt.Errorf("output_length %d is more than the %d tokens a request may have", n, maxRequestTokens)
+	}
+	return nil
+}
+
+// fileKind describes a file that is not a regular one.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "is a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "is a named pipe"
+	case m&os.ModeDevice != 0:
+		return "is a device"
+	case m&os.ModeSocket != 0:
+		return "is a socket"
+	default:
+		return "is special"
+	}
 }
 
 // requestBuilder turns trace rows into requests for one target.
