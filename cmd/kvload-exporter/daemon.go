@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -371,8 +372,22 @@ func (d *daemon) applyEmulators(cfg *config.Config) error {
 			wait:        func() error { once.Do(func() { werr = <-done }); return werr },
 		}
 		level.Info(d.logger).Log("msg", "emulated engine started", "target", t.Name, "url", "http://"+l.Addr().String())
+		if w := freshWorkloadOf(cfg, t.Name); t.Emulate.CapacityBlocks == 0 && w != "" {
+			level.Warn(d.logger).Log("msg", "the emulated engine's prefix cache is unbounded and a workload sends it new prompts every pass: its memory grows every pass; set emulate.capacity_blocks for long runs", "target", t.Name, "workload", w)
+		}
 	}
 	return nil
+}
+
+// freshWorkloadOf names a workload that replays forever against target
+// with loop: fresh, or returns "".
+func freshWorkloadOf(cfg *config.Config, target string) string {
+	for _, w := range cfg.Workloads {
+		if w.Loop == "fresh" && slices.Contains(w.Targets, target) {
+			return w.Name
+		}
+	}
+	return ""
 }
 
 func (d *daemon) emulatorURL(target string) string {
