@@ -374,6 +374,11 @@ func (c *Client) fillUsage(res *Result, st *streamState) {
 func (c *Client) setOutcome(res *Result, o Outcome, msg string) {
 	res.Outcome = o
 	res.Error = c.scrub(msg)
+	if res.Error == "" {
+		// A server's error message can be blank ({"error": {"message": " "}}):
+		// a failure still needs a reason in the log.
+		res.Error = string(o) + " without a message from the server"
+	}
 }
 
 // scrub makes an error text safe and short for logs: no URL userinfo, no
