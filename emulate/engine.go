@@ -165,6 +165,14 @@ func (r Result) String() string {
 // A request is counted just before its last byte is written, so a client
 // that has read a whole response sees it counted.
 type Stats struct {
+	// Received counts generation requests on arrival, before any check,
+	// so that a request lost between arrival and its end shows: once none
+	// is running, Received equals the sum of the results below.
+	Received int64 `json:"received"`
+	// SlowFirstTokens counts requests whose prefill the slow-first-token
+	// fault lengthened, whatever their end.
+	SlowFirstTokens int64 `json:"slow_first_tokens"`
+
 	// Generation requests by how they ended.
 	Success      int64 `json:"success"`
 	Error500     int64 `json:"error_500"`
@@ -237,6 +245,20 @@ func (e *Engine) finish(r Result, u usageCounts) {
 	if e.onDone != nil {
 		e.onDone(r)
 	}
+}
+
+// received counts a generation request on arrival.
+func (e *Engine) received() {
+	e.statsMu.Lock()
+	e.stats.Received++
+	e.statsMu.Unlock()
+}
+
+// slowed counts a request that the slow-first-token fault delays.
+func (e *Engine) slowed() {
+	e.statsMu.Lock()
+	e.stats.SlowFirstTokens++
+	e.statsMu.Unlock()
 }
 
 // admitted records an admitted request's cache lookup in the metrics and

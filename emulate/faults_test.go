@@ -147,6 +147,10 @@ func TestFaults(t *testing.T) {
 			}
 			tt.check(t, resp, err)
 			got := e.Stats()
+			if got.Received != 1 {
+				t.Errorf("%d requests received, want 1", got.Received)
+			}
+			got.Received, got.SlowFirstTokens = 0, 0
 			got.PromptTokens, got.CompletionTokens, got.CachedTokens, got.CacheQueryTokens, got.CacheHitTokens = 0, 0, 0, 0, 0
 			got.Running, got.Waiting, got.Cache = 0, 0, CacheState{}
 			if got != tt.want {
@@ -201,6 +205,37 @@ func TestSlowFirstToken(t *testing.T) {
 	}
 	if st := e.Stats(); st.Success != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// Received counts every generation request, rejected ones too, and
+// SlowFirstTokens only those the fault actually delayed: an injected 500
+// drawn as slow never reaches prefill.
+func TestStatsReceivedAndSlow(t *testing.T) {
+	clock := newFakeClock()
+	e, srv := newTestServer(t, Config{Faults: Faults{SlowFirstToken: 1, SlowFirstTokenDelay: time.Second}}, clock.install)
+	complete(t, srv.URL, seq(1, 10), nil)
+	complete(t, srv.URL, seq(1, 10), nil)
+	postDecode(t, srv.URL+"/v1/completions", `{"prompt": [1], "max_tokens": 0}`, http.StatusBadRequest, nil)
+	if err := e.SetFaults(Faults{Error500: 1, SlowFirstToken: 1}); err != nil {
+		t.Fatal(err)
+	}
+	postDecode(t, srv.URL+"/v1/completions", map[string]any{"prompt": seq(1, 10)}, http.StatusInternalServerError, nil)
+	st := e.Stats()
+	if st.Received != 4 || st.SlowFirstTokens != 2 || st.Success != 2 || st.Rejected != 1 || st.Error500 != 1 {
+		t.Fatalf("stats %+v, want 4 received, 2 slow, 2 successes, 1 rejected, 1 error 500", st)
+	}
+	var wire struct {
+		Received        int64 `json:"received"`
+		SlowFirstTokens int64 `json:"slow_first_tokens"`
+	}
+	resp, err := http.Get(srv.URL + "/emulator/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := decodeJSON(resp, &wire); err != nil || wire.Received != 4 || wire.SlowFirstTokens != 2 {
+		t.Fatalf("GET /emulator/stats: %+v (%v)", wire, err)
 	}
 }
 

@@ -51,6 +51,7 @@ type generation struct {
 
 func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 	arrival := e.now()
+	e.received()
 	var req chatRequest
 	if err := readJSON(w, r, e.cfg.MaxBodyBytes, &req); err != nil {
 		e.reject(w, err)
@@ -89,6 +90,7 @@ func (e *Engine) chatGeneration(req *chatRequest) (generation, *apiError) {
 
 func (e *Engine) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	arrival := e.now()
+	e.received()
 	var req completionRequest
 	if err := readJSON(w, r, e.cfg.MaxBodyBytes, &req); err != nil {
 		e.reject(w, err)
@@ -204,6 +206,7 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, g generation, 
 	e.admitted(n, hit)
 	prefill := e.cfg.Overhead + time.Duration(n-hit)*e.cfg.PrefillPerToken
 	if p.slow {
+		e.slowed()
 		prefill += p.faults.SlowFirstTokenDelay
 	}
 	if err := e.sleep(ctx, prefill); err != nil {

@@ -54,7 +54,7 @@ func TestMain(m *testing.M) {
 }
 
 // pollDeadline only guards against a hang; no test asserts speed.
-const pollDeadline = 30 * time.Second
+const pollDeadline = 2 * time.Minute
 
 // eventually polls cond until it holds; detail says what was last seen.
 func eventually(t *testing.T, what string, cond func() (ok bool, detail string)) {
