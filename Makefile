@@ -36,8 +36,8 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: all build release run test test-go test-prompts test-e2e lint fmt-check vet staticcheck bench tokenizers clean \
-        prometheus test-rules test-dashboards test-prometheus
+.PHONY: all build release run test test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench tokenizers clean \
+        prometheus test-rules test-dashboards test-prometheus vulncheck
 
 all: build
 
@@ -61,7 +61,7 @@ run:
 	$(GO) run ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
-test: lint tokenizers test-go test-prompts test-e2e test-rules test-dashboards test-prometheus
+test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-rules test-dashboards test-prometheus
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -77,6 +77,12 @@ test-prompts: tokenizers
 # too slow under -race.
 test-e2e:
 	$(GO) test -count=1 -timeout 30m -run '^TestE2E' ./cmd/kvload-exporter
+
+# The fault suite (every emulated fault at once, checked against the
+# engine's ground truth) and the endpoint-loss test at full size, with
+# their figures (-v). test-go runs them smaller under -race.
+test-faults:
+	$(GO) test -count=1 -timeout 10m -run '^(TestFaultsMatchGroundTruth|TestEndpointLoss)$$' -v ./cmd/kvload-exporter
 
 ## prometheus: build the pinned Prometheus and promtool into bin/.
 prometheus: $(PROMETHEUS) $(PROMTOOL)
@@ -112,6 +118,20 @@ vet:
 
 staticcheck:
 	$(TOOLS) staticcheck $(PKGS)
+
+# The Go vulnerability database; GOVULNDB overrides it (file:///path for a
+# local copy). Where it cannot be reached the check says so and passes:
+# an offline machine must still be able to run the tests.
+GOVULNDB ?= https://vuln.go.dev
+
+## vulncheck: govulncheck (pinned in tools/go.mod) on the code this module calls.
+vulncheck:
+	@if curl -sfL --max-time 20 -o /dev/null '$(GOVULNDB)/index/db.json'; then \
+	  echo '$(TOOLS) govulncheck -db=$(GOVULNDB) $(PKGS)'; \
+	  $(TOOLS) govulncheck -db='$(GOVULNDB)' $(PKGS); \
+	else \
+	  echo 'vulncheck: SKIPPED: $(GOVULNDB) unreachable'; \
+	fi
 
 ## bench: the benchmarks recorded in docs/benchmarks.md.
 bench: tokenizers

@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,11 @@ type Client struct {
 	model    []byte      // JSON string, nil when no model is configured
 	extra    []bodyField // extra_body, encoded once
 	secrets  []string    // inline credentials, scrubbed from error texts
+	// secretFiles hold credentials (credentials_file, password_file, ...)
+	// that prometheus/common reads on every request, so that they can be
+	// rotated: scrub reads them too, or a server echoing the token in its
+	// error body would put it in the log.
+	secretFiles []string
 
 	streams sync.Pool // *streamParser, reused across requests
 
@@ -127,6 +133,7 @@ func NewClient(cfg TargetConfig) (*Client, error) {
 		return nil, errors.Join(errs...)
 	}
 	c.secrets = inlineSecrets(&hc, c.user)
+	c.secretFiles = secretFiles(&hc)
 	c.http, err = config.NewClientFromConfig(hc, cfg.Name, config.WithUserAgent("kvload-exporter"))
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
@@ -178,6 +185,26 @@ func inlineSecrets(hc *config.HTTPClientConfig, user *url.Userinfo) []string {
 	add(string(hc.BearerToken))
 	if hc.OAuth2 != nil {
 		add(string(hc.OAuth2.ClientSecret))
+	}
+	return s
+}
+
+func secretFiles(hc *config.HTTPClientConfig) []string {
+	var s []string
+	add := func(path string) {
+		if path != "" {
+			s = append(s, path)
+		}
+	}
+	if hc.BasicAuth != nil {
+		add(hc.BasicAuth.PasswordFile)
+	}
+	if hc.Authorization != nil {
+		add(hc.Authorization.CredentialsFile)
+	}
+	add(hc.BearerTokenFile)
+	if hc.OAuth2 != nil {
+		add(hc.OAuth2.ClientSecretFile)
 	}
 	return s
 }
@@ -388,6 +415,15 @@ func (c *Client) scrub(s string) string {
 	for _, secret := range c.secrets {
 		s = strings.ReplaceAll(s, secret, "<secret>")
 	}
+	// Read now rather than at NewClient: the file may have been rotated
+	// since. This runs once per failed request, which has already cost a
+	// round trip, so the read is cheap in comparison.
+	for _, path := range c.secretFiles {
+		b, err := os.ReadFile(path)
+		if secret := strings.TrimSpace(string(b)); err == nil && secret != "" {
+			s = strings.ReplaceAll(s, secret, "<secret>")
+		}
+	}
 	s = redactAuthTokens(s)
 	s = strings.Join(strings.Fields(s), " ")
 	if len(s) > maxErrorText {
@@ -443,7 +479,9 @@ func redactAuthTokens(s string) string {
 }
 
 // errorBodyMessage extracts the message of a non-2xx body: one of the three
-// JSON error shapes, else the start of the text itself.
+// JSON error shapes, else the text itself. It does not shorten the text:
+// scrub does, after replacing secrets, so that none is cut in two and
+// half of it kept.
 func errorBodyMessage(b []byte) string {
 	var p fastjson.Parser
 	if v, err := p.ParseBytes(b); err == nil && v.Type() == fastjson.TypeObject {
@@ -451,11 +489,7 @@ func errorBodyMessage(b []byte) string {
 			return t
 		}
 	}
-	b = bytes.TrimSpace(b)
-	if len(b) > maxErrorText {
-		b = b[:maxErrorText]
-	}
-	return strings.ToValidUTF8(string(b), "")
+	return strings.ToValidUTF8(string(bytes.TrimSpace(b)), "")
 }
 
 func isEventStream(ct string) bool {

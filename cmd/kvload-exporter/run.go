@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
@@ -160,12 +161,20 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 		},
 		landing: d.landing,
 	})
-	server := &http.Server{Handler: mux, ReadHeaderTimeout: 30 * time.Second}
+	webLogger := newSlogBridge(logger, minLevel)
+	server := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 30 * time.Second,
+		// The server's own errors (failed TLS handshakes, plain HTTP on a
+		// TLS port) belong in the daemon's log, in its format, rather than
+		// on the standard logger.
+		ErrorLog: slog.NewLogLogger(webLogger.Handler(), slog.LevelError),
+	}
 	webErr := make(chan error, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		webErr <- web.ListenAndServe(server, f.web, newSlogBridge(logger, minLevel))
+		webErr <- web.ListenAndServe(server, f.web, webLogger)
 	}()
 	d.ready.Store(true)
 
