@@ -358,7 +358,7 @@ func TestBadInputReload(t *testing.T) {
 			})
 
 			breakInput(t, dir, srv.URL, c)
-			code, body := postReloadWithin(t, d.url)
+			code, body := postReload(t, d.url)
 			if code != http.StatusInternalServerError {
 				t.Errorf("POST /-/reload: %d, want 500:\n%s", code, body)
 			}
@@ -402,21 +402,4 @@ func runWithin(t *testing.T, args []string, stdout, stderr io.Writer) int {
 		t.Fatalf("%v still running after %v: the input was accepted, or it hangs", args, pollDeadline)
 		return 0
 	}
-}
-
-// postReloadWithin is POST /-/reload with a deadline, so that a reload
-// stuck on a file fails the test rather than hanging it.
-func postReloadWithin(t *testing.T, base string) (int, string) {
-	t.Helper()
-	client := &http.Client{Timeout: pollDeadline}
-	resp, err := client.Post(base+"/-/reload", "text/plain", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
 }

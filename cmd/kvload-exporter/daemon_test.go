@@ -268,21 +268,28 @@ func (mfs families) seriesWith(label, value string) []string {
 
 func httpGet(t *testing.T, u string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	return fetch(t, http.DefaultClient, http.MethodGet, u, nil)
 }
 
+// postReload is POST /-/reload with a deadline, so that a reload stuck on
+// a file fails the test rather than hanging it.
 func postReload(t *testing.T, base string) (int, string) {
 	t.Helper()
-	resp, err := http.Post(base+"/-/reload", "text/plain", nil)
+	return fetch(t, &http.Client{Timeout: pollDeadline}, http.MethodPost, base+"/-/reload", nil)
+}
+
+// fetch sends one bodiless request with c, with basic auth when userPass is
+// given, and returns the status and the body.
+func fetch(t *testing.T, c *http.Client, method, u string, userPass []string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(userPass) == 2 {
+		req.SetBasicAuth(userPass[0], userPass[1])
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -227,23 +227,10 @@ func authGet(t *testing.T, c *http.Client, u, user, pass string) (int, string) {
 
 func authDo(t *testing.T, c *http.Client, method, u, user, pass string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, u, nil)
-	if err != nil {
-		t.Fatal(err)
+	if user == "" && pass == "" {
+		return fetch(t, c, method, u, nil)
 	}
-	if user != "" || pass != "" {
-		req.SetBasicAuth(user, pass)
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	return fetch(t, c, method, u, []string{user, pass})
 }
 
 // echoCredential answers 401 with the credential the request carried, raw
