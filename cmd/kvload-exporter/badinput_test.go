@@ -291,10 +291,7 @@ func TestBadInputCheck(t *testing.T) {
 	for _, c := range badInputCases() {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			skipAsRoot(t, c)
-			dir := t.TempDir()
-			writeGoodInput(t, dir, "http://127.0.0.1:9")
-			breakInput(t, dir, "http://127.0.0.1:9", c)
+			dir := brokenInput(t, c)
 			var stdout, stderr syncBuffer
 			code := runWithin(t, []string{"--config.file=" + filepath.Join(dir, "kvload.yml"), "--config.check"}, &stdout, &stderr)
 			if code != checkExitCode {
@@ -316,10 +313,7 @@ func TestBadInputStart(t *testing.T) {
 	for _, c := range badInputCases() {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			skipAsRoot(t, c)
-			dir := t.TempDir()
-			writeGoodInput(t, dir, "http://127.0.0.1:9")
-			breakInput(t, dir, "http://127.0.0.1:9", c)
+			dir := brokenInput(t, c)
 			var stdout, stderr syncBuffer
 			code := runWithin(t, []string{"--config.file=" + filepath.Join(dir, "kvload.yml"), "--web.listen-address=127.0.0.1:0"}, &stdout, &stderr)
 			if code != exitBadInput {
@@ -376,6 +370,18 @@ func TestBadInputReload(t *testing.T) {
 			})
 		})
 	}
+}
+
+// brokenInput writes a good configuration and trace into a new directory,
+// breaks them as c says and returns the directory. The target's address is
+// a closed port: start-up and --config.check never reach it.
+func brokenInput(t *testing.T, c badCase) string {
+	t.Helper()
+	skipAsRoot(t, c)
+	dir := t.TempDir()
+	writeGoodInput(t, dir, "http://127.0.0.1:9")
+	breakInput(t, dir, "http://127.0.0.1:9", c)
+	return dir
 }
 
 func skipAsRoot(t *testing.T, c badCase) {
