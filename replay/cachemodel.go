@@ -3,27 +3,181 @@ package replay
 import (
 	"container/list"
 	"sync"
+
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
-// CacheModel is the ideal prefix cache of one (workload, target): what the
-// server could have served from cache if it kept every block this workload
-// sent it (capacity 0), or the most recently used capacity blocks.
-//
-// For one request, k is the number of its leading trace blocks already sent
-// to the target; the theoretical cached tokens are
-// floor(min(k·traceBlock, inputLength−1) / serverBlock) · serverBlock,
-// the quantisation a block-granular engine such as vLLM applies (it caches
-// full blocks only and always recomputes the last prompt token).
-type CacheModel struct {
-	traceBlock  int
-	serverBlock int
-	capacity    int // in server blocks; 0 = infinite
+// CacheGranularity is how an engine rounds the prefix it serves from cache.
+type CacheGranularity int
 
-	mu     sync.Mutex
+const (
+	// GranularityBlock serves whole server blocks only and recomputes the
+	// last prompt token (vLLM, Dynamo).
+	GranularityBlock CacheGranularity = iota
+	// GranularityToken serves any number of tokens up to the prompt's
+	// length minus one (SGLang's radix cache with pages of one token,
+	// TensorRT-LLM with partial block reuse, llama.cpp's slot prefix).
+	GranularityToken
+)
+
+// CacheParams describe the server cache an ideal model stands for.
+type CacheParams struct {
+	TraceBlock     int // tokens per trace hash block (512 for Mooncake)
+	ServerBlock    int // tokens per server KV block
+	CapacityBlocks int // server blocks the cache holds; 0 is unbounded
+	Granularity    CacheGranularity
+}
+
+// CacheModel is the ideal prefix cache of one (workload, target): the
+// prompt tokens the server could have served from cache for each request,
+// had it kept every block the whole fleet sent it (CapacityBlocks 0), or
+// the most recently used CapacityBlocks blocks.
+//
+// It is a function of the schedule, not of this process's history: it walks
+// the fleet's rows of every pass in order (FleetSchedule), all shards
+// included, starting one pass before the first request it is asked about,
+// so a replica started or restarted mid-run holds what a replica that never
+// stopped would hold. The requests of this replica that the server never
+// accepted (Reject) take their blocks back out, unless a later row used
+// them since; other replicas' failures cannot be known and are not modelled.
+//
+// For one request, k is the number of its leading trace blocks in the
+// cache; with GranularityBlock the theoretical cached tokens are
+// floor(min(k·TraceBlock, inputLength−1) / ServerBlock) · ServerBlock, with
+// GranularityToken min(k·TraceBlock, inputLength−1).
+type CacheModel struct {
+	sched *FleetSchedule
+	recs  []synth.Record
+	loop  LoopMode
+
+	mu      sync.Mutex
+	cache   *idealCache
+	started bool
+	cur     modelPos              // next row of the fleet schedule to simulate
+	ahead   map[modelPos]admitted // own rows simulated but not yet asked about
+}
+
+// modelPos is a row of a pass by its place in the fleet schedule.
+type modelPos struct{ pass, pos int }
+
+func (a modelPos) before(b modelPos) bool {
+	return a.pass < b.pass || (a.pass == b.pass && a.pos < b.pos)
+}
+
+// admitted is what simulating one row did.
+type admitted struct {
+	tokens   int
+	seq      uint64
+	inserted []blockKey
+}
+
+// NewCacheModel returns a model of the cache params describe for the rows
+// pacer schedules, in the fleet order of pacer's shard.
+func NewCacheModel(pacer *Pacer, params CacheParams) *CacheModel {
+	return &CacheModel{
+		sched: pacer.FleetSchedule(),
+		recs:  pacer.Records(),
+		loop:  pacer.Loop(),
+		cache: newIdealCache(params),
+		ahead: map[modelPos]admitted{},
+	}
+}
+
+// Accept returns the theoretical cached tokens of it, a request of this
+// replica that the server accepted (it streamed, or failed only later);
+// known is false when the model can no longer tell (the row is from a pass
+// the model has already forgotten).
+func (m *CacheModel) Accept(it PacerItem) (tokens int, known bool) {
+	return m.observe(it, true)
+}
+
+// Reject records that the server never processed it (a connection error, an
+// error status before any chunk, a row dropped or never built): its blocks do
+// not warm the model.
+func (m *CacheModel) Reject(it PacerItem) { m.observe(it, false) }
+
+func (m *CacheModel) observe(it PacerItem, accepted bool) (int, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	target := modelPos{it.Pass, int(m.sched.rank[it.Index])}
+	if !m.started {
+		m.started = true
+		m.cur = modelPos{pass: it.Pass}
+		if m.loop != LoopOnce && it.Pass > 0 {
+			m.cur.pass-- // warm up on the pass before, as a replica that never stopped
+		}
+	}
+	if target.before(m.cur) {
+		a, ok := m.ahead[target]
+		if !ok {
+			return 0, false
+		}
+		delete(m.ahead, target)
+		if !accepted {
+			m.cache.unadmit(a)
+		}
+		return a.tokens, true
+	}
+	m.advance(target)
+	a := m.simulate(target, accepted)
+	m.step()
+	return a.tokens, true
+}
+
+// advance simulates every row of the fleet schedule before target, keeping
+// what it did for this replica's rows, which are asked about later.
+func (m *CacheModel) advance(target modelPos) {
+	if target.pass > m.cur.pass+1 {
+		// A long stall: the passes in between cannot matter more than
+		// the one just before target.
+		m.cur = modelPos{pass: target.pass - 1}
+		clear(m.ahead)
+	}
+	for m.cur.before(target) {
+		a := m.simulate(m.cur, true)
+		if m.sched.owned[m.sched.order[m.cur.pos]] {
+			m.ahead[m.cur] = a
+		}
+		m.step()
+	}
+}
+
+// step moves the cursor on by one row; at a new pass it forgets what was
+// kept of passes that no request can still ask about.
+func (m *CacheModel) step() {
+	m.cur.pos++
+	if m.cur.pos < m.sched.Len() {
+		return
+	}
+	m.cur = modelPos{pass: m.cur.pass + 1}
+	for k := range m.ahead {
+		if k.pass < m.cur.pass-1 {
+			delete(m.ahead, k)
+		}
+	}
+}
+
+func (m *CacheModel) simulate(at modelPos, insert bool) admitted {
+	rec := &m.recs[m.sched.order[at.pos]]
+	return m.cache.visit(m.sched.ns(at.pass), rec.HashIDs, rec.ISL(), insert)
+}
+
+// Blocks returns how many trace blocks the model holds.
+func (m *CacheModel) Blocks() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cache.lru.Len()
+}
+
+// idealCache is the cache itself: trace blocks by (namespace, hash id), in
+// LRU order, each weighing the server blocks it fills.
+type idealCache struct {
+	p      CacheParams
 	index  map[blockKey]*list.Element
 	lru    *list.List // front = most recently used; values are *cachedBlock
 	used   int        // server blocks held
 	newest uint64     // the highest namespace admitted so far
+	seq    uint64     // visits so far
 }
 
 type blockKey struct {
@@ -33,105 +187,122 @@ type blockKey struct {
 
 type cachedBlock struct {
 	key    blockKey
-	weight int // server blocks this trace block occupies
+	weight int    // server blocks this trace block occupies
+	seq    uint64 // the last visit that touched it
 }
 
-// NewCacheModel returns an empty model. Sizes are in tokens; capacity is in
-// server blocks, 0 for an unbounded cache.
-func NewCacheModel(traceBlockSize, serverBlockSize, capacityBlocks int) *CacheModel {
-	return &CacheModel{
-		traceBlock:  max(traceBlockSize, 1),
-		serverBlock: max(serverBlockSize, 1),
-		capacity:    max(capacityBlocks, 0),
-		index:       map[blockKey]*list.Element{},
-		lru:         list.New(),
-	}
+func newIdealCache(p CacheParams) *idealCache {
+	p.TraceBlock = max(p.TraceBlock, 1)
+	p.ServerBlock = max(p.ServerBlock, 1)
+	p.CapacityBlocks = max(p.CapacityBlocks, 0)
+	return &idealCache{p: p, index: map[blockKey]*list.Element{}, lru: list.New()}
 }
 
-// Admit records that a request with these hash ids (in namespace ns) and
-// inputLength prompt tokens was sent, and returns the prompt tokens an ideal
-// cache would have served for it.
-func (m *CacheModel) Admit(ns uint64, ids []int64, inputLength int) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if ns > m.newest {
-		m.newest = ns
-		m.forgetBefore(ns - 1)
+// visit looks a request up and, when insert is set, adds its blocks.
+func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert bool) admitted {
+	c.seq++
+	a := admitted{seq: c.seq}
+	if insert && ns > c.newest {
+		c.newest = ns
+		c.forgetBefore(ns - 1)
 	}
 	k := 0
 	for _, id := range ids {
-		if _, ok := m.index[blockKey{ns, id}]; !ok {
+		if _, ok := c.index[blockKey{ns, id}]; !ok {
 			break
 		}
 		k++
+	}
+	a.tokens = c.quantise(k, inputLength)
+	if !insert {
+		return a
 	}
 	// Touch and insert from the last block back, so that a request's first
 	// blocks are the most recently used: under pressure the tails of old
 	// prompts go first and shared prefixes stay, as in vLLM's free queue.
 	for i := len(ids) - 1; i >= 0; i-- {
-		id := ids[i]
-		key := blockKey{ns, id}
-		if e, ok := m.index[key]; ok {
-			m.lru.MoveToFront(e)
+		key := blockKey{ns, ids[i]}
+		if e, ok := c.index[key]; ok {
+			e.Value.(*cachedBlock).seq = c.seq
+			c.lru.MoveToFront(e)
 			continue
 		}
-		tokens := m.traceBlock
+		tokens := c.p.TraceBlock
 		if i == len(ids)-1 {
-			tokens = inputLength - (len(ids)-1)*m.traceBlock
+			tokens = inputLength - (len(ids)-1)*c.p.TraceBlock
 		}
-		b := &cachedBlock{key: key, weight: max(tokens, 0) / m.serverBlock}
-		m.index[key] = m.lru.PushFront(b)
-		m.used += b.weight
+		b := &cachedBlock{key: key, weight: c.weight(max(tokens, 0)), seq: c.seq}
+		c.index[key] = c.lru.PushFront(b)
+		c.used += b.weight
+		a.inserted = append(a.inserted, key)
 	}
-	m.evict()
-	return theoreticalTokens(k, m.traceBlock, m.serverBlock, inputLength)
+	c.evict()
+	return a
 }
 
-func (m *CacheModel) evict() {
-	if m.capacity == 0 {
+// unadmit takes out the blocks a visit added, unless a later visit used them.
+func (c *idealCache) unadmit(a admitted) {
+	for _, key := range a.inserted {
+		e, ok := c.index[key]
+		if !ok || e.Value.(*cachedBlock).seq != a.seq {
+			continue
+		}
+		c.remove(e)
+	}
+}
+
+// weight is the server blocks a trace block of tokens fills: whole blocks
+// only where the engine caches whole blocks, the partial last one too where
+// it reuses partial blocks.
+func (c *idealCache) weight(tokens int) int {
+	if c.p.Granularity == GranularityToken {
+		return (tokens + c.p.ServerBlock - 1) / c.p.ServerBlock
+	}
+	return tokens / c.p.ServerBlock
+}
+
+func (c *idealCache) quantise(k, inputLength int) int {
+	hit := min(k*c.p.TraceBlock, inputLength-1)
+	if hit <= 0 {
+		return 0
+	}
+	if c.p.Granularity == GranularityToken {
+		return hit
+	}
+	return hit / c.p.ServerBlock * c.p.ServerBlock
+}
+
+func (c *idealCache) remove(e *list.Element) {
+	b := e.Value.(*cachedBlock)
+	c.lru.Remove(e)
+	delete(c.index, b.key)
+	c.used -= b.weight
+}
+
+func (c *idealCache) evict() {
+	if c.p.CapacityBlocks == 0 {
 		return
 	}
-	for m.used > m.capacity && m.lru.Len() > 0 {
-		e := m.lru.Back()
-		b := e.Value.(*cachedBlock)
-		m.lru.Remove(e)
-		delete(m.index, b.key)
-		m.used -= b.weight
+	for c.used > c.p.CapacityBlocks && c.lru.Len() > 0 {
+		c.remove(c.lru.Back())
 	}
 }
 
-// forgetBefore drops, from an infinite model, the blocks of namespaces
+// forgetBefore drops, from an unbounded cache, the blocks of namespaces
 // older than oldest. With loop: fresh every pass has a new namespace and no
 // later request can hit an earlier pass's blocks, so an always-on daemon
 // would otherwise grow by a whole trace's blocks every pass. The pass just
 // before is kept: its last session turns may still be going out. A bounded
-// model keeps its dead blocks, as a real server's LRU does, until evicted.
-func (m *CacheModel) forgetBefore(oldest uint64) {
-	if m.capacity != 0 || oldest == 0 {
+// cache keeps its dead blocks, as a real server's LRU does, until evicted.
+func (c *idealCache) forgetBefore(oldest uint64) {
+	if c.p.CapacityBlocks != 0 || oldest == 0 {
 		return
 	}
-	for e := m.lru.Front(); e != nil; {
+	for e := c.lru.Front(); e != nil; {
 		next := e.Next()
-		if b := e.Value.(*cachedBlock); b.key.ns < oldest {
-			m.lru.Remove(e)
-			delete(m.index, b.key)
-			m.used -= b.weight
+		if e.Value.(*cachedBlock).key.ns < oldest {
+			c.remove(e)
 		}
 		e = next
 	}
-}
-
-// Blocks returns how many trace blocks the model holds.
-func (m *CacheModel) Blocks() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.lru.Len()
-}
-
-func theoreticalTokens(k, traceBlock, serverBlock, inputLength int) int {
-	hit := min(k*traceBlock, inputLength-1)
-	if hit <= 0 {
-		return 0
-	}
-	return hit / serverBlock * serverBlock
 }

@@ -1,8 +1,17 @@
 package replay
 
-import "testing"
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
 
-func TestCacheModel(t *testing.T) {
+	"github.com/kvload-exporter/kvload-exporter/synth"
+)
+
+// TestIdealCache checks the cache's arithmetic request by request.
+func TestIdealCache(t *testing.T) {
 	type req struct {
 		ns   uint64
 		ids  []int64
@@ -12,9 +21,10 @@ func TestCacheModel(t *testing.T) {
 	tests := []struct {
 		name                    string
 		trace, server, capacity int
+		gran                    CacheGranularity
 		reqs                    []req
 	}{
-		{"infinite, prefix reuse", 512, 16, 0, []req{
+		{"infinite, prefix reuse", 512, 16, 0, GranularityBlock, []req{
 			{0, []int64{0, 1, 2}, 1300, 0},
 			{0, []int64{0, 1, 3}, 1100, 1024},    // two leading blocks seen
 			{0, []int64{0, 1, 2}, 1300, 1296},    // all seen: capped at isl−1 = 1299, floored to 16s
@@ -23,11 +33,16 @@ func TestCacheModel(t *testing.T) {
 			{0, []int64{0}, 1, 0},                // one-token prompt: isl−1 = 0
 			{0, []int64{0, 1, 2, 3}, 1600, 1584}, // k=4: min(2048, 1599) floored to 16s
 		}},
-		{"server block 1 (SGLang pages)", 512, 1, 0, []req{
+		{"server block 1 (SGLang pages)", 512, 1, 0, GranularityBlock, []req{
 			{0, []int64{7, 8}, 700, 0},
 			{0, []int64{7, 8}, 700, 699},
 		}},
-		{"LRU keeps prefixes, drops tails", 512, 16, 64, []req{
+		{"token granularity with 32-token blocks (TensorRT-LLM partial reuse)", 512, 32, 0, GranularityToken, []req{
+			{0, []int64{7, 8}, 700, 0},
+			{0, []int64{7, 8}, 700, 699}, // not floored to 32s
+			{0, []int64{7, 9}, 600, 512},
+		}},
+		{"LRU keeps prefixes, drops tails", 512, 16, 64, GranularityBlock, []req{
 			{0, []int64{0, 1}, 1024, 0},    // 64 server blocks: full
 			{0, []int64{0, 2}, 1024, 512},  // 0 hit; inserting 2 evicts tail 1
 			{0, []int64{0, 1}, 1024, 512},  // 1 was evicted
@@ -37,9 +52,9 @@ func TestCacheModel(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := NewCacheModel(tt.trace, tt.server, tt.capacity)
+			c := newIdealCache(CacheParams{TraceBlock: tt.trace, ServerBlock: tt.server, CapacityBlocks: tt.capacity, Granularity: tt.gran})
 			for i, r := range tt.reqs {
-				if got := m.Admit(r.ns, r.ids, r.isl); got != r.want {
+				if got := c.visit(r.ns, r.ids, r.isl, true).tokens; got != r.want {
 					t.Errorf("request %d %v/%d: theoretical %d, want %d", i, r.ids, r.isl, got, r.want)
 				}
 			}
@@ -47,36 +62,217 @@ func TestCacheModel(t *testing.T) {
 	}
 }
 
-// TestCacheModelForgetsOldPasses: an infinite model holds the current and the
-// previous fresh pass only, so an always-on daemon does not grow every pass;
-// a bounded model keeps dead blocks until its LRU evicts them.
-func TestCacheModelForgetsOldPasses(t *testing.T) {
+// TestIdealCacheForgetsOldPasses: an unbounded cache holds the current and
+// the previous fresh pass only, so an always-on daemon does not grow every
+// pass; a bounded one keeps dead blocks until its LRU evicts them.
+func TestIdealCacheForgetsOldPasses(t *testing.T) {
 	tests := []struct {
 		name     string
 		capacity int
-		// blocks held after each pass's request
-		want []int
-		// theoretical tokens of a late pass-1 request sent after pass 3 began
-		lateHit int
+		want     []int // blocks held after each pass's request
 	}{
-		{"infinite", 0, []int{3, 6, 6, 6}, 0},
-		{"bounded", 1 << 20, []int{3, 6, 9, 12}, 1024},
+		{"unbounded", 0, []int{3, 6, 6, 6}},
+		{"bounded", 1000, []int{3, 6, 9, 12}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := NewCacheModel(512, 16, tt.capacity)
+			c := newIdealCache(CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: tt.capacity})
 			for pass, want := range tt.want {
-				m.Admit(uint64(pass), []int64{0, 1, 2}, 1536)
-				if got := m.Blocks(); got != want {
+				c.visit(uint64(pass), []int64{0, 1, 2}, 1536, true)
+				if got := c.lru.Len(); got != want {
 					t.Errorf("after pass %d: %d blocks, want %d", pass, got, want)
 				}
 			}
-			// A late turn of the pass before the current one still hits.
-			if got := m.Admit(2, []int64{0, 1, 9}, 1536); got != 1024 {
-				t.Errorf("late turn of the previous pass: theoretical %d, want 1024", got)
+		})
+	}
+}
+
+// modelRef is the truth the model is checked against, written without the
+// model's code: an unbounded cache as a plain set, walked over every row of
+// the trace in timestamp order (stable on file order), pass after pass.
+// ns maps a pass to its namespace.
+func modelRef(recs []synth.Record, passes []int, ns func(int) uint64, serverBlock int) map[[2]int]int {
+	rows := make([]int, len(recs))
+	for i := range rows {
+		rows[i] = i
+	}
+	slices.SortStableFunc(rows, func(a, b int) int { return cmp.Compare(*recs[a].Timestamp, *recs[b].Timestamp) })
+	seen := map[[2]uint64]bool{}
+	out := map[[2]int]int{}
+	for _, pass := range passes {
+		for _, r := range rows {
+			k := 0
+			for _, id := range recs[r].HashIDs {
+				if !seen[[2]uint64{ns(pass), uint64(id)}] {
+					break
+				}
+				k++
 			}
-			if got := m.Admit(1, []int64{0, 1, 9}, 1536); got != tt.lateHit {
-				t.Errorf("turn of a forgotten pass: theoretical %d, want %d", got, tt.lateHit)
+			hit := min(k*512, recs[r].ISL()-1)
+			out[[2]int{pass, r}] = max(hit, 0) / serverBlock * serverBlock
+			for _, id := range recs[r].HashIDs {
+				seen[[2]uint64{ns(pass), uint64(id)}] = true
+			}
+		}
+	}
+	return out
+}
+
+// ownItems lists a shard's rows of pass in its own dispatch order.
+func ownItems(t *testing.T, p *Pacer, pass int) []PacerItem {
+	t.Helper()
+	if _, err := p.SeekTime(p.Period() * time.Duration(pass)); err != nil {
+		t.Fatal(err)
+	}
+	var out []PacerItem
+	for {
+		it, ok := p.Next()
+		if !ok || it.Pass != pass {
+			return out
+		}
+		out = append(out, it)
+	}
+}
+
+// TestCacheModelFleet: every replica of a sharded workload reads, for each
+// of its requests, what an ideal cache fed by the whole fleet would serve,
+// whatever order its own requests finish in.
+func TestCacheModelFleet(t *testing.T) {
+	recs := wlTestReadSlice(t, 2000)
+	for _, loop := range []LoopMode{LoopFresh, LoopRepeat} {
+		for _, count := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/%d shards", loop, count), func(t *testing.T) {
+				ns := func(pass int) uint64 {
+					if loop == LoopFresh {
+						return uint64(pass)
+					}
+					return 0
+				}
+				// A replica that never stopped had sent every earlier
+				// pass: for the reference, passes 0 to 6.
+				want := modelRef(recs, []int{0, 1, 2, 3, 4, 5, 6}, ns, 16)
+				for index := range count {
+					p, err := NewPacer(recs, PacerOptions{Loop: loop, Shard: Shard{Index: index, Count: count}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					m := NewCacheModel(p, CacheParams{TraceBlock: 512, ServerBlock: 16})
+					checked := 0
+					for _, pass := range []int{5, 6} {
+						items := ownItems(t, p, pass)
+						// Finish out of order: each run of 7 backwards.
+						for i := 0; i < len(items); i += 7 {
+							j := min(i+7, len(items))
+							slices.Reverse(items[i:j])
+						}
+						for _, it := range items {
+							got, known := m.Accept(it)
+							if w := want[[2]int{pass, it.Index}]; !known || got != w {
+								t.Fatalf("shard %d, pass %d, row %d: theoretical %d (known %v), want %d", index, pass, it.Index, got, known, w)
+							}
+							checked++
+						}
+					}
+					if checked == 0 {
+						t.Fatalf("shard %d checked no request", index)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestCacheModelRestart: a model that starts mid-run, as after a restart of
+// the exporter, answers what one that ran all along answers, for an
+// unbounded cache and for one far smaller than a pass.
+func TestCacheModelRestart(t *testing.T) {
+	recs := wlTestReadSlice(t, 2000)
+	for _, loop := range []LoopMode{LoopFresh, LoopRepeat} {
+		for _, capacity := range []int{0, 4000} {
+			t.Run(fmt.Sprintf("%s/capacity %d", loop, capacity), func(t *testing.T) {
+				params := CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: capacity}
+				newModel := func() (*Pacer, *CacheModel) {
+					p, err := NewPacer(recs, PacerOptions{Loop: loop})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return p, NewCacheModel(p, params)
+				}
+				p, steady := newModel()
+				_, restarted := newModel()
+				var items []PacerItem
+				for pass := 3; pass <= 5; pass++ {
+					items = append(items, ownItems(t, p, pass)...)
+				}
+				// The restarted model is first asked halfway through pass 4.
+				restart := len(items) / 2
+				differ := 0
+				for i, it := range items {
+					a, _ := steady.Accept(it)
+					if i < restart {
+						continue
+					}
+					b, known := restarted.Accept(it)
+					if !known || a != b {
+						differ++
+					}
+				}
+				if differ != 0 {
+					t.Errorf("%d of %d requests after the restart read differently", differ, len(items)-restart)
+				}
+			})
+		}
+	}
+}
+
+// TestCacheModelReject: a request the server never got does not warm the
+// model, unless a later request used its blocks since.
+func TestCacheModelReject(t *testing.T) {
+	rows := []synth.Record{
+		{Timestamp: synth.Ptr(0.0), InputLength: synth.Ptr(1024), HashIDs: []int64{0, 1}},
+		{Timestamp: synth.Ptr(1.0), InputLength: synth.Ptr(1024), HashIDs: []int64{0, 1}},
+		{Timestamp: synth.Ptr(2.0), InputLength: synth.Ptr(1024), HashIDs: []int64{0, 2}},
+	}
+	params := CacheParams{TraceBlock: 512, ServerBlock: 16}
+	item := func(row int) PacerItem { return PacerItem{Index: row} }
+	tests := []struct {
+		name  string
+		steps func(m *CacheModel) []int // theoretical of the accepted rows, in order
+		want  []int
+	}{
+		{"all accepted", func(m *CacheModel) []int {
+			a, _ := m.Accept(item(0))
+			b, _ := m.Accept(item(1))
+			c, _ := m.Accept(item(2))
+			return []int{a, b, c}
+		}, []int{0, 1008, 512}},
+		{"first rejected before the next", func(m *CacheModel) []int {
+			m.Reject(item(0))
+			b, _ := m.Accept(item(1))
+			c, _ := m.Accept(item(2))
+			return []int{b, c}
+		}, []int{0, 512}},
+		{"first rejected after the next used its blocks", func(m *CacheModel) []int {
+			b, _ := m.Accept(item(1)) // simulates row 0 ahead, then hits it
+			m.Reject(item(0))
+			c, _ := m.Accept(item(2))
+			return []int{b, c}
+		}, []int{1008, 512}},
+		{"first rejected after the third was simulated", func(m *CacheModel) []int {
+			c, _ := m.Accept(item(2))
+			m.Reject(item(0)) // row 1 touched its blocks: they stay
+			b, _ := m.Accept(item(1))
+			return []int{c, b}
+		}, []int{512, 1008}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := NewPacer(rows, PacerOptions{Loop: LoopOnce})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tt.steps(NewCacheModel(p, params)); !slices.Equal(got, tt.want) {
+				t.Errorf("theoretical %v, want %v", got, tt.want)
 			}
 		})
 	}

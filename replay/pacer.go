@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sort"
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
@@ -40,6 +41,9 @@ type PacerOptions struct {
 	Shard        Shard    // the zero value means the whole trace
 	// Trace names the trace file in errors ("file:line: ...").
 	Trace string
+	// OnceNamespace is the hash-id namespace of the single pass of
+	// LoopOnce. LoopFresh uses the pass number and LoopRepeat 0.
+	OnceNamespace uint64
 }
 
 // PacerItem is one row in one pass: a conversation's first turn from Next,
@@ -93,6 +97,7 @@ type Pacer struct {
 	period  time.Duration
 	loop    LoopMode
 	shard   Shard
+	onceNS  uint64
 
 	shareRows int // rows of this shard's share in one whole pass
 
@@ -155,6 +160,7 @@ func NewPacer(records []synth.Record, opts PacerOptions) (*Pacer, error) {
 		next:    make([]int32, len(records)),
 		loop:    loop,
 		shard:   shard,
+		onceNS:  opts.OnceNamespace,
 	}
 
 	// Group rows into conversations in order of first appearance, linking
@@ -264,11 +270,40 @@ func (p *Pacer) absolute(pass int, due time.Duration) time.Duration {
 	return time.Duration(pass)*p.period + due
 }
 
-func (p *Pacer) namespace(pass int) uint64 {
-	if p.loop == LoopFresh {
+// Namespace is the hash-id namespace of pass: the pass number with
+// LoopFresh, so that replicas and restarts numbering passes from the same
+// anchor build the same prompts; 0 with LoopRepeat; OnceNamespace with
+// LoopOnce.
+func (p *Pacer) Namespace(pass int) uint64 {
+	switch p.loop {
+	case LoopFresh:
 		return uint64(pass)
+	case LoopOnce:
+		return p.onceNS
 	}
 	return 0
+}
+
+// Shard is this pacer's share of the trace.
+func (p *Pacer) Shard() Shard { return p.shard }
+
+// SeekTime places the cursor on the pass grid that starts at an anchor in
+// wall-clock time, elapsed after it: pass p covers [p·Period, (p+1)·Period)
+// from the anchor, and the cursor goes to the first conversation due at or
+// after elapsed. It returns that conversation's offset from the anchor: the
+// wall time of Due 0 is the anchor plus that offset. Every replica and every
+// restart that uses the same anchor agrees on pass numbers and positions.
+func (p *Pacer) SeekTime(elapsed time.Duration) (time.Duration, error) {
+	if elapsed < 0 {
+		return 0, fmt.Errorf("pacer: %v before the anchor", -elapsed)
+	}
+	pass := int(elapsed / p.period)
+	within := elapsed % p.period
+	c := sort.Search(len(p.convs), func(i int) bool { return p.convs[i].due >= within })
+	if err := p.Seek(TracePosition{Pass: pass, Conv: c}); err != nil {
+		return 0, err
+	}
+	return p.origin, nil
 }
 
 // Next returns the next first turn of this shard's share in due order, across
@@ -296,7 +331,7 @@ func (p *Pacer) Next() (PacerItem, bool) {
 			Pass:      p.pass,
 			Index:     conv.first,
 			Due:       p.absolute(p.pass, conv.due) - p.origin,
-			Namespace: p.namespace(p.pass),
+			Namespace: p.Namespace(p.pass),
 			Conv:      c,
 		}, true
 	}

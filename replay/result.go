@@ -21,6 +21,14 @@ const (
 	OutcomeCanceled        Outcome = "canceled"
 )
 
+// ServerNeverGotIt tells whether a request with this outcome certainly did
+// not reach the server's engine: it was refused before any answer, or
+// answered with an error status before any chunk. Its prompt was not
+// prefilled, so it warms no cache.
+func (o Outcome) ServerNeverGotIt() bool {
+	return o == OutcomeConnectionError || o == OutcomeHTTPError
+}
+
 // Outcomes lists every outcome, for initialising metrics.
 var Outcomes = [...]Outcome{OutcomeSuccess, OutcomeHTTPError, OutcomeStreamError, OutcomeTimeout, OutcomeConnectionError, OutcomeCanceled}
 
@@ -79,8 +87,10 @@ type Result struct {
 	TraceNamespace   uint64  // hash-id namespace of the pass (loop: fresh changes it)
 
 	// TheoreticalCachedTokens is what an ideal cache would have served for
-	// this request (see CacheModel), computed when it was sent.
+	// this request (see CacheModel); TheoreticalKnown is false without a
+	// model, or when the model could not tell.
 	TheoreticalCachedTokens int
+	TheoreticalKnown        bool
 }
 
 // TTFT is the time from send to the first content chunk; ok is false when

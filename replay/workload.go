@@ -81,8 +81,12 @@ type WorkloadConfig struct {
 	OnSaturation SaturationPolicy // "" means drop
 
 	Clock DispatchClock // nil means SystemClock
+	// Start is the wall time of the pacer's Due 0 (see Pacer.SeekTime); the
+	// zero value means when Run starts.
+	Start time.Time
 	// Cache, when set, computes each request's theoretical cached tokens
-	// just before it is sent.
+	// once its response is in (off the send path), and hears of the rows
+	// the server never got.
 	Cache *CacheModel
 	// OnBuildError, when set, hears why a row was dropped with
 	// DropBuildError (the error names the trace line), e.g. to log it.
@@ -284,7 +288,11 @@ type workloadDispatcher struct {
 }
 
 func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer) runEndReason {
-	d := &workloadDispatcher{w: w, reqCtx: reqCtx, start: w.clock.Now(), passLeft: map[int]int{}}
+	start := w.cfg.Start
+	if start.IsZero() {
+		start = w.clock.Now()
+	}
+	d := &workloadDispatcher{w: w, reqCtx: reqCtx, start: start, passLeft: map[int]int{}}
 	d.advance()
 	for {
 		d.absorb()
@@ -374,12 +382,14 @@ func (d *workloadDispatcher) shutdown(r runEndReason) runEndReason {
 		if !have || at.After(now) {
 			return r
 		}
+		var it PacerItem
 		if fromHeap {
-			heap.Pop(&d.turns)
+			it = heap.Pop(&d.turns).(pendingTurn).it
 		} else {
+			it = d.head
 			d.advance()
 		}
-		w.obs.Dropped(w.cfg.Name, w.cfg.Target, DropShutdown, at)
+		w.drop(it, DropShutdown, at)
 	}
 }
 
@@ -394,7 +404,7 @@ func (d *workloadDispatcher) launch(ctx context.Context, it PacerItem, scheduled
 	default:
 	}
 	if !acquired && w.cfg.OnSaturation == SaturationDrop {
-		w.obs.Dropped(w.cfg.Name, w.cfg.Target, DropMaxInFlight, scheduled)
+		w.drop(it, DropMaxInFlight, scheduled)
 		d.countRow(it.Pass)
 		d.follow(it, w.clock.Now())
 		return -1
@@ -406,10 +416,10 @@ func (d *workloadDispatcher) launch(ctx context.Context, it PacerItem, scheduled
 		case <-w.wake:
 			d.absorb()
 		case <-ctx.Done():
-			w.obs.Dropped(w.cfg.Name, w.cfg.Target, DropShutdown, scheduled)
+			w.drop(it, DropShutdown, scheduled)
 			return d.shutdown(runEndCanceled)
 		case <-w.stopCh:
-			w.obs.Dropped(w.cfg.Name, w.cfg.Target, DropShutdown, scheduled)
+			w.drop(it, DropShutdown, scheduled)
 			return d.shutdown(runEndStopped)
 		}
 	}
@@ -476,7 +486,7 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 	rec := &w.recs[it.Index]
 	var res *Result
 	if req, err := w.build.Build(rec, it.Namespace); err != nil {
-		w.obs.Dropped(w.cfg.Name, w.cfg.Target, DropBuildError, scheduled)
+		w.drop(it, DropBuildError, scheduled)
 		if w.cfg.OnBuildError != nil {
 			w.cfg.OnBuildError(fmt.Errorf("workload %s: trace line %d: %w", w.cfg.Name, rec.Line, err))
 		}
@@ -488,9 +498,6 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 			TraceInputLength: rec.ISL(),
 			TraceHashIDs:     rec.HashIDs,
 			TraceNamespace:   it.Namespace,
-		}
-		if w.cfg.Cache != nil {
-			res.TheoreticalCachedTokens = w.cfg.Cache.Admit(it.Namespace, rec.HashIDs, rec.ISL())
 		}
 		res.Sent = w.clock.Now()
 		w.obs.Sent(w.cfg.Name, w.cfg.Target, scheduled, res.Sent)
@@ -510,6 +517,13 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 		w.mu.Unlock()
 	}
 	if res != nil {
+		if w.cfg.Cache != nil {
+			if res.Outcome.ServerNeverGotIt() {
+				w.cfg.Cache.Reject(it)
+			} else {
+				res.TheoreticalCachedTokens, res.TheoreticalKnown = w.cfg.Cache.Accept(it)
+			}
+		}
 		w.obs.Finished(res)
 	}
 	// Decrement before reading draining: Run sets draining before it
@@ -521,6 +535,14 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 		default:
 		}
 	}
+}
+
+// drop reports a row that was never sent; the model forgets its blocks.
+func (w *Workload) drop(it PacerItem, reason string, scheduled time.Time) {
+	if w.cfg.Cache != nil {
+		w.cfg.Cache.Reject(it)
+	}
+	w.obs.Dropped(w.cfg.Name, w.cfg.Target, reason, scheduled)
 }
 
 // pendingTurns orders pending later turns by send time.
