@@ -56,11 +56,52 @@ type Target struct {
 // Cache describes the target's KV prefix cache, for the theoretical model
 // and for reading the observed hits.
 type Cache struct {
-	BlockSize      int    `yaml:"block_size,omitempty"`
-	CapacityBlocks int    `yaml:"capacity_blocks,omitempty"`
-	Observed       string `yaml:"observed,omitempty"`
-	MetricsURL     string `yaml:"metrics_url,omitempty"`
+	// BlockSize and CapacityBlocks are "auto" unless given: read from the
+	// target where its engine exposes them (see package kvcapacity).
+	BlockSize      AutoInt `yaml:"block_size,omitempty"`
+	CapacityBlocks AutoInt `yaml:"capacity_blocks,omitempty"`
+	Observed       string  `yaml:"observed,omitempty"`
+	MetricsURL     string  `yaml:"metrics_url,omitempty"`
 }
+
+// AutoInt is a whole number, or "auto" for a value the exporter reads from
+// the target. The zero value (not given) is auto.
+type AutoInt struct {
+	N     int
+	fixed bool
+}
+
+// Fixed returns an AutoInt of n.
+func Fixed(n int) AutoInt { return AutoInt{N: n, fixed: true} }
+
+// Auto tells whether the value is to be read from the target.
+func (a AutoInt) Auto() bool { return !a.fixed }
+
+// UnmarshalYAML takes "auto" or an integer; anything else is a type error,
+// so that decoding goes on and every other problem is reported too.
+func (a *AutoInt) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode && n.Value == "auto" {
+		*a = AutoInt{}
+		return nil
+	}
+	var v int
+	if n.Kind != yaml.ScalarNode || n.Decode(&v) != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %q is neither auto nor a whole number", n.Line, n.Value)}}
+	}
+	*a = Fixed(v)
+	return nil
+}
+
+// MarshalYAML writes the value back in the same form.
+func (a AutoInt) MarshalYAML() (any, error) {
+	if a.Auto() {
+		return "auto", nil
+	}
+	return a.N, nil
+}
+
+// IsZero makes omitempty leave out an auto value.
+func (a AutoInt) IsZero() bool { return a.Auto() }
 
 // Workload is one trace replayed against one or more targets.
 type Workload struct {
@@ -117,7 +158,6 @@ const (
 	DefaultPromptFormat   = "text"
 	DefaultTokenizer      = "o200k_base"
 	DefaultRequestTimeout = Duration(10 * time.Minute)
-	DefaultCacheBlockSize = 16
 	DefaultObserved       = "usage"
 	DefaultTraceBlockSize = 512
 	DefaultLoop           = "fresh"
@@ -238,9 +278,6 @@ func (c *Config) applyDefaults() {
 		t.Tokenizer = orDefault(t.Tokenizer, DefaultTokenizer)
 		if t.RequestTimeout == 0 {
 			t.RequestTimeout = DefaultRequestTimeout
-		}
-		if t.Cache.BlockSize == 0 {
-			t.Cache.BlockSize = DefaultCacheBlockSize
 		}
 		t.Cache.Observed = orDefault(t.Cache.Observed, DefaultObserved)
 		if t.Cache.Observed == "server_metrics" && t.Cache.MetricsURL == "" && t.URL != "" {
@@ -402,11 +439,11 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	if err := t.HTTPClientConfig.Validate(); err != nil {
 		bad(p+".http_client_config", "%v", err)
 	}
-	if t.Cache.BlockSize < 1 {
-		bad(p+".cache.block_size", "must be at least 1, got %d", t.Cache.BlockSize)
+	if !t.Cache.BlockSize.Auto() && t.Cache.BlockSize.N < 1 {
+		bad(p+".cache.block_size", "must be auto or at least 1, got %d", t.Cache.BlockSize.N)
 	}
-	if t.Cache.CapacityBlocks < 0 {
-		bad(p+".cache.capacity_blocks", "must be ≥ 0 (0 is infinite), got %d", t.Cache.CapacityBlocks)
+	if !t.Cache.CapacityBlocks.Auto() && t.Cache.CapacityBlocks.N < 0 {
+		bad(p+".cache.capacity_blocks", "must be auto or ≥ 0 (0 is infinite), got %d", t.Cache.CapacityBlocks.N)
 	}
 	oneOf(t.Cache.Observed, p+".cache.observed", bad, "usage", "server_metrics", "none")
 	if t.Cache.MetricsURL != "" {
@@ -417,9 +454,9 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 			bad(p+".cache.metrics_url", "is required with observed: server_metrics")
 		}
 		switch t.Dialect {
-		case "vllm", "sglang", "trtllm", "dynamo":
+		case "vllm", "sglang", "trtllm", "dynamo", "llamacpp":
 		default:
-			bad(p+".cache.observed", "server_metrics needs a dialect whose server counts cached tokens (vllm, sglang, trtllm, dynamo), got %q", t.Dialect)
+			bad(p+".cache.observed", "server_metrics needs a dialect whose server counts cached tokens (vllm, sglang, trtllm, dynamo, llamacpp), got %q", t.Dialect)
 		}
 	}
 }

@@ -20,7 +20,7 @@ func TestLoadGood(t *testing.T) {
 	if !ok {
 		t.Fatal("target vllm-a missing")
 	}
-	if a.API != "chat" || a.PromptFormat != "text" || a.Cache.BlockSize != 16 || a.Cache.Observed != "usage" ||
+	if a.API != "chat" || a.PromptFormat != "text" || !a.Cache.BlockSize.Auto() || !a.Cache.CapacityBlocks.Auto() || a.Cache.Observed != "usage" ||
 		time.Duration(a.RequestTimeout) != 10*time.Minute || !a.HTTPClientConfig.FollowRedirects {
 		t.Errorf("defaults not applied: %+v", a)
 	}
@@ -151,4 +151,41 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCacheAutoValues: block_size and capacity_blocks take auto (also the
+// default) or a number; anything else names its path.
+func TestCacheAutoValues(t *testing.T) {
+	tests := []struct {
+		cache         string
+		block, blocks AutoInt
+		problem       string
+	}{
+		{"{}", AutoInt{}, AutoInt{}, ""},
+		{"{block_size: auto, capacity_blocks: auto}", AutoInt{}, AutoInt{}, ""},
+		{"{block_size: 32, capacity_blocks: 0}", Fixed(32), Fixed(0), ""},
+		{"{capacity_blocks: 65536}", AutoInt{}, Fixed(65536), ""},
+		{"{block_size: 0}", AutoInt{}, AutoInt{}, "targets[0].cache.block_size: must be auto or at least 1, got 0"},
+		{"{capacity_blocks: -1}", AutoInt{}, AutoInt{}, "targets[0].cache.capacity_blocks: must be auto or ≥ 0 (0 is infinite), got -1"},
+		{"{capacity_blocks: lots}", AutoInt{}, AutoInt{}, `"lots" is neither auto nor a whole number`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.cache, func(t *testing.T) {
+			yml := "targets: [{name: a, url: 'http://h:1', model: m, cache: " + tt.cache + "}]\nworkloads: [{name: w, trace: t.jsonl, targets: [a]}]\n"
+			cfg, err := Parse([]byte(yml), ".")
+			if tt.problem != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.problem) {
+					t.Fatalf("error %v, want one containing %q", err, tt.problem)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := cfg.Targets[0].Cache
+			if c.BlockSize != tt.block || c.CapacityBlocks != tt.blocks {
+				t.Errorf("block_size %+v capacity_blocks %+v, want %+v %+v", c.BlockSize, c.CapacityBlocks, tt.block, tt.blocks)
+			}
+		})
+	}
 }
