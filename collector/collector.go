@@ -37,18 +37,77 @@ type Collector struct {
 	theoreticalTokens *prometheus.CounterVec
 	loops             *prometheus.CounterVec
 	targetInfo        *prometheus.GaugeVec
-	reloadOK          prometheus.Gauge
-	reloadTime        prometheus.Gauge
 
-	now        func() time.Time
-	mu         sync.Mutex
-	passesDone map[string]int // workload → passes counted in trace_loops_total
-	recent     map[wtKey]*recent
-	observed   map[string]string // target → usage | server_metrics | none
-	// pending holds, per server_metrics target, the prompt tokens each
+	// The efficiency ratio's two sides, over the requests whose cached
+	// tokens the server reported: unknown is not zero.
+	reportedPrompt      *prometheus.CounterVec
+	reportedTrace       *prometheus.CounterVec
+	reportedTheoretical *prometheus.CounterVec
+	unreported          *prometheus.CounterVec
+	// The cache signal that needs nothing from the server.
+	classTTFT   *prometheus.HistogramVec
+	classTokens *prometheus.CounterVec
+	// The cache each target's model stands for.
+	capacityBlocks *prometheus.GaugeVec
+	blockSize      *prometheus.GaugeVec
+	capacityKnown  *prometheus.GaugeVec
+	reloadOK       prometheus.Gauge
+	reloadTime     prometheus.Gauge
+
+	// NotifyUnreported, when set, hears once per target (and again after
+	// its configuration changes) that a successful response carried no
+	// cached-token count, with the target's dialect, to tell the user
+	// what to switch on.
+	NotifyUnreported func(target, dialect string)
+
+	now      func() time.Time
+	mu       sync.Mutex
+	lastPass map[string]int // workload → the last pass counted in trace_loops_total
+	recent   map[wtKey]*recent
+	targets  map[string]*targetState
+}
+
+// targetState is what the collector keeps of one target.
+type targetState struct {
+	dialect  string
+	observed string // usage | server_metrics | none
+	notified bool   // NotifyUnreported was called
+	inFlight int
+	// pending holds, with observed: server_metrics, the prompt tokens each
 	// workload sent since the last scrape: the share of the server's cached
-	// tokens it is credited with.
-	pending map[string]map[string]float64
+	// tokens it is credited with. lastShares is the last non-empty set,
+	// for hits counted while only requests sent before were in flight;
+	// carried holds hits no share could take yet.
+	pending    map[string]float64
+	lastShares map[string]float64
+	carried    float64
+}
+
+// CacheClass is how much of a request's prompt an ideal cache would serve.
+type CacheClass string
+
+// The cache classes: label values of the cache_class label.
+const (
+	CacheClassNone    CacheClass = "none"    // under 10 %
+	CacheClassPartial CacheClass = "partial" // 10 % to 70 %
+	CacheClassMost    CacheClass = "most"    // 70 % or more
+)
+
+// CacheClasses lists every class, for initialising series.
+var CacheClasses = [...]CacheClass{CacheClassNone, CacheClassPartial, CacheClassMost}
+
+// ClassOf is the cache class of a request with this theoretical share.
+func ClassOf(theoretical, inputLength int) CacheClass {
+	if inputLength <= 0 {
+		return CacheClassNone
+	}
+	switch f := float64(theoretical) / float64(inputLength); {
+	case f >= 0.7:
+		return CacheClassMost
+	case f >= 0.1:
+		return CacheClassPartial
+	}
+	return CacheClassNone
 }
 
 var _ replay.Observer = (*Collector)(nil)
@@ -59,7 +118,7 @@ func New(reg prometheus.Registerer) *Collector {
 	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, append(append([]string{}, wt...), extra...))
 	}
-	histogram := func(name, help string) *prometheus.HistogramVec {
+	histogram := func(name, help string, extra ...string) *prometheus.HistogramVec {
 		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace:                       namespace,
 			Name:                            name,
@@ -68,7 +127,10 @@ func New(reg prometheus.Registerer) *Collector {
 			NativeHistogramBucketFactor:     1.1,
 			NativeHistogramMaxBucketNumber:  160,
 			NativeHistogramMinResetDuration: time.Hour,
-		}, wt)
+		}, append(append([]string{}, wt...), extra...))
+	}
+	targetGauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, []string{"target"})
 	}
 	c := &Collector{
 		requests:          counter("requests_total", "Finished requests by outcome.", "outcome"),
@@ -87,15 +149,26 @@ func New(reg prometheus.Registerer) *Collector {
 		targetInfo:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "target_info", Help: "Configured targets; always 1."}, []string{"target", "model", "api", "dialect"}),
 		reloadOK:          prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "config_last_reload_successful", Help: "Whether the last configuration reload succeeded (1) or failed (0)."}),
 		reloadTime:        prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "config_last_reload_success_timestamp_seconds", Help: "Time of the last successful configuration reload."}),
-		now:               time.Now,
-		passesDone:        map[string]int{},
-		recent:            map[wtKey]*recent{},
-		observed:          map[string]string{},
-		pending:           map[string]map[string]float64{},
+		reportedPrompt:    counter("cache_reported_prompt_tokens_total", "Server prompt tokens of successful requests whose cached tokens are known (reported in usage, or observed: server_metrics)."),
+		reportedTrace:     counter("cache_reported_trace_prompt_tokens_total", "The trace's input_length of the same requests."),
+		reportedTheoretical: counter("cache_reported_theoretical_cached_prompt_tokens_total",
+			"Theoretical cached prompt tokens of the same requests."),
+		unreported:     counter("cache_unreported_requests_total", "Successful requests whose response carried no cached-token count."),
+		classTTFT:      histogram("cache_class_time_to_first_token_seconds", "Time to first token of successful requests by how much of their prompt an ideal cache would serve (none < 10 %, partial, most >= 70 %).", "cache_class"),
+		classTokens:    counter("cache_class_trace_prompt_tokens_total", "The trace's input_length of the same requests, by cache class.", "cache_class"),
+		capacityBlocks: targetGauge("target_cache_capacity_blocks", "KV blocks of the cache the target's theoretical model stands for; 0 is unbounded."),
+		blockSize:      targetGauge("target_cache_block_size_tokens", "Tokens per KV block of the target's theoretical model."),
+		capacityKnown:  targetGauge("target_cache_capacity_known", "1 when the target's cache size was configured or read from it, 0 when unknown (the model is then unbounded)."),
+		now:            time.Now,
+		lastPass:       map[string]int{},
+		recent:         map[wtKey]*recent{},
+		targets:        map[string]*targetState{},
 	}
 	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
-		c.loops, c.targetInfo, c.reloadOK, c.reloadTime)
+		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
+		c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
+		c.capacityBlocks, c.blockSize, c.capacityKnown)
 	return c
 }
 
@@ -107,8 +180,12 @@ func (c *Collector) Start(workload, target string) {
 	}
 	c.dropped.WithLabelValues(workload, target, replay.DropMaxInFlight)
 	c.inFlight.WithLabelValues(workload, target)
-	for _, v := range []*prometheus.CounterVec{c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens} {
+	for _, v := range []*prometheus.CounterVec{c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
+		c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported} {
 		v.WithLabelValues(workload, target)
+	}
+	for _, cl := range CacheClasses {
+		c.classTokens.WithLabelValues(workload, target, string(cl))
 	}
 	c.loops.WithLabelValues(workload)
 }
@@ -120,7 +197,8 @@ func (c *Collector) Forget(workload, target string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
-		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens} {
+		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
+		c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens} {
 		v.DeletePartialMatch(l)
 	}
 	c.mu.Lock()
@@ -132,7 +210,7 @@ func (c *Collector) Forget(workload, target string) {
 func (c *Collector) ForgetWorkload(workload string) {
 	c.loops.DeleteLabelValues(workload)
 	c.mu.Lock()
-	delete(c.passesDone, workload)
+	delete(c.lastPass, workload)
 	c.mu.Unlock()
 }
 
@@ -143,27 +221,78 @@ func (c *Collector) SetTarget(target, model, api, dialect, observed string) {
 	c.targetInfo.DeletePartialMatch(prometheus.Labels{"target": target})
 	c.targetInfo.WithLabelValues(target, model, api, dialect).Set(1)
 	c.mu.Lock()
-	c.observed[target] = observed
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	st := c.targets[target]
+	if st == nil || st.dialect != dialect || st.observed != observed {
+		// A new or changed target: its scrape shares start over, and the
+		// advice about unreported cached tokens may be given again.
+		c.targets[target] = &targetState{dialect: dialect, observed: observed, inFlight: c.inFlightOf(target)}
+	}
 }
 
-// ForgetTarget deletes a removed target's info series.
+// inFlightOf counts a target's requests in flight from the live series
+// state; c.mu is held.
+func (c *Collector) inFlightOf(target string) int {
+	if st := c.targets[target]; st != nil {
+		return st.inFlight
+	}
+	return 0
+}
+
+// SetTargetCache publishes the cache a target's theoretical model stands
+// for: blocks of blockSize tokens (0 blocks: unbounded); known is false when
+// the size could be neither configured nor read from the target.
+func (c *Collector) SetTargetCache(target string, blocks, blockSize int, known bool) {
+	c.capacityBlocks.WithLabelValues(target).Set(float64(blocks))
+	c.blockSize.WithLabelValues(target).Set(float64(blockSize))
+	v := 0.0
+	if known {
+		v = 1
+	}
+	c.capacityKnown.WithLabelValues(target).Set(v)
+}
+
+// ForgetTarget deletes a removed target's series.
 func (c *Collector) ForgetTarget(target string) {
-	c.targetInfo.DeletePartialMatch(prometheus.Labels{"target": target})
+	l := prometheus.Labels{"target": target}
+	for _, v := range []*prometheus.GaugeVec{c.targetInfo, c.capacityBlocks, c.blockSize, c.capacityKnown} {
+		v.DeletePartialMatch(l)
+	}
 	c.mu.Lock()
-	delete(c.observed, target)
-	delete(c.pending, target)
+	delete(c.targets, target)
 	c.mu.Unlock()
 }
 
 // AddServerCached credits the increase of a target's own cached-token
 // counter to the workloads that sent it prompts since the last call, in
-// proportion to the prompt tokens each sent. Hits while this exporter sent
-// nothing came from other traffic and are not counted.
+// proportion to the prompt tokens each sent. When none was sent since but
+// requests are still in flight, the hits are theirs: the shares of the last
+// interval that had any take them. Hits while this exporter had nothing in
+// flight and sent nothing came from other traffic and are not counted.
 func (c *Collector) AddServerCached(target string, delta float64) {
 	c.mu.Lock()
-	shares := c.pending[target]
-	delete(c.pending, target)
+	st := c.targets[target]
+	if st == nil {
+		c.mu.Unlock()
+		return
+	}
+	shares := st.pending
+	st.pending = nil
+	switch {
+	case len(shares) > 0:
+		st.lastShares = shares
+	case st.inFlight > 0 && len(st.lastShares) > 0:
+		shares = st.lastShares
+	case st.inFlight > 0:
+		// Nothing to credit yet: keep the hits for the first shares.
+		st.carried += max(delta, 0)
+		c.mu.Unlock()
+		return
+	}
+	if len(shares) > 0 {
+		delta += st.carried
+		st.carried = 0
+	}
 	c.mu.Unlock()
 	var total float64
 	for _, p := range shares {
@@ -189,6 +318,11 @@ func (c *Collector) ReloadDone(ok bool, at time.Time) {
 
 // Sent implements replay.Observer.
 func (c *Collector) Sent(workload, target string, scheduled, sent time.Time) {
+	c.mu.Lock()
+	if st := c.targets[target]; st != nil {
+		st.inFlight++
+	}
+	c.mu.Unlock()
 	c.inFlight.WithLabelValues(workload, target).Inc()
 	c.lag.WithLabelValues(workload, target).Observe(sent.Sub(scheduled).Seconds())
 }
@@ -203,16 +337,31 @@ func (c *Collector) Finished(r *replay.Result) {
 
 	// One lock for the live summary and the server-metrics shares.
 	c.mu.Lock()
-	mode := c.observed[t]
-	usageCached := r.CachedKnown && (mode == "usage" || mode == "")
-	c.recordLocked(r, usageCached)
-	if success && mode == "server_metrics" {
-		if c.pending[t] == nil {
-			c.pending[t] = map[string]float64{}
+	st := c.targets[t]
+	mode, dialect := "usage", ""
+	if st != nil {
+		mode, dialect = st.observed, st.dialect
+		st.inFlight = max(st.inFlight-1, 0)
+	}
+	usageCached := r.CachedKnown && mode == "usage"
+	// The request counts on both sides of the efficiency ratio only when
+	// both are known: its cached tokens and its theoretical ones.
+	reported := success && r.TheoreticalKnown && (usageCached || mode == "server_metrics")
+	notify := false
+	if success && !usageCached && mode == "usage" && st != nil && !st.notified {
+		st.notified, notify = true, c.NotifyUnreported != nil
+	}
+	c.recordLocked(r, usageCached, reported)
+	if success && mode == "server_metrics" && st != nil {
+		if st.pending == nil {
+			st.pending = map[string]float64{}
 		}
-		c.pending[t][w] += float64(r.TraceInputLength)
+		st.pending[w] += float64(r.TraceInputLength)
 	}
 	c.mu.Unlock()
+	if notify {
+		c.NotifyUnreported(t, dialect)
+	}
 
 	if !success {
 		return
@@ -234,7 +383,27 @@ func (c *Collector) Finished(r *replay.Result) {
 	if usageCached {
 		c.cachedTokens.WithLabelValues(w, t).Add(float64(r.CachedTokens))
 	}
+	if !usageCached && mode != "server_metrics" {
+		c.unreported.WithLabelValues(w, t).Inc()
+	}
+	if !r.TheoreticalKnown {
+		return
+	}
 	c.theoreticalTokens.WithLabelValues(w, t).Add(float64(r.TheoreticalCachedTokens))
+	if reported {
+		prompt := r.TraceInputLength
+		if r.PromptKnown {
+			prompt = r.PromptTokens
+		}
+		c.reportedPrompt.WithLabelValues(w, t).Add(float64(prompt))
+		c.reportedTrace.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
+		c.reportedTheoretical.WithLabelValues(w, t).Add(float64(r.TheoreticalCachedTokens))
+	}
+	class := string(ClassOf(r.TheoreticalCachedTokens, r.TraceInputLength))
+	if d, ok := r.TTFT(); ok {
+		c.classTTFT.WithLabelValues(w, t, class).Observe(d.Seconds())
+		c.classTokens.WithLabelValues(w, t, class).Add(float64(r.TraceInputLength))
+	}
 }
 
 // Dropped implements replay.Observer.
@@ -242,14 +411,16 @@ func (c *Collector) Dropped(workload, target, reason string, _ time.Time) {
 	c.dropped.WithLabelValues(workload, target, reason).Inc()
 }
 
-// PassCompleted implements replay.Observer. Passes are counted per workload
-// (passes are numbered from 0): each target replays the whole trace, and the
-// first target to complete a pass counts it.
+// PassCompleted implements replay.Observer. Passes are counted per workload:
+// each target replays the whole trace, and the first target to complete a
+// pass counts it. Pass numbers come from the schedule's anchor, so only a
+// pass later than the last one counted adds one.
 func (c *Collector) PassCompleted(workload, _ string, pass int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for c.passesDone[workload] <= pass {
-		c.passesDone[workload]++
-		c.loops.WithLabelValues(workload).Inc()
+	if last, ok := c.lastPass[workload]; ok && pass <= last {
+		return
 	}
+	c.lastPass[workload] = pass
+	c.loops.WithLabelValues(workload).Inc()
 }

@@ -35,7 +35,7 @@ func scripted(c *Collector) {
 			OutputTokens: out, OutputFromUsage: true,
 			PromptTokens: prompt, PromptKnown: true,
 			CachedTokens: cached, CachedKnown: true,
-			TraceInputLength: trace, TheoreticalCachedTokens: theo,
+			TraceInputLength: trace, TheoreticalCachedTokens: theo, TheoreticalKnown: true,
 		}
 	}
 	results := []*replay.Result{
@@ -166,4 +166,124 @@ func TestStatus(t *testing.T) {
 	if st := c.Status(); st[0].RequestsPerSec != 0 {
 		t.Errorf("old samples still counted: %+v", st[0])
 	}
+}
+
+// TestUnknownIsNotZero: a response without a cached-token count counts on
+// neither side of the efficiency ratio, is counted as unreported, and the
+// user hears of it once per target.
+func TestUnknownIsNotZero(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	c := New(reg)
+	var told []string
+	c.NotifyUnreported = func(target, dialect string) { told = append(told, target+"/"+dialect) }
+	c.SetTarget("a", "m", "chat", "vllm", "usage")
+	c.Start("w", "a")
+	res := func(known bool) *replay.Result {
+		t0 := time.Unix(1_700_000_000, 0)
+		return &replay.Result{Workload: "w", Target: "a", Sent: t0, FirstToken: t0.Add(time.Millisecond), LastToken: t0.Add(time.Second),
+			Outcome: replay.OutcomeSuccess, PromptTokens: 1000, PromptKnown: true, CachedTokens: 512, CachedKnown: known,
+			TraceInputLength: 1000, TheoreticalCachedTokens: 512, TheoreticalKnown: true}
+	}
+	for _, known := range []bool{false, false, true} {
+		r := res(known)
+		c.Sent("w", "a", r.Sent, r.Sent)
+		c.Finished(r)
+	}
+	for name, want := range map[string]float64{
+		"kvload_cache_unreported_requests_total":                      2,
+		"kvload_cache_reported_prompt_tokens_total":                   1000,
+		"kvload_cache_reported_trace_prompt_tokens_total":             1000,
+		"kvload_cache_reported_theoretical_cached_prompt_tokens_total": 512,
+		"kvload_cached_prompt_tokens_total":                           512,
+		"kvload_prompt_tokens_total":                                  3000,
+		"kvload_theoretical_cached_prompt_tokens_total":               1536,
+	} {
+		if got := sumOf(t, reg, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	if len(told) != 1 || told[0] != "a/vllm" {
+		t.Errorf("notified %v, want once for a/vllm", told)
+	}
+	if st := c.Status(); len(st) != 1 || !st[0].Reported || st[0].Efficiency != 1 {
+		t.Errorf("status %+v, want reported with efficiency 1", st)
+	}
+}
+
+// TestServerCachedCarried: hits a scrape sees while requests are in flight
+// but none finished since the last scrape are kept for those requests'
+// workload, not dropped; hits with nothing in flight are other traffic.
+func TestServerCachedCarried(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	c := New(reg)
+	c.SetTarget("s", "m", "chat", "vllm", "server_metrics")
+	c.Start("w", "s")
+	t0 := time.Unix(1_700_000_000, 0)
+	done := func() {
+		c.Finished(&replay.Result{Workload: "w", Target: "s", Sent: t0, Outcome: replay.OutcomeSuccess, TraceInputLength: 100, TheoreticalKnown: true})
+	}
+	c.AddServerCached("s", 50) // nothing sent: other traffic
+	c.Sent("w", "s", t0, t0)
+	c.Sent("w", "s", t0, t0)
+	c.AddServerCached("s", 30) // in flight, nothing finished yet: carried
+	done()
+	c.AddServerCached("s", 20) // credited with the carried 30
+	c.AddServerCached("s", 10) // one still in flight: the last shares take it
+	done()
+	c.AddServerCached("s", 5)
+	c.AddServerCached("s", 7) // nothing in flight, nothing finished: other traffic
+	if got := sumOf(t, reg, "kvload_cached_prompt_tokens_total"); got != 65 {
+		t.Errorf("cached tokens %v, want 65 (30+20+10+5)", got)
+	}
+}
+
+// TestPassesFromAnchor: pass numbers count from the schedule's anchor, so
+// the first pass seen is large; each later one adds one.
+func TestPassesFromAnchor(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	c := New(reg)
+	for _, p := range []int{1_000_000, 1_000_000, 1_000_001, 1_000_000, 1_000_003} {
+		c.PassCompleted("w", "a", p)
+	}
+	if got := sumOf(t, reg, "kvload_trace_loops_total"); got != 3 {
+		t.Errorf("passes %v, want 3", got)
+	}
+	c.ForgetWorkload("w")
+	c.PassCompleted("w", "a", 1_000_004) // removed, then added back
+	if got := sumOf(t, reg, "kvload_trace_loops_total"); got != 1 {
+		t.Errorf("passes after re-adding %v, want 1", got)
+	}
+}
+
+func TestClassOf(t *testing.T) {
+	tests := []struct {
+		theo, isl int
+		want      CacheClass
+	}{
+		{0, 1000, CacheClassNone}, {99, 1000, CacheClassNone}, {100, 1000, CacheClassPartial},
+		{699, 1000, CacheClassPartial}, {700, 1000, CacheClassMost}, {999, 1000, CacheClassMost}, {0, 0, CacheClassNone},
+	}
+	for _, tt := range tests {
+		if got := ClassOf(tt.theo, tt.isl); got != tt.want {
+			t.Errorf("ClassOf(%d, %d) = %s, want %s", tt.theo, tt.isl, got, tt.want)
+		}
+	}
+}
+
+// sumOf adds every series of a counter family.
+func sumOf(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }

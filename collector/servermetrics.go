@@ -20,6 +20,9 @@ var ServerCacheMetric = map[string][]string{
 	"sglang": {"sglang:cached_tokens_total", "sglang:cached_tokens"},
 	"trtllm": {"trtllm_prompt_cached_tokens_total", "trtllm_prompt_cache_hit_tokens_total"},
 	"dynamo": {"dynamo_frontend_cached_tokens"},
+	// llama-server with --metrics, in builds that count cached prompt
+	// tokens (older ones have no prefix-cache counter at all).
+	"llamacpp": {"llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_cached"},
 }
 
 // maxMetricsBytes bounds one scrape of a server's /metrics.

@@ -26,10 +26,11 @@ type sample struct {
 	at          time.Time
 	success     bool
 	ttft        time.Duration // 0 when unknown
-	prompt      int           // server prompt tokens
+	reported    bool          // cached and theoretical tokens both known
+	prompt      int           // server prompt tokens, when reported
 	cached      int
 	trace       int
-	theoretical int
+	theoretical int // -1 when unknown
 }
 
 func (r *recent) add(s sample) {
@@ -47,29 +48,40 @@ type Status struct {
 	RequestsPerSec   float64 // finished requests per second over the window
 	ErrorRatio       float64
 	TTFTP50, TTFTP99 time.Duration // 0 when no successful request
-	ObservedHitRate  float64       // cached / server prompt tokens
-	TheoreticalRate  float64       // theoretical cached / trace prompt tokens
-	Window           time.Duration // span the figures cover
+	// ObservedHitRate is cached / server prompt tokens of the requests
+	// that reported their cached tokens; Reported is false when none did.
+	ObservedHitRate float64
+	Reported        bool
+	TheoreticalRate float64 // theoretical cached / trace prompt tokens
+	// Efficiency is ObservedHitRate over the theoretical rate of the same
+	// reporting requests; 0 when not Reported or nothing could hit.
+	Efficiency float64
+	Window     time.Duration // span the figures cover
 }
 
 type wtKey struct{ workload, target string }
 
 // recordLocked adds a finished request to the live summary; c.mu is held.
 // usageCached tells whether the response's cached tokens count as observed
-// for its target (not with observed: server_metrics or none).
-func (c *Collector) recordLocked(r *replay.Result, usageCached bool) {
-	s := sample{at: c.now(), success: r.Outcome == replay.OutcomeSuccess}
+// for its target (not with observed: server_metrics or none); reported,
+// whether the request counts on both sides of the efficiency ratio.
+func (c *Collector) recordLocked(r *replay.Result, usageCached, reported bool) {
+	s := sample{at: c.now(), success: r.Outcome == replay.OutcomeSuccess, theoretical: -1}
 	if s.success {
 		if d, ok := r.TTFT(); ok {
 			s.ttft = d
 		}
-		if r.PromptKnown {
-			s.prompt = r.PromptTokens
+		s.reported = reported && usageCached
+		if s.reported {
+			s.prompt, s.cached = r.TraceInputLength, r.CachedTokens
+			if r.PromptKnown {
+				s.prompt = r.PromptTokens
+			}
 		}
-		if usageCached {
-			s.cached = r.CachedTokens
+		s.trace = r.TraceInputLength
+		if r.TheoreticalKnown {
+			s.theoretical = r.TheoreticalCachedTokens
 		}
-		s.trace, s.theoretical = r.TraceInputLength, r.TheoreticalCachedTokens
 	}
 	k := wtKey{r.Workload, r.Target}
 	w := c.recent[k]
@@ -89,7 +101,7 @@ func (c *Collector) Status() []Status {
 	for k, w := range c.recent {
 		st := Status{Workload: k.workload, Target: k.target}
 		var ttfts []time.Duration
-		var n, failed, prompt, cached, trace, theo int
+		var n, failed, prompt, cached, trace, theo, repTrace, repTheo int
 		oldest := now
 		for i := 0; i < w.n; i++ {
 			s := w.samples[i]
@@ -107,10 +119,16 @@ func (c *Collector) Status() []Status {
 			if s.ttft > 0 {
 				ttfts = append(ttfts, s.ttft)
 			}
-			prompt += s.prompt
-			cached += s.cached
-			trace += s.trace
-			theo += s.theoretical
+			if s.theoretical >= 0 {
+				trace += s.trace
+				theo += s.theoretical
+			}
+			if s.reported {
+				prompt += s.prompt
+				cached += s.cached
+				repTrace += s.trace
+				repTheo += s.theoretical
+			}
 		}
 		if n > 0 {
 			// The figures cover the last minute, or less when the ring is
@@ -132,7 +150,11 @@ func (c *Collector) Status() []Status {
 			st.TTFTP99 = nearestRank(ttfts, 99)
 		}
 		if prompt > 0 {
+			st.Reported = true
 			st.ObservedHitRate = float64(cached) / float64(prompt)
+			if repTheo > 0 {
+				st.Efficiency = st.ObservedHitRate / (float64(repTheo) / float64(repTrace))
+			}
 		}
 		if trace > 0 {
 			st.TheoreticalRate = float64(theo) / float64(trace)
