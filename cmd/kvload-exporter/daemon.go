@@ -33,7 +33,9 @@ type daemon struct {
 	configFile   string
 	drainTimeout time.Duration
 	coll         *collector.Collector
-	nsBase       uint64
+	// anchor is the origin of every looping workload's pass grid: replicas
+	// and restarts agree on pass numbers, positions and prompts.
+	anchor time.Time
 	// shard, when set (--shard), replaces every workload's own shard.
 	shard *config.Shard
 
@@ -48,6 +50,7 @@ type daemon struct {
 	units     map[unitKey]*unit
 	emulators map[string]*emulated
 	scrapers  map[string]*scraping
+	caches    map[string]targetCache
 
 	ready   atomic.Bool
 	mu      sync.Mutex // guards the fields below, read by the landing page
@@ -82,18 +85,20 @@ type reloadStatus struct {
 }
 
 func newDaemon(ctx context.Context, logger log.Logger, configFile string, drain time.Duration, coll *collector.Collector) *daemon {
-	return &daemon{
+	d := &daemon{
 		ctx:          ctx,
 		logger:       logger,
 		configFile:   configFile,
 		drainTimeout: drain,
 		coll:         coll,
-		// A new namespace base per process start: see requestBuilder.nsBase.
-		nsBase:    uint64(time.Now().UnixNano()),
-		units:     map[unitKey]*unit{},
-		emulators: map[string]*emulated{},
-		scrapers:  map[string]*scraping{},
+		anchor:       time.Unix(0, 0),
+		units:        map[unitKey]*unit{},
+		emulators:    map[string]*emulated{},
+		scrapers:     map[string]*scraping{},
+		caches:       map[string]targetCache{},
 	}
+	coll.NotifyUnreported = d.logUnreported
+	return d
 }
 
 // reload reads the configuration file and applies it. With force false an
@@ -188,6 +193,7 @@ func (d *daemon) apply(data []byte) error {
 	if err := d.applyEmulators(cfg); err != nil {
 		return err
 	}
+	d.applyCaches(cfg)
 	if err := d.applyScrapers(cfg); err != nil {
 		return err
 	}
@@ -243,11 +249,6 @@ func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadDat
 		shard = *d.shard
 	}
 	rb := &requestBuilder{prompts: wd.builder}
-	if w.Loop == "fresh" && shard.Count == 1 {
-		// Replicas of a sharded workload must build the same prompts, so only
-		// an unsharded one moves to a new namespace base per start.
-		rb.nsBase = d.nsBase
-	}
 	if t.PromptFormat == "token_ids" {
 		rb.tokenIDs = true
 		tok := tokenizers[t.Tokenizer]
@@ -263,16 +264,37 @@ func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadDat
 			return nil, err
 		}
 	}
+	now := time.Now()
+	var onceNS uint64
+	if shard.Count == 1 {
+		// A single pass of its own: a restarted exporter must not resend
+		// prompts a warm server still holds while its model starts cold.
+		// Replicas of a sharded workload must build the same prompts.
+		onceNS = uint64(now.UnixNano())
+	}
 	pacer, err := replay.NewPacer(wd.records, replay.PacerOptions{
-		SpeedupRatio: 1, // synthesis already rescaled the timestamps
-		Loop:         replay.LoopMode(w.Loop),
-		Shard:        replay.Shard{Index: shard.Index, Count: shard.Count},
-		Trace:        w.Trace,
+		SpeedupRatio:  1, // synthesis already rescaled the timestamps
+		Loop:          replay.LoopMode(w.Loop),
+		Shard:         replay.Shard{Index: shard.Index, Count: shard.Count},
+		Trace:         w.Trace,
+		OnceNamespace: onceNS,
 	})
 	if err != nil {
 		client.Close()
 		return nil, err
 	}
+	var start time.Time // once: from the top, now
+	if w.Loop != "once" {
+		// Looping workloads keep the pass grid anchored in wall-clock time.
+		offset, err := pacer.SeekTime(now.Sub(d.anchor))
+		if err != nil {
+			client.Close()
+			return nil, err
+		}
+		start = d.anchor.Add(offset)
+	}
+	cache := d.caches[t.Name].params
+	cache.TraceBlock = w.BlockSize
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	gate := &gatedObserver{c: d.coll, fails: newFailureLog(logger)}
 	wl, err := replay.NewWorkload(replay.WorkloadConfig{
@@ -280,7 +302,8 @@ func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadDat
 		Target:       t.Name,
 		MaxInFlight:  w.MaxInFlight,
 		OnSaturation: replay.SaturationPolicy(w.OnSaturation),
-		Cache:        replay.NewCacheModel(w.BlockSize, t.Cache.BlockSize, t.Cache.CapacityBlocks),
+		Start:        start,
+		Cache:        replay.NewCacheModel(pacer, cache),
 		OnBuildError: func(err error) { level.Warn(logger).Log("msg", "request not built, counted as dropped", "err", err) },
 	}, pacer, client, rb, gate)
 	if err != nil {
@@ -403,7 +426,9 @@ func (d *daemon) publishTargets(cfg *config.Config) {
 	for _, t := range cfg.Targets {
 		d.coll.SetTarget(t.Name, t.Model, t.API, t.Dialect, t.Cache.Observed)
 		seen[t.Name] = true
-		targets = append(targets, landingTarget{Name: t.Name, Model: t.Model, API: t.API, Dialect: t.Dialect})
+		tc := d.caches[t.Name]
+		targets = append(targets, landingTarget{Name: t.Name, Model: t.Model, API: t.API, Dialect: t.Dialect,
+			BlockSize: tc.params.ServerBlock, CapacityBlocks: tc.params.CapacityBlocks, CapacityKnown: tc.known, CacheNote: tc.note})
 	}
 	if d.cfg != nil {
 		for _, t := range d.cfg.Targets {

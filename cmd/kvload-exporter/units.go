@@ -121,9 +121,6 @@ type requestBuilder struct {
 	prompts *synth.PromptBuilder
 	// tokenIDs sends token-id prompts, built with the target's tokenizer.
 	tokenIDs bool
-	// nsBase offsets the hash-id namespace of every pass, so that a restarted
-	// exporter does not resend prompts a server may still hold in its cache.
-	nsBase uint64
 }
 
 // Build implements replay.RequestBuilder.
@@ -132,7 +129,6 @@ func (b *requestBuilder) Build(rec *synth.Record, ns uint64) (replay.Request, er
 	if rec.OutputLength != nil {
 		req.MaxTokens = max(*rec.OutputLength, 1) // 0 would mean "server default"
 	}
-	ns += b.nsBase
 	var err error
 	switch {
 	case rec.Payload != nil:

@@ -37,6 +37,10 @@ type landingData struct {
 
 type landingTarget struct {
 	Name, Model, API, Dialect string
+	// The cache the target's theoretical model stands for.
+	BlockSize, CapacityBlocks int
+	CapacityKnown             bool
+	CacheNote                 string
 }
 
 func newMux(d webDeps) *http.ServeMux {
@@ -112,12 +116,12 @@ th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) { text-align: l
 <a href="{{.TelemetryPath}}">Metrics</a> · <a href="/-/healthy">Health</a> · <a href="/-/ready">Ready</a></p>
 <h2>Workloads</h2>
 {{if .Rows}}<table>
-<tr><th>Workload</th><th>Target</th><th>Requests/s</th><th>Errors</th><th>TTFT p50</th><th>TTFT p99</th><th>Observed hit rate</th><th>Theoretical hit rate</th><th>Window</th></tr>
-{{range .Rows}}<tr><td>{{.Workload}}</td><td>{{.Target}}</td><td>{{printf "%.2f" .RequestsPerSec}}</td><td>{{pct .ErrorRatio}}</td><td>{{ms .TTFTP50}}</td><td>{{ms .TTFTP99}}</td><td>{{pct .ObservedHitRate}}</td><td>{{pct .TheoreticalRate}}</td><td>{{secs .Window}}</td></tr>
+<tr><th>Workload</th><th>Target</th><th>Requests/s</th><th>Errors</th><th>TTFT p50</th><th>TTFT p99</th><th>Observed hit rate</th><th>Theoretical hit rate</th><th>Cache efficiency</th><th>Window</th></tr>
+{{range .Rows}}<tr><td>{{.Workload}}</td><td>{{.Target}}</td><td>{{printf "%.2f" .RequestsPerSec}}</td><td>{{pct .ErrorRatio}}</td><td>{{ms .TTFTP50}}</td><td>{{ms .TTFTP99}}</td>{{if .Reported}}<td>{{pct .ObservedHitRate}}</td>{{else}}<td title="the server reports no cached-token count">not reported</td>{{end}}<td>{{pct .TheoreticalRate}}</td><td>{{if .Reported}}{{printf "%.2f" .Efficiency}}{{else}}–{{end}}</td><td>{{secs .Window}}</td></tr>
 {{end}}</table>{{else}}<p>No request has finished yet.</p>{{end}}
 <h2>Targets</h2>
-<table><tr><th>Target</th><th>Model</th><th>API</th><th>Dialect</th></tr>
-{{range .Targets}}<tr><td>{{.Name}}</td><td>{{.Model}}</td><td>{{.API}}</td><td>{{.Dialect}}</td></tr>
+<table><tr><th>Target</th><th>Model</th><th>API</th><th>Dialect</th><th>KV block size</th><th>KV capacity (blocks)</th><th>Capacity from</th></tr>
+{{range .Targets}}<tr><td>{{.Name}}</td><td>{{.Model}}</td><td>{{.API}}</td><td>{{.Dialect}}</td><td>{{.BlockSize}}</td><td>{{if eq .CapacityBlocks 0}}unbounded{{else}}{{.CapacityBlocks}}{{end}}</td><td{{if not .CapacityKnown}} class="bad"{{end}}>{{.CacheNote}}</td></tr>
 {{end}}</table>
 <h2>Configuration</h2>
 <p>File: <code>{{.ConfigFile}}</code>. Last reload:

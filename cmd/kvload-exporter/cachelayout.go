@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/go-kit/log/level"
+	promconfig "github.com/prometheus/common/config"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/kvcapacity"
+	"github.com/kvload-exporter/kvload-exporter/replay"
+)
+
+// discoverTimeout bounds reading one target's cache size at a (re)load.
+const discoverTimeout = 3 * time.Second
+
+// targetCache is the cache a target's theoretical model stands for.
+type targetCache struct {
+	fingerprint string
+	params      replay.CacheParams // TraceBlock is the workload's, set per unit
+	known       bool               // capacity configured or read from the target
+	note        string             // how the figures were found, for the landing page
+}
+
+// dialectBlockSize is each engine's default KV block (page) size, used when
+// block_size is auto and the target does not say.
+func dialectBlockSize(dialect string) int {
+	switch dialect {
+	case "sglang", "llamacpp":
+		return 1
+	case "trtllm":
+		return 32
+	}
+	return 16
+}
+
+// dialectGranularity is how each engine rounds a cache hit.
+func dialectGranularity(dialect string) replay.CacheGranularity {
+	switch dialect {
+	case "sglang", "trtllm", "llamacpp":
+		return replay.GranularityToken
+	}
+	return replay.GranularityBlock
+}
+
+// applyCaches settles, for every target of cfg whose configuration changed,
+// the cache its model stands for: configured values as they are, auto ones
+// read from the target (all targets at once, each within discoverTimeout).
+// A capacity that is neither is unknown: the model is unbounded and the
+// user is told once, with the key to set.
+func (d *daemon) applyCaches(cfg *config.Config) {
+	next := map[string]targetCache{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range cfg.Targets {
+		t := &cfg.Targets[i]
+		fp := cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name)
+		if old, ok := d.caches[t.Name]; ok && old.fingerprint == fp {
+			next[t.Name] = old
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tc := d.settleCache(t, fp)
+			mu.Lock()
+			next[t.Name] = tc
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	d.caches = next
+	for name, tc := range next {
+		d.coll.SetTargetCache(name, tc.params.CapacityBlocks, tc.params.ServerBlock, tc.known)
+	}
+}
+
+func (d *daemon) settleCache(t *config.Target, fp string) targetCache {
+	tc := targetCache{fingerprint: fp, params: replay.CacheParams{
+		ServerBlock:    t.Cache.BlockSize.N,
+		CapacityBlocks: t.Cache.CapacityBlocks.N,
+		Granularity:    dialectGranularity(t.Dialect),
+	}, known: !t.Cache.CapacityBlocks.Auto(), note: "configured"}
+	if !t.Cache.BlockSize.Auto() && !t.Cache.CapacityBlocks.Auto() {
+		return tc
+	}
+	var layout kvcapacity.Layout
+	err := kvcapacity.ErrNotExposed
+	if url := d.targetBaseURL(t); kvcapacity.Exposed(t.Dialect) {
+		var client *http.Client
+		client, err = promconfig.NewClientFromConfig(*t.HTTPClientConfig, "kvload_cache_discovery")
+		if err == nil {
+			ctx, cancel := context.WithTimeout(d.ctx, discoverTimeout)
+			layout, err = kvcapacity.Discover(ctx, client, url, t.Dialect)
+			cancel()
+			client.CloseIdleConnections()
+		}
+	}
+	if t.Cache.BlockSize.Auto() {
+		tc.params.ServerBlock = dialectBlockSize(t.Dialect)
+		if err == nil {
+			tc.params.ServerBlock = layout.BlockSize
+		}
+	}
+	if t.Cache.CapacityBlocks.Auto() {
+		if err == nil {
+			tc.params.CapacityBlocks, tc.known, tc.note = layout.Blocks, true, "read from "+layout.Source
+		} else {
+			tc.params.CapacityBlocks, tc.note = 0, "unknown: set cache.capacity_blocks"
+			why := "its engine does not expose it"
+			if !errors.Is(err, kvcapacity.ErrNotExposed) {
+				why = err.Error()
+			}
+			level.Warn(d.logger).Log("msg", "the target's KV cache size is unknown, so its theoretical model assumes an unbounded cache and cache efficiency will read low on a healthy server; set cache.capacity_blocks (and cache.block_size) for it, or reload once it answers",
+				"target", t.Name, "reason", why)
+		}
+	}
+	return tc
+}
+
+// targetBaseURL is where a target answers: its url, or its emulator's.
+func (d *daemon) targetBaseURL(t *config.Target) string {
+	if t.Emulate != nil {
+		return d.emulatorURL(t.Name)
+	}
+	return t.URL
+}
+
+// unreportedAdvice says what makes a target report cached tokens.
+func unreportedAdvice(dialect string) string {
+	switch dialect {
+	case "vllm":
+		return "start vLLM with --enable-prompt-tokens-details, or set cache.observed: server_metrics"
+	case "sglang":
+		return "start SGLang with --enable-cache-report, or set cache.observed: server_metrics"
+	case "trtllm", "dynamo", "llamacpp":
+		return "set cache.observed: server_metrics to read the engine's own counter"
+	}
+	return "the server reports no cached tokens; cache efficiency is not computed for it (the cache-class TTFT signal still works)"
+}
+
+// logUnreported is the collector's NotifyUnreported.
+func (d *daemon) logUnreported(target, dialect string) {
+	level.Warn(d.logger).Log("msg", "responses carry no cached-token count: their requests count on neither side of the cache efficiency, shown as not reported",
+		"target", target, "what_to_do", unreportedAdvice(dialect))
+}
