@@ -24,6 +24,7 @@ RUN go mod download
 COPY cmd/ cmd/
 COPY collector/ collector/
 COPY config/ config/
+COPY kvcapacity/ kvcapacity/
 COPY emulate/ emulate/
 COPY replay/ replay/
 COPY synth/ synth/
