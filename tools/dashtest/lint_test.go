@@ -460,7 +460,7 @@ func TestLintRules(t *testing.T) {
 	if len(recorded) == 0 || len(alerts) == 0 {
 		t.Fatalf("%d recording rules, %d alerts", len(recorded), len(alerts))
 	}
-	for _, want := range []string{"KvloadCacheHitRegression", "KvloadTTFTRegression", "KvloadHighErrorRatio",
+	for _, want := range []string{"KvloadCacheHitRegression", "KvloadCacheTTFTContrastLost", "KvloadTTFTRegression", "KvloadHighErrorRatio",
 		"KvloadGeneratorBehind", "KvloadNoTraffic", "KvloadConfigReloadFailed"} {
 		if _, ok := alerts[want]; !ok {
 			t.Errorf("alert %s missing", want)
@@ -468,6 +468,8 @@ func TestLintRules(t *testing.T) {
 	}
 	for _, want := range []string{"workload_target:kvload_cache_efficiency:ratio_rate5m",
 		"workload_target:kvload_cache_hit:ratio_rate5m", "workload_target:kvload_cache_theoretical_hit:ratio_rate5m",
+		"workload_target:kvload_cache_reported_theoretical_hit:ratio_rate5m", "workload_target:kvload_cache_unreported:ratio_rate5m",
+		"workload_target:kvload_cache_ttft_per_token:ratio_rate5m", "workload_target:kvload_cache_ttft_contrast:ratio_rate5m",
 		"workload_target:kvload_request_errors:ratio_rate5m", "workload_target:kvload_schedule_lag_seconds:p99_rate5m",
 		"workload_target:kvload_time_to_first_token_seconds:p99_rate5m"} {
 		if !recorded[want] {
