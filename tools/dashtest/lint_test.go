@@ -650,3 +650,35 @@ func TestLintReadme(t *testing.T) {
 		}
 	}
 }
+
+// TestLintHistogramForms checks the lint's rule that a histogram is read in
+// both representations: quantiles from x and x_bucket, sums and counts from
+// histogram_sum/histogram_count of x and from x_sum/x_count.
+func TestLintHistogramForms(t *testing.T) {
+	const f = `job=~"$job", instance=~"$instance", workload=~"$workload", target=~"$target"`
+	const h = "kvload_cache_class_time_to_first_token_seconds"
+	native := `histogram_sum(sum by (workload, target) (rate(` + h + `{` + f + `}[$__rate_interval])))`
+	classic := `sum by (workload, target) (rate(` + h + `_sum{` + f + `}[$__rate_interval]))`
+	count := `histogram_count(sum by (workload, target) (rate(` + h + `{` + f + `}[$__rate_interval])))`
+	classicCount := `sum by (workload, target) (rate(` + h + `_count{` + f + `}[$__rate_interval]))`
+	quantile := `histogram_quantile(0.9, sum by (workload, target) (rate(` + h + `{` + f + `}[$__rate_interval])))`
+	bucket := `histogram_quantile(0.9, sum by (le, workload, target) (rate(` + h + `_bucket{` + f + `}[$__rate_interval])))`
+	for _, c := range []struct {
+		expr string
+		ok   bool
+	}{
+		{native + " or " + classic, true},
+		{count + " or " + classicCount, true},
+		{quantile + " or " + bucket, true},
+		{native, false},
+		{classic, false},
+		{classicCount, false},
+		{quantile + " or " + classic, false}, // a quantile needs _bucket
+		{native + " or " + bucket, false},    // a sum needs _sum or _count
+	} {
+		probs := lintDashboardExpr(c.expr)
+		if (len(probs) == 0) != c.ok {
+			t.Errorf("%s: problems %q, want ok=%v", c.expr, probs, c.ok)
+		}
+	}
+}
