@@ -62,6 +62,18 @@ var contract = map[string]metric{
 	"kvload_config_last_reload_success_timestamp_seconds": {gauge, exporterWide},
 	"kvload_exporter_build_info":                          {gauge, exporterWide},
 
+	// Prefix-cache accounting: requests that reported a cached count or
+	// not, TTFT by theoretical cache class, the model's capacity per target.
+	"kvload_cache_reported_prompt_tokens_total":                    {counter, workloadTarget},
+	"kvload_cache_reported_trace_prompt_tokens_total":              {counter, workloadTarget},
+	"kvload_cache_reported_theoretical_cached_prompt_tokens_total": {counter, workloadTarget},
+	"kvload_cache_unreported_requests_total":                       {counter, workloadTarget},
+	"kvload_cache_class_time_to_first_token_seconds":               {histogram, workloadTarget},
+	"kvload_cache_class_trace_prompt_tokens_total":                 {counter, workloadTarget},
+	"kvload_target_cache_capacity_blocks":                          {gauge, targetOnly},
+	"kvload_target_cache_block_size_tokens":                        {gauge, targetOnly},
+	"kvload_target_cache_capacity_known":                           {gauge, targetOnly},
+
 	"vllm:prefix_cache_hits_total":    {counter, engine},
 	"vllm:prefix_cache_queries_total": {counter, engine},
 	"sglang:cached_tokens_total":      {counter, engine},
@@ -151,7 +163,10 @@ func lintDashboardExpr(expr string) []string {
 		return []string{"does not parse: " + err.Error()}
 	}
 	sentinel, _ := time.ParseDuration(rateSentinel)
+	// Quantiles: native x and classic x_bucket. Sums and counts
+	// (histogram_sum/histogram_count of x): classic x_sum and x_count.
 	hasNative, hasClassic := map[string]bool{}, map[string]bool{}
+	hasNativeSum, hasClassicSum := map[string]bool{}, map[string]bool{}
 	parser.Inspect(e, func(n parser.Node, path []parser.Node) error {
 		switch n := n.(type) {
 		case *parser.SubqueryExpr:
@@ -175,10 +190,15 @@ func lintDashboardExpr(expr string) []string {
 					probs = append(probs, name+" is a counter: use it in rate()")
 				}
 				if m.kind == histogram {
-					if name == base {
+					switch f := histogramFunc(path); {
+					case name == base && (f == "histogram_sum" || f == "histogram_count"):
+						hasNativeSum[base] = true
+					case name == base:
 						hasNative[base] = true
-					} else if strings.HasSuffix(name, "_bucket") {
+					case strings.HasSuffix(name, "_bucket"):
 						hasClassic[base] = true
+					default:
+						hasClassicSum[base] = true
 					}
 				}
 				for _, f := range wantFilter[m.scope] {
@@ -211,7 +231,28 @@ func lintDashboardExpr(expr string) []string {
 			probs = append(probs, h+": classic quantile without the native form")
 		}
 	}
+	for h := range hasNativeSum {
+		if !hasClassicSum[h] {
+			probs = append(probs, h+": native histogram_sum/histogram_count without the classic _sum/_count fallback")
+		}
+	}
+	for h := range hasClassicSum {
+		if !hasNativeSum[h] {
+			probs = append(probs, h+": classic _sum/_count without the native histogram_sum/histogram_count form")
+		}
+	}
 	return probs
+}
+
+// histogramFunc is the name of the innermost histogram_* function call
+// among a node's ancestors, or "".
+func histogramFunc(path []parser.Node) string {
+	for i := len(path) - 1; i >= 0; i-- {
+		if c, ok := path[i].(*parser.Call); ok && strings.HasPrefix(c.Func.Name, "histogram_") {
+			return c.Func.Name
+		}
+	}
+	return ""
 }
 
 // innerSelector is the vector selector under rate(...) of e, if e is that.
@@ -419,7 +460,7 @@ func TestLintRules(t *testing.T) {
 	if len(recorded) == 0 || len(alerts) == 0 {
 		t.Fatalf("%d recording rules, %d alerts", len(recorded), len(alerts))
 	}
-	for _, want := range []string{"KvloadCacheHitRegression", "KvloadTTFTRegression", "KvloadHighErrorRatio",
+	for _, want := range []string{"KvloadCacheHitRegression", "KvloadCacheTTFTContrastLost", "KvloadTTFTRegression", "KvloadHighErrorRatio",
 		"KvloadGeneratorBehind", "KvloadNoTraffic", "KvloadConfigReloadFailed"} {
 		if _, ok := alerts[want]; !ok {
 			t.Errorf("alert %s missing", want)
@@ -427,6 +468,8 @@ func TestLintRules(t *testing.T) {
 	}
 	for _, want := range []string{"workload_target:kvload_cache_efficiency:ratio_rate5m",
 		"workload_target:kvload_cache_hit:ratio_rate5m", "workload_target:kvload_cache_theoretical_hit:ratio_rate5m",
+		"workload_target:kvload_cache_reported_theoretical_hit:ratio_rate5m", "workload_target:kvload_cache_unreported:ratio_rate5m",
+		"workload_target:kvload_cache_ttft_per_token:ratio_rate5m", "workload_target:kvload_cache_ttft_contrast:ratio_rate5m",
 		"workload_target:kvload_request_errors:ratio_rate5m", "workload_target:kvload_schedule_lag_seconds:p99_rate5m",
 		"workload_target:kvload_time_to_first_token_seconds:p99_rate5m"} {
 		if !recorded[want] {
@@ -604,6 +647,38 @@ func TestLintReadme(t *testing.T) {
 			if p.Type == "row" && !strings.Contains(section, p.Title) {
 				t.Errorf("README.md's dashboards section does not describe the row %q of %s", p.Title, filepath.Base(d.path))
 			}
+		}
+	}
+}
+
+// TestLintHistogramForms checks the lint's rule that a histogram is read in
+// both representations: quantiles from x and x_bucket, sums and counts from
+// histogram_sum/histogram_count of x and from x_sum/x_count.
+func TestLintHistogramForms(t *testing.T) {
+	const f = `job=~"$job", instance=~"$instance", workload=~"$workload", target=~"$target"`
+	const h = "kvload_cache_class_time_to_first_token_seconds"
+	native := `histogram_sum(sum by (workload, target) (rate(` + h + `{` + f + `}[$__rate_interval])))`
+	classic := `sum by (workload, target) (rate(` + h + `_sum{` + f + `}[$__rate_interval]))`
+	count := `histogram_count(sum by (workload, target) (rate(` + h + `{` + f + `}[$__rate_interval])))`
+	classicCount := `sum by (workload, target) (rate(` + h + `_count{` + f + `}[$__rate_interval]))`
+	quantile := `histogram_quantile(0.9, sum by (workload, target) (rate(` + h + `{` + f + `}[$__rate_interval])))`
+	bucket := `histogram_quantile(0.9, sum by (le, workload, target) (rate(` + h + `_bucket{` + f + `}[$__rate_interval])))`
+	for _, c := range []struct {
+		expr string
+		ok   bool
+	}{
+		{native + " or " + classic, true},
+		{count + " or " + classicCount, true},
+		{quantile + " or " + bucket, true},
+		{native, false},
+		{classic, false},
+		{classicCount, false},
+		{quantile + " or " + classic, false}, // a quantile needs _bucket
+		{native + " or " + bucket, false},    // a sum needs _sum or _count
+	} {
+		probs := lintDashboardExpr(c.expr)
+		if (len(probs) == 0) != c.ok {
+			t.Errorf("%s: problems %q, want ok=%v", c.expr, probs, c.ok)
 		}
 	}
 }
