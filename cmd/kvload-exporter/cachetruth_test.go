@@ -1,0 +1,235 @@
+package main
+
+// Cache truth end to end: the exporter, with the settings a new user would
+// write (dialect and url, nothing about the cache), against an engine
+// emulator running as a server of its own whose prefix cache is an
+// independent implementation. Each scenario measures the cache efficiency
+// over whole passes of the trace from the exporter's own counters, and
+// requires it in the band a healthy deployment must read.
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/emulate"
+)
+
+// ctRows and ctSpeedup make a pass of about 16 s: the first 500 rows of the
+// Mooncake conversation trace (165 s) ten times as fast.
+const (
+	ctRows    = 500
+	ctSpeedup = 10
+)
+
+// ctEngine starts an emulated engine as a separate server and returns its
+// base URL.
+func ctEngine(t *testing.T, cfg emulate.Config) (string, *emulate.Engine) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("whole passes at speed: too slow under -race; run by `make test-e2e`")
+	}
+	eng, err := emulate.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	url, wait, err := eng.Start(ctx, "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); wait() })
+	return url, eng
+}
+
+// ctConfig writes a configuration of one vLLM target at url and one
+// workload, as a user would write it, and returns its path.
+func ctConfig(t *testing.T, url, loop string) string {
+	t.Helper()
+	cfg := fmt.Sprintf(`targets:
+  - name: vllm
+    url: %s
+    model: %s
+    dialect: vllm
+workloads:
+  - name: canary
+    trace: head.jsonl
+    targets: [vllm]
+    synthesis: {speedup_ratio: %d}
+    loop: %s
+`, url, emulate.DefaultModel, ctSpeedup, loop)
+	dir := e2eDir(t, map[string][]byte{
+		"kvload.yml": []byte(cfg),
+		"head.jsonl": e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), ctRows),
+	})
+	return filepath.Join(dir, "kvload.yml")
+}
+
+// ctCounters are the cache counters of one exporter (or several, added).
+type ctCounters struct {
+	success, unreported                                 float64
+	cached, reportedPrompt, reportedTheo, reportedTrace float64
+	passes                                              float64
+}
+
+func ctRead(t *testing.T, ds ...*e2eDaemon) ctCounters {
+	t.Helper()
+	var c ctCounters
+	for _, d := range ds {
+		m := e2eScrape(t, d.base)
+		c.success += m.sum("kvload_requests_total", "outcome", "success")
+		c.unreported += m.sum("kvload_cache_unreported_requests_total")
+		c.cached += m.sum("kvload_cached_prompt_tokens_total")
+		c.reportedPrompt += m.sum("kvload_cache_reported_prompt_tokens_total")
+		c.reportedTheo += m.sum("kvload_cache_reported_theoretical_cached_prompt_tokens_total")
+		c.reportedTrace += m.sum("kvload_cache_reported_trace_prompt_tokens_total")
+		c.passes += m.sum("kvload_trace_loops_total")
+	}
+	return c
+}
+
+func (c ctCounters) minus(o ctCounters) ctCounters {
+	return ctCounters{c.success - o.success, c.unreported - o.unreported, c.cached - o.cached,
+		c.reportedPrompt - o.reportedPrompt, c.reportedTheo - o.reportedTheo, c.reportedTrace - o.reportedTrace, c.passes - o.passes}
+}
+
+// efficiency is the observed over the theoretical hit rate of the requests
+// that reported their cached tokens, as the recording rule computes it.
+func (c ctCounters) efficiency() float64 {
+	if c.reportedPrompt == 0 || c.reportedTheo == 0 {
+		return -1
+	}
+	return (c.cached / c.reportedPrompt) / (c.reportedTheo / c.reportedTrace)
+}
+
+func (c ctCounters) String() string {
+	return fmt.Sprintf("%.0f successes, %.0f unreported; observed %.4f, theoretical %.4f, efficiency %.4f",
+		c.success, c.unreported, c.cached/c.reportedPrompt, c.reportedTheo/c.reportedTrace, c.efficiency())
+}
+
+// ctNextPass waits until the exporters have completed one more pass than
+// at from (each counts its own).
+func ctNextPass(t *testing.T, from ctCounters, ds ...*e2eDaemon) ctCounters {
+	t.Helper()
+	var c ctCounters
+	e2ePoll(t, "a pass to complete", e2eDeadline, func() (bool, string) {
+		c = ctRead(t, ds...)
+		return c.passes >= from.passes+float64(len(ds)), c.String()
+	})
+	return c
+}
+
+// ctBand requires an efficiency within [lo, hi].
+func ctBand(t *testing.T, what string, c ctCounters, lo, hi float64) {
+	t.Helper()
+	e := c.efficiency()
+	t.Logf("%s: %v", what, c)
+	if c.success < ctRows/4 {
+		t.Errorf("%s: only %.0f requests succeeded in the window", what, c.success)
+	}
+	if !(e >= lo && e <= hi) {
+		t.Errorf("%s: efficiency %.4f, want within [%.2f, %.2f]", what, e, lo, hi)
+	}
+}
+
+// TestE2ECacheTruthFleet (point 2): two replicas sharded 0/2 and 1/2
+// against one engine each read the truth, and so do they together.
+func TestE2ECacheTruthFleet(t *testing.T) {
+	url, _ := ctEngine(t, emulate.Config{})
+	cfg := ctConfig(t, url, "fresh")
+	a := e2eStartFlags(t, cfg, []string{"--shard=0/2"})
+	b := e2eStartFlags(t, cfg, []string{"--shard=1/2"})
+	// The first pass after a cold start reads low: the model assumes the
+	// earlier rows of the pass were sent (see docs/cache-model.md).
+	start := ctNextPass(t, ctRead(t, a, b), a, b)
+	sa, sb := ctRead(t, a), ctRead(t, b)
+	end := ctNextPass(t, start, a, b)
+	ctBand(t, "replica 0/2", ctRead(t, a).minus(sa), 0.93, 1.01)
+	ctBand(t, "replica 1/2", ctRead(t, b).minus(sb), 0.93, 1.01)
+	ctBand(t, "both", end.minus(start), 0.93, 1.01)
+}
+
+// TestE2ECacheTruthRestart (point 3): an exporter stopped mid-pass and
+// started again next to the warm engine reads what one that kept running
+// reads, for every loop mode.
+func TestE2ECacheTruthRestart(t *testing.T) {
+	for _, loop := range []string{"fresh", "repeat"} {
+		t.Run(loop, func(t *testing.T) {
+			url, _ := ctEngine(t, emulate.Config{})
+			cfg := ctConfig(t, url, loop)
+			first := e2eStart(t, cfg)
+			start := ctNextPass(t, ctRead(t, first), first)
+			// Stop a quarter of a pass in.
+			e2ePoll(t, "a quarter of a pass", e2eDeadline, func() (bool, string) {
+				c := ctRead(t, first)
+				return c.success-start.success >= ctRows/4, c.String()
+			})
+			ctBand(t, "before the restart", ctRead(t, first).minus(start), 0.93, 1.01)
+			first.stop(t)
+			second := e2eStart(t, cfg)
+			zero := ctRead(t, second)
+			end := ctNextPass(t, zero, second)
+			ctBand(t, "after the restart, to the end of the pass", end.minus(zero), 0.93, 1.01)
+		})
+	}
+}
+
+// TestE2ECacheTruthUnreported (point 4): vLLM with its defaults sends no
+// cached-token count. Nothing counts on either side of the efficiency,
+// every success is counted as unreported, and the user is told what to do.
+func TestE2ECacheTruthUnreported(t *testing.T) {
+	url, _ := ctEngine(t, emulate.Config{OmitCachedTokens: true})
+	d := e2eStart(t, ctConfig(t, url, "fresh"))
+	e2ePoll(t, "requests", e2eDeadline, func() (bool, string) {
+		c := ctRead(t, d)
+		return c.success >= 50, c.String()
+	})
+	c := ctRead(t, d)
+	if c.unreported != c.success || c.reportedPrompt != 0 || c.reportedTheo != 0 || c.cached != 0 {
+		t.Errorf("%v: want every success unreported and nothing on either side of the ratio", c)
+	}
+	if got := d.log.String(); !containsAll(got, "--enable-prompt-tokens-details", "target=vllm") {
+		t.Errorf("the log does not say what to switch on:\n%s", got)
+	}
+	_, page, _ := e2eGet(d.base + "/")
+	if !containsAll(string(page), "not reported") {
+		t.Errorf("the landing page does not say not reported:\n%s", page)
+	}
+}
+
+// TestE2ECacheTruthFailures (point 5): requests the engine refused do not
+// warm the model; the efficiency stays true with a fifth of them failing.
+func TestE2ECacheTruthFailures(t *testing.T) {
+	url, _ := ctEngine(t, emulate.Config{Faults: emulate.Faults{Error500: 0.2}, Seed: 7})
+	d := e2eStart(t, ctConfig(t, url, "fresh"))
+	start := ctNextPass(t, ctRead(t, d), d)
+	end := ctNextPass(t, start, d)
+	ctBand(t, "with 20% refused", end.minus(start), 0.93, 1.01)
+}
+
+// TestE2ECacheTruthCapacity (point 1): a finite KV cache, read from the
+// engine with the default capacity_blocks: auto; a healthy engine reads
+// within [0.85, 1.05].
+func TestE2ECacheTruthCapacity(t *testing.T) {
+	url, _ := ctEngine(t, emulate.Config{CapacityBlocks: 20000})
+	d := e2eStart(t, ctConfig(t, url, "fresh"))
+	start := ctNextPass(t, ctRead(t, d), d)
+	end := ctNextPass(t, start, d)
+	m := e2eScrape(t, d.base)
+	if got := m.sum("kvload_target_cache_capacity_blocks"); got != 20000 {
+		t.Errorf("the model's capacity is %v blocks, want the engine's 20000", got)
+	}
+	ctBand(t, "20,000 blocks of 16 tokens", end.minus(start), 0.85, 1.05)
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
