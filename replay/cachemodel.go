@@ -35,9 +35,9 @@ type CacheParams struct {
 //
 // It is a function of the schedule, not of this process's history: it walks
 // the fleet's rows of every pass in order (FleetSchedule), all shards
-// included, starting one pass before the first request it is asked about,
-// so a replica started or restarted mid-run holds what a replica that never
-// stopped would hold. The requests of this replica that the server never
+// included, starting one pass before this replica's first row, so a replica
+// started or restarted mid-run holds what a replica that never stopped
+// would hold. What rests on those assumed rows is reported as unknown. The requests of this replica that the server never
 // accepted (Reject) take their blocks back out, unless a later row used
 // them since; other replicas' failures cannot be known and are not modelled.
 //
@@ -50,10 +50,10 @@ type CacheModel struct {
 	recs  []synth.Record
 	loop  LoopMode
 
-	mu      sync.Mutex
-	cache   *idealCache
-	started bool
-	cur     modelPos              // next row of the fleet schedule to simulate
+	mu    sync.Mutex
+	cache *idealCache
+	start modelPos              // the first row this replica sends; rows before it are assumed sent
+	cur   modelPos              // next row of the fleet schedule to simulate
 	ahead   map[modelPos]admitted // own rows simulated but not yet asked about
 }
 
@@ -67,26 +67,38 @@ func (a modelPos) before(b modelPos) bool {
 // admitted is what simulating one row did.
 type admitted struct {
 	tokens   int
+	certain  bool // no block of the hit was only assumed sent
 	seq      uint64
 	inserted []blockKey
 }
 
 // NewCacheModel returns a model of the cache params describe for the rows
-// pacer schedules, in the fleet order of pacer's shard.
+// pacer schedules, in the fleet order of pacer's shard, starting where the
+// pacer stands (seek it first): the rows of the fleet before that point,
+// from the start of the pass before, are assumed sent (the warm-up).
 func NewCacheModel(pacer *Pacer, params CacheParams) *CacheModel {
-	return &CacheModel{
+	m := &CacheModel{
 		sched: pacer.FleetSchedule(),
 		recs:  pacer.Records(),
 		loop:  pacer.Loop(),
 		cache: newIdealCache(params),
 		ahead: map[modelPos]admitted{},
 	}
+	pass, row := pacer.FirstRow()
+	m.start = modelPos{pass: pass, pos: int(m.sched.rank[row])}
+	m.cur = modelPos{pass: pass}
+	if m.loop != LoopOnce && pass > 0 {
+		m.cur.pass-- // warm up on the pass before, as a replica that never stopped would have
+	}
+	return m
 }
 
 // Accept returns the theoretical cached tokens of it, a request of this
-// replica that the server accepted (it streamed, or failed only later);
-// known is false when the model can no longer tell (the row is from a pass
-// the model has already forgotten).
+// replica that the server accepted (it streamed, or failed only later).
+// known is false when the model cannot tell: the hit rests on a block that
+// only the warm-up assumed sent (the server may or may not hold it: a
+// restart next to a warm engine and a cold start of both look the same
+// from here), or the row is from a pass the model has already forgotten.
 func (m *CacheModel) Accept(it PacerItem) (tokens int, known bool) {
 	return m.observe(it, true)
 }
@@ -100,13 +112,6 @@ func (m *CacheModel) observe(it PacerItem, accepted bool) (int, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	target := modelPos{it.Pass, int(m.sched.rank[it.Index])}
-	if !m.started {
-		m.started = true
-		m.cur = modelPos{pass: it.Pass}
-		if m.loop != LoopOnce && it.Pass > 0 {
-			m.cur.pass-- // warm up on the pass before, as a replica that never stopped
-		}
-	}
 	if target.before(m.cur) {
 		a, ok := m.ahead[target]
 		if !ok {
@@ -116,12 +121,12 @@ func (m *CacheModel) observe(it PacerItem, accepted bool) (int, bool) {
 		if !accepted {
 			m.cache.unadmit(a)
 		}
-		return a.tokens, true
+		return a.tokens, a.certain
 	}
 	m.advance(target)
 	a := m.simulate(target, accepted)
 	m.step()
-	return a.tokens, true
+	return a.tokens, a.certain
 }
 
 // advance simulates every row of the fleet schedule before target, keeping
@@ -159,7 +164,7 @@ func (m *CacheModel) step() {
 
 func (m *CacheModel) simulate(at modelPos, insert bool) admitted {
 	rec := &m.recs[m.sched.order[at.pos]]
-	return m.cache.visit(m.sched.ns(at.pass), rec.HashIDs, rec.ISL(), insert)
+	return m.cache.visit(m.sched.ns(at.pass), rec.HashIDs, rec.ISL(), insert, at.before(m.start))
 }
 
 // Blocks returns how many trace blocks the model holds.
@@ -189,6 +194,9 @@ type cachedBlock struct {
 	key    blockKey
 	weight int    // server blocks this trace block occupies
 	seq    uint64 // the last visit that touched it
+	// assumed: only rows from before the model started touched it, so the
+	// server holds it only if someone really sent those rows.
+	assumed bool
 }
 
 func newIdealCache(p CacheParams) *idealCache {
@@ -198,18 +206,23 @@ func newIdealCache(p CacheParams) *idealCache {
 	return &idealCache{p: p, index: map[blockKey]*list.Element{}, lru: list.New()}
 }
 
-// visit looks a request up and, when insert is set, adds its blocks.
-func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert bool) admitted {
+// visit looks a request up and, when insert is set, adds its blocks; warm
+// marks a row from before the model started, which is assumed sent.
+func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert, warm bool) admitted {
 	c.seq++
-	a := admitted{seq: c.seq}
+	a := admitted{seq: c.seq, certain: true}
 	if insert && ns > c.newest {
 		c.newest = ns
 		c.forgetBefore(ns - 1)
 	}
 	k := 0
 	for _, id := range ids {
-		if _, ok := c.index[blockKey{ns, id}]; !ok {
+		e, ok := c.index[blockKey{ns, id}]
+		if !ok {
 			break
+		}
+		if e.Value.(*cachedBlock).assumed {
+			a.certain = false
 		}
 		k++
 	}
@@ -223,7 +236,9 @@ func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert bool)
 	for i := len(ids) - 1; i >= 0; i-- {
 		key := blockKey{ns, ids[i]}
 		if e, ok := c.index[key]; ok {
-			e.Value.(*cachedBlock).seq = c.seq
+			b := e.Value.(*cachedBlock)
+			b.seq = c.seq
+			b.assumed = b.assumed && warm
 			c.lru.MoveToFront(e)
 			continue
 		}
@@ -231,7 +246,7 @@ func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert bool)
 		if i == len(ids)-1 {
 			tokens = inputLength - (len(ids)-1)*c.p.TraceBlock
 		}
-		b := &cachedBlock{key: key, weight: c.weight(max(tokens, 0)), seq: c.seq}
+		b := &cachedBlock{key: key, weight: c.weight(max(tokens, 0)), seq: c.seq, assumed: warm}
 		c.index[key] = c.lru.PushFront(b)
 		c.used += b.weight
 		a.inserted = append(a.inserted, key)

@@ -256,6 +256,13 @@ func (p *Pacer) Seek(pos TracePosition) error {
 	return nil
 }
 
+// FirstRow is the row Next would start with, in its pass: the first turn of
+// the conversation at Position. An empty share still names a row.
+func (p *Pacer) FirstRow() (pass, row int) {
+	pos := p.Position()
+	return pos.Pass, p.convs[pos.Conv].first
+}
+
 // Position returns the next conversation Next will consider.
 func (p *Pacer) Position() TracePosition { return p.normalize(TracePosition{p.pass, p.conv}) }
 
