@@ -138,6 +138,11 @@ func NewClient(cfg TargetConfig) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
 	}
+	// Never follow a redirect, whatever follow_redirects says: net/http
+	// would resend the body and, to the same host on another port, the
+	// credentials. An inference endpoint has no reason to redirect, so a
+	// 3xx is reported as the http_error it is.
+	c.http.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return c, nil
 }
 
@@ -225,6 +230,7 @@ func (c *Client) Close() {
 //   - canceled: ctx ended (cancel or the caller's own deadline).
 //   - connection_error: no response was received (dial, TLS, reset).
 //   - http_error: a non-2xx status, with the message of the error body.
+//     Redirects are not followed: a 3xx is an http_error too.
 //     A row that cannot be encoded into a body is also an http_error,
 //     with status 0: a server would have refused it with a 400.
 //   - stream_error: an error event or error chunk (whether or not [DONE]
