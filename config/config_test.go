@@ -2,6 +2,7 @@ package config
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -151,4 +152,65 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// validTarget parses a one-target config and returns it with its target,
+// for tests that change one field and validate again.
+func validTarget(t *testing.T) (*Config, *Target) {
+	t.Helper()
+	cfg, err := Parse([]byte("targets:\n  - {name: t, url: http://t:8000, model: m, dialect: vllm}\n"+
+		"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, &cfg.Targets[0]
+}
+
+// TestValidateURLPort: a port outside 1..65535, or one that is not a
+// number, is a problem of the field that holds it, for url and for
+// cache.metrics_url alike; the password in the URL is never echoed.
+func TestValidateURLPort(t *testing.T) {
+	tests := []struct {
+		url  string
+		want string // "" means valid
+	}{
+		{"http://t:8000", ""},
+		{"http://t:1", ""},
+		{"https://t:65535/base", ""},
+		{"http://t", ""},
+		{"http://[::1]:8000", ""},
+		{"http://t:99999", `%s: http://t:99999: port "99999" is not a number from 1 to 65535`},
+		{"http://t:65536", `%s: http://t:65536: port "65536" is not a number from 1 to 65535`},
+		{"http://t:0", `%s: http://t:0: port "0" is not a number from 1 to 65535`},
+		{"http://t:18446744073709551697", `%s: http://t:18446744073709551697: port "18446744073709551697" is not a number from 1 to 65535`},
+		{"http://u:hunter2@t:99999", `%s: http://u:xxxxx@t:99999: port "99999" is not a number from 1 to 65535`},
+		{"http://t:http", `%s: not a valid URL: the port is not a number from 1 to 65535`},
+		{"http://u:hunter2@t:-1", `%s: not a valid URL: the port is not a number from 1 to 65535`},
+		{"http://t:80:80", `%s: not a valid URL: the port is not a number from 1 to 65535`},
+		{"http://t\x01:80", `%s: not a valid URL`},
+		{"http://:8000", `%s: http://:8000: has no host`},
+	}
+	for _, tt := range tests {
+		for _, field := range []string{"url", "cache.metrics_url"} {
+			t.Run(field+"/"+tt.url, func(t *testing.T) {
+				cfg, tg := validTarget(t)
+				path := "targets[0]." + field
+				if field == "url" {
+					tg.URL = tt.url
+				} else {
+					tg.Cache.MetricsURL = tt.url
+				}
+				err := cfg.Validate()
+				switch {
+				case tt.want == "" && err != nil:
+					t.Errorf("Validate: %v, want no problem", err)
+				case tt.want != "" && (err == nil || err.Error() != fmt.Sprintf(tt.want, path)):
+					t.Errorf("Validate: %v\nwant %s", err, fmt.Sprintf(tt.want, path))
+				}
+				if err != nil && strings.Contains(err.Error(), "hunter2") {
+					t.Errorf("the problem echoes the password: %v", err)
+				}
+			})
+		}
+	}
 }
