@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	promconfig "github.com/prometheus/common/config"
 	"github.com/prometheus/common/model"
@@ -390,6 +392,16 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	}
 	if t.Model == "" {
 		bad(p+".model", "is required")
+	} else if !utf8.ValidString(t.Model) {
+		bad(p+".model", "%q is not valid UTF-8", t.Model)
+	} else if i := strings.IndexFunc(t.Model, func(r rune) bool {
+		// Zl and Zp are line breaks too (U+2028, U+2029).
+		return unicode.IsControl(r) || unicode.In(r, unicode.Zl, unicode.Zp)
+	}); i >= 0 {
+		// The model is sent to the server and may end up in labels and
+		// log lines, where such a character would forge or break them.
+		r, _ := utf8.DecodeRuneInString(t.Model[i:])
+		bad(p+".model", "%q holds control character %U", t.Model, r)
 	}
 	oneOf(t.API, p+".api", bad, "chat", "completions")
 	oneOf(t.Dialect, p+".dialect", bad, "vllm", "sglang", "trtllm", "dynamo", "llamacpp", "openai")

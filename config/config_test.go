@@ -214,3 +214,51 @@ func TestValidateURLPort(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateModelCharacters: the model is a label value and a log field,
+// so a control character or invalid UTF-8 in it is a problem of
+// targets[i].model, whether it came from YAML escapes or emulate.model.
+func TestValidateModelCharacters(t *testing.T) {
+	const path = "targets[0].model: "
+	tests := []struct {
+		name, model, want string // want "" means valid
+	}{
+		{"plain", "Qwen/Qwen3-0.6B", ""},
+		{"unicode letters", "modèle-日本語", ""},
+		{"space", "my model", ""},
+		{"tab", "m\tx", path + `"m\tx" holds control character U+0009`},
+		{"newline", "m\n", path + `"m\n" holds control character U+000A`},
+		{"NUL", "\x00m", path + `"\x00m" holds control character U+0000`},
+		{"escape sequence", "m\x1b[31m", path + `"m\x1b[31m" holds control character U+001B`},
+		{"DEL", "m\x7f", path + `"m\x7f" holds control character U+007F`},
+		{"C1 NEL", "m\u0085", path + `"m\u0085" holds control character U+0085`},
+		{"line separator", "m\u2028x", path + `"m\u2028x" holds control character U+2028`},
+		{"invalid UTF-8", "m\xffx", path + `"m\xffx" is not valid UTF-8`},
+		{"truncated UTF-8", "m\xe6\x97", path + `"m\xe6\x97" is not valid UTF-8`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, tg := validTarget(t)
+			tg.Model = tt.model
+			err := cfg.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("Validate: %v, want no problem", err)
+			case tt.want != "" && (err == nil || err.Error() != tt.want):
+				t.Errorf("Validate: %v\nwant %s", err, tt.want)
+			}
+		})
+	}
+	// The same through YAML: double-quoted escapes make control characters.
+	_, err := Parse([]byte("targets:\n  - {name: t, url: http://t:8000, model: \"m\\a\"}\n"+
+		"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"), "")
+	if want := path + `"m\a" holds control character U+0007`; err == nil || err.Error() != want {
+		t.Errorf("Parse: %v\nwant %s", err, want)
+	}
+	// An emulated target's model defaults from emulate.model.
+	_, err = Parse([]byte("targets:\n  - {name: t, emulate: {model: \"e\\x1b\"}}\n"+
+		"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"), "")
+	if err == nil || !strings.Contains(err.Error(), path+`"e\x1b" holds control character U+001B`) {
+		t.Errorf("Parse with emulate.model: %v", err)
+	}
+}
