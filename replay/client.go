@@ -72,7 +72,10 @@ type streamParser struct {
 const (
 	maxErrorBody = 64 << 10 // the part of an error response read for its message
 	maxDrain     = 64 << 10 // read after [DONE] so the connection can be reused
-	maxErrorText = 300      // Result.Error is for logs: keep it short
+	// doneGrace bounds the wait for the end of the body after [DONE]
+	// (see drainAfterDone): ample for a last chunk already on its way.
+	doneGrace    = 20 * time.Millisecond
+	maxErrorText = 300 // Result.Error is for logs: keep it short
 )
 
 // errRequestTimeout is the cause of the per-request deadline, telling it
@@ -316,9 +319,7 @@ func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentTy
 		}
 	}
 	if st.done && !st.failed {
-		// Reading on to the end of the body lets the transport reuse the
-		// connection; servers end the body right after [DONE].
-		sp.sse.drain(maxDrain)
+		drainAfterDone(&sp.sse, body)
 	}
 	c.fillUsage(res, st)
 
@@ -339,6 +340,29 @@ func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentTy
 		c.setOutcome(res, OutcomeStreamError, fmt.Sprintf("no events; content type %q is not text/event-stream", contentType))
 	default:
 		c.setOutcome(res, OutcomeStreamError, "stream ended without [DONE], finish_reason or usage")
+	}
+}
+
+// drainAfterDone reads on after [DONE], which lets the transport reuse the
+// connection: servers end the body right after it, though the last chunk
+// may come in a packet of its own. A server that keeps the body open would
+// hold the request, and its slot, until request_timeout; so after
+// doneGrace the body is closed, which unblocks the read and drops the
+// connection. The measurements are complete at [DONE] either way.
+func drainAfterDone(r *sseReader, body io.Reader) {
+	closer, ok := body.(io.Closer)
+	if !ok {
+		r.drain(maxDrain)
+		return
+	}
+	closed := make(chan struct{})
+	t := time.AfterFunc(doneGrace, func() {
+		_ = closer.Close()
+		close(closed)
+	})
+	r.drain(maxDrain)
+	if !t.Stop() {
+		<-closed // Do returns nothing still running
 	}
 }
 
