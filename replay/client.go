@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"strings"
@@ -46,9 +47,10 @@ type Client struct {
 	user     *url.Userinfo
 	timeout  time.Duration
 	http     *http.Client
-	model    []byte      // JSON string, nil when no model is configured
-	extra    []bodyField // extra_body, encoded once
-	secrets  []string    // inline credentials, scrubbed from error texts
+	fresh    *http.Client // without keep-alive: a new connection per request
+	model    []byte       // JSON string, nil when no model is configured
+	extra    []bodyField  // extra_body, encoded once
+	secrets  []string     // inline credentials, scrubbed from error texts
 	// secretFiles hold credentials (credentials_file, password_file, ...)
 	// that prometheus/common reads on every request, so that they can be
 	// rotated: scrub reads them too, or a server echoing the token in its
@@ -141,11 +143,19 @@ func NewClient(cfg TargetConfig) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
 	}
+	// The retry after a stale kept-alive connection (see Do) must not take
+	// another one from the pool, which may be as stale.
+	c.fresh, err = config.NewClientFromConfig(hc, cfg.Name, config.WithUserAgent("kvload-exporter"), config.WithKeepAlivesDisabled())
+	if err != nil {
+		return nil, fmt.Errorf("http_client_config: %w", err)
+	}
 	// Never follow a redirect, whatever follow_redirects says: net/http
 	// would resend the body and, to the same host on another port, the
 	// credentials. An inference endpoint has no reason to redirect, so a
 	// 3xx is reported as the http_error it is.
-	c.http.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	for _, hc := range []*http.Client{c.http, c.fresh} {
+		hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	}
 	return c, nil
 }
 
@@ -221,6 +231,7 @@ func secretFiles(hc *config.HTTPClientConfig) []string {
 // removed; requests still running are not affected.
 func (c *Client) Close() {
 	c.http.CloseIdleConnections()
+	c.fresh.CloseIdleConnections()
 }
 
 // Do sends one request and measures its stream into res. It returns when
@@ -232,6 +243,9 @@ func (c *Client) Close() {
 //     point.
 //   - canceled: ctx ended (cancel or the caller's own deadline).
 //   - connection_error: no response was received (dial, TLS, reset).
+//     A request that failed on a reused idle connection before any byte
+//     of a response is first retried once on a new connection, with Sent
+//     taken anew; the Result is that of the retry.
 //   - http_error: a non-2xx status, with the message of the error body.
 //     Redirects are not followed: a 3xx is an http_error too.
 //     A row that cannot be encoded into a body is also an http_error,
@@ -239,9 +253,11 @@ func (c *Client) Close() {
 //   - stream_error: an error event or error chunk (whether or not [DONE]
 //     follows), a malformed chunk, finish_reason "abort" or "error", a
 //     read error after the headers, or a stream that was cut off.
-//   - success: [DONE] arrived, or the body ended cleanly (EOF) after a
-//     chunk with a finish_reason or a usage object. A clean end without
-//     either is a cut-off stream: nothing says the generation completed.
+//   - success: [DONE] arrived (the body is then read for at most
+//     doneGrace more, and closed if the server keeps it open), or the
+//     body ended cleanly (EOF) after a chunk with a finish_reason or a
+//     usage object. A clean end without either is a cut-off stream:
+//     nothing says the generation completed.
 func (c *Client) Do(ctx context.Context, req Request, res *Result) {
 	res.Sent, res.FirstToken, res.LastToken = time.Time{}, time.Time{}, time.Time{}
 	res.Outcome, res.HTTPStatus, res.Error = "", 0, ""
@@ -261,26 +277,22 @@ func (c *Client) Do(ctx context.Context, req Request, res *Result) {
 		rctx, cancel = context.WithTimeoutCause(ctx, c.timeout, errRequestTimeout)
 		defer cancel()
 	}
-	hreq, err := http.NewRequestWithContext(rctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
-	if err != nil {
-		res.Sent = time.Now()
-		c.setOutcome(res, OutcomeConnectionError, "build request: "+err.Error())
-		return
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Accept", "text/event-stream")
-	if c.user != nil {
-		p, _ := c.user.Password()
-		hreq.SetBasicAuth(c.user.Username(), p)
-	}
-
 	res.Sent = time.Now()
-	resp, err := c.http.Do(hreq)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // drop the URL: the target name already says which endpoint
+	resp, retry, err := c.send(rctx, c.http, body)
+	if err != nil && retry && rctx.Err() == nil {
+		// The server closed a kept-alive connection as the request went
+		// out on it (its idle timeout): it cannot have answered. Go's
+		// transport retries that itself only for idempotent requests, and
+		// a POST is not one. Once, on a new connection, timed from the
+		// new send so that TTFT does not include the failed attempt.
+		first := err
+		res.Sent = time.Now()
+		resp, _, err = c.send(rctx, c.fresh, body)
+		if err != nil {
+			err = fmt.Errorf("%w (retried once: a reused connection failed with %v)", err, first)
 		}
+	}
+	if err != nil {
 		o := c.classify(ctx, rctx, OutcomeConnectionError)
 		c.setOutcome(res, o, c.failureText(o, err.Error()))
 		return
@@ -299,6 +311,38 @@ func (c *Client) Do(ctx context.Context, req Request, res *Result) {
 	}
 
 	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), res)
+}
+
+// send makes one attempt at the request. On failure, retry reports that
+// the attempt went out on a reused connection from the idle pool and
+// failed before any byte of a response arrived, which is what a server
+// closing an idle connection at that moment looks like.
+func (c *Client) send(rctx context.Context, hc *http.Client, body []byte) (resp *http.Response, retry bool, err error) {
+	hreq, err := http.NewRequestWithContext(rctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
+	if err != nil {
+		return nil, false, fmt.Errorf("build request: %w", err)
+	}
+	// The transport may call these from its own goroutines.
+	var reusedIdle, responded atomic.Bool
+	hreq = hreq.WithContext(httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
+		GotConn:              func(i httptrace.GotConnInfo) { reusedIdle.Store(i.Reused && i.WasIdle) },
+		GotFirstResponseByte: func() { responded.Store(true) },
+	}))
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "text/event-stream")
+	if c.user != nil {
+		p, _ := c.user.Password()
+		hreq.SetBasicAuth(c.user.Username(), p)
+	}
+	resp, err = hc.Do(hreq)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // drop the URL: the target name already says which endpoint
+		}
+		return nil, reusedIdle.Load() && !responded.Load(), err
+	}
+	return resp, false, nil
 }
 
 // readStream consumes a 2xx streaming body into res and decides the

@@ -171,3 +171,112 @@ func TestClientReleasesBodyAfterDone(t *testing.T) {
 		})
 	}
 }
+
+// connAction is what the fake server of TestClientRetriesReusedConnection
+// does with one request.
+type connAction int
+
+const (
+	respond      connAction = iota // a complete keep-alive response
+	closeConn                      // close without a response byte (FIN)
+	resetConn                      // close with a reset (RST)
+	partialClose                   // send the status line, then close
+)
+
+func either(cond bool, yes, no connAction) connAction {
+	if cond {
+		return yes
+	}
+	return no
+}
+
+// TestClientRetriesReusedConnection: a request that fails on a reused idle
+// connection before any response byte (the server closed it as the
+// request went out, as with a keep-alive timeout) is retried once on a new
+// connection. A failure on a fresh connection, after a response byte, or
+// of the retry itself is not retried.
+func TestClientRetriesReusedConnection(t *testing.T) {
+	resp := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(doneStream), doneStream)
+	tests := []struct {
+		name     string
+		act      func(conn, req int) connAction // conn counts from 0, req from 0 on each conn
+		requests int
+		want     []Outcome // per request
+		// Requests the server receives. A retry's connection is not
+		// kept, so after one the next request dials anew: in the first two
+		// cases every other request is retried.
+		attempts int
+		errSub   string // in the Error of the last request
+	}{
+		{"server closes each reused connection",
+			func(conn, req int) connAction { return either(req == 0, respond, closeConn) },
+			4, []Outcome{OutcomeSuccess, OutcomeSuccess, OutcomeSuccess, OutcomeSuccess}, 6, ""},
+		{"server resets each reused connection",
+			func(conn, req int) connAction { return either(req == 0, respond, resetConn) },
+			4, []Outcome{OutcomeSuccess, OutcomeSuccess, OutcomeSuccess, OutcomeSuccess}, 6, ""},
+		{"fresh connection: no retry",
+			func(conn, req int) connAction { return either(conn == 0, closeConn, respond) },
+			1, []Outcome{OutcomeConnectionError}, 1, "EOF"},
+		{"after a response byte: no retry",
+			func(conn, req int) connAction { return either(req == 0, respond, partialClose) },
+			2, []Outcome{OutcomeSuccess, OutcomeConnectionError}, 2, "unexpected EOF"},
+		{"retry fails too: only one retry",
+			func(conn, req int) connAction { return either(conn == 0 && req == 0, respond, closeConn) },
+			2, []Outcome{OutcomeSuccess, OutcomeConnectionError}, 3, "EOF (retried once: a reused connection failed with EOF)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var (
+				attempts atomic.Int32
+				mu       sync.Mutex
+				failedAt time.Time // when the server last dropped a request
+			)
+			u := rawServer(t, func(conn net.Conn, n int) {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				for req := 0; readRequest(br); req++ {
+					attempts.Add(1)
+					act := tt.act(n, req)
+					if act != respond {
+						mu.Lock()
+						failedAt = time.Now()
+						mu.Unlock()
+					}
+					switch act {
+					case respond:
+						if _, err := io.WriteString(conn, resp); err != nil {
+							return
+						}
+						continue
+					case resetConn:
+						_ = conn.(*net.TCPConn).SetLinger(0)
+					case partialClose:
+						_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\n")
+					}
+					return
+				}
+			})
+			c := mustClient(t, TargetConfig{URL: u, Dialect: DialectVLLM})
+			for i := range tt.requests {
+				var res Result
+				c.Do(context.Background(), Request{Prompt: "x"}, &res)
+				if res.Outcome != tt.want[i] {
+					t.Errorf("request %d: %s (%s), want %s", i, res.Outcome, res.Error, tt.want[i])
+				}
+				if i == tt.requests-1 && ((tt.errSub == "") != (res.Error == "") || !strings.Contains(res.Error, tt.errSub)) {
+					t.Errorf("request %d: Error %q, want it to contain %q", i, res.Error, tt.errSub)
+				}
+				mu.Lock()
+				dropped := failedAt
+				mu.Unlock()
+				if res.Outcome == OutcomeSuccess && !dropped.IsZero() && !res.Sent.After(dropped) {
+					t.Errorf("request %d: Sent %v is not after the failed attempt (%v): TTFT would include it", i, res.Sent, dropped)
+				}
+			}
+			if n := int(attempts.Load()); n != tt.attempts {
+				t.Errorf("the server received %d requests, want %d", n, tt.attempts)
+			}
+		})
+	}
+}
