@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,6 +52,9 @@ type Client struct {
 	model    []byte       // JSON string, nil when no model is configured
 	extra    []bodyField  // extra_body, encoded once
 	secrets  []string     // inline credentials, scrubbed from error texts
+	// extraSetsLength: extra_body holds one of lengthKeys, so max_tokens
+	// does not bound the output (see limitsFor).
+	extraSetsLength bool
 	// secretFiles hold credentials (credentials_file, password_file, ...)
 	// that prometheus/common reads on every request, so that they can be
 	// rotated: scrub reads them too, or a server echoing the token in its
@@ -130,6 +134,9 @@ func NewClient(cfg TargetConfig) (*Client, error) {
 		errs = append(errs, err)
 	}
 	c.extra = extra
+	for _, f := range extra {
+		c.extraSetsLength = c.extraSetsLength || slices.Contains(lengthKeys, f.key)
+	}
 	hc := cfg.HTTPClientConfig
 	if err := hc.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("http_client_config: %w", err))
@@ -310,7 +317,55 @@ func (c *Client) Do(ctx context.Context, req Request, res *Result) {
 		return
 	}
 
-	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), res)
+	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), c.limitsFor(req, len(body)), res)
+}
+
+const (
+	// promptAllowance is what a server may add to a prompt: a chat
+	// template, a default system prompt.
+	promptAllowance = 8192
+	// completionAllowance is the slack over max_tokens. Engines told
+	// ignore_eos and max_tokens stop at exactly max_tokens.
+	completionAllowance = 16
+)
+
+// lengthKeys are body members that change how many output tokens a request
+// may yield, or what max_tokens means.
+var lengthKeys = []string{"max_tokens", "max_completion_tokens", "n_predict", "n", "best_of"}
+
+// limitsFor derives from a request and its encoded body the largest usage
+// counts a server could truthfully report for it. Text of b bytes is at
+// most b tokens for a byte-level or character-level tokenizer; twice the
+// body's bytes plus promptAllowance leaves room for any other, and covers
+// whatever in the body may become prompt tokens (tools, a chat_template in
+// an extra). Rows with chat messages or a whole payload may carry images,
+// whose tokens their bytes do not bound: they get only the absolute limit.
+// Output is bounded by max_tokens unless the body may set its own (a
+// payload, or an extra with one of lengthKeys).
+func (c *Client) limitsFor(req Request, bodyLen int) usageLimits {
+	l := anyRequest
+	if req.Payload == nil && len(req.Messages) == 0 {
+		l.prompt, l.bodyLen = min(2*bodyLen+promptAllowance, maxUsageTokens), bodyLen
+	}
+	if req.MaxTokens > 0 && req.Payload == nil && !c.extraSetsLength && !mentionsKey(req.Extra, lengthKeys) {
+		l.completion, l.maxTokens = min(req.MaxTokens+completionAllowance, maxUsageTokens), req.MaxTokens
+	}
+	return l
+}
+
+// mentionsKey reports whether raw may hold one of keys as a member. It
+// errs towards yes (a key's name as a string value counts): that only
+// loosens a limit.
+func mentionsKey(raw []byte, keys []string) bool {
+	if len(raw) == 0 {
+		return false
+	}
+	for _, k := range keys {
+		if bytes.Contains(raw, []byte(`"`+k+`"`)) {
+			return true
+		}
+	}
+	return false
 }
 
 // send makes one attempt at the request. On failure, retry reports that
@@ -347,7 +402,7 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body []byte) (resp 
 
 // readStream consumes a 2xx streaming body into res and decides the
 // outcome (see Do).
-func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentType string, res *Result) {
+func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentType string, lim usageLimits, res *Result) {
 	sp, _ := c.streams.Get().(*streamParser)
 	if sp == nil {
 		sp = new(streamParser)
@@ -356,11 +411,15 @@ func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentTy
 	sp.sse.reset(body, time.Now)
 	sp.state.reset()
 	st := &sp.state
+	st.lim = lim
 	for {
 		ev, ok := sp.sse.next()
 		if !ok || st.handle(ev) {
 			break
 		}
+	}
+	if !st.failed {
+		st.checkUsage()
 	}
 	if st.done && !st.failed {
 		drainAfterDone(&sp.sse, body)
@@ -450,6 +509,10 @@ func (c *Client) classify(ctx, rctx context.Context, otherwise Outcome) Outcome 
 // fillUsage copies token counts from the stream into res.
 func (c *Client) fillUsage(res *Result, st *streamState) {
 	res.FirstToken, res.LastToken = st.first, st.last
+	if st.usageBad {
+		res.OutputTokens = st.contentChunks
+		return
+	}
 	if st.completionKnown {
 		res.OutputTokens, res.OutputFromUsage = st.completion, true
 	} else {

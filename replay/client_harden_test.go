@@ -3,6 +3,7 @@ package replay
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -277,6 +278,117 @@ func TestClientRetriesReusedConnection(t *testing.T) {
 			if n := int(attempts.Load()); n != tt.attempts {
 				t.Errorf("the server received %d requests, want %d", n, tt.attempts)
 			}
+		})
+	}
+}
+
+// TestClientRejectsAbsurdUsage: a usage count that no request could
+// produce (negative, fractional, near 2^63, beyond what the request's
+// prompt or max_tokens allow, cached above prompt) makes the request a
+// stream_error naming the field and value, and none of the usage reaches
+// the Result. Counts at the edge of what is possible are accepted.
+func TestClientRejectsAbsurdUsage(t *testing.T) {
+	// LIMIT in a chunk stands for the prompt limit of the request the
+	// server received: twice its body's bytes plus promptAllowance.
+	tests := []struct {
+		name    string
+		cfg     TargetConfig // URL is set by the test
+		req     Request
+		chunk   string // the last chunk before [DONE]
+		errSub  string // "" means success
+		prompt  int    // for a success: usage prompt_tokens (-1: the limit), cached, completion
+		cached  int
+		output  int
+		cacheOK bool
+	}{
+		{"negative prompt", TargetConfig{}, Request{Prompt: "hi"},
+			`{"choices":[],"usage":{"prompt_tokens":-1,"completion_tokens":1}}`, "usage.prompt_tokens -1 is negative", 0, 0, 0, false},
+		{"negative completion", TargetConfig{}, Request{Prompt: "hi"},
+			`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":-3}}`, "usage.completion_tokens -3 is negative", 0, 0, 0, false},
+		{"negative cached", TargetConfig{}, Request{Prompt: "hi"},
+			`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":-16}}}`,
+			"usage.prompt_tokens_details.cached_tokens -16 is negative", 0, 0, 0, false},
+		{"prompt 2^63-1", TargetConfig{}, Request{Prompt: "hi"},
+			`{"choices":[],"usage":{"prompt_tokens":9223372036854775807,"completion_tokens":1}}`,
+			"usage.prompt_tokens 9223372036854775807 is more than", 0, 0, 0, false},
+		{"prompt beyond int64", TargetConfig{}, Request{Messages: []json.RawMessage{[]byte(`{"role":"user","content":"hi"}`)}},
+			`{"choices":[],"usage":{"prompt_tokens":1e300,"completion_tokens":1}}`, "usage.prompt_tokens 1e300 is more than any request", 0, 0, 0, false},
+		{"completion 2^63-1", TargetConfig{}, Request{Prompt: "hi"},
+			`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9223372036854775807}}`,
+			"usage.completion_tokens 9223372036854775807 is more than any request", 0, 0, 0, false},
+		{"fractional", TargetConfig{}, Request{Prompt: "hi"},
+			`{"choices":[],"usage":{"prompt_tokens":5.5,"completion_tokens":1}}`, "usage.prompt_tokens 5.5 is not a whole number", 0, 0, 0, false},
+		{"cached above prompt", TargetConfig{}, Request{Prompt: "hi"},
+			`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":11}}}`,
+			"usage.prompt_tokens_details.cached_tokens 11 exceeds usage.prompt_tokens 10", 0, 0, 0, false},
+		{"cache_n above prompt", TargetConfig{Dialect: DialectLlamaCpp}, Request{Prompt: "hi"},
+			`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1},"timings":{"cache_n":12}}`,
+			"timings.cache_n 12 exceeds usage.prompt_tokens 10", 0, 0, 0, false},
+		{"completion far above max_tokens", TargetConfig{}, Request{Prompt: "hi", MaxTokens: 4},
+			`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1000}}`,
+			"usage.completion_tokens 1000 exceeds max_tokens 4", 0, 0, 0, false},
+		{"prompt beyond a short prompt", TargetConfig{}, Request{Prompt: "hi"},
+			`{"choices":[],"usage":{"prompt_tokens":LIMIT+1,"completion_tokens":1}}`,
+			"is more than the request could hold", 0, 0, 0, false},
+		{"prompt beyond its token ids", TargetConfig{API: APICompletions, PromptFormat: PromptFormatTokenIDs}, Request{PromptTokenIDs: []int{1, 2, 3}},
+			`{"choices":[],"usage":{"prompt_tokens":LIMIT+1,"completion_tokens":1}}`,
+			"is more than the request could hold", 0, 0, 0, false},
+
+		{"edges accepted", TargetConfig{}, Request{Prompt: "hi", MaxTokens: 4},
+			fmt.Sprintf(`{"choices":[],"usage":{"prompt_tokens":LIMIT,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":LIMIT}}}`, 4+completionAllowance),
+			"", -1, -1, 4 + completionAllowance, true},
+		{"zeros accepted", TargetConfig{}, Request{Prompt: "hi", MaxTokens: 4},
+			`{"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":0,"prompt_tokens_details":{"cached_tokens":0}}}`, "", 0, 0, 0, true},
+		{"whole float accepted", TargetConfig{}, Request{Prompt: "hi"},
+			`{"choices":[],"usage":{"prompt_tokens":7.0,"completion_tokens":2e0}}`, "", 7, 0, 2, false},
+		{"max_tokens from extra_body: no max_tokens bound", TargetConfig{ExtraBody: map[string]any{"max_tokens": 100}}, Request{Prompt: "hi", MaxTokens: 4},
+			`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":100}}`, "", 5, 0, 100, false},
+		{"n from the row's extra: no max_tokens bound", TargetConfig{}, Request{Prompt: "hi", MaxTokens: 4, Extra: json.RawMessage(`{"n":4}`)},
+			`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":16}}`, "", 5, 0, 16, false},
+		{"messages: images may hold many tokens", TargetConfig{}, Request{Messages: []json.RawMessage{[]byte(`{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://i/x.png"}}]}`)}},
+			`{"choices":[],"usage":{"prompt_tokens":100000,"completion_tokens":1}}`, "", 100000, 0, 1, false},
+		{"payload: its own max_tokens", TargetConfig{}, Request{Payload: json.RawMessage(`{"messages":[{"role":"user","content":"hi"}],"max_tokens":900}`)},
+			`{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":900}}`, "", 9, 0, 900, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			limit := make(chan int, 1)
+			srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n, _ := io.Copy(io.Discard, r.Body)
+				lim := 2*int(n) + promptAllowance
+				limit <- lim
+				chunk := strings.ReplaceAll(tt.chunk, "LIMIT+1", fmt.Sprint(lim+1))
+				chunk = strings.ReplaceAll(chunk, "LIMIT", fmt.Sprint(lim))
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"+
+					"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}]}\n\ndata: %s\n\ndata: [DONE]\n\n", chunk)
+			}))
+			cfg := tt.cfg
+			cfg.URL = srv.URL
+			if cfg.Dialect == "" {
+				cfg.Dialect = DialectVLLM
+			}
+			c := mustClient(t, cfg)
+			var res Result
+			c.Do(context.Background(), tt.req, &res)
+			if tt.errSub != "" {
+				if strings.Contains(tt.chunk, "LIMIT") {
+					tt.errSub = fmt.Sprintf("usage.prompt_tokens %d %s", <-limit+1, tt.errSub)
+				}
+				// The usage is not trusted at all: the output falls back
+				// to the counted content chunks.
+				checkResult(t, &res, want{outcome: OutcomeStreamError, status: 200, errSub: tt.errSub, content: true, output: 1})
+				return
+			}
+			lim := <-limit
+			if tt.prompt < 0 {
+				tt.prompt = lim
+			}
+			if tt.cached < 0 {
+				tt.cached = lim
+			}
+			checkResult(t, &res, want{outcome: OutcomeSuccess, status: 200, content: true, output: tt.output, fromUsage: true,
+				prompt: tt.prompt, promptOK: true, cached: tt.cached, cachedOK: tt.cacheOK})
 		})
 	}
 }
