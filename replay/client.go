@@ -347,21 +347,30 @@ func (c *Client) limitsFor(req Request, bodyLen int) usageLimits {
 	if req.Payload == nil && len(req.Messages) == 0 {
 		l.prompt, l.bodyLen = min(2*bodyLen+promptAllowance, maxUsageTokens), bodyLen
 	}
-	if req.MaxTokens > 0 && req.Payload == nil && !c.extraSetsLength && !mentionsKey(req.Extra, lengthKeys) {
+	if req.MaxTokens > 0 && req.Payload == nil && !c.extraSetsLength && !mentionsLengthKey(req.Extra) {
 		l.completion, l.maxTokens = min(req.MaxTokens+completionAllowance, maxUsageTokens), req.MaxTokens
 	}
 	return l
 }
 
-// mentionsKey reports whether raw may hold one of keys as a member. It
-// errs towards yes (a key's name as a string value counts): that only
-// loosens a limit.
-func mentionsKey(raw []byte, keys []string) bool {
+// quotedLengthKeys are lengthKeys as JSON strings, for mentionsLengthKey.
+var quotedLengthKeys = func() [][]byte {
+	q := make([][]byte, len(lengthKeys))
+	for i, k := range lengthKeys {
+		q[i] = appendJSONString(nil, k)
+	}
+	return q
+}()
+
+// mentionsLengthKey reports whether the JSON object raw may hold one of
+// lengthKeys. It errs towards yes (a key's name as a string value counts):
+// that only loosens a limit.
+func mentionsLengthKey(raw []byte) bool {
 	if len(raw) == 0 {
 		return false
 	}
-	for _, k := range keys {
-		if bytes.Contains(raw, []byte(`"`+k+`"`)) {
+	for _, k := range quotedLengthKeys {
+		if bytes.Contains(raw, k) {
 			return true
 		}
 	}
@@ -373,16 +382,16 @@ func mentionsKey(raw []byte, keys []string) bool {
 // failed before any byte of a response arrived, which is what a server
 // closing an idle connection at that moment looks like.
 func (c *Client) send(rctx context.Context, hc *http.Client, body []byte) (resp *http.Response, retry bool, err error) {
-	hreq, err := http.NewRequestWithContext(rctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
+	// The transport may call these from its own goroutines.
+	var reusedIdle, responded atomic.Bool
+	tctx := httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
+		GotConn:              func(i httptrace.GotConnInfo) { reusedIdle.Store(i.Reused && i.WasIdle) },
+		GotFirstResponseByte: func() { responded.Store(true) },
+	})
+	hreq, err := http.NewRequestWithContext(tctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
 	if err != nil {
 		return nil, false, fmt.Errorf("build request: %w", err)
 	}
-	// The transport may call these from its own goroutines.
-	var reusedIdle, responded atomic.Bool
-	hreq = hreq.WithContext(httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
-		GotConn:              func(i httptrace.GotConnInfo) { reusedIdle.Store(i.Reused && i.WasIdle) },
-		GotFirstResponseByte: func() { responded.Store(true) },
-	}))
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
 	if c.user != nil {
