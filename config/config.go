@@ -13,8 +13,11 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	promconfig "github.com/prometheus/common/config"
 	"github.com/prometheus/common/model"
@@ -426,6 +429,16 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	}
 	if t.Model == "" {
 		bad(p+".model", "is required")
+	} else if !utf8.ValidString(t.Model) {
+		bad(p+".model", "%q is not valid UTF-8", t.Model)
+	} else if i := strings.IndexFunc(t.Model, func(r rune) bool {
+		// Zl and Zp are line breaks too (U+2028, U+2029).
+		return unicode.IsControl(r) || unicode.In(r, unicode.Zl, unicode.Zp)
+	}); i >= 0 {
+		// The model is sent to the server and may end up in labels and
+		// log lines, where such a character would forge or break them.
+		r, _ := utf8.DecodeRuneInString(t.Model[i:])
+		bad(p+".model", "%q holds control character %U", t.Model, r)
 	}
 	oneOf(t.API, p+".api", bad, "chat", "completions")
 	oneOf(t.Dialect, p+".dialect", bad, "vllm", "sglang", "trtllm", "dynamo", "llamacpp", "openai")
@@ -502,14 +515,28 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 func validateURL(raw, path string, bad func(string, string, ...any)) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		bad(path, "not a valid URL")
+		// The error quotes the input, password included: name the part.
+		if errors.As(err, new(*url.Error)) && strings.Contains(err.Error(), "invalid port") {
+			bad(path, "not a valid URL: the port is not a number from 1 to 65535")
+		} else {
+			bad(path, "not a valid URL")
+		}
 		return
+	}
+	// url.Parse takes any run of digits as a port; the dialer would fail
+	// on every request, so say so at load time. No port means the default.
+	port, portOK := u.Port(), true
+	if port != "" {
+		n, err := strconv.ParseUint(port, 10, 16)
+		portOK = err == nil && n > 0
 	}
 	switch {
 	case u.Scheme != "http" && u.Scheme != "https":
 		bad(path, "%s: scheme must be http or https", u.Redacted())
-	case u.Host == "":
+	case u.Hostname() == "":
 		bad(path, "%s: has no host", u.Redacted())
+	case !portOK:
+		bad(path, "%s: port %q is not a number from 1 to 65535", u.Redacted(), port)
 	case strings.HasSuffix(strings.TrimSuffix(u.Path, "/"), "/v1") && !strings.HasSuffix(path, "metrics_url"):
 		bad(path, "%s: give the base URL without /v1", u.Redacted())
 	}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -187,5 +188,114 @@ func TestCacheAutoValues(t *testing.T) {
 				t.Errorf("block_size %+v capacity_blocks %+v, want %+v %+v", c.BlockSize, c.CapacityBlocks, tt.block, tt.blocks)
 			}
 		})
+	}
+}
+
+// validTarget parses a one-target config and returns it with its target,
+// for tests that change one field and validate again.
+func validTarget(t *testing.T) (*Config, *Target) {
+	t.Helper()
+	cfg, err := Parse([]byte("targets:\n  - {name: t, url: http://t:8000, model: m, dialect: vllm}\n"+
+		"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, &cfg.Targets[0]
+}
+
+// TestValidateURLPort: a port outside 1..65535, or one that is not a
+// number, is a problem of the field that holds it, for url and for
+// cache.metrics_url alike; the password in the URL is never echoed.
+func TestValidateURLPort(t *testing.T) {
+	tests := []struct {
+		url  string
+		want string // "" means valid
+	}{
+		{"http://t:8000", ""},
+		{"http://t:1", ""},
+		{"https://t:65535/base", ""},
+		{"http://t", ""},
+		{"http://[::1]:8000", ""},
+		{"http://t:99999", `%s: http://t:99999: port "99999" is not a number from 1 to 65535`},
+		{"http://t:65536", `%s: http://t:65536: port "65536" is not a number from 1 to 65535`},
+		{"http://t:0", `%s: http://t:0: port "0" is not a number from 1 to 65535`},
+		{"http://t:18446744073709551697", `%s: http://t:18446744073709551697: port "18446744073709551697" is not a number from 1 to 65535`},
+		{"http://u:hunter2@t:99999", `%s: http://u:xxxxx@t:99999: port "99999" is not a number from 1 to 65535`},
+		{"http://t:http", `%s: not a valid URL: the port is not a number from 1 to 65535`},
+		{"http://u:hunter2@t:-1", `%s: not a valid URL: the port is not a number from 1 to 65535`},
+		{"http://t:80:80", `%s: not a valid URL: the port is not a number from 1 to 65535`},
+		{"http://t\x01:80", `%s: not a valid URL`},
+		{"http://:8000", `%s: http://:8000: has no host`},
+	}
+	for _, tt := range tests {
+		for _, field := range []string{"url", "cache.metrics_url"} {
+			t.Run(field+"/"+tt.url, func(t *testing.T) {
+				cfg, tg := validTarget(t)
+				path := "targets[0]." + field
+				if field == "url" {
+					tg.URL = tt.url
+				} else {
+					tg.Cache.MetricsURL = tt.url
+				}
+				err := cfg.Validate()
+				switch {
+				case tt.want == "" && err != nil:
+					t.Errorf("Validate: %v, want no problem", err)
+				case tt.want != "" && (err == nil || err.Error() != fmt.Sprintf(tt.want, path)):
+					t.Errorf("Validate: %v\nwant %s", err, fmt.Sprintf(tt.want, path))
+				}
+				if err != nil && strings.Contains(err.Error(), "hunter2") {
+					t.Errorf("the problem echoes the password: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// TestValidateModelCharacters: the model is a label value and a log field,
+// so a control character or invalid UTF-8 in it is a problem of
+// targets[i].model, whether it came from YAML escapes or emulate.model.
+func TestValidateModelCharacters(t *testing.T) {
+	const path = "targets[0].model: "
+	tests := []struct {
+		name, model, want string // want "" means valid
+	}{
+		{"plain", "Qwen/Qwen3-0.6B", ""},
+		{"unicode letters", "modèle-日本語", ""},
+		{"space", "my model", ""},
+		{"tab", "m\tx", path + `"m\tx" holds control character U+0009`},
+		{"newline", "m\n", path + `"m\n" holds control character U+000A`},
+		{"NUL", "\x00m", path + `"\x00m" holds control character U+0000`},
+		{"escape sequence", "m\x1b[31m", path + `"m\x1b[31m" holds control character U+001B`},
+		{"DEL", "m\x7f", path + `"m\x7f" holds control character U+007F`},
+		{"C1 NEL", "m\u0085", path + `"m\u0085" holds control character U+0085`},
+		{"line separator", "m\u2028x", path + `"m\u2028x" holds control character U+2028`},
+		{"invalid UTF-8", "m\xffx", path + `"m\xffx" is not valid UTF-8`},
+		{"truncated UTF-8", "m\xe6\x97", path + `"m\xe6\x97" is not valid UTF-8`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, tg := validTarget(t)
+			tg.Model = tt.model
+			err := cfg.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("Validate: %v, want no problem", err)
+			case tt.want != "" && (err == nil || err.Error() != tt.want):
+				t.Errorf("Validate: %v\nwant %s", err, tt.want)
+			}
+		})
+	}
+	// The same through YAML: double-quoted escapes make control characters.
+	_, err := Parse([]byte("targets:\n  - {name: t, url: http://t:8000, model: \"m\\a\"}\n"+
+		"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"), "")
+	if want := path + `"m\a" holds control character U+0007`; err == nil || err.Error() != want {
+		t.Errorf("Parse: %v\nwant %s", err, want)
+	}
+	// An emulated target's model defaults from emulate.model.
+	_, err = Parse([]byte("targets:\n  - {name: t, emulate: {model: \"e\\x1b\"}}\n"+
+		"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"), "")
+	if err == nil || !strings.Contains(err.Error(), path+`"e\x1b" holds control character U+001B`) {
+		t.Errorf("Parse with emulate.model: %v", err)
 	}
 }

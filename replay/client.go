@@ -8,8 +8,10 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,9 +48,13 @@ type Client struct {
 	user     *url.Userinfo
 	timeout  time.Duration
 	http     *http.Client
-	model    []byte      // JSON string, nil when no model is configured
-	extra    []bodyField // extra_body, encoded once
-	secrets  []string    // inline credentials, scrubbed from error texts
+	fresh    *http.Client // without keep-alive: a new connection per request
+	model    []byte       // JSON string, nil when no model is configured
+	extra    []bodyField  // extra_body, encoded once
+	secrets  []string     // inline credentials, scrubbed from error texts
+	// extraSetsLength: extra_body holds one of lengthKeys, so max_tokens
+	// does not bound the output (see limitsFor).
+	extraSetsLength bool
 	// secretFiles hold credentials (credentials_file, password_file, ...)
 	// that prometheus/common reads on every request, so that they can be
 	// rotated: scrub reads them too, or a server echoing the token in its
@@ -72,7 +78,10 @@ type streamParser struct {
 const (
 	maxErrorBody = 64 << 10 // the part of an error response read for its message
 	maxDrain     = 64 << 10 // read after [DONE] so the connection can be reused
-	maxErrorText = 300      // Result.Error is for logs: keep it short
+	// doneGrace bounds the wait for the end of the body after [DONE]
+	// (see drainAfterDone): ample for a last chunk already on its way.
+	doneGrace    = 20 * time.Millisecond
+	maxErrorText = 300 // Result.Error is for logs: keep it short
 )
 
 // errRequestTimeout is the cause of the per-request deadline, telling it
@@ -125,6 +134,9 @@ func NewClient(cfg TargetConfig) (*Client, error) {
 		errs = append(errs, err)
 	}
 	c.extra = extra
+	for _, f := range extra {
+		c.extraSetsLength = c.extraSetsLength || slices.Contains(lengthKeys, f.key)
+	}
 	hc := cfg.HTTPClientConfig
 	if err := hc.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("http_client_config: %w", err))
@@ -137,6 +149,19 @@ func NewClient(cfg TargetConfig) (*Client, error) {
 	c.http, err = config.NewClientFromConfig(hc, cfg.Name, config.WithUserAgent("kvload-exporter"))
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
+	}
+	// The retry after a stale kept-alive connection (see Do) must not take
+	// another one from the pool, which may be as stale.
+	c.fresh, err = config.NewClientFromConfig(hc, cfg.Name, config.WithUserAgent("kvload-exporter"), config.WithKeepAlivesDisabled())
+	if err != nil {
+		return nil, fmt.Errorf("http_client_config: %w", err)
+	}
+	// Never follow a redirect, whatever follow_redirects says: net/http
+	// would resend the body and, to the same host on another port, the
+	// credentials. An inference endpoint has no reason to redirect, so a
+	// 3xx is reported as the http_error it is.
+	for _, hc := range []*http.Client{c.http, c.fresh} {
+		hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	}
 	return c, nil
 }
@@ -213,6 +238,7 @@ func secretFiles(hc *config.HTTPClientConfig) []string {
 // removed; requests still running are not affected.
 func (c *Client) Close() {
 	c.http.CloseIdleConnections()
+	c.fresh.CloseIdleConnections()
 }
 
 // Do sends one request and measures its stream into res. It returns when
@@ -224,15 +250,21 @@ func (c *Client) Close() {
 //     point.
 //   - canceled: ctx ended (cancel or the caller's own deadline).
 //   - connection_error: no response was received (dial, TLS, reset).
+//     A request that failed on a reused idle connection before any byte
+//     of a response is first retried once on a new connection, with Sent
+//     taken anew; the Result is that of the retry.
 //   - http_error: a non-2xx status, with the message of the error body.
+//     Redirects are not followed: a 3xx is an http_error too.
 //     A row that cannot be encoded into a body is also an http_error,
 //     with status 0: a server would have refused it with a 400.
 //   - stream_error: an error event or error chunk (whether or not [DONE]
 //     follows), a malformed chunk, finish_reason "abort" or "error", a
 //     read error after the headers, or a stream that was cut off.
-//   - success: [DONE] arrived, or the body ended cleanly (EOF) after a
-//     chunk with a finish_reason or a usage object. A clean end without
-//     either is a cut-off stream: nothing says the generation completed.
+//   - success: [DONE] arrived (the body is then read for at most
+//     doneGrace more, and closed if the server keeps it open), or the
+//     body ended cleanly (EOF) after a chunk with a finish_reason or a
+//     usage object. A clean end without either is a cut-off stream:
+//     nothing says the generation completed.
 func (c *Client) Do(ctx context.Context, req Request, res *Result) {
 	res.Sent, res.FirstToken, res.LastToken = time.Time{}, time.Time{}, time.Time{}
 	res.Outcome, res.HTTPStatus, res.Error = "", 0, ""
@@ -252,26 +284,22 @@ func (c *Client) Do(ctx context.Context, req Request, res *Result) {
 		rctx, cancel = context.WithTimeoutCause(ctx, c.timeout, errRequestTimeout)
 		defer cancel()
 	}
-	hreq, err := http.NewRequestWithContext(rctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
-	if err != nil {
-		res.Sent = time.Now()
-		c.setOutcome(res, OutcomeConnectionError, "build request: "+err.Error())
-		return
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Accept", "text/event-stream")
-	if c.user != nil {
-		p, _ := c.user.Password()
-		hreq.SetBasicAuth(c.user.Username(), p)
-	}
-
 	res.Sent = time.Now()
-	resp, err := c.http.Do(hreq)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // drop the URL: the target name already says which endpoint
+	resp, retry, err := c.send(rctx, c.http, body)
+	if err != nil && retry && rctx.Err() == nil {
+		// The server closed a kept-alive connection as the request went
+		// out on it (its idle timeout): it cannot have answered. Go's
+		// transport retries that itself only for idempotent requests, and
+		// a POST is not one. Once, on a new connection, timed from the
+		// new send so that TTFT does not include the failed attempt.
+		first := err
+		res.Sent = time.Now()
+		resp, _, err = c.send(rctx, c.fresh, body)
+		if err != nil {
+			err = fmt.Errorf("%w (retried once: a reused connection failed with %v)", err, first)
 		}
+	}
+	if err != nil {
 		o := c.classify(ctx, rctx, OutcomeConnectionError)
 		c.setOutcome(res, o, c.failureText(o, err.Error()))
 		return
@@ -289,12 +317,101 @@ func (c *Client) Do(ctx context.Context, req Request, res *Result) {
 		return
 	}
 
-	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), res)
+	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), c.limitsFor(req, len(body)), res)
+}
+
+const (
+	// promptAllowance is what a server may add to a prompt: a chat
+	// template, a default system prompt.
+	promptAllowance = 8192
+	// completionAllowance is the slack over max_tokens. Engines told
+	// ignore_eos and max_tokens stop at exactly max_tokens.
+	completionAllowance = 16
+)
+
+// lengthKeys are body members that change how many output tokens a request
+// may yield, or what max_tokens means.
+var lengthKeys = []string{"max_tokens", "max_completion_tokens", "n_predict", "n", "best_of"}
+
+// limitsFor derives from a request and its encoded body the largest usage
+// counts a server could truthfully report for it. Text of b bytes is at
+// most b tokens for a byte-level or character-level tokenizer; twice the
+// body's bytes plus promptAllowance leaves room for any other, and covers
+// whatever in the body may become prompt tokens (tools, a chat_template in
+// an extra). Rows with chat messages or a whole payload may carry images,
+// whose tokens their bytes do not bound: they get only the absolute limit.
+// Output is bounded by max_tokens unless the body may set its own (a
+// payload, or an extra with one of lengthKeys).
+func (c *Client) limitsFor(req Request, bodyLen int) usageLimits {
+	l := anyRequest
+	if req.Payload == nil && len(req.Messages) == 0 {
+		l.prompt, l.bodyLen = min(2*bodyLen+promptAllowance, maxUsageTokens), bodyLen
+	}
+	if req.MaxTokens > 0 && req.Payload == nil && !c.extraSetsLength && !mentionsLengthKey(req.Extra) {
+		l.completion, l.maxTokens = min(req.MaxTokens+completionAllowance, maxUsageTokens), req.MaxTokens
+	}
+	return l
+}
+
+// quotedLengthKeys are lengthKeys as JSON strings, for mentionsLengthKey.
+var quotedLengthKeys = func() [][]byte {
+	q := make([][]byte, len(lengthKeys))
+	for i, k := range lengthKeys {
+		q[i] = appendJSONString(nil, k)
+	}
+	return q
+}()
+
+// mentionsLengthKey reports whether the JSON object raw may hold one of
+// lengthKeys. It errs towards yes (a key's name as a string value counts):
+// that only loosens a limit.
+func mentionsLengthKey(raw []byte) bool {
+	if len(raw) == 0 {
+		return false
+	}
+	for _, k := range quotedLengthKeys {
+		if bytes.Contains(raw, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// send makes one attempt at the request. On failure, retry reports that
+// the attempt went out on a reused connection from the idle pool and
+// failed before any byte of a response arrived, which is what a server
+// closing an idle connection at that moment looks like.
+func (c *Client) send(rctx context.Context, hc *http.Client, body []byte) (resp *http.Response, retry bool, err error) {
+	// The transport may call these from its own goroutines.
+	var reusedIdle, responded atomic.Bool
+	tctx := httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
+		GotConn:              func(i httptrace.GotConnInfo) { reusedIdle.Store(i.Reused && i.WasIdle) },
+		GotFirstResponseByte: func() { responded.Store(true) },
+	})
+	hreq, err := http.NewRequestWithContext(tctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
+	if err != nil {
+		return nil, false, fmt.Errorf("build request: %w", err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "text/event-stream")
+	if c.user != nil {
+		p, _ := c.user.Password()
+		hreq.SetBasicAuth(c.user.Username(), p)
+	}
+	resp, err = hc.Do(hreq)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // drop the URL: the target name already says which endpoint
+		}
+		return nil, reusedIdle.Load() && !responded.Load(), err
+	}
+	return resp, false, nil
 }
 
 // readStream consumes a 2xx streaming body into res and decides the
 // outcome (see Do).
-func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentType string, res *Result) {
+func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentType string, lim usageLimits, res *Result) {
 	sp, _ := c.streams.Get().(*streamParser)
 	if sp == nil {
 		sp = new(streamParser)
@@ -303,16 +420,18 @@ func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentTy
 	sp.sse.reset(body, time.Now)
 	sp.state.reset()
 	st := &sp.state
+	st.lim = lim
 	for {
 		ev, ok := sp.sse.next()
 		if !ok || st.handle(ev) {
 			break
 		}
 	}
+	if !st.failed {
+		st.checkUsage()
+	}
 	if st.done && !st.failed {
-		// Reading on to the end of the body lets the transport reuse the
-		// connection; servers end the body right after [DONE].
-		sp.sse.drain(maxDrain)
+		drainAfterDone(&sp.sse, body)
 	}
 	c.fillUsage(res, st)
 
@@ -333,6 +452,29 @@ func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentTy
 		c.setOutcome(res, OutcomeStreamError, fmt.Sprintf("no events; content type %q is not text/event-stream", contentType))
 	default:
 		c.setOutcome(res, OutcomeStreamError, "stream ended without [DONE], finish_reason or usage")
+	}
+}
+
+// drainAfterDone reads on after [DONE], which lets the transport reuse the
+// connection: servers end the body right after it, though the last chunk
+// may come in a packet of its own. A server that keeps the body open would
+// hold the request, and its slot, until request_timeout; so after
+// doneGrace the body is closed, which unblocks the read and drops the
+// connection. The measurements are complete at [DONE] either way.
+func drainAfterDone(r *sseReader, body io.Reader) {
+	closer, ok := body.(io.Closer)
+	if !ok {
+		r.drain(maxDrain)
+		return
+	}
+	closed := make(chan struct{})
+	t := time.AfterFunc(doneGrace, func() {
+		_ = closer.Close()
+		close(closed)
+	})
+	r.drain(maxDrain)
+	if !t.Stop() {
+		<-closed // Do returns nothing still running
 	}
 }
 
@@ -376,6 +518,10 @@ func (c *Client) classify(ctx, rctx context.Context, otherwise Outcome) Outcome 
 // fillUsage copies token counts from the stream into res.
 func (c *Client) fillUsage(res *Result, st *streamState) {
 	res.FirstToken, res.LastToken = st.first, st.last
+	if st.usageBad {
+		res.OutputTokens = st.contentChunks
+		return
+	}
 	if st.completionKnown {
 		res.OutputTokens, res.OutputFromUsage = st.completion, true
 	} else {

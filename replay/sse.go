@@ -3,6 +3,7 @@ package replay
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"time"
@@ -245,7 +246,9 @@ type streamState struct {
 	failed   bool
 	failMsg  string
 
+	lim             usageLimits
 	usageSeen       bool
+	usageBad        bool // a count no request could produce: none of the usage is kept
 	prompt          int
 	promptKnown     bool
 	completion      int
@@ -257,7 +260,7 @@ type streamState struct {
 }
 
 func (s *streamState) reset() {
-	*s = streamState{p: s.p}
+	*s = streamState{p: s.p, lim: anyRequest}
 }
 
 func (s *streamState) fail(msg string) bool {
@@ -344,20 +347,104 @@ func (s *streamState) handle(ev sseEvent) (stop bool) {
 		// Fields present in a later usage object (continuous usage stats)
 		// replace earlier ones; absent ones keep what was seen.
 		s.usageSeen = true
-		if n, ok := count(u.Get("prompt_tokens")); ok {
-			s.prompt, s.promptKnown = n, true
-		}
-		if n, ok := count(u.Get("completion_tokens")); ok {
-			s.completion, s.completionKnown = n, true
-		}
-		if n, ok := count(u.Get("prompt_tokens_details", "cached_tokens")); ok {
-			s.cached, s.cachedKnown = n, true
+		if !s.count(u.Get("prompt_tokens"), fieldPrompt, &s.prompt, &s.promptKnown) ||
+			!s.count(u.Get("completion_tokens"), fieldCompletion, &s.completion, &s.completionKnown) ||
+			!s.count(u.Get("prompt_tokens_details", "cached_tokens"), fieldCached, &s.cached, &s.cachedKnown) {
+			return true
 		}
 	}
-	if n, ok := count(obj.Get("timings").Get("cache_n")); ok {
-		s.cacheN, s.cacheNKnown = n, true
+	return !s.count(obj.Get("timings").Get("cache_n"), fieldCacheN, &s.cacheN, &s.cacheNKnown)
+}
+
+// usageField names a token count a response reports.
+type usageField string
+
+const (
+	fieldPrompt     usageField = "usage.prompt_tokens"
+	fieldCompletion usageField = "usage.completion_tokens"
+	fieldCached     usageField = "usage.prompt_tokens_details.cached_tokens"
+	fieldCacheN     usageField = "timings.cache_n" // llama.cpp
+)
+
+// maxUsageTokens bounds every count: 16 Mi tokens is above any context
+// window in use (the largest are about 10 M), so a larger count is a
+// broken server's, not a long request's.
+const maxUsageTokens = 1 << 24
+
+// usageLimits bounds the counts a response may report for one request
+// (see Client.limitsFor).
+type usageLimits struct {
+	prompt     int // prompt tokens, and cached tokens, at most
+	bodyLen    int // the request body's bytes prompt was derived from; 0 for any request
+	completion int // output tokens at most
+	maxTokens  int // the max_tokens completion was derived from; 0 for any request
+}
+
+// anyRequest holds only what no request can exceed.
+var anyRequest = usageLimits{prompt: maxUsageTokens, completion: maxUsageTokens}
+
+func (l *usageLimits) of(f usageField) int {
+	if f == fieldCompletion {
+		return l.completion
+	}
+	return l.prompt
+}
+
+// count reads a token count into n. Absent, null or non-numeric values
+// leave it as it was: a server need not report it. A number that no
+// request could produce fails the stream and returns false: the server's
+// accounting cannot be trusted, so none of its usage is used.
+func (s *streamState) count(v *fastjson.Value, f usageField, n *int, known *bool) bool {
+	if v == nil || v.Type() != fastjson.TypeNumber {
+		return true
+	}
+	// A float64 is exact up to 2^53, far above any limit, and above it
+	// still compares right; fastjson's Int would reject 1e3 and 4.0.
+	x, err := v.Float64()
+	limit := s.lim.of(f)
+	switch {
+	case err != nil:
+		// Not expected: fastjson has validated the number (1e999 is +Inf).
+		s.usageFail(f, v, "is not a usable number")
+	case x < 0:
+		s.usageFail(f, v, "is negative")
+	case x != math.Trunc(x):
+		s.usageFail(f, v, "is not a whole number")
+	case x > float64(limit) && f == fieldCompletion && s.lim.maxTokens > 0:
+		s.usageFail(f, v, fmt.Sprintf("exceeds max_tokens %d (%d at most)", s.lim.maxTokens, limit))
+	case x > float64(limit) && s.lim.bodyLen > 0 && f != fieldCompletion:
+		s.usageFail(f, v, fmt.Sprintf("is more than the request could hold (%d at most, from its %d-byte body)", limit, s.lim.bodyLen))
+	case x > float64(limit):
+		s.usageFail(f, v, fmt.Sprintf("is more than any request could hold (%d at most)", limit))
+	default:
+		*n, *known = int(x), true
+		return true
 	}
 	return false
+}
+
+func (s *streamState) usageFail(f usageField, v *fastjson.Value, why string) {
+	s.usageBad = true
+	s.fail(fmt.Sprintf("%s %s %s", f, v, why))
+}
+
+// checkUsage compares the final counts with each other: cached tokens are
+// part of the prompt.
+func (s *streamState) checkUsage() {
+	if !s.promptKnown {
+		return
+	}
+	for _, c := range []struct {
+		f     usageField
+		n     int
+		known bool
+	}{{fieldCached, s.cached, s.cachedKnown}, {fieldCacheN, s.cacheN, s.cacheNKnown}} {
+		if c.known && c.n > s.prompt {
+			s.usageBad = true
+			s.fail(fmt.Sprintf("%s %d exceeds %s %d", c.f, c.n, fieldPrompt, s.prompt))
+			return
+		}
+	}
 }
 
 // choiceHasContent: a delta with non-empty content, reasoning,
@@ -389,22 +476,6 @@ func choiceHasContent(c *fastjson.Value) bool {
 // nonEmptyString is nil-safe, as fastjson's Get is on a nil *Value.
 func nonEmptyString(v *fastjson.Value) bool {
 	return v != nil && v.Type() == fastjson.TypeString && len(v.GetStringBytes()) > 0
-}
-
-// count reads a non-negative token count; absent, null, negative or
-// non-numeric values are unknown.
-func count(v *fastjson.Value) (int, bool) {
-	if v == nil || v.Type() != fastjson.TypeNumber {
-		return 0, false
-	}
-	if n, err := v.Int(); err == nil {
-		return n, n >= 0
-	}
-	f, err := v.Float64()
-	if err != nil || f < 0 || f > math.MaxInt32 || f != math.Trunc(f) {
-		return 0, false
-	}
-	return int(f), true
 }
 
 // errorText extracts the message of an error document in any of the three

@@ -224,7 +224,8 @@ func TestStreamUsageFields(t *testing.T) {
 		{"cached null", []string{`{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":null}}}`}, "10/?/?/?"},
 		{"zero is known", []string{`{"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":0}}}`}, "10/3/0/?"},
 		{"usage null", []string{`{"usage":null}`}, "?/?/?/?"},
-		{"negative and float", []string{`{"usage":{"prompt_tokens":-1,"completion_tokens":4.0,"prompt_tokens_details":{"cached_tokens":"8"}}}`}, "?/4/?/?"},
+		// Impossible numbers fail the stream: TestClientRejectsAbsurdUsage.
+		{"whole float and string", []string{`{"usage":{"prompt_tokens":true,"completion_tokens":4.0,"prompt_tokens_details":{"cached_tokens":"8"}}}`}, "?/4/?/?"},
 		{"continuous usage, later wins", []string{
 			`{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":8}}}`,
 			`{"usage":{"prompt_tokens":10,"completion_tokens":2}}`,
@@ -320,8 +321,8 @@ func FuzzSSE(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, split uint8) {
 		ctx := context.Background()
 		var whole, cut Result
-		c.readStream(ctx, ctx, bytes.NewReader(body), "text/event-stream", &whole)
-		c.readStream(ctx, ctx, &chunkReader{b: body, n: int(split) + 1}, "text/event-stream", &cut)
+		c.readStream(ctx, ctx, bytes.NewReader(body), "text/event-stream", anyRequest, &whole)
+		c.readStream(ctx, ctx, &chunkReader{b: body, n: int(split) + 1}, "text/event-stream", anyRequest, &cut)
 		for _, r := range []*Result{&whole, &cut} {
 			switch r.Outcome {
 			case OutcomeSuccess:
@@ -392,7 +393,7 @@ func BenchmarkSSEParseChunk(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		r.rewind()
-		c.readStream(ctx, ctx, r, "text/event-stream", &res)
+		c.readStream(ctx, ctx, r, "text/event-stream", anyRequest, &res)
 	}
 	b.StopTimer()
 	runtime.ReadMemStats(&ms1)
