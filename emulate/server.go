@@ -549,7 +549,7 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	text, err := e.tok.Decode(req.Tokens)
+	text, err := decode(e.tok, req.Tokens)
 	if err != nil {
 		writeError(w, badRequest("tokens", "%v", err))
 		return
