@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -78,9 +79,9 @@ type trieCache struct {
 
 type node struct {
 	parent   *node
-	key      string // children key in parent; for a root, its salt
-	tokens   []int  // blockSize tokens; nil for a root
-	children map[string]*node
+	key      string           // children key in parent; for a root, its salt
+	tokens   []int            // blockSize tokens; nil for a root
+	children map[string]*node // nil until the first child
 	elem     *list.Element
 }
 
@@ -89,15 +90,17 @@ func newTrieCache(blockSize, capacity int, partial, enabled bool) *trieCache {
 		roots: make(map[string]*node)}
 }
 
-// chunkKey encodes a block's tokens exactly: uvarints are prefix-free, so
-// different token sequences never share a key.
-func chunkKey(tokens []int) string {
-	b := make([]byte, 0, 3*len(tokens))
+// appendChunkKey encodes a block's tokens exactly: uvarints are
+// prefix-free, so different token sequences never share a key. Callers
+// index maps with string(key), which Go does without allocating.
+func appendChunkKey(b []byte, tokens []int) []byte {
 	for _, t := range tokens {
 		b = binary.AppendUvarint(b, uint64(t))
 	}
-	return string(b)
+	return b
 }
+
+func chunkKey(tokens []int) string { return string(appendChunkKey(nil, tokens)) }
 
 func commonPrefix(a, b []int) int {
 	n := min(len(a), len(b))
@@ -125,8 +128,10 @@ func (c *trieCache) lookup(salt string, tokens []int) (int, claim) {
 	// Whole blocks first, as long as they stay within the cap: vLLM
 	// recomputes a whole last block rather than hit the last token.
 	hit := 0
+	var key []byte
 	for hit+B <= maxHit {
-		child := n.children[chunkKey(tokens[hit:hit+B])]
+		key = appendChunkKey(key[:0], tokens[hit:hit+B])
+		child := n.children[string(key)]
 		if child == nil {
 			break
 		}
@@ -165,16 +170,20 @@ func (c *trieCache) insert(cl claim) {
 	}
 	n := c.roots[cl.salt]
 	if n == nil {
-		n = &node{key: cl.salt, children: make(map[string]*node)}
+		n = &node{key: cl.salt}
 		c.roots[cl.salt] = n
 	}
+	var key []byte
 	for b := range nb {
 		chunk := cl.tokens[b*c.blockSize : (b+1)*c.blockSize]
-		k := chunkKey(chunk)
-		child := n.children[k]
+		key = appendChunkKey(key[:0], chunk)
+		child := n.children[string(key)]
 		if child == nil {
-			child = &node{parent: n, key: k, tokens: append([]int(nil), chunk...), children: make(map[string]*node)}
-			n.children[k] = child
+			if n.children == nil {
+				n.children = make(map[string]*node) // lazily: most blocks are leaves
+			}
+			child = &node{parent: n, key: string(key), tokens: slices.Clone(chunk)}
+			n.children[child.key] = child
 		}
 		n = child
 	}
