@@ -20,11 +20,14 @@ import (
 // cacheConfigInfo is vLLM's info gauge vllm:cache_config_info: always 1,
 // its labels the cache config as strings (vllm/v1/metrics/loggers.py
 // log_metrics_info, from CacheConfig.metrics_info(), plus engine). vLLM
-// has many more labels; these are the ones the emulator models.
+// has many more labels; these are the ones the emulator models. The
+// labels are fixed here, at start, on purpose: vLLM only changes them on a
+// restart, and a run-time Resize stands for a KV cut that the exporter
+// must detect as a regression, so the exported figure must not follow it.
 func (e *Engine) cacheConfigInfo() prometheus.Collector {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "vllm:cache_config_info",
-		Help: "Information of the LLMEngine CacheConfig (emulated: num_gpu_blocks 0 means unbounded).",
+		Help: "Prefix cache configuration at start, in the labels; num_gpu_blocks 0 means unbounded (emulator only).",
 		ConstLabels: prometheus.Labels{
 			"block_size":            strconv.Itoa(e.cfg.BlockSize),
 			"num_gpu_blocks":        strconv.Itoa(e.cfg.CapacityBlocks),

@@ -363,7 +363,7 @@ func TestCacheConfigInfo(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e, srv := newTestServer(t, tt.cfg)
-			expo := "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig (emulated: num_gpu_blocks 0 means unbounded).\n" +
+			expo := "# HELP vllm:cache_config_info Prefix cache configuration at start, in the labels; num_gpu_blocks 0 means unbounded (emulator only).\n" +
 				"# TYPE vllm:cache_config_info gauge\n" + tt.want + "\n"
 			check := func() {
 				t.Helper()
