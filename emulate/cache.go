@@ -75,6 +75,7 @@ type trieCache struct {
 	capacity int              // blocks; 0 means unbounded
 	roots    map[string]*node // by cache salt
 	lru      list.List        // of *node, front most recent; roots are not in it
+	tick     uint64           // counts touches
 }
 
 type node struct {
@@ -83,6 +84,7 @@ type node struct {
 	tokens   []int            // blockSize tokens; nil for a root
 	children map[string]*node // nil until the first child
 	elem     *list.Element
+	used     uint64 // tick of the last touch
 }
 
 func newTrieCache(blockSize, capacity int, partial, enabled bool) *trieCache {
@@ -139,10 +141,13 @@ func (c *trieCache) lookup(salt string, tokens []int) (int, claim) {
 	}
 	last := n
 	if c.partial && hit < maxHit {
-		// Partial reuse: the best match inside one more cached block.
+		// Partial reuse: the best match inside one more cached block,
+		// the most recently used on ties so that map order never decides
+		// which block stays warm.
 		best, bestLen := (*node)(nil), 0
 		for _, child := range n.children {
-			if l := commonPrefix(child.tokens, tokens[hit:maxHit]); l > bestLen {
+			l := commonPrefix(child.tokens, tokens[hit:maxHit])
+			if l > bestLen || (l == bestLen && l > 0 && child.used > best.used) {
 				best, bestLen = child, l
 			}
 		}
@@ -197,7 +202,9 @@ func (c *trieCache) release(claim) {}
 // used, adding those not yet in the LRU list, so that ancestors end up
 // more recent than the block.
 func (c *trieCache) touchLocked(n *node) {
+	c.tick++
 	for ; n != nil && n.parent != nil; n = n.parent {
+		n.used = c.tick
 		if n.elem == nil {
 			n.elem = c.lru.PushFront(n)
 		} else {

@@ -339,3 +339,25 @@ func TestCacheSaltIsolation(t *testing.T) {
 		})
 	}
 }
+
+// A partial match that ties between blocks touches the most recently used
+// one, whatever the map order, so eviction stays deterministic.
+func TestTriePartialTieDeterministic(t *testing.T) {
+	a, b := []int{1, 2, 3, 4}, []int{1, 2, 5, 6}
+	for range 20 { // map order is random: a wrong pick would show
+		c := newTrieCache(4, 2, true, true)
+		c.insert(claim{tokens: b})
+		c.insert(claim{tokens: a})
+		c.lookup("", cat(b, []int{0})) // b is now the most recent
+		if got, _ := c.lookup("", []int{1, 2, 9, 9, 9}); got != 2 {
+			t.Fatalf("partial hit %d, want 2", got)
+		}
+		c.insert(claim{tokens: []int{7, 7, 7, 7}}) // evicts the least recent: a
+		if got, _ := c.lookup("", cat(b, []int{0})); got != 4 {
+			t.Fatalf("b hit %d after eviction, want 4", got)
+		}
+		if got, _ := c.lookup("", cat(a, []int{0})); got != 2 {
+			t.Fatalf("a hit %d after eviction, want 2 (partially, through b)", got)
+		}
+	}
+}
