@@ -57,6 +57,10 @@ func newPrefixCache(p Personality, blockSize, capacity, slots int, enabled bool)
 // cache salt. Children are found by their exact tokens, so a hit never
 // depends on a hash, and salted prompts share nothing with other salts.
 //
+// Only a prompt's full blocks are stored, its trailing partial block
+// never (vLLM's rule; whether TensorRT-LLM also keeps a last, partly
+// filled block is not modelled).
+//
 // It is written independently of the exporter's theoretical model (an
 // LRU keyed by trace hash ids) so that it can serve as ground truth for
 // it. Capacity is in blocks; eviction takes the least recently used block,
