@@ -71,7 +71,8 @@ type Config struct {
 	OmitCachedTokens bool `yaml:"omit_cached_tokens"`
 
 	// MaxRunning is how many sequences prefill or decode at once; later
-	// requests wait in a FIFO queue (vllm:num_requests_waiting).
+	// requests wait in a FIFO queue (vllm:num_requests_waiting). 0 picks
+	// DefaultMaxRunning, or Slots in the llamacpp personality.
 	MaxRunning int `yaml:"max_running"`
 	// Overhead is the fixed part of the time to first token.
 	Overhead time.Duration `yaml:"overhead"`
@@ -116,13 +117,13 @@ type Faults struct {
 }
 
 // DefaultConfig returns the demo configuration: the defaults of New plus
-// the Default* timings. BlockSize stays 0, the engine's default.
+// the Default* timings. BlockSize and MaxRunning stay 0, so that New picks
+// the engine's defaults.
 func DefaultConfig() Config {
 	return Config{
 		Model:           DefaultModel,
 		MaxModelLen:     DefaultMaxModelLen,
 		MaxBodyBytes:    DefaultMaxBodyBytes,
-		MaxRunning:      DefaultMaxRunning,
 		Overhead:        DefaultOverhead,
 		PrefillPerToken: DefaultPrefillPerToken,
 		InterToken:      DefaultInterToken,
