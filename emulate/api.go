@@ -96,6 +96,20 @@ type chatChunk struct {
 	Model   string            `json:"model"`
 	Choices []chatChunkChoice `json:"choices"`
 	Usage   *usageJSON        `json:"usage,omitempty"`
+	Timings *timingsJSON      `json:"timings,omitempty"`
+}
+
+// timingsJSON is llama.cpp's timings object (llamacpp personality only).
+type timingsJSON struct {
+	CacheN              int     `json:"cache_n"`
+	PromptN             int     `json:"prompt_n"`
+	PromptMS            float64 `json:"prompt_ms"`
+	PromptPerTokenMS    float64 `json:"prompt_per_token_ms"`
+	PromptPerSecond     float64 `json:"prompt_per_second"`
+	PredictedN          int     `json:"predicted_n"`
+	PredictedMS         float64 `json:"predicted_ms"`
+	PredictedPerTokenMS float64 `json:"predicted_per_token_ms"`
+	PredictedPerSecond  float64 `json:"predicted_per_second"`
 }
 
 type textChoice struct {
@@ -115,6 +129,7 @@ type textCompletion struct {
 	Model   string       `json:"model"`
 	Choices []textChoice `json:"choices"`
 	Usage   *usageJSON   `json:"usage,omitempty"`
+	Timings *timingsJSON `json:"timings,omitempty"`
 }
 
 type chatMessageOut struct {
@@ -137,6 +152,7 @@ type chatCompletion struct {
 	Model   string       `json:"model"`
 	Choices []chatChoice `json:"choices"`
 	Usage   *usageJSON   `json:"usage"`
+	Timings *timingsJSON `json:"timings,omitempty"`
 }
 
 // apiError is an error answered with vLLM's nested error body (since
@@ -244,16 +260,29 @@ func (e *Engine) parsePrompt(raw json.RawMessage) ([]int, *apiError) {
 	return nil, badRequest("prompt", "prompt must be a string, a list of strings, or a list of token ids")
 }
 
+// The BOS token of Config.BOS: o200k_base has none, so its end-of-text
+// special token stands in, an id that plain text never encodes to.
+const (
+	bosToken = 199999
+	bosText  = "<|endoftext|>"
+)
+
+// encodeText tokenizes a text prompt, with the BOS token first if
+// configured (every text path goes through here, /tokenize included, so
+// counts agree).
 func (e *Engine) encodeText(s string) ([]int, *apiError) {
 	ids, err := e.tok.Encode(s)
 	if err != nil {
 		return nil, badRequest("prompt", "%v", err)
 	}
+	if e.cfg.BOS {
+		ids = append([]int{bosToken}, ids...)
+	}
 	return ids, nil
 }
 
-// tokenIDs decodes a JSON list of token ids, each within 32 bits (the
-// block hash takes 4 bytes per token).
+// tokenIDs decodes a JSON list of token ids, each within 32 bits like a
+// real vocabulary's.
 func tokenIDs(raw json.RawMessage) ([]int, *apiError) {
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err != nil {

@@ -47,3 +47,24 @@ func BenchmarkEmulatorStream(b *testing.B) {
 		b.Fatalf("%d successes for %d requests", st.Success, b.N)
 	}
 }
+
+// BenchmarkPrefixCache looks up and inserts 2,048-token prompts that
+// share half their tokens with the previous one, per personality.
+func BenchmarkPrefixCache(b *testing.B) {
+	for _, p := range []Personality{PersonalityVLLM, PersonalitySGLang, PersonalityTRTLLM} {
+		b.Run(p.String(), func(b *testing.B) {
+			c := newPrefixCache(p, p.defaultBlockSize(), 1<<16, 0, true)
+			prompts := make([][]int, 64)
+			for i := range prompts {
+				prompts[i] = cat(seq(0, 1024), seq(10_000+i*1024, 1024))
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				_, cl := c.lookup("", prompts[i%len(prompts)])
+				c.insert(cl)
+				i++
+			}
+		})
+	}
+}

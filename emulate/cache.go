@@ -2,163 +2,243 @@ package emulate
 
 import (
 	"container/list"
+	"encoding/binary"
+	"fmt"
+	"slices"
 	"sync"
 )
 
-// prefixCache models vLLM's automatic prefix caching at the level that
-// decides hit counts: a prompt is cut into full blocks of blockSize
-// tokens, each block is named by a hash chained over its parent's hash
-// and its own tokens (so equal hashes mean equal prefixes), and a lookup
-// hits the longest run of leading blocks present. It keeps no KV data and
-// no reference counts: a block in use by a running request may be evicted,
-// which only matters when the capacity is smaller than the working set.
-type prefixCache struct {
+// prefixCache is what the engine asks of a prefix cache. A request looks
+// its prompt up when it is admitted and gets a claim, which it ends with
+// insert once its prefill is done (the prompt becomes reusable) or with
+// release if it ends before.
+type prefixCache interface {
+	// lookup returns how many leading tokens of the prompt are cached, at
+	// most len(tokens)-1 since the last token is always recomputed.
+	lookup(salt string, tokens []int) (hit int, c claim)
+	insert(c claim)
+	release(c claim)
+	setEnabled(on bool)
+	resize(capacity int) error
+	flush()
+	state() CacheState
+}
+
+// claim is a looked-up request's hold on the cache until it ends.
+type claim struct {
+	salt   string
+	tokens []int
+	slot   *slot // llamacpp: the slot the request runs in; nil otherwise
+}
+
+// CacheState is the prefix cache's configuration and occupancy.
+type CacheState struct {
+	Enabled   bool `json:"enabled"`
+	BlockSize int  `json:"block_size"`
+	// CapacityBlocks is the capacity in blocks, 0 for unbounded; in the
+	// llamacpp personality it is the number of slots.
+	CapacityBlocks int `json:"capacity_blocks"`
+	// Blocks is the number of blocks held now (llamacpp: slots holding a
+	// prompt), Tokens the tokens they hold.
+	Blocks int `json:"blocks"`
+	Tokens int `json:"tokens"`
+}
+
+// newPrefixCache returns the cache of a personality.
+func newPrefixCache(p Personality, blockSize, capacity, slots int, enabled bool) prefixCache {
+	if p == PersonalityLlamaCpp {
+		return newSlotCache(slots, enabled)
+	}
+	return newTrieCache(blockSize, capacity, p == PersonalityTRTLLM, enabled)
+}
+
+// trieCache is a prefix cache over real token ids: a trie whose nodes are
+// blocks of blockSize tokens at block-aligned positions, one trie per
+// cache salt. Children are found by their exact tokens, so a hit never
+// depends on a hash, and salted prompts share nothing with other salts.
+//
+// Only a prompt's full blocks are stored, its trailing partial block
+// never (vLLM's rule; whether TensorRT-LLM also keeps a last, partly
+// filled block is not modelled).
+//
+// It is written independently of the exporter's theoretical model (an
+// LRU keyed by trace hash ids) so that it can serve as ground truth for
+// it. Capacity is in blocks; eviction takes the least recently used block,
+// which is always a leaf: every touch of a block also touches its
+// ancestors afterwards, so a parent is never older than its children and a
+// prefix is never evicted before its extension.
+type trieCache struct {
 	blockSize int
+	// partial (TensorRT-LLM) lets a hit end inside a cached block: the
+	// longest common prefix with any cached child counts, not only
+	// whole blocks.
+	partial bool
 
 	mu       sync.Mutex
 	enabled  bool
-	capacity int // blocks; 0 means unbounded
-	index    map[uint64]*list.Element
-	lru      list.List // of uint64 block hashes; front is most recently used
+	capacity int              // blocks; 0 means unbounded
+	roots    map[string]*node // by cache salt
+	lru      list.List        // of *node, front most recent; roots are not in it
+	tick     uint64           // counts touches
 }
 
-func newPrefixCache(blockSize, capacity int, enabled bool) *prefixCache {
-	return &prefixCache{
-		blockSize: blockSize,
-		enabled:   enabled,
-		capacity:  capacity,
-		index:     make(map[uint64]*list.Element),
-	}
+type node struct {
+	parent   *node
+	key      string           // children key in parent; for a root, its salt
+	tokens   []int            // blockSize tokens; nil for a root
+	children map[string]*node // nil until the first child
+	elem     *list.Element
+	used     uint64 // tick of the last touch
 }
 
-// FNV-1a, 64 bit: deterministic across runs and processes, unlike
-// hash/maphash with a random seed, so block hashes can be compared in
-// tests and logs.
-const (
-	fnvOffset64 = 14695981039346656037
-	fnvPrime64  = 1099511628211
-)
-
-func fnvUint64(h, v uint64) uint64 {
-	for range 8 {
-		h ^= v & 0xff
-		h *= fnvPrime64
-		v >>= 8
-	}
-	return h
+func newTrieCache(blockSize, capacity int, partial, enabled bool) *trieCache {
+	return &trieCache{blockSize: blockSize, partial: partial, enabled: enabled, capacity: capacity,
+		roots: make(map[string]*node)}
 }
 
-func fnvUint32(h uint64, v uint32) uint64 {
-	for range 4 {
-		h ^= uint64(v & 0xff)
-		h *= fnvPrime64
-		v >>= 8
+// appendChunkKey encodes a block's tokens exactly: uvarints are
+// prefix-free, so different token sequences never share a key. Callers
+// index maps with string(key), which Go does without allocating.
+func appendChunkKey(b []byte, tokens []int) []byte {
+	for _, t := range tokens {
+		b = binary.AppendUvarint(b, uint64(t))
 	}
-	return h
+	return b
 }
 
-func fnvString(h uint64, s string) uint64 {
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= fnvPrime64
-	}
-	return h
-}
+func chunkKey(tokens []int) string { return string(appendChunkKey(nil, tokens)) }
 
-// blockHashes returns the chained hashes of the full blocks of tokens; a
-// trailing partial block has none, since only full blocks are cached. A
-// non-empty salt (vLLM's cache_salt) changes the root, so salted prompts
-// share nothing with unsalted or differently salted ones. Token ids must
-// fit in 32 bits (checked when a request is parsed).
-func blockHashes(tokens []int, blockSize int, salt string) []uint64 {
-	n := len(tokens) / blockSize
-	if n == 0 {
-		return nil
-	}
-	out := make([]uint64, n)
-	parent := fnvString(fnvOffset64, "kvload-emulate/root\x00"+salt)
-	for b := range n {
-		h := fnvUint64(fnvOffset64, parent)
-		for _, t := range tokens[b*blockSize : (b+1)*blockSize] {
-			h = fnvUint32(h, uint32(t))
+func commonPrefix(a, b []int) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
 		}
-		out[b] = h
-		parent = h
 	}
-	return out
+	return n
 }
 
-// lookup returns how many leading tokens of a prompt of promptLen tokens
-// with the given block hashes are cached. Like vLLM it never hits the
-// whole prompt: at most promptLen-1 tokens, rounded down to whole blocks,
-// because the last token is always recomputed to produce logits. Hit
-// blocks become most recently used.
-func (c *prefixCache) lookup(hashes []uint64, promptLen int) int {
-	if promptLen <= 1 {
-		return 0
-	}
-	maxBlocks := min(len(hashes), (promptLen-1)/c.blockSize)
+func (c *trieCache) lookup(salt string, tokens []int) (int, claim) {
+	cl := claim{salt: salt, tokens: tokens}
+	maxHit := len(tokens) - 1
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.enabled {
-		return 0
+	if !c.enabled || maxHit <= 0 {
+		return 0, cl
 	}
+	n := c.roots[salt]
+	if n == nil {
+		return 0, cl
+	}
+	B := c.blockSize
+	// Whole blocks first, as long as they stay within the cap: vLLM
+	// recomputes a whole last block rather than hit the last token.
 	hit := 0
-	for hit < maxBlocks {
-		if _, ok := c.index[hashes[hit]]; !ok {
+	var key []byte
+	for hit+B <= maxHit {
+		key = appendChunkKey(key[:0], tokens[hit:hit+B])
+		child := n.children[string(key)]
+		if child == nil {
 			break
 		}
-		hit++
+		n, hit = child, hit+B
 	}
-	c.touchLocked(hashes[:hit])
-	return hit * c.blockSize
+	last := n
+	if c.partial && hit < maxHit {
+		// Partial reuse: the best match inside one more cached block,
+		// the most recently used on ties so that map order never decides
+		// which block stays warm.
+		best, bestLen := (*node)(nil), 0
+		for _, child := range n.children {
+			l := commonPrefix(child.tokens, tokens[hit:maxHit])
+			if l > bestLen || (l == bestLen && l > 0 && child.used > best.used) {
+				best, bestLen = child, l
+			}
+		}
+		if best != nil {
+			last, hit = best, hit+bestLen
+		}
+	}
+	c.touchLocked(last)
+	return hit, cl
 }
 
-// insert adds a prefilled prompt's blocks. If the prompt has more blocks
-// than the capacity only its leading ones are kept, the only ones a later
-// lookup can reach.
-func (c *prefixCache) insert(hashes []uint64) {
+func (c *trieCache) insert(cl claim) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.enabled {
 		return
 	}
-	if c.capacity > 0 && len(hashes) > c.capacity {
-		hashes = hashes[:c.capacity]
+	nb := len(cl.tokens) / c.blockSize
+	if c.capacity > 0 {
+		// Only the leading blocks fit, the only ones a lookup can reach.
+		nb = min(nb, c.capacity)
 	}
-	c.touchLocked(hashes)
+	if nb == 0 {
+		return
+	}
+	n := c.roots[cl.salt]
+	if n == nil {
+		n = &node{key: cl.salt}
+		c.roots[cl.salt] = n
+	}
+	var key []byte
+	for b := range nb {
+		chunk := cl.tokens[b*c.blockSize : (b+1)*c.blockSize]
+		key = appendChunkKey(key[:0], chunk)
+		child := n.children[string(key)]
+		if child == nil {
+			if n.children == nil {
+				n.children = make(map[string]*node) // lazily: most blocks are leaves
+			}
+			child = &node{parent: n, key: string(key), tokens: slices.Clone(chunk)}
+			n.children[child.key] = child
+		}
+		n = child
+	}
+	c.touchLocked(n)
 	c.evictLocked()
 }
 
-// touchLocked makes a chain of blocks most recently used, adding missing
-// ones. It goes from the last block to the first so that the root ends up
-// most recent: eviction then takes a chain's tail before its head (as vLLM
-// frees a request's blocks tail first), never orphaning reachable blocks
-// behind an evicted parent.
-func (c *prefixCache) touchLocked(hashes []uint64) {
-	for i := len(hashes) - 1; i >= 0; i-- {
-		if e, ok := c.index[hashes[i]]; ok {
-			c.lru.MoveToFront(e)
-			continue
+func (c *trieCache) release(claim) {}
+
+// touchLocked makes a block and then each of its ancestors most recently
+// used, adding those not yet in the LRU list, so that ancestors end up
+// more recent than the block.
+func (c *trieCache) touchLocked(n *node) {
+	c.tick++
+	for ; n != nil && n.parent != nil; n = n.parent {
+		n.used = c.tick
+		if n.elem == nil {
+			n.elem = c.lru.PushFront(n)
+		} else {
+			c.lru.MoveToFront(n.elem)
 		}
-		c.index[hashes[i]] = c.lru.PushFront(hashes[i])
 	}
 }
 
-func (c *prefixCache) evictLocked() {
+func (c *trieCache) evictLocked() {
 	if c.capacity == 0 {
 		return
 	}
 	for c.lru.Len() > c.capacity {
-		e := c.lru.Back()
-		delete(c.index, e.Value.(uint64))
-		c.lru.Remove(e)
+		n := c.lru.Remove(c.lru.Back()).(*node)
+		if len(n.children) != 0 {
+			// The ordering above makes this impossible; failing loudly
+			// beats silently orphaning reachable blocks.
+			panic("emulate: prefix cache evicted a block that has children")
+		}
+		p := n.parent
+		delete(p.children, n.key)
+		if p.parent == nil && len(p.children) == 0 {
+			delete(c.roots, p.key)
+		}
 	}
 }
 
 // setEnabled turns the cache on or off. Turning it off also empties it,
 // as restarting an engine without prefix caching would.
-func (c *prefixCache) setEnabled(on bool) {
+func (c *trieCache) setEnabled(on bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.enabled = on
@@ -167,34 +247,31 @@ func (c *prefixCache) setEnabled(on bool) {
 	}
 }
 
-func (c *prefixCache) resize(capacity int) {
+func (c *trieCache) resize(capacity int) error {
+	if capacity < 0 {
+		return fmt.Errorf("capacity must not be negative, got %d", capacity)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.capacity = capacity
 	c.evictLocked()
+	return nil
 }
 
-func (c *prefixCache) flush() {
+func (c *trieCache) flush() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.flushLocked()
 }
 
-func (c *prefixCache) flushLocked() {
-	clear(c.index)
+func (c *trieCache) flushLocked() {
+	clear(c.roots)
 	c.lru.Init()
 }
 
-// CacheState is the prefix cache's configuration and occupancy.
-type CacheState struct {
-	Enabled        bool `json:"enabled"`
-	BlockSize      int  `json:"block_size"`
-	CapacityBlocks int  `json:"capacity_blocks"` // 0 means unbounded
-	Blocks         int  `json:"blocks"`          // blocks held now
-}
-
-func (c *prefixCache) state() CacheState {
+func (c *trieCache) state() CacheState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return CacheState{Enabled: c.enabled, BlockSize: c.blockSize, CapacityBlocks: c.capacity, Blocks: c.lru.Len()}
+	n := c.lru.Len()
+	return CacheState{Enabled: c.enabled, BlockSize: c.blockSize, CapacityBlocks: c.capacity, Blocks: n, Tokens: n * c.blockSize}
 }

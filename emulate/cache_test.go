@@ -101,15 +101,13 @@ func TestCacheLRUEviction(t *testing.T) {
 // A chain's tail goes before its head, so a long prompt under pressure
 // keeps a reachable prefix rather than orphaned blocks.
 func TestCacheEvictsTailFirst(t *testing.T) {
-	c := newPrefixCache(1, 3, true)
-	a := blockHashes(seq(1, 4), 1, "") // 4 blocks, capacity 3
-	c.insert(a)
-	if got := c.lookup(a, 5); got != 3 {
+	c := newTrieCache(1, 3, false, true)
+	c.insert(claim{tokens: seq(1, 4)}) // 4 blocks, capacity 3: the first 3 kept
+	if got, _ := c.lookup("", seq(1, 5)); got != 3 {
 		t.Fatalf("hit %d, want the first 3 blocks", got)
 	}
-	b := blockHashes(seq(100, 2), 1, "")
-	c.insert(b) // must evict a's tail, not its head
-	if got := c.lookup(a, 5); got != 1 {
+	c.insert(claim{tokens: seq(100, 2)}) // must evict a's tail, not its head
+	if got, _ := c.lookup("", seq(1, 5)); got != 1 {
 		t.Fatalf("hit %d after pressure, want 1 (a's head)", got)
 	}
 }
@@ -190,13 +188,15 @@ func TestCacheControl(t *testing.T) {
 	}
 }
 
-func TestBlockHashesChained(t *testing.T) {
-	a := blockHashes([]int{1, 2, 3, 4, 5, 6}, 2, "")
-	b := blockHashes([]int{9, 9, 3, 4, 5, 6}, 2, "")
-	if len(a) != 3 || a[0] == b[0] || a[1] == b[1] || a[2] == b[2] {
-		t.Fatalf("equal blocks after different parents must differ: %x %x", a, b)
-	}
-	if again := blockHashes([]int{1, 2, 3, 4, 5, 6, 7}, 2, ""); len(again) != 3 || again[2] != a[2] {
-		t.Fatalf("hashes are not deterministic or count a partial block: %x", again)
+// Block keys are exact: different token sequences never share one.
+func TestChunkKeyExact(t *testing.T) {
+	seqs := [][]int{{}, {0}, {1}, {0, 1}, {1, 0}, {1, 2}, {258}, {128}, {0, 128}, {128, 0}, {1 << 31}, {199999, 7}}
+	seen := map[string][]int{}
+	for _, s := range seqs {
+		k := chunkKey(s)
+		if prev, ok := seen[k]; ok {
+			t.Fatalf("%v and %v share key %q", prev, s, k)
+		}
+		seen[k] = s
 	}
 }

@@ -11,6 +11,7 @@ import (
 const (
 	DefaultModel        = "kvload-emulated"
 	DefaultBlockSize    = 16 // vLLM's default KV block size
+	DefaultSlots        = 1  // llama.cpp slots in the llamacpp personality
 	DefaultMaxRunning   = 256
 	DefaultMaxModelLen  = 262144
 	DefaultMaxBodyBytes = 64 << 20
@@ -40,11 +41,28 @@ type Config struct {
 	// MaxBodyBytes bounds a request body (413 beyond it).
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 
-	// BlockSize is the prefix cache's block size in tokens.
+	// Engine is the engine imitated (vllm, the default; sglang; trtllm;
+	// llamacpp): it decides the cache's granularity, the metric names and
+	// the capacity endpoints (see Personality).
+	Engine Personality `yaml:"engine"`
+	// BlockSize is the prefix cache's block size in tokens; 0 picks the
+	// engine's default (vllm 16, sglang 1, trtllm 32). The llamacpp
+	// personality matches tokens one by one and rejects other sizes.
 	BlockSize int `yaml:"block_size"`
 	// CapacityBlocks bounds the prefix cache, evicting least recently
-	// used blocks; 0 means unbounded.
+	// used blocks; 0 means unbounded. Not for llamacpp, which has Slots.
 	CapacityBlocks int `yaml:"capacity_blocks"`
+	// Slots is the number of llama.cpp slots (llamacpp only; default 1).
+	// Each keeps the last prompt it ran; a request reuses the prefix it
+	// shares with its slot's prompt.
+	Slots int `yaml:"slots"`
+	// BOS prepends a beginning-of-sequence token (o200k_base's
+	// <|endoftext|>, id 199999) to every prompt given as text, chat
+	// messages included, as Llama tokenizers do. Every such prompt then
+	// shares at least that token with every other, which the llamacpp
+	// personality reports as cached even for unrelated prompts. Prompts
+	// sent as token ids are taken as they are, as vLLM and llama.cpp do.
+	BOS bool `yaml:"bos"`
 	// DisablePrefixCache starts with the cache off (no hits), like vLLM's
 	// --no-enable-prefix-caching. It can be turned on at run time.
 	DisablePrefixCache bool `yaml:"disable_prefix_cache"`
@@ -53,7 +71,8 @@ type Config struct {
 	OmitCachedTokens bool `yaml:"omit_cached_tokens"`
 
 	// MaxRunning is how many sequences prefill or decode at once; later
-	// requests wait in a FIFO queue (vllm:num_requests_waiting).
+	// requests wait in a FIFO queue (vllm:num_requests_waiting). 0 picks
+	// DefaultMaxRunning, or Slots in the llamacpp personality.
 	MaxRunning int `yaml:"max_running"`
 	// Overhead is the fixed part of the time to first token.
 	Overhead time.Duration `yaml:"overhead"`
@@ -98,14 +117,13 @@ type Faults struct {
 }
 
 // DefaultConfig returns the demo configuration: the defaults of New plus
-// the Default* timings.
+// the Default* timings. BlockSize and MaxRunning stay 0, so that New picks
+// the engine's defaults.
 func DefaultConfig() Config {
 	return Config{
 		Model:           DefaultModel,
 		MaxModelLen:     DefaultMaxModelLen,
 		MaxBodyBytes:    DefaultMaxBodyBytes,
-		BlockSize:       DefaultBlockSize,
-		MaxRunning:      DefaultMaxRunning,
 		Overhead:        DefaultOverhead,
 		PrefillPerToken: DefaultPrefillPerToken,
 		InterToken:      DefaultInterToken,
@@ -124,13 +142,33 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	var errs []error
+	if _, err := c.Engine.MarshalText(); err != nil {
+		errs = append(errs, fmt.Errorf("engine: %w", err))
+	}
 	if c.BlockSize == 0 {
-		c.BlockSize = DefaultBlockSize
+		c.BlockSize = c.Engine.defaultBlockSize()
+	}
+	if c.Engine == PersonalityLlamaCpp {
+		if c.Slots == 0 {
+			c.Slots = DefaultSlots
+		}
+		if c.MaxRunning == 0 {
+			// llama.cpp runs one sequence per slot.
+			c.MaxRunning = c.Slots
+		}
+		if c.BlockSize != 1 {
+			errs = append(errs, fmt.Errorf("block_size must be 1 (or unset) for engine llamacpp, got %d", c.BlockSize))
+		}
+		if c.CapacityBlocks != 0 {
+			errs = append(errs, errors.New("capacity_blocks does not apply to engine llamacpp: set slots"))
+		}
+	} else if c.Slots != 0 {
+		errs = append(errs, fmt.Errorf("slots only applies to engine llamacpp, not %s", c.Engine))
 	}
 	if c.MaxRunning == 0 {
 		c.MaxRunning = DefaultMaxRunning
 	}
-	var errs []error
 	positive := func(name string, v int64) {
 		if v < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %d", name, v))
@@ -140,6 +178,7 @@ func (c Config) withDefaults() (Config, error) {
 	positive("max_body_bytes", c.MaxBodyBytes)
 	positive("block_size", int64(c.BlockSize))
 	positive("capacity_blocks", int64(c.CapacityBlocks))
+	positive("slots", int64(c.Slots))
 	positive("max_running", int64(c.MaxRunning))
 	for _, d := range []struct {
 		name string

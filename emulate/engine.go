@@ -2,18 +2,29 @@
 // that the exporter can be run, demonstrated and tested without a GPU.
 //
 // It answers /v1/chat/completions, /v1/completions, /v1/models, /tokenize,
-// /detokenize, /health and /metrics with vLLM's shapes and metric names.
-// What it models is what the exporter measures: a real BPE tokenizer
-// (o200k_base) so prompt lengths are honest; a vLLM-like block prefix
-// cache (full blocks, chained hashes, LRU eviction, at most prompt−1
-// tokens hit) that fills usage.prompt_tokens_details.cached_tokens; and a
-// timing model in which a bounded number of sequences run at once, the
-// time to first token grows with the prompt tokens not found in the cache,
-// and output tokens follow at a fixed pace. Faults (errors, disconnects,
-// malformed chunks, hangs, slow first tokens) can be injected with seeded
-// probabilities, and the cache can be disabled, resized or flushed at run
-// time to show a cache regression. Output text is filler; every request
-// generates exactly its max_tokens, as vLLM does with ignore_eos.
+// /detokenize, /health and /metrics with vLLM's shapes. What it models is
+// what the exporter measures: a real BPE tokenizer (o200k_base) so prompt
+// lengths are honest; a prefix cache over the real token ids that fills
+// usage.prompt_tokens_details.cached_tokens; and a timing model in which a
+// bounded number of sequences run at once, the time to first token grows
+// with the prompt tokens not found in the cache, and output tokens follow
+// at a fixed pace.
+//
+// The cache is a token trie with LRU eviction of whole blocks, written
+// independently of the exporter's theoretical model so that it can be the
+// ground truth the model is checked against. Config.Engine picks whose
+// behaviour it imitates: vLLM (full 16-token blocks, at most prompt−1
+// tokens hit, vllm:* metrics and vllm:cache_config_info), SGLang
+// (token-granular, sglang:* metrics, /get_server_info), TensorRT-LLM
+// (32-token blocks with partial reuse) or llama.cpp (one remembered prompt
+// per slot, llamacpp:* metrics, /props, timings.cache_n). Config.BOS
+// prepends a BOS token to text prompts, as Llama tokenizers do.
+//
+// Faults (errors, disconnects, malformed chunks, hangs, slow first tokens)
+// can be injected with seeded probabilities, and the cache can be
+// disabled, resized or flushed at run time to show a cache regression.
+// Output text is filler; every request generates exactly its max_tokens,
+// as vLLM does with ignore_eos.
 package emulate
 
 import (
@@ -36,7 +47,7 @@ type Engine struct {
 	cfg    Config          // with defaults; Faults here is the initial set
 	tok    synth.Tokenizer // o200k_base: a real BPE, so lengths and shared prefixes behave as on a real model
 	pieces []string        // output token texts, cycled
-	cache  *prefixCache
+	cache  prefixCache
 	sched  *scheduler
 	faults faultState
 	reg    *prometheus.Registry
@@ -67,7 +78,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg:    cfg,
 		tok:    tok,
 		pieces: outputPieces(),
-		cache:  newPrefixCache(cfg.BlockSize, cfg.CapacityBlocks, !cfg.DisablePrefixCache),
+		cache:  newPrefixCache(cfg.Engine, cfg.BlockSize, cfg.CapacityBlocks, cfg.Slots, !cfg.DisablePrefixCache),
 		sched:  newScheduler(cfg.MaxRunning),
 		faults: faultState{f: cfg.Faults, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6b766c6f6164))},
 		reg:    prometheus.NewRegistry(),
@@ -87,7 +98,12 @@ func (e *Engine) Config() Config {
 	c := e.cfg
 	c.Faults = e.faults.get()
 	st := e.cache.state()
-	c.CapacityBlocks, c.DisablePrefixCache = st.CapacityBlocks, !st.Enabled
+	c.DisablePrefixCache = !st.Enabled
+	if c.Engine == PersonalityLlamaCpp {
+		c.Slots = st.CapacityBlocks
+	} else {
+		c.CapacityBlocks = st.CapacityBlocks
+	}
 	return c
 }
 
@@ -101,12 +117,14 @@ func (e *Engine) Gatherer() prometheus.Gatherer { return e.reg }
 func (e *Engine) SetCacheEnabled(on bool) { e.cache.setEnabled(on) }
 
 // Resize sets the cache capacity in blocks (0 for unbounded), evicting
-// least recently used blocks beyond it.
+// least recently used blocks beyond it; in the llamacpp personality it
+// sets the number of slots (at least 1). The capacity the engine exports
+// (vllm:cache_config_info, /get_server_info, /props) keeps its value from
+// the start, as on a real engine.
 func (e *Engine) Resize(capacityBlocks int) error {
-	if capacityBlocks < 0 {
-		return fmt.Errorf("emulate: capacity must not be negative, got %d", capacityBlocks)
+	if err := e.cache.resize(capacityBlocks); err != nil {
+		return fmt.Errorf("emulate: %w", err)
 	}
-	e.cache.resize(capacityBlocks)
 	return nil
 }
 
@@ -267,50 +285,106 @@ func (e *Engine) admitted(promptTokens, hitTokens int) {
 	e.m.queries.Add(float64(promptTokens))
 	e.m.hits.Add(float64(hitTokens))
 	e.m.promptTokens.Add(float64(promptTokens))
+	e.m.computedTokens.Add(float64(promptTokens - hitTokens))
 	e.statsMu.Lock()
 	e.stats.CacheQueryTokens += int64(promptTokens)
 	e.stats.CacheHitTokens += int64(hitTokens)
 	e.statsMu.Unlock()
 }
 
-// engineMetrics are vLLM's metrics that the emulator keeps.
+// engineMetrics are the engine metrics the emulator keeps. Each
+// personality exports those its engine has, under the engine's names.
 type engineMetrics struct {
-	queries, hits            prometheus.Counter
+	queries, hits            prometheus.Counter // prompt tokens looked up, and found, in the cache
 	promptTokens, genTokens  prometheus.Counter
+	computedTokens           prometheus.Counter // prompt tokens not found in the cache
 	ttft                     prometheus.Histogram
 	runningFunc, waitingFunc prometheus.GaugeFunc
 }
 
-// registerMetrics creates the metrics on the engine's own registry. The
-// names keep vLLM's "vllm:" prefix so that dashboards and the exporter's
-// server-metrics scraper work unchanged; colons are legal in Prometheus
-// metric names (meant for recording rules, which is why promlint flags
-// them), and vLLM uses them anyway.
+// metricNames are one personality's metric names; an empty name is not
+// exported.
+type metricNames struct {
+	queries, hits, prompt, computed, gen, ttft, running, waiting string
+	modelLabel                                                   bool // model_name on every series
+}
+
+var personalityMetrics = [...]metricNames{
+	PersonalityVLLM: {queries: "vllm:prefix_cache_queries_total", hits: "vllm:prefix_cache_hits_total",
+		prompt: "vllm:prompt_tokens_total", gen: "vllm:generation_tokens_total", ttft: "vllm:time_to_first_token_seconds",
+		running: "vllm:num_requests_running", waiting: "vllm:num_requests_waiting", modelLabel: true},
+	// sglang/srt/metrics/collector.py: prompt_tokens_total counts all
+	// prompt tokens, cached_tokens_total those found in the cache.
+	PersonalitySGLang: {hits: "sglang:cached_tokens_total", prompt: "sglang:prompt_tokens_total",
+		gen: "sglang:generation_tokens_total", ttft: "sglang:time_to_first_token_seconds",
+		running: "sglang:num_running_reqs", waiting: "sglang:num_queue_reqs", modelLabel: true},
+	// trtllm-serve's /metrics is a JSON array, not Prometheus text; the
+	// emulator keeps only its TTFT histogram, and the cache shows in usage.
+	PersonalityTRTLLM: {ttft: "trtllm_time_to_first_token_seconds", modelLabel: true},
+	// llama.cpp's server (tools/server, since its metrics refactor):
+	// prompt_tokens_total excludes cached tokens, which
+	// prompt_tokens_cached_total counts; no labels, no TTFT histogram.
+	PersonalityLlamaCpp: {computed: "llamacpp:prompt_tokens_total", hits: "llamacpp:prompt_tokens_cached_total",
+		gen: "llamacpp:tokens_predicted_total", running: "llamacpp:requests_processing",
+		waiting: "llamacpp:requests_deferred"},
+}
+
+// registerMetrics creates the metrics and registers the personality's on
+// the engine's own registry. The names keep the engines' prefixes so that
+// dashboards and the exporter's server-metrics scraper work unchanged;
+// colons are legal in Prometheus metric names (meant for recording rules,
+// which is why promlint flags them), and the engines use them anyway.
 func (e *Engine) registerMetrics() error {
-	labels := prometheus.Labels{"model_name": e.cfg.Model}
-	counter := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
+	names := personalityMetrics[e.cfg.Engine]
+	var labels prometheus.Labels
+	if names.modelLabel {
+		labels = prometheus.Labels{"model_name": e.cfg.Model}
 	}
-	e.m.queries = counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.")
-	e.m.hits = counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.")
-	e.m.promptTokens = counter("vllm:prompt_tokens_total", "Prompt tokens of admitted requests, cached or not.")
-	e.m.genTokens = counter("vllm:generation_tokens_total", "Output tokens generated.")
+	var export []prometheus.Collector
+	// Metrics the personality does not export are still kept (unregistered)
+	// so that the code counting them needs no checks.
+	keep := func(name string, c prometheus.Collector) {
+		if name != "" {
+			export = append(export, c)
+		}
+	}
+	orUnexported := func(name string) string {
+		if name == "" {
+			return "kvload_emulator_unexported"
+		}
+		return name
+	}
+	counter := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Name: orUnexported(name), Help: help, ConstLabels: labels})
+		keep(name, c)
+		return c
+	}
+	e.m.queries = counter(names.queries, "Prompt tokens looked up in the prefix cache.")
+	e.m.hits = counter(names.hits, "Prompt tokens found in the prefix cache.")
+	e.m.promptTokens = counter(names.prompt, "Prompt tokens of admitted requests, cached or not.")
+	e.m.computedTokens = counter(names.computed, "Prompt tokens of admitted requests not found in the prefix cache.")
+	e.m.genTokens = counter(names.gen, "Output tokens generated.")
 	e.m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:        "vllm:time_to_first_token_seconds",
+		Name:        orUnexported(names.ttft),
 		Help:        "Time from arrival to the first output token, queueing included.",
 		ConstLabels: labels,
 		// Wide enough for a queued long prompt, fine enough for a hit.
 		Buckets: []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
 			0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560},
 	})
+	keep(names.ttft, e.m.ttft)
 	e.m.runningFunc = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "vllm:num_requests_running", Help: "Requests in prefill or decode.", ConstLabels: labels,
+		Name: orUnexported(names.running), Help: "Requests in prefill or decode.", ConstLabels: labels,
 	}, func() float64 { r, _ := e.sched.counts(); return float64(r) })
+	keep(names.running, e.m.runningFunc)
 	e.m.waitingFunc = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "vllm:num_requests_waiting", Help: "Requests queued for a running slot.", ConstLabels: labels,
+		Name: orUnexported(names.waiting), Help: "Requests queued for a running slot.", ConstLabels: labels,
 	}, func() float64 { _, w := e.sched.counts(); return float64(w) })
-	for _, c := range []prometheus.Collector{e.m.queries, e.m.hits, e.m.promptTokens, e.m.genTokens,
-		e.m.ttft, e.m.runningFunc, e.m.waitingFunc} {
+	keep(names.waiting, e.m.waitingFunc)
+	if e.cfg.Engine == PersonalityVLLM {
+		export = append(export, e.cacheConfigInfo())
+	}
+	for _, c := range export {
 		if err := e.reg.Register(c); err != nil {
 			return fmt.Errorf("emulate: register metrics: %w", err)
 		}

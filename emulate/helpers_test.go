@@ -124,7 +124,15 @@ type wireChunk struct {
 		Text         *string `json:"text"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *wireUsage `json:"usage"`
+	Usage   *wireUsage   `json:"usage"`
+	Timings *wireTimings `json:"timings"`
+}
+
+// wireTimings is llama.cpp's timings object, the fields tests check.
+type wireTimings struct {
+	CacheN     int `json:"cache_n"`
+	PromptN    int `json:"prompt_n"`
+	PredictedN int `json:"predicted_n"`
 }
 
 type wireUsage struct {

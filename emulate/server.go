@@ -36,6 +36,13 @@ func (e *Engine) routes() *http.ServeMux {
 	mux.HandleFunc("POST /emulator/cache", e.handleCacheControl)
 	mux.HandleFunc("GET /emulator/faults", e.handleGetFaults)
 	mux.HandleFunc("POST /emulator/faults", e.handleSetFaults)
+	// Each engine's own way of telling its cache capacity.
+	switch e.cfg.Engine {
+	case PersonalitySGLang:
+		mux.HandleFunc("GET /get_server_info", e.handleServerInfo)
+	case PersonalityLlamaCpp:
+		mux.HandleFunc("GET /props", e.handleProps)
+	}
 	return mux
 }
 
@@ -201,8 +208,7 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, g generation, 
 	}
 
 	n := len(g.tokens)
-	hashes := blockHashes(g.tokens, e.cfg.BlockSize, g.salt)
-	hit := e.cache.lookup(hashes, n)
+	hit, cl := e.cache.lookup(g.salt, g.tokens)
 	e.admitted(n, hit)
 	prefill := e.cfg.Overhead + time.Duration(n-hit)*e.cfg.PrefillPerToken
 	if p.slow {
@@ -210,14 +216,15 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, g generation, 
 		prefill += p.faults.SlowFirstTokenDelay
 	}
 	if err := e.sleep(ctx, prefill); err != nil {
+		e.cache.release(cl)
 		end(ResultCanceled, usageCounts{})
 		return
 	}
 	// A request's blocks become reusable once its prefill is done.
-	e.cache.insert(hashes)
+	e.cache.insert(cl)
 
 	rn := &run{e: e, g: g, usage: usageCounts{prompt: n, completion: g.maxTokens, cached: hit},
-		arrival: arrival, cut: p.cutAt(g.maxTokens), fault: p.kind, end: end}
+		arrival: arrival, prefill: prefill, cut: p.cutAt(g.maxTokens), fault: p.kind, end: end}
 	if g.stream {
 		prefix := "cmpl-"
 		if g.chat {
@@ -237,7 +244,8 @@ type run struct {
 	id      string
 	usage   usageCounts
 	arrival time.Time
-	cut     int // tokens before a disconnect or malformed fault; -1 for none
+	prefill time.Duration // the modelled prefill, for llama.cpp's timings
+	cut     int           // tokens before a disconnect or malformed fault; -1 for none
 	fault   faultKind
 	end     func(Result, usageCounts) // frees the slot, then counts
 }
@@ -282,22 +290,26 @@ func (rn *run) stream(ctx context.Context, sse *sseWriter) {
 				return
 			}
 		}
+		if i == 0 {
+			first = e.now()
+			e.m.ttft.Observe(first.Sub(rn.arrival).Seconds())
+		}
 		var finish *string
+		var timings *timingsJSON
 		if i == g.maxTokens-1 {
 			finish = ptr("length")
+			if !g.includeUsage {
+				timings = rn.timings(first)
+			}
 		}
 		piece := e.pieces[i%len(e.pieces)]
 		var chunk any
 		if g.chat {
 			chunk = chatChunk{ID: rn.id, Object: "chat.completion.chunk", Created: created, Model: e.cfg.Model,
-				Choices: []chatChunkChoice{{Delta: chatDelta{Content: &piece}, FinishReason: finish}}}
+				Choices: []chatChunkChoice{{Delta: chatDelta{Content: &piece}, FinishReason: finish}}, Timings: timings}
 		} else {
 			chunk = textCompletion{ID: rn.id, Object: "text_completion", Created: created, Model: e.cfg.Model,
-				Choices: []textChoice{{Text: piece, FinishReason: finish}}}
-		}
-		if i == 0 {
-			first = e.now()
-			e.m.ttft.Observe(first.Sub(rn.arrival).Seconds())
+				Choices: []textChoice{{Text: piece, FinishReason: finish}}, Timings: timings}
 		}
 		e.m.genTokens.Inc()
 		if err := sse.event(chunk); err != nil {
@@ -310,14 +322,14 @@ func (rn *run) stream(ctx context.Context, sse *sseWriter) {
 		return
 	}
 	if g.includeUsage {
-		u := rn.usageJSON()
+		u, tm := rn.usageJSON(), rn.timings(first)
 		var err error
 		if g.chat {
 			err = sse.event(chatChunk{ID: rn.id, Object: "chat.completion.chunk", Created: created, Model: e.cfg.Model,
-				Choices: []chatChunkChoice{}, Usage: u})
+				Choices: []chatChunkChoice{}, Usage: u, Timings: tm})
 		} else {
 			err = sse.event(textCompletion{ID: rn.id, Object: "text_completion", Created: created, Model: e.cfg.Model,
-				Choices: []textChoice{}, Usage: u})
+				Choices: []textChoice{}, Usage: u, Timings: tm})
 		}
 		if err != nil {
 			rn.end(ResultCanceled, usageCounts{})
@@ -372,13 +384,14 @@ func (rn *run) respond(ctx context.Context, w http.ResponseWriter) {
 	e.m.genTokens.Add(float64(g.maxTokens))
 	created := rn.arrival.Unix()
 	var body any
+	tm := rn.timings(first)
 	if g.chat {
 		body = chatCompletion{ID: e.newID("chatcmpl-"), Object: "chat.completion", Created: created, Model: e.cfg.Model,
 			Choices: []chatChoice{{Message: chatMessageOut{Role: "assistant", Content: string(text)}, FinishReason: ptr("length")}},
-			Usage:   rn.usageJSON()}
+			Usage:   rn.usageJSON(), Timings: tm}
 	} else {
 		body = textCompletion{ID: e.newID("cmpl-"), Object: "text_completion", Created: created, Model: e.cfg.Model,
-			Choices: []textChoice{{Text: string(text), FinishReason: ptr("length")}}, Usage: rn.usageJSON()}
+			Choices: []textChoice{{Text: string(text), FinishReason: ptr("length")}}, Usage: rn.usageJSON(), Timings: tm}
 	}
 	rn.end(ResultSuccess, rn.usage)
 	writeJSON(w, http.StatusOK, body)
@@ -391,6 +404,36 @@ func (rn *run) usageJSON() *usageJSON {
 		u.PromptTokensDetails = &promptTokensDetails{CachedTokens: rn.usage.cached}
 	}
 	return u
+}
+
+// timings is llama.cpp's timings object, which its server attaches to a
+// response's last chunk (tools/server result_timings::to_json): cache_n is
+// the prompt tokens reused from the slot, prompt_n those evaluated. Only
+// the llamacpp personality sends it.
+func (rn *run) timings(first time.Time) *timingsJSON {
+	if rn.e.cfg.Engine != PersonalityLlamaCpp {
+		return nil
+	}
+	u := rn.usage
+	t := &timingsJSON{CacheN: u.cached, PromptN: u.prompt - u.cached, PromptMS: ms(rn.prefill),
+		PredictedN: u.completion, PredictedMS: ms(rn.e.now().Sub(first))}
+	t.PromptPerTokenMS, t.PromptPerSecond = rates(t.PromptN, t.PromptMS)
+	t.PredictedPerTokenMS, t.PredictedPerSecond = rates(t.PredictedN, t.PredictedMS)
+	return t
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// rates returns milliseconds per token and tokens per second, 0 where
+// undefined (a zero-time prefill in tests).
+func rates(n int, msTotal float64) (perToken, perSecond float64) {
+	if n > 0 {
+		perToken = msTotal / float64(n)
+	}
+	if msTotal > 0 {
+		perSecond = 1e3 * float64(n) / msTotal
+	}
+	return perToken, perSecond
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -506,7 +549,7 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	text, err := e.tok.Decode(req.Tokens)
+	text, err := decode(e.tok, req.Tokens)
 	if err != nil {
 		writeError(w, badRequest("tokens", "%v", err))
 		return
@@ -531,6 +574,10 @@ func (e *Engine) handleCacheControl(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.CapacityBlocks != nil && *req.CapacityBlocks < 0 {
 		writeError(w, badRequest("capacity_blocks", "capacity_blocks must not be negative, got %d", *req.CapacityBlocks))
+		return
+	}
+	if req.CapacityBlocks != nil && *req.CapacityBlocks == 0 && e.cfg.Engine == PersonalityLlamaCpp {
+		writeError(w, badRequest("capacity_blocks", "capacity_blocks is the number of slots for engine llamacpp and must be at least 1"))
 		return
 	}
 	if req.Enabled != nil {

@@ -2,6 +2,7 @@ package emulate
 
 import (
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
@@ -11,13 +12,36 @@ import (
 func pieces(tok synth.Tokenizer, ids []int) ([]string, error) {
 	out := make([]string, len(ids))
 	for i, id := range ids {
-		s, err := tok.Decode([]int{id})
+		s, err := decode(tok, []int{id})
 		if err != nil {
 			return nil, err
 		}
 		out[i] = s
 	}
 	return out, nil
+}
+
+// decode turns ids into text. The tokenizer does not decode the special
+// token that stands in for BOS, so that one is spelled here.
+func decode(tok synth.Tokenizer, ids []int) (string, error) {
+	var b strings.Builder
+	for len(ids) > 0 {
+		i := slices.Index(ids, bosToken)
+		if i < 0 {
+			i = len(ids)
+		}
+		s, err := tok.Decode(ids[:i])
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(s)
+		if i < len(ids) {
+			b.WriteString(bosText)
+			i++
+		}
+		ids = ids[i:]
+	}
+	return b.String(), nil
 }
 
 // renderChat applies the project's chat template (synth.RenderChatML). The

@@ -13,18 +13,21 @@ import (
 // emulateCommand runs the OpenAI-compatible engine emulator until the
 // process is signaled, so the exporter can be tried without a GPU.
 func emulateCommand(app *kingpin.Application) command {
-	cl := app.Command("emulate", "Serve an emulated OpenAI-compatible inference engine with vLLM's API shapes, metrics and block prefix cache (no GPU needed).")
+	cl := app.Command("emulate", "Serve an emulated OpenAI-compatible inference engine with vLLM's API shapes and a prefix cache imitating vLLM, SGLang, TensorRT-LLM or llama.cpp (no GPU needed).")
 	var listen string
 	cfg := emulate.DefaultConfig()
 	f := &cfg.Faults
 	cl.Flag("listen", "Address to listen on (host:port; port 0 picks one).").Default("127.0.0.1:8000").StringVar(&listen)
 	cl.Flag("model", "Served model name.").Default(cfg.Model).StringVar(&cfg.Model)
 	cl.Flag("max-model-len", "Context window in tokens: prompt plus output beyond it is rejected.").Default(fmt.Sprint(cfg.MaxModelLen)).IntVar(&cfg.MaxModelLen)
-	cl.Flag("block-size", "Prefix cache block size in tokens.").Default(fmt.Sprint(cfg.BlockSize)).IntVar(&cfg.BlockSize)
-	cl.Flag("capacity-blocks", "Prefix cache capacity in blocks, least recently used evicted first; 0 is unbounded.").Default("0").IntVar(&cfg.CapacityBlocks)
+	cl.Flag("engine", "Engine to imitate: vllm, sglang, trtllm or llamacpp (cache granularity, metric names, capacity endpoints).").Default("vllm").SetValue(&cfg.Engine)
+	cl.Flag("block-size", "Prefix cache block size in tokens; 0 is the engine's default (vllm 16, sglang 1, trtllm 32, llamacpp 1).").Default("0").IntVar(&cfg.BlockSize)
+	cl.Flag("capacity-blocks", "Prefix cache capacity in blocks, least recently used evicted first; 0 is unbounded (not for llamacpp, see --slots).").Default("0").IntVar(&cfg.CapacityBlocks)
+	cl.Flag("slots", "llamacpp only: slots, each remembering its last prompt; 0 is 1.").Default("0").IntVar(&cfg.Slots)
+	cl.Flag("bos", "Prepend a BOS token to every text prompt, as Llama tokenizers do.").BoolVar(&cfg.BOS)
 	cl.Flag("disable-prefix-cache", "Start with the prefix cache off (POST /emulator/cache turns it on).").BoolVar(&cfg.DisablePrefixCache)
 	cl.Flag("omit-cached-tokens", "Send prompt_tokens_details null, like vLLM without --enable-prompt-tokens-details.").BoolVar(&cfg.OmitCachedTokens)
-	cl.Flag("max-running", "Sequences running at once; later requests queue.").Default(fmt.Sprint(cfg.MaxRunning)).IntVar(&cfg.MaxRunning)
+	cl.Flag("max-running", fmt.Sprintf("Sequences running at once; later requests queue. 0 is %d, or --slots for llamacpp.", emulate.DefaultMaxRunning)).Default("0").IntVar(&cfg.MaxRunning)
 	cl.Flag("overhead", "Fixed part of the time to first token.").Default(cfg.Overhead.String()).DurationVar(&cfg.Overhead)
 	cl.Flag("prefill-per-token", "Time to first token added per prompt token not in the prefix cache.").Default(cfg.PrefillPerToken.String()).DurationVar(&cfg.PrefillPerToken)
 	cl.Flag("inter-token", "Time between output tokens.").Default(cfg.InterToken.String()).DurationVar(&cfg.InterToken)
@@ -54,8 +57,8 @@ func runEmulate(ctx context.Context, s streams, listen string, cfg emulate.Confi
 	}
 	c := e.Config()
 	// The URL is the first line, so scripts and tests can read it.
-	fmt.Fprintf(s.stderr, "level=info msg=\"emulator listening\" url=%s model=%s block_size=%d capacity_blocks=%d max_running=%d overhead=%s prefill_per_token=%s inter_token=%s\n",
-		base, c.Model, c.BlockSize, c.CapacityBlocks, c.MaxRunning, c.Overhead, c.PrefillPerToken, c.InterToken)
+	fmt.Fprintf(s.stderr, "level=info msg=\"emulator listening\" url=%s model=%s engine=%s block_size=%d capacity_blocks=%d slots=%d max_running=%d overhead=%s prefill_per_token=%s inter_token=%s\n",
+		base, c.Model, c.Engine, c.BlockSize, c.CapacityBlocks, c.Slots, c.MaxRunning, c.Overhead, c.PrefillPerToken, c.InterToken)
 	start := time.Now()
 	err = wait()
 	st := e.Stats()

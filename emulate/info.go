@@ -1,0 +1,89 @@
+package emulate
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The capacity each personality exports, where its real engine exports
+// it, so that the exporter can discover the cache size. All of it keeps
+// the values configured at start: a real engine only changes them on
+// restart, and a run-time Resize models a KV cache cut that the exporter
+// must detect from the hits, as a regression, not read from a label.
+//
+// The emulator's cache may be unbounded (capacity 0), which no real engine
+// is: there the exported capacity is 0, meaning unbounded, for the
+// emulator only.
+
+// cacheConfigInfo is vLLM's info gauge vllm:cache_config_info: always 1,
+// its labels the cache config as strings (vllm/v1/metrics/loggers.py
+// log_metrics_info, from CacheConfig.metrics_info(), plus engine). vLLM
+// has many more labels; these are the ones the emulator models. The
+// labels are fixed here, at start, on purpose: vLLM only changes them on a
+// restart, and a run-time Resize stands for a KV cut that the exporter
+// must detect as a regression, so the exported figure must not follow it.
+func (e *Engine) cacheConfigInfo() prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "vllm:cache_config_info",
+		Help: "Prefix cache configuration at start, in the labels; num_gpu_blocks 0 means unbounded (emulator only).",
+		ConstLabels: prometheus.Labels{
+			"block_size":            strconv.Itoa(e.cfg.BlockSize),
+			"num_gpu_blocks":        strconv.Itoa(e.cfg.CapacityBlocks),
+			"enable_prefix_caching": pythonBool(!e.cfg.DisablePrefixCache),
+			"engine":                "0",
+		},
+	})
+	g.Set(1)
+	return g
+}
+
+// pythonBool spells a bool as vLLM's str(bool) labels do.
+func pythonBool(b bool) string {
+	if b {
+		return "True"
+	}
+	return "False"
+}
+
+// handleServerInfo answers SGLang's GET /get_server_info, which flattens
+// the server arguments (page_size, disable_radix_cache, ...) and the
+// scheduler's max_total_num_tokens, the KV pool size in tokens, into one
+// object. Only a few of its many fields are modelled.
+func (e *Engine) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, struct {
+		ModelPath          string `json:"model_path"`
+		ServedModelName    string `json:"served_model_name"`
+		ContextLength      int    `json:"context_length"`
+		PageSize           int    `json:"page_size"`
+		DisableRadixCache  bool   `json:"disable_radix_cache"`
+		MaxRunningRequests int    `json:"max_running_requests"`
+		MaxTotalNumTokens  int    `json:"max_total_num_tokens"`
+		Status             string `json:"status"`
+		Version            string `json:"version"`
+	}{e.cfg.Model, e.cfg.Model, e.cfg.MaxModelLen, e.cfg.BlockSize, e.cfg.DisablePrefixCache, e.cfg.MaxRunning,
+		e.cfg.CapacityBlocks * e.cfg.BlockSize, "ready", "kvload-emulated"})
+}
+
+// handleProps answers llama.cpp's GET /props: total_slots and the
+// per-slot context in default_generation_settings.n_ctx, among others
+// (tools/server get_props).
+func (e *Engine) handleProps(w http.ResponseWriter, _ *http.Request) {
+	type settings struct {
+		NCtx   int            `json:"n_ctx"`
+		Params map[string]any `json:"params"`
+	}
+	writeJSON(w, http.StatusOK, struct {
+		DefaultGenerationSettings settings `json:"default_generation_settings"`
+		TotalSlots                int      `json:"total_slots"`
+		ModelAlias                string   `json:"model_alias"`
+		ModelPath                 string   `json:"model_path"`
+		EndpointSlots             bool     `json:"endpoint_slots"`
+		EndpointProps             bool     `json:"endpoint_props"`
+		EndpointMetrics           bool     `json:"endpoint_metrics"`
+		BOSToken                  string   `json:"bos_token"`
+		BuildInfo                 string   `json:"build_info"`
+	}{settings{NCtx: e.cfg.MaxModelLen, Params: map[string]any{}}, e.cfg.Slots, e.cfg.Model, e.cfg.Model,
+		false, false, true, bosText, "kvload-emulated"})
+}

@@ -1,0 +1,87 @@
+package emulate
+
+import "fmt"
+
+// Personality is the inference engine the emulator imitates: it decides
+// the prefix cache's granularity and what the engine reports about it
+// (metric names, capacity endpoints, timings).
+type Personality int
+
+// Personalities. The zero value is vLLM, the emulator's original shape.
+const (
+	// PersonalityVLLM caches full blocks (16 tokens by default) and hits
+	// whole blocks only; it exports vllm:* metrics and
+	// vllm:cache_config_info.
+	PersonalityVLLM Personality = iota
+	// PersonalitySGLang is a token-granular radix cache (page size 1); it
+	// exports sglang:* metrics and GET /get_server_info.
+	PersonalitySGLang
+	// PersonalityTRTLLM caches 32-token blocks with partial reuse: a hit
+	// may end inside a cached block.
+	PersonalityTRTLLM
+	// PersonalityLlamaCpp keeps one prompt per slot and no shared cache;
+	// it exports llamacpp:* metrics, GET /props and timings.cache_n.
+	PersonalityLlamaCpp
+)
+
+var personalityNames = [...]string{
+	PersonalityVLLM:     "vllm",
+	PersonalitySGLang:   "sglang",
+	PersonalityTRTLLM:   "trtllm",
+	PersonalityLlamaCpp: "llamacpp",
+}
+
+func (p Personality) String() string {
+	if p >= 0 && int(p) < len(personalityNames) {
+		return personalityNames[p]
+	}
+	return fmt.Sprintf("Personality(%d)", int(p))
+}
+
+// ParsePersonality reads a personality name; the empty string is vLLM.
+func ParsePersonality(s string) (Personality, error) {
+	if s == "" {
+		return PersonalityVLLM, nil
+	}
+	for p, name := range personalityNames {
+		if s == name {
+			return Personality(p), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown engine %q (want vllm, sglang, trtllm or llamacpp)", s)
+}
+
+// MarshalText writes the name, so YAML and JSON carry "sglang", not 1.
+func (p Personality) MarshalText() ([]byte, error) {
+	if p < 0 || int(p) >= len(personalityNames) {
+		return nil, fmt.Errorf("invalid engine %d", int(p))
+	}
+	return []byte(p.String()), nil
+}
+
+// UnmarshalText reads a name (yaml.v3 and encoding/json use it).
+func (p *Personality) UnmarshalText(b []byte) error {
+	v, err := ParsePersonality(string(b))
+	if err != nil {
+		return err
+	}
+	*p = v
+	return nil
+}
+
+// Set and the String above make *Personality a flag value (kingpin's
+// Value interface), so the emulate command can take --engine.
+func (p *Personality) Set(s string) error { return p.UnmarshalText([]byte(s)) }
+
+// defaultBlockSize is the cache granularity each engine uses by default:
+// vLLM's 16-token blocks, SGLang's page size 1, TensorRT-LLM's 32 tokens
+// per block. llama.cpp matches tokens one by one within a slot.
+func (p Personality) defaultBlockSize() int {
+	switch p {
+	case PersonalitySGLang, PersonalityLlamaCpp:
+		return 1
+	case PersonalityTRTLLM:
+		return 32
+	}
+	return DefaultBlockSize
+}
