@@ -40,6 +40,7 @@ type Collector struct {
 
 	// The efficiency ratio's two sides, over the requests whose cached
 	// tokens the server reported: unknown is not zero.
+	reportedCached      *prometheus.CounterVec
 	reportedPrompt      *prometheus.CounterVec
 	reportedTrace       *prometheus.CounterVec
 	reportedTheoretical *prometheus.CounterVec
@@ -149,6 +150,7 @@ func New(reg prometheus.Registerer) *Collector {
 		targetInfo:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "target_info", Help: "Configured targets; always 1."}, []string{"target", "model", "api", "dialect"}),
 		reloadOK:          prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "config_last_reload_successful", Help: "Whether the last configuration reload succeeded (1) or failed (0)."}),
 		reloadTime:        prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "config_last_reload_success_timestamp_seconds", Help: "Time of the last successful configuration reload."}),
+		reportedCached:    counter("cache_reported_cached_prompt_tokens_total", "Observed cached prompt tokens of the requests counted in kvload_cache_reported_prompt_tokens_total: the observed side of the cache efficiency."),
 		reportedPrompt:    counter("cache_reported_prompt_tokens_total", "Server prompt tokens of successful requests whose cached tokens are known (reported in usage, or observed: server_metrics)."),
 		reportedTrace:     counter("cache_reported_trace_prompt_tokens_total", "The trace's input_length of the same requests."),
 		reportedTheoretical: counter("cache_reported_theoretical_cached_prompt_tokens_total",
@@ -167,7 +169,7 @@ func New(reg prometheus.Registerer) *Collector {
 	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
-		c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
+		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
 		c.capacityBlocks, c.blockSize, c.capacityKnown)
 	return c
 }
@@ -181,7 +183,7 @@ func (c *Collector) Start(workload, target string) {
 	c.dropped.WithLabelValues(workload, target, replay.DropMaxInFlight)
 	c.inFlight.WithLabelValues(workload, target)
 	for _, v := range []*prometheus.CounterVec{c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
-		c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported} {
+		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported} {
 		v.WithLabelValues(workload, target)
 	}
 	for _, cl := range CacheClasses {
@@ -198,7 +200,7 @@ func (c *Collector) Forget(workload, target string) {
 		DeletePartialMatch(prometheus.Labels) int
 	}{c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
-		c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens} {
+		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens} {
 		v.DeletePartialMatch(l)
 	}
 	c.mu.Lock()
@@ -303,6 +305,7 @@ func (c *Collector) AddServerCached(target string, delta float64) {
 	}
 	for w, p := range shares {
 		c.cachedTokens.WithLabelValues(w, target).Add(delta * p / total)
+		c.reportedCached.WithLabelValues(w, target).Add(delta * p / total)
 	}
 }
 
@@ -396,6 +399,9 @@ func (c *Collector) Finished(r *replay.Result) {
 			prompt = r.PromptTokens
 		}
 		c.reportedPrompt.WithLabelValues(w, t).Add(float64(prompt))
+		if usageCached {
+			c.reportedCached.WithLabelValues(w, t).Add(float64(r.CachedTokens))
+		}
 		c.reportedTrace.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
 		c.reportedTheoretical.WithLabelValues(w, t).Add(float64(r.TheoreticalCachedTokens))
 	}

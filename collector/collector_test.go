@@ -190,13 +190,14 @@ func TestUnknownIsNotZero(t *testing.T) {
 		c.Finished(r)
 	}
 	for name, want := range map[string]float64{
-		"kvload_cache_unreported_requests_total":                      2,
-		"kvload_cache_reported_prompt_tokens_total":                   1000,
-		"kvload_cache_reported_trace_prompt_tokens_total":             1000,
+		"kvload_cache_unreported_requests_total":                       2,
+		"kvload_cache_reported_prompt_tokens_total":                    1000,
+		"kvload_cache_reported_trace_prompt_tokens_total":              1000,
 		"kvload_cache_reported_theoretical_cached_prompt_tokens_total": 512,
-		"kvload_cached_prompt_tokens_total":                           512,
-		"kvload_prompt_tokens_total":                                  3000,
-		"kvload_theoretical_cached_prompt_tokens_total":               1536,
+		"kvload_cached_prompt_tokens_total":                            512,
+		"kvload_cache_reported_cached_prompt_tokens_total":             512,
+		"kvload_prompt_tokens_total":                                   3000,
+		"kvload_theoretical_cached_prompt_tokens_total":                1536,
 	} {
 		if got := sumOf(t, reg, name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)

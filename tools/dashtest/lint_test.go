@@ -65,6 +65,7 @@ var contract = map[string]metric{
 	// Prefix-cache accounting: requests that reported a cached count or
 	// not, TTFT by theoretical cache class, the model's capacity per target.
 	"kvload_cache_reported_prompt_tokens_total":                    {counter, workloadTarget},
+	"kvload_cache_reported_cached_prompt_tokens_total":             {counter, workloadTarget},
 	"kvload_cache_reported_trace_prompt_tokens_total":              {counter, workloadTarget},
 	"kvload_cache_reported_theoretical_cached_prompt_tokens_total": {counter, workloadTarget},
 	"kvload_cache_unreported_requests_total":                       {counter, workloadTarget},
