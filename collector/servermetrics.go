@@ -41,6 +41,18 @@ type ServerScraper struct {
 	seen bool
 }
 
+// Prime takes the counter's baseline now, so that what the server counted
+// before this exporter sent anything is not credited to it. Call it before
+// the first request goes out; Run then goes on from there.
+func (s *ServerScraper) Prime(ctx context.Context) error {
+	v, err := s.read(ctx)
+	if err != nil {
+		return err
+	}
+	s.delta(v)
+	return nil
+}
+
 // Run scrapes every Interval until ctx is done. A failed scrape is
 // reported through onError and retried at the next tick.
 func (s *ServerScraper) Run(ctx context.Context, c *Collector, onError func(error)) {

@@ -10,6 +10,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -237,4 +238,91 @@ func containsAll(s string, subs ...string) bool {
 		}
 	}
 	return true
+}
+
+// TestE2ECacheTruthServerMetrics (point 6): with observed: server_metrics
+// against llama.cpp's counter, the exporter credits every hit the engine
+// counted for its requests, none lost between scrapes, across an engine
+// restart that resets the counter.
+func TestE2ECacheTruthServerMetrics(t *testing.T) {
+	if raceEnabled {
+		t.Skip("whole passes at speed: too slow under -race; run by `make test-e2e`")
+	}
+	cfgEngine := emulate.Config{Engine: emulate.PersonalityLlamaCpp, BOS: true}
+	ctx, cancel := context.WithCancel(context.Background())
+	eng, err := emulate.New(cfgEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, wait, err := eng.Start(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); wait() }()
+	workload := func(name string) string {
+		return fmt.Sprintf(`  - name: %s
+    trace: head.jsonl
+    targets: [llama]
+    synthesis: {speedup_ratio: 20}
+    loop: once
+    max_in_flight: 4
+    on_saturation: queue
+`, name)
+	}
+	head := fmt.Sprintf(`targets:
+  - name: llama
+    url: %s
+    model: %s
+    dialect: llamacpp
+    cache: {capacity_blocks: 65536, observed: server_metrics}
+workloads:
+`, url, emulate.DefaultModel)
+	dir := e2eDir(t, map[string][]byte{
+		"kvload.yml": []byte(head + workload("first")),
+		"head.jsonl": e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), 100),
+	})
+	d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
+	credited := func(want float64) {
+		t.Helper()
+		e2ePoll(t, "the engine's hits credited", e2eDeadline, func() (bool, string) {
+			m := e2eScrape(t, d.base)
+			got := m.sum("kvload_cached_prompt_tokens_total")
+			return got == want && m.sum("kvload_requests_in_flight") == 0,
+				fmt.Sprintf("credited %.0f, the engine counted %.0f", got, want)
+		})
+	}
+	e2ePoll(t, "the first pass", e2eDeadline, func() (bool, string) {
+		c := ctRead(t, d)
+		return c.success == 100, c.String()
+	})
+	first := eng.Stats().CacheHitTokens
+	if first == 0 {
+		t.Fatal("the engine counted no hit: nothing to check")
+	}
+	credited(float64(first))
+
+	// The engine restarts on the same address: its counter starts again.
+	addr := strings.TrimPrefix(url, "http://")
+	cancel()
+	wait()
+	eng2, err := emulate.New(cfgEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	_, wait2, err := eng2.Start(ctx2, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wait2()
+	if err := os.WriteFile(filepath.Join(dir, "kvload.yml"), []byte(head+workload("first")+workload("second")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e2ePost(t, d.base+"/-/reload", "")
+	e2ePoll(t, "the second pass", e2eDeadline, func() (bool, string) {
+		c := ctRead(t, d)
+		return c.success == 200, c.String()
+	})
+	credited(float64(first + eng2.Stats().CacheHitTokens))
 }

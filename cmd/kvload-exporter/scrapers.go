@@ -56,6 +56,12 @@ func (d *daemon) applyScrapers(cfg *config.Config) error {
 			return fmt.Errorf("target %s: server metrics client: %w", name, err)
 		}
 		sc := &collector.ServerScraper{Target: name, URL: url, Dialect: t.Dialect, Client: client, Interval: serverScrapeInterval}
+		// The baseline comes before the target's first request.
+		pctx, pcancel := context.WithTimeout(d.ctx, discoverTimeout)
+		if err := sc.Prime(pctx); err != nil {
+			level.Warn(d.logger).Log("msg", "server metrics: no baseline before the first request; hits until the first good scrape are not counted", "target", name, "err", err)
+		}
+		pcancel()
 		ctx, cancel := context.WithCancel(d.ctx)
 		s := &scraping{fingerprint: fingerprint(t), cancel: cancel, done: make(chan struct{})}
 		d.scrapers[name] = s
