@@ -1,10 +1,12 @@
-package main
+package lifecycle
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"sync/atomic"
 	"time"
@@ -28,7 +30,7 @@ type workloadData struct {
 
 // loadWorkload reads and reshapes a workload's trace. Errors name the file
 // and line.
-func loadWorkload(cfg *config.Config, w *config.Workload) (*workloadData, error) {
+func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload) (*workloadData, error) {
 	path := cfg.TracePath(w)
 	// Only a regular file: opening a named pipe blocks (and with it every
 	// later reload), and a trace is read again at each reload anyway.
@@ -45,7 +47,8 @@ func loadWorkload(cfg *config.Config, w *config.Workload) (*workloadData, error)
 	}
 	sum := sha256.Sum256(raw)
 	// Parse the bytes already read for the fingerprint, not the file again.
-	recs, err := synth.ReadAll(bytes.NewReader(raw), path, synth.ReadOptions{BlockSize: w.BlockSize})
+	// Parsing a big trace takes seconds: the reader lets a shutdown cut it.
+	recs, err := synth.ReadAll(ctxReader{ctx, bytes.NewReader(raw)}, path, synth.ReadOptions{BlockSize: w.BlockSize})
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
@@ -83,6 +86,19 @@ func loadWorkload(cfg *config.Config, w *config.Workload) (*workloadData, error)
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
 	return &workloadData{records: recs, traceHash: hex.EncodeToString(sum[:]), builder: builder}, nil
+}
+
+// ctxReader fails its reads once ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // maxRequestTokens bounds a row's input and output lengths: above any
