@@ -319,6 +319,7 @@ type fakeServer struct {
 
 	mu      sync.Mutex
 	arrived map[string]int // by URL path
+	times   []time.Time    // when each request arrived
 	auth    map[string]int // Authorization headers seen
 	ended   int            // held requests whose client went away
 }
@@ -362,6 +363,19 @@ func (f *fakeServer) count(path string) int {
 	return f.arrived[path]
 }
 
+// lastArrival is when the latest request arrived, and how many did.
+func (f *fakeServer) lastArrival() (time.Time, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var last time.Time
+	for _, a := range f.times {
+		if a.After(last) {
+			last = a
+		}
+	}
+	return last, len(f.times)
+}
+
 func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		MaxTokens           int  `json:"max_tokens"`
@@ -375,6 +389,7 @@ func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 	n := max(req.MaxTokens, req.MaxCompletionTokens)
 	f.mu.Lock()
 	f.arrived[r.URL.Path]++
+	f.times = append(f.times, time.Now())
 	f.auth[r.Header.Get("Authorization")]++
 	f.mu.Unlock()
 
