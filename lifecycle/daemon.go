@@ -125,7 +125,10 @@ func (d *Daemon) reload(ctx, unitCtx context.Context, force bool) error {
 		return ErrShuttingDown
 	}
 	data, err := os.ReadFile(d.configFile)
-	if err == nil && !force && d.cfg != nil && (bytes.Equal(data, d.cfgBytes) || bytes.Equal(data, d.badBytes)) {
+	// The running bytes are "unchanged" only while the last reload
+	// succeeded: a file restored after a rejected edit is applied again,
+	// which sets the gauge back to 1.
+	if err == nil && !force && d.cfg != nil && ((d.status.ok && bytes.Equal(data, d.cfgBytes)) || bytes.Equal(data, d.badBytes)) {
 		return nil // nothing new: another file of the directory changed
 	}
 	if err == nil {
@@ -137,6 +140,8 @@ func (d *Daemon) reload(ctx, unitCtx context.Context, force bool) error {
 	}
 	if err != nil {
 		d.badBytes = data
+	} else {
+		d.badBytes = nil // rejected bytes written again are news again
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
