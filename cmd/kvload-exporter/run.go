@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -79,6 +81,23 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	)
 	coll := collector.New(reg)
 
+	// Everything that can fail at start fails before the first request
+	// leaves: the web configuration, then the listen addresses.
+	if wc := f.web.WebConfigFile; wc != nil && *wc != "" {
+		if err := web.Validate(*wc); err != nil {
+			return badInput(fmt.Errorf("web configuration %s: %w", *wc, err))
+		}
+	}
+	listeners, err := listen(f.web)
+	if err != nil {
+		return badInput(fmt.Errorf("web server: %w", err))
+	}
+	defer func() {
+		for _, l := range listeners {
+			l.Close() // already closed by the server when it served
+		}
+	}()
+
 	if shard != nil {
 		level.Info(logger).Log("msg", "every workload replays one shard", "shard", fmt.Sprintf("%d/%d", shard.Index, shard.Count))
 	}
@@ -143,7 +162,11 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		webErr <- web.ListenAndServe(server, f.web, webLogger)
+		if listeners == nil { // systemd or vsock: the toolkit listens
+			webErr <- web.ListenAndServe(server, f.web, webLogger)
+			return
+		}
+		webErr <- web.ServeMultiple(listeners, server, f.web, webLogger)
 	}()
 
 	var failed error
@@ -182,6 +205,32 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	}
 	level.Info(logger).Log("msg", "stopped")
 	return nil
+}
+
+// listen binds every --web.listen-address. It returns no listener when the
+// toolkit must listen itself: systemd socket activation, vsock addresses.
+func listen(flags *web.FlagConfig) ([]net.Listener, error) {
+	if flags.WebSystemdSocket != nil && *flags.WebSystemdSocket {
+		return nil, nil
+	}
+	addrs := *flags.WebListenAddresses
+	for _, a := range addrs {
+		if strings.HasPrefix(a, "vsock://") {
+			return nil, nil
+		}
+	}
+	var ls []net.Listener
+	for _, a := range addrs {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			for _, l := range ls {
+				l.Close()
+			}
+			return nil, err
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
 }
 
 // landingOf is the landing page's data from the daemon's status.
