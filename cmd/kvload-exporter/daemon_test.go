@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,8 +43,17 @@ var updateDaemon = flag.Bool("update-daemon", false, "rewrite the daemon golden 
 // the shutdown tests can signal a real process without building one.
 const runMainEnv = "KVLOAD_EXPORTER_TEST_RUN_MAIN"
 
+// nofileEnv, set with runMainEnv, lowers the process's file descriptor
+// limit first (the Go runtime raised it at start).
+const nofileEnv = "KVLOAD_EXPORTER_TEST_NOFILE"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(runMainEnv) == "1" {
+		if n, err := strconv.ParseUint(os.Getenv(nofileEnv), 10, 64); err == nil {
+			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: n, Max: n}); err != nil {
+				panic(err)
+			}
+		}
 		main() // exits
 	}
 	os.Exit(m.Run())

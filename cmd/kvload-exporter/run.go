@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -150,14 +149,10 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 		landing:       func() landingData { return landingOf(d.Status(), coll) },
 	})
 	webLogger := newSlogBridge(logger, minLevel)
-	server := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 30 * time.Second,
-		// The server's own errors (failed TLS handshakes, plain HTTP on a
-		// TLS port) belong in the daemon's log, in its format, rather than
-		// on the standard logger.
-		ErrorLog: slog.NewLogLogger(webLogger.Handler(), slog.LevelError),
-	}
+	// The server's own errors (failed TLS handshakes, plain HTTP on a TLS
+	// port) belong in the daemon's log, in its format, rather than on the
+	// standard logger.
+	server := newWebServer(mux, newConnLimiter(maxWebConns()), slog.NewLogLogger(webLogger.Handler(), slog.LevelError))
 	webErr := make(chan error, 1)
 	wg.Add(1)
 	go func() {

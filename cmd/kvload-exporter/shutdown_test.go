@@ -26,9 +26,15 @@ type process struct {
 // it is still running.
 func startProcess(t *testing.T, args ...string) *process {
 	t.Helper()
+	return startProcessEnv(t, nil, args...)
+}
+
+// startProcessEnv is startProcess with more environment variables.
+func startProcessEnv(t *testing.T, env []string, args ...string) *process {
+	t.Helper()
 	p := &process{stderr: &syncBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(os.Args[0], args...)
-	p.cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	p.cmd.Env = append(append(os.Environ(), runMainEnv+"=1"), env...)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -7,10 +7,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
 )
@@ -81,5 +83,85 @@ func TestLandingEscapes(t *testing.T) {
 	}
 	if !strings.Contains(body, "&lt;img src=x&gt;") {
 		t.Errorf("escaped target name missing:\n%s", body)
+	}
+}
+
+// blockingGatherer holds every Gather until release is closed, counting
+// how many run at once.
+type blockingGatherer struct {
+	release chan struct{}
+	mu      sync.Mutex
+	now     int
+	peak    int
+}
+
+func (g *blockingGatherer) Gather() ([]*dto.MetricFamily, error) {
+	g.mu.Lock()
+	g.now++
+	g.peak = max(g.peak, g.now)
+	g.mu.Unlock()
+	<-g.release
+	g.mu.Lock()
+	g.now--
+	g.mu.Unlock()
+	return nil, nil
+}
+
+func (g *blockingGatherer) running() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.now
+}
+
+// TestMetricsScrapeStorm: of 100 concurrent scrapes, 10 are served and the others answered 503 at once, so that a scrape storm takes
+// at most that many goroutines' worth of CPU from the replay.
+func TestMetricsScrapeStorm(t *testing.T) {
+	t.Parallel()
+	// The documented cap (README, docs/reliability.md); it was 40.
+	const scrapers, metricsInFlight = 100, 10
+	g := &blockingGatherer{release: make(chan struct{})}
+	srv := httptest.NewServer(newMux(webDeps{
+		gatherer:      g,
+		telemetryPath: "/metrics",
+		ready:         func() bool { return true },
+		reload:        func(context.Context) error { return nil },
+		landing:       func() landingData { return landingData{} },
+	}))
+	t.Cleanup(srv.Close)
+
+	codes := make(chan int, scrapers)
+	for range scrapers {
+		go func() {
+			resp, err := http.Get(srv.URL + "/metrics")
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	count := map[int]int{}
+	for range scrapers - metricsInFlight {
+		select {
+		case c := <-codes:
+			count[c]++
+		case <-time.After(pollDeadline):
+			close(g.release)
+			t.Fatalf("only %v answered while %d gathers run", count, g.running())
+		}
+	}
+	if count[http.StatusServiceUnavailable] != scrapers-metricsInFlight {
+		t.Errorf("while %d scrapes were held: %v, want %d × 503", metricsInFlight, count, scrapers-metricsInFlight)
+	}
+	if n := g.running(); n != metricsInFlight {
+		t.Errorf("%d gathers running, want %d", n, metricsInFlight)
+	}
+	close(g.release)
+	for range metricsInFlight {
+		count[<-codes]++
+	}
+	if count[http.StatusOK] != metricsInFlight || g.peak != metricsInFlight {
+		t.Errorf("answers %v, at most %d gathers at once; want %d × 200, at most %d at once", count, g.peak, metricsInFlight, metricsInFlight)
 	}
 }
