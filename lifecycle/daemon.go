@@ -74,6 +74,9 @@ type unit struct {
 	client      *replay.Client
 	gate        *gatedObserver
 	done        chan struct{} // closed when Run returned
+	// stopping is set before a reload or the shutdown stops the unit, so
+	// that its end is not taken for the end of its trace.
+	stopping atomic.Bool
 }
 
 // emulated is an in-process emulated engine serving one target.
@@ -348,6 +351,9 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		defer close(u.done)
 		if err := wl.Run(ctx); err != nil {
 			level.Error(logger).Log("msg", "replay stopped", "err", err)
+		} else if w.Loop == "once" && !u.stopping.Load() {
+			// Run returned by itself: the single pass is sent and drained.
+			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", len(wd.records))
 		}
 	}()
 	level.Info(logger).Log("msg", "replay started", "rows", len(wd.records))
@@ -358,6 +364,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 // its in-flight requests in the background (cut at the drain timeout).
 func (d *Daemon) stopUnit(k unitKey, u *unit) {
 	delete(d.units, k)
+	u.stopping.Store(true)
 	u.gate.closed.Store(true)
 	d.coll.Forget(k.workload, k.target)
 	d.wg.Add(1)
@@ -487,6 +494,7 @@ func (d *Daemon) shutdown() {
 	d.ready.Store(false)
 	var wg sync.WaitGroup
 	for _, u := range d.units {
+		u.stopping.Store(true)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
