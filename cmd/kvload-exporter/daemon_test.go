@@ -1137,7 +1137,7 @@ workloads:
 }
 
 // TestConfigCheck runs --config.check on config/testdata's bad files (exit
-// 1, every problem of the golden file printed) and on a good one (exit 0).
+// 2, every problem of the golden file printed) and on a good one (exit 0).
 func TestConfigCheck(t *testing.T) {
 	t.Parallel()
 	bad, err := filepath.Glob(filepath.Join("..", "..", "config", "testdata", "bad-*.yml"))
@@ -1159,7 +1159,7 @@ func TestConfigCheck(t *testing.T) {
 		for _, line := range strings.Split(strings.TrimSpace(string(golden)), "\n") {
 			want = append(want, stripConfigPath(line))
 		}
-		tests = append(tests, check{f, exitFailure, want})
+		tests = append(tests, check{f, exitBadInput, want})
 	}
 	tests = append(tests, check{file: fixture(t, "check-good.yml"), wantCode: exitOK})
 

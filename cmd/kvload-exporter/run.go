@@ -43,7 +43,7 @@ func runCommand(app *kingpin.Application) command {
 	f := &runFlags{}
 	cl := app.Command("run", "Replay the configured workloads and serve their metrics (the default command).").Default()
 	cl.Flag("config.file", "Configuration file.").Default("kvload.yml").StringVar(&f.configFile)
-	cl.Flag("config.check", "Check the configuration file and the traces it names, print every problem, and exit (0 if fine, 1 if not).").BoolVar(&f.configCheck)
+	cl.Flag("config.check", "Check the configuration file and the traces it names, print every problem, and exit (0 if fine, 2 if not, as a start with it would).").BoolVar(&f.configCheck)
 	cl.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&f.telemetryPath)
 	cl.Flag("shutdown.drain-timeout", "On shutdown or when a reload removes a workload, how long requests in flight may take to finish.").Default("30s").DurationVar(&f.drainTimeout)
 	cl.Flag("shard", "Replay only this replica's share of every workload, overriding the workloads' shard: INDEX/COUNT (such as 0/3), or auto to take INDEX from the hostname's trailing ordinal (a StatefulSet pod kvload-2 is 2) with --shard.count.").PlaceHolder("INDEX/COUNT").StringVar(&f.shard)
@@ -279,11 +279,11 @@ func logDrained(logger log.Logger, g prometheus.Gatherer) {
 }
 
 // checkConfig is --config.check: every problem of the file and of the traces
-// it names, then exit 0 or 1.
+// it names, then exit 0, or 2 (bad input) as a start would.
 func checkConfig(path string, s streams) error {
 	if err := lifecycle.Check(path); err != nil {
 		fmt.Fprintln(s.stdout, err)
-		return withExitCode(errors.New("configuration check failed"), exitFailure)
+		return withExitCode(errors.New("configuration check failed"), exitBadInput)
 	}
 	fmt.Fprintf(s.stdout, "%s: configuration is valid\n", path)
 	return nil
