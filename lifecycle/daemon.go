@@ -241,6 +241,10 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err // shutting down: start nothing
 	}
+	running := map[string]bool{} // workloads with a unit before this apply
+	for k := range d.units {
+		running[k.workload] = true
+	}
 	if err := d.applyEmulators(unitCtx, cfg); err != nil {
 		return err
 	}
@@ -260,6 +264,15 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 		if want[k] != u.fingerprint {
 			d.stopUnit(k, u)
 		}
+	}
+	// A workload none of whose units survived starts over from pass 0: its
+	// pass count must too, or kvload_trace_loops_total stalls until the new
+	// units catch up with the old count.
+	for k := range d.units {
+		delete(running, k.workload)
+	}
+	for w := range running {
+		d.coll.ForgetWorkload(w)
 	}
 	var errs []error
 	tokenizers := map[string]synth.Tokenizer{}
