@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -163,5 +164,56 @@ func TestMetricsScrapeStorm(t *testing.T) {
 	}
 	if count[http.StatusOK] != metricsInFlight || g.peak != metricsInFlight {
 		t.Errorf("answers %v, at most %d gathers at once; want %d × 200, at most %d at once", count, g.peak, metricsInFlight, metricsInFlight)
+	}
+}
+
+// closeRecorder is a connection that records whether it was closed.
+type closeRecorder struct {
+	net.Conn
+	closed bool
+}
+
+func (c *closeRecorder) Close() error { c.closed = true; return nil }
+
+// TestConnLimiter: past its limit, the limiter closes the connection idle
+// the longest (idle keep-alive or never used), never an active one nor the
+// one just accepted.
+func TestConnLimiter(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		states []http.ConnState // of the connections already open, oldest first
+		closed int              // index closed when one more arrives; -1 none
+	}{
+		{"under the limit", []http.ConnState{http.StateIdle}, -1},
+		{"oldest idle closed", []http.ConnState{http.StateActive, http.StateIdle, http.StateIdle}, 1},
+		{"never-used counts as idle", []http.ConnState{http.StateNew, http.StateIdle, http.StateActive}, 0},
+		{"all active: none closed", []http.ConnState{http.StateActive, http.StateActive, http.StateActive}, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l := newConnLimiter(3)
+			conns := make([]*closeRecorder, len(tt.states))
+			for i, s := range tt.states {
+				conns[i] = &closeRecorder{}
+				l.connState(conns[i], http.StateNew)
+				if s != http.StateNew {
+					l.connState(conns[i], s)
+				}
+				// Distinct, ordered times without sleeping.
+				l.conns[conns[i]].since = time.Unix(int64(i), 0)
+			}
+			fresh := &closeRecorder{}
+			l.connState(fresh, http.StateNew)
+			if fresh.closed {
+				t.Error("the new connection was closed")
+			}
+			for i, c := range conns {
+				if c.closed != (i == tt.closed) {
+					t.Errorf("connection %d (%v) closed: %v", i, tt.states[i], c.closed)
+				}
+			}
+		})
 	}
 }
