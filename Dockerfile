@@ -25,6 +25,7 @@ COPY cmd/ cmd/
 COPY collector/ collector/
 COPY config/ config/
 COPY emulate/ emulate/
+COPY lifecycle/ lifecycle/
 COPY replay/ replay/
 COPY synth/ synth/
 ARG VERSION=dev
