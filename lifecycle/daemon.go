@@ -378,7 +378,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 func (d *Daemon) stopUnit(k unitKey, u *unit) {
 	delete(d.units, k)
 	u.stopping.Store(true)
-	u.gate.closed.Store(true)
+	u.gate.close() // no late call recreates the series deleted next
 	d.coll.Forget(k.workload, k.target)
 	d.wg.Add(1)
 	go func() {

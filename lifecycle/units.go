@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
@@ -169,21 +169,44 @@ func (b *requestBuilder) Build(rec *synth.Record, ns uint64) (replay.Request, er
 
 // gatedObserver forwards to the collector until closed. A unit that a reload
 // changed or removed has its series deleted at once; the requests it still
-// has in flight finish, but must not recreate those series.
+// has in flight finish, but must not recreate those series. close waits
+// for a call under way, so that none lands after the series are deleted.
 type gatedObserver struct {
 	c      *collector.Collector
 	fails  *failureLog // nil: failures are only counted
-	closed atomic.Bool
+	mu     sync.RWMutex
+	closed bool
 }
 
+// close stops forwarding; when it returns no call is forwarding any more.
+func (g *gatedObserver) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}
+
+// open takes the gate for one call; done releases it.
+func (g *gatedObserver) open() bool {
+	g.mu.RLock()
+	if g.closed {
+		g.mu.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (g *gatedObserver) done() { g.mu.RUnlock() }
+
 func (g *gatedObserver) Sent(w, t string, scheduled, sent time.Time) {
-	if !g.closed.Load() {
+	if g.open() {
+		defer g.done()
 		g.c.Sent(w, t, scheduled, sent)
 	}
 }
 
 func (g *gatedObserver) Finished(r *replay.Result) {
-	if !g.closed.Load() {
+	if g.open() {
+		defer g.done()
 		g.c.Finished(r)
 		if g.fails != nil {
 			g.fails.finished(r)
@@ -192,13 +215,15 @@ func (g *gatedObserver) Finished(r *replay.Result) {
 }
 
 func (g *gatedObserver) Dropped(w, t, reason string, scheduled time.Time) {
-	if !g.closed.Load() {
+	if g.open() {
+		defer g.done()
 		g.c.Dropped(w, t, reason, scheduled)
 	}
 }
 
 func (g *gatedObserver) PassCompleted(w, t string, pass int) {
-	if !g.closed.Load() {
+	if g.open() {
+		defer g.done()
 		g.c.PassCompleted(w, t, pass)
 	}
 }
