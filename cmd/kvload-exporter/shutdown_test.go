@@ -226,3 +226,42 @@ func TestDaemonSIGTERMRacesReload(t *testing.T) {
 		})
 	}
 }
+
+// TestDaemonSIGTERMDuringFirstLoad: a SIGTERM 0.3 s into the first load of
+// a big trace ends the process at once, exit 0, without a request sent.
+// (The old daemon finished loading, started every unit, sent the rows due
+// at once, and only then drained.)
+func TestDaemonSIGTERMDuringFirstLoad(t *testing.T) {
+	t.Parallel()
+	const drain = 2 * time.Second
+	dir := t.TempDir()
+	srv := newFakeServer(t, nil)
+	path := filepath.Join(dir, "kvload.yml")
+	writeConfig(t, path, raceConfig(srv.URL, "a", steadyTrace(t, dir), bigTrace(t, dir, 500_000)))
+	p := startProcess(t, "--config.file="+path, "--web.listen-address=127.0.0.1:0",
+		"--shutdown.drain-timeout="+drain.String())
+	eventually(t, "the first load begun", func() (bool, string) {
+		return strings.Contains(p.stderr.String(), `msg="starting kvload-exporter"`), p.stderr.String()
+	})
+	// The stimulus's timing, not a synchronisation: the load parses for a
+	// second or more.
+	<-time.After(300 * time.Millisecond)
+	sigterm := time.Now()
+	p.signal(t, syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		took := time.Since(sigterm)
+		t.Logf("exited %v after SIGTERM", took.Round(time.Millisecond))
+		if took > drain+time.Second {
+			t.Errorf("exited %v after SIGTERM, want within %v", took, drain+time.Second)
+		}
+		if p.err != nil {
+			t.Errorf("exit: %v, want status 0\n%s", p.err, p.stderr.String())
+		}
+	case <-time.After(drain + time.Second):
+		t.Fatalf("still running %v after SIGTERM:\n%s", drain+time.Second, p.stderr.String())
+	}
+	if _, n := srv.lastArrival(); n != 0 {
+		t.Errorf("%d requests sent, want none", n)
+	}
+}
