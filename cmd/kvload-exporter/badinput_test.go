@@ -45,10 +45,9 @@ const badInputGoodTrace = `{"timestamp": 0, "input_length": 40, "output_length":
 {"timestamp": 200, "input_length": 40, "output_length": 3, "hash_ids": [1, 2, 6]}
 `
 
-// checkExitCode is what --config.check returns for a bad file: the contract
-// (shared/docs/contract.md) says 0 or 1, like promtool; a normal start
-// returns exitBadInput.
-const checkExitCode = exitFailure
+// checkExitCode is what --config.check returns for a bad file: bad input,
+// as a normal start with it returns (shared/docs/contract.md, README).
+const checkExitCode = exitBadInput
 
 // badCase is one bad input. Its file in testdata/badinput replaces
 // $DIR/trace.jsonl (a .jsonl) or $DIR/kvload.yml (a .yml); make, when set,
@@ -284,7 +283,7 @@ func TestBadInputCatalogue(t *testing.T) {
 	}
 }
 
-// TestBadInputCheck runs --config.check on every case: exit 1 and the
+// TestBadInputCheck runs --config.check on every case: exit 2 and the
 // golden error on stdout. It also writes the golden files.
 func TestBadInputCheck(t *testing.T) {
 	t.Parallel()

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
+	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -22,13 +23,9 @@ import (
 	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
-	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/lifecycle"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
-
-// reloadDebounce is how long the config directory must be quiet before a
-// change is applied: editors and ConfigMap updates write several times.
-const reloadDebounce = 500 * time.Millisecond
 
 type runFlags struct {
 	configFile    string
@@ -46,7 +43,7 @@ func runCommand(app *kingpin.Application) command {
 	f := &runFlags{}
 	cl := app.Command("run", "Replay the configured workloads and serve their metrics (the default command).").Default()
 	cl.Flag("config.file", "Configuration file.").Default("kvload.yml").StringVar(&f.configFile)
-	cl.Flag("config.check", "Check the configuration file and the traces it names, print every problem, and exit (0 if fine, 1 if not).").BoolVar(&f.configCheck)
+	cl.Flag("config.check", "Check the configuration file and the traces it names, print every problem, and exit (0 if fine, 2 if not, as a start with it would).").BoolVar(&f.configCheck)
 	cl.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&f.telemetryPath)
 	cl.Flag("shutdown.drain-timeout", "On shutdown or when a reload removes a workload, how long requests in flight may take to finish.").Default("30s").DurationVar(&f.drainTimeout)
 	cl.Flag("shard", "Replay only this replica's share of every workload, overriding the workloads' shard: INDEX/COUNT (such as 0/3), or auto to take INDEX from the hostname's trailing ordinal (a StatefulSet pod kvload-2 is 2) with --shard.count.").PlaceHolder("INDEX/COUNT").StringVar(&f.shard)
@@ -56,9 +53,6 @@ func runCommand(app *kingpin.Application) command {
 	f.web = kingpinflag.AddFlags(cl, ":9812")
 	return command{clause: cl, run: func(ctx context.Context, s streams) error { return runDaemon(ctx, f, s) }}
 }
-
-// reloadRequest is a POST /-/reload waiting for the reload goroutine.
-type reloadRequest struct{ reply chan error }
 
 func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	logger, minLevel, err := newLogger(f.log, s.stderr)
@@ -73,6 +67,10 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	if err != nil {
 		return badInput(err)
 	}
+	// SIGHUP is caught from here on: before, it would end the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
@@ -82,64 +80,63 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	)
 	coll := collector.New(reg)
 
-	// The daemon's own context outlives the signal: requests in flight must
-	// be able to finish during the drain.
-	daemonCtx, stopDaemon := context.WithCancel(context.Background())
-	defer stopDaemon()
-	d := newDaemon(daemonCtx, logger, f.configFile, f.drainTimeout, coll)
-	d.shard = shard
+	// Everything that can fail at start fails before the first request
+	// leaves: the web configuration, then the listen addresses.
+	if wc := f.web.WebConfigFile; wc != nil && *wc != "" {
+		if err := web.Validate(*wc); err != nil {
+			return badInput(fmt.Errorf("web configuration %s: %w", *wc, err))
+		}
+	}
+	listeners, err := listen(f.web)
+	if err != nil {
+		return badInput(fmt.Errorf("web server: %w", err))
+	}
+	defer func() {
+		for _, l := range listeners {
+			l.Close() // already closed by the server when it served
+		}
+	}()
+
 	if shard != nil {
 		level.Info(logger).Log("msg", "every workload replays one shard", "shard", fmt.Sprintf("%d/%d", shard.Index, shard.Count))
 	}
 	level.Info(logger).Log("msg", "starting kvload-exporter", "config", f.configFile)
-	if err := d.reload(true); err != nil {
-		d.shutdown()
+	// runCtx ends the daemon: a signal, or the web server failing.
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	d := lifecycle.New(lifecycle.Options{
+		Logger:       logger,
+		ConfigFile:   f.configFile,
+		DrainTimeout: f.drainTimeout,
+		Collector:    coll,
+		Shard:        shard,
+		Watch:        true,
+	})
+	if err := d.Start(runCtx); err != nil {
+		if errors.Is(err, lifecycle.ErrShuttingDown) {
+			level.Info(logger).Log("msg", "stopped before the configuration was applied")
+			return nil
+		}
 		return badInput(err)
 	}
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	loopCtx, stopLoop := context.WithCancel(daemonCtx)
-	defer stopLoop()
 
-	fileChanged := make(chan struct{}, 1)
-	watcher, err := config.NewWatcher(f.configFile)
-	if err != nil {
-		level.Warn(logger).Log("msg", "configuration file changes will not be seen; SIGHUP and /-/reload still work", "err", err)
-	} else {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			watcher.Run(loopCtx, reloadDebounce, func() {
-				select {
-				case fileChanged <- struct{}{}:
-				default: // a reload is already pending
-				}
-			})
-		}()
-	}
-
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	httpReload := make(chan reloadRequest)
-
-	// The one goroutine that reloads: file changes, SIGHUP and POST
-	// /-/reload are applied one after another, never concurrently.
+	// SIGHUP asks the daemon's owner goroutine for a reload, like the
+	// file watcher and POST /-/reload do.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for {
 			select {
-			case <-loopCtx.Done():
+			case <-d.Done():
 				return
-			case <-fileChanged:
-				d.reload(false)
 			case <-hup:
 				level.Info(logger).Log("msg", "SIGHUP: reloading")
-				d.reload(true)
-			case req := <-httpReload:
-				req.reply <- d.reload(true)
+				if err := d.Reload(runCtx); errors.Is(err, lifecycle.ErrShuttingDown) || errors.Is(err, context.Canceled) {
+					level.Info(logger).Log("msg", "SIGHUP ignored: shutting down")
+				}
 			}
 		}
 	}()
@@ -147,45 +144,34 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	mux := newMux(webDeps{
 		gatherer:      reg,
 		telemetryPath: f.telemetryPath,
-		ready:         d.ready.Load,
-		reload: func(rctx context.Context) error {
-			req := reloadRequest{reply: make(chan error, 1)}
-			select {
-			case httpReload <- req:
-			case <-loopCtx.Done():
-				return errors.New("shutting down")
-			case <-rctx.Done():
-				return rctx.Err()
-			}
-			return <-req.reply
-		},
-		landing: d.landing,
+		ready:         d.Ready,
+		reload:        d.Reload,
+		landing:       func() landingData { return landingOf(d.Status(), coll) },
 	})
 	webLogger := newSlogBridge(logger, minLevel)
-	server := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 30 * time.Second,
-		// The server's own errors (failed TLS handshakes, plain HTTP on a
-		// TLS port) belong in the daemon's log, in its format, rather than
-		// on the standard logger.
-		ErrorLog: slog.NewLogLogger(webLogger.Handler(), slog.LevelError),
-	}
+	// The server's own errors (failed TLS handshakes, plain HTTP on a TLS
+	// port) belong in the daemon's log, in its format, rather than on the
+	// standard logger.
+	server := newWebServer(mux, newConnLimiter(maxWebConns()), slog.NewLogLogger(webLogger.Handler(), slog.LevelError))
 	webErr := make(chan error, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		webErr <- web.ListenAndServe(server, f.web, webLogger)
+		if listeners == nil { // systemd or vsock: the toolkit listens
+			webErr <- web.ListenAndServe(server, f.web, webLogger)
+			return
+		}
+		webErr <- web.ServeMultiple(listeners, server, f.web, webLogger)
 	}()
-	d.ready.Store(true)
 
+	var failed error
 	select {
 	case <-ctx.Done():
 		level.Info(logger).Log("msg", "shutting down: draining requests in flight", "timeout", f.drainTimeout)
 	case err := <-webErr:
-		stopLoop()
-		d.shutdown()
-		return fmt.Errorf("web server: %w", err)
+		failed = fmt.Errorf("web server: %w", err)
 	}
+	stopRun() // the daemon drains; the metrics stay up meanwhile
 
 	// A second signal ends the process at once.
 	again := make(chan os.Signal, 1)
@@ -198,21 +184,64 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 		case <-again:
 			level.Warn(logger).Log("msg", "second signal: exiting without draining")
 			os.Exit(exitFailure)
-		case <-daemonCtx.Done():
+		case <-d.Done():
 		}
 	}()
 
-	stopLoop()
-	d.shutdown() // not ready, stop dispatch, drain; the metrics stay up meanwhile
+	<-d.Done()
 	logDrained(logger, reg)
+	if failed != nil {
+		return failed
+	}
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := server.Shutdown(shutCtx); err != nil {
 		level.Warn(logger).Log("msg", "web server shutdown", "err", err)
 	}
-	stopDaemon()
 	level.Info(logger).Log("msg", "stopped")
 	return nil
+}
+
+// listen binds every --web.listen-address. It returns no listener when the
+// toolkit must listen itself: systemd socket activation, vsock addresses.
+func listen(flags *web.FlagConfig) ([]net.Listener, error) {
+	if flags.WebSystemdSocket != nil && *flags.WebSystemdSocket {
+		return nil, nil
+	}
+	addrs := *flags.WebListenAddresses
+	for _, a := range addrs {
+		if strings.HasPrefix(a, "vsock://") {
+			return nil, nil
+		}
+	}
+	var ls []net.Listener
+	for _, a := range addrs {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			for _, l := range ls {
+				l.Close()
+			}
+			return nil, err
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
+}
+
+// landingOf is the landing page's data from the daemon's status.
+func landingOf(st lifecycle.Status, coll *collector.Collector) landingData {
+	targets := make([]landingTarget, len(st.Targets))
+	for i, t := range st.Targets {
+		targets[i] = landingTarget(t)
+	}
+	return landingData{
+		ConfigFile:  st.ConfigFile,
+		ReloadOK:    st.ReloadOK,
+		LastReload:  st.LastReload,
+		ReloadError: st.ReloadError,
+		Rows:        coll.Status(),
+		Targets:     targets,
+	}
 }
 
 // logDrained logs the request totals once the drain is over: requests that
@@ -250,15 +279,11 @@ func logDrained(logger log.Logger, g prometheus.Gatherer) {
 }
 
 // checkConfig is --config.check: every problem of the file and of the traces
-// it names, then exit 0 or 1.
+// it names, then exit 0, or 2 (bad input) as a start would.
 func checkConfig(path string, s streams) error {
-	data, err := os.ReadFile(path)
-	if err == nil {
-		_, _, err = loadConfig(path, data)
-	}
-	if err != nil {
+	if err := lifecycle.Check(path); err != nil {
 		fmt.Fprintln(s.stdout, err)
-		return withExitCode(errors.New("configuration check failed"), exitFailure)
+		return withExitCode(errors.New("configuration check failed"), exitBadInput)
 	}
 	fmt.Fprintf(s.stdout, "%s: configuration is valid\n", path)
 	return nil

@@ -339,7 +339,7 @@ workloads:
 	var reloadBodies, landings []string
 	for _, b := range bad {
 		writeConfig(t, path, b.config)
-		check(exitFailure)
+		check(exitBadInput)
 		code, body := postReload(t, d.url)
 		if code != http.StatusInternalServerError || !strings.Contains(body, b.want) {
 			t.Errorf("%s: POST /-/reload: %d, want 500 with %q:\n%s", b.name, code, b.want, body)

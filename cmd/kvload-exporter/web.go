@@ -3,8 +3,12 @@ package main
 import (
 	"context"
 	"html/template"
+	stdlog "log"
+	"net"
 	"net/http"
 	"strconv"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,7 +52,7 @@ func newMux(d webDeps) *http.ServeMux {
 	mux.Handle("GET "+d.telemetryPath, promhttp.HandlerFor(d.gatherer, promhttp.HandlerOpts{
 		EnableOpenMetrics:   true, // exemplars and native histograms over protobuf/OpenMetrics
 		ErrorHandling:       promhttp.ContinueOnError,
-		MaxRequestsInFlight: 40,
+		MaxRequestsInFlight: metricsInFlight,
 	}))
 	mux.HandleFunc("GET /-/healthy", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("Healthy\n"))
@@ -142,4 +146,104 @@ func formatMillis(d time.Duration) string {
 
 func formatPercent(f float64) string {
 	return strconv.FormatFloat(f*100, 'f', 1, 64) + "%"
+}
+
+// Web server limits. A connection that sends nothing is closed after
+// webReadHeaderTimeout; a keep-alive one idle for webIdleTimeout. The write
+// timeout leaves room for a POST /-/reload of a big trace.
+const (
+	webReadHeaderTimeout = 30 * time.Second
+	webReadTimeout       = time.Minute
+	webWriteTimeout      = 2 * time.Minute
+	webIdleTimeout       = 90 * time.Second
+	// metricsInFlight caps concurrent /metrics requests; more answer 503
+	// at once rather than share the CPU with the replay.
+	metricsInFlight = 10
+)
+
+// maxWebConns is how many connections the web server keeps open: a
+// quarter of the file descriptor limit, so that idle clients cannot take
+// the descriptors the replay needs for its own connections.
+func maxWebConns() int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
+		return 256
+	}
+	return int(min(max(rl.Cur/4, 16), 4096))
+}
+
+// connLimiter tracks the web server's connections through
+// http.Server.ConnState and, past its limit, closes the one idle the
+// longest (an idle keep-alive one, or one that never sent a request).
+// It does not block accepting: a fresh scrape always gets in.
+type connLimiter struct {
+	max   int
+	mu    sync.Mutex
+	conns map[net.Conn]*trackedConn
+}
+
+type trackedConn struct {
+	state http.ConnState
+	since time.Time
+}
+
+func newConnLimiter(max int) *connLimiter {
+	return &connLimiter{max: max, conns: map[net.Conn]*trackedConn{}}
+}
+
+// connState is the http.Server.ConnState hook.
+func (l *connLimiter) connState(c net.Conn, state http.ConnState) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch state {
+	case http.StateClosed, http.StateHijacked:
+		delete(l.conns, c)
+		return
+	case http.StateNew:
+		l.conns[c] = &trackedConn{state: state, since: time.Now()}
+		for len(l.conns) > l.max {
+			if !l.closeIdlestLocked(c) {
+				break // all busy: they end within the timeouts
+			}
+		}
+		return
+	}
+	if tc := l.conns[c]; tc != nil {
+		tc.state, tc.since = state, time.Now()
+	}
+}
+
+// closeIdlestLocked closes the connection idle the longest, other than
+// keep, and forgets it (its StateClosed comes later).
+func (l *connLimiter) closeIdlestLocked(keep net.Conn) bool {
+	var victim net.Conn
+	var since time.Time
+	for c, tc := range l.conns {
+		if c == keep || (tc.state != http.StateIdle && tc.state != http.StateNew) {
+			continue
+		}
+		if victim == nil || tc.since.Before(since) {
+			victim, since = c, tc.since
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	delete(l.conns, victim)
+	victim.Close()
+	return true
+}
+
+// newWebServer is the daemon's HTTP server around handler, its
+// connections bounded by limiter.
+func newWebServer(handler http.Handler, limiter *connLimiter, errorLog *stdlog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: webReadHeaderTimeout,
+		ReadTimeout:       webReadTimeout,
+		WriteTimeout:      webWriteTimeout,
+		IdleTimeout:       webIdleTimeout,
+		ConnState:         limiter.connState,
+		ErrorLog:          errorLog,
+	}
 }

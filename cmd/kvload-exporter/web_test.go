@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
 )
@@ -81,5 +84,136 @@ func TestLandingEscapes(t *testing.T) {
 	}
 	if !strings.Contains(body, "&lt;img src=x&gt;") {
 		t.Errorf("escaped target name missing:\n%s", body)
+	}
+}
+
+// blockingGatherer holds every Gather until release is closed, counting
+// how many run at once.
+type blockingGatherer struct {
+	release chan struct{}
+	mu      sync.Mutex
+	now     int
+	peak    int
+}
+
+func (g *blockingGatherer) Gather() ([]*dto.MetricFamily, error) {
+	g.mu.Lock()
+	g.now++
+	g.peak = max(g.peak, g.now)
+	g.mu.Unlock()
+	<-g.release
+	g.mu.Lock()
+	g.now--
+	g.mu.Unlock()
+	return nil, nil
+}
+
+func (g *blockingGatherer) running() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.now
+}
+
+// TestMetricsScrapeStorm: of 100 concurrent scrapes, 10 are served and the others answered 503 at once, so that a scrape storm takes
+// at most that many goroutines' worth of CPU from the replay.
+func TestMetricsScrapeStorm(t *testing.T) {
+	t.Parallel()
+	// The documented cap (README, docs/reliability.md); it was 40.
+	const scrapers, metricsInFlight = 100, 10
+	g := &blockingGatherer{release: make(chan struct{})}
+	srv := httptest.NewServer(newMux(webDeps{
+		gatherer:      g,
+		telemetryPath: "/metrics",
+		ready:         func() bool { return true },
+		reload:        func(context.Context) error { return nil },
+		landing:       func() landingData { return landingData{} },
+	}))
+	t.Cleanup(srv.Close)
+
+	codes := make(chan int, scrapers)
+	for range scrapers {
+		go func() {
+			resp, err := http.Get(srv.URL + "/metrics")
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	count := map[int]int{}
+	for range scrapers - metricsInFlight {
+		select {
+		case c := <-codes:
+			count[c]++
+		case <-time.After(pollDeadline):
+			close(g.release)
+			t.Fatalf("only %v answered while %d gathers run", count, g.running())
+		}
+	}
+	if count[http.StatusServiceUnavailable] != scrapers-metricsInFlight {
+		t.Errorf("while %d scrapes were held: %v, want %d × 503", metricsInFlight, count, scrapers-metricsInFlight)
+	}
+	if n := g.running(); n != metricsInFlight {
+		t.Errorf("%d gathers running, want %d", n, metricsInFlight)
+	}
+	close(g.release)
+	for range metricsInFlight {
+		count[<-codes]++
+	}
+	if count[http.StatusOK] != metricsInFlight || g.peak != metricsInFlight {
+		t.Errorf("answers %v, at most %d gathers at once; want %d × 200, at most %d at once", count, g.peak, metricsInFlight, metricsInFlight)
+	}
+}
+
+// closeRecorder is a connection that records whether it was closed.
+type closeRecorder struct {
+	net.Conn
+	closed bool
+}
+
+func (c *closeRecorder) Close() error { c.closed = true; return nil }
+
+// TestConnLimiter: past its limit, the limiter closes the connection idle
+// the longest (idle keep-alive or never used), never an active one nor the
+// one just accepted.
+func TestConnLimiter(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		states []http.ConnState // of the connections already open, oldest first
+		closed int              // index closed when one more arrives; -1 none
+	}{
+		{"under the limit", []http.ConnState{http.StateIdle}, -1},
+		{"oldest idle closed", []http.ConnState{http.StateActive, http.StateIdle, http.StateIdle}, 1},
+		{"never-used counts as idle", []http.ConnState{http.StateNew, http.StateIdle, http.StateActive}, 0},
+		{"all active: none closed", []http.ConnState{http.StateActive, http.StateActive, http.StateActive}, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l := newConnLimiter(3)
+			conns := make([]*closeRecorder, len(tt.states))
+			for i, s := range tt.states {
+				conns[i] = &closeRecorder{}
+				l.connState(conns[i], http.StateNew)
+				if s != http.StateNew {
+					l.connState(conns[i], s)
+				}
+				// Distinct, ordered times without sleeping.
+				l.conns[conns[i]].since = time.Unix(int64(i), 0)
+			}
+			fresh := &closeRecorder{}
+			l.connState(fresh, http.StateNew)
+			if fresh.closed {
+				t.Error("the new connection was closed")
+			}
+			for i, c := range conns {
+				if c.closed != (i == tt.closed) {
+					t.Errorf("connection %d (%v) closed: %v", i, tt.states[i], c.closed)
+				}
+			}
+		})
 	}
 }

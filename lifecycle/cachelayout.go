@@ -1,4 +1,4 @@
-package main
+package lifecycle
 
 import (
 	"context"
@@ -52,7 +52,7 @@ func dialectGranularity(dialect string) replay.CacheGranularity {
 // read from the target (all targets at once, each within discoverTimeout).
 // A capacity that is neither is unknown: the model is unbounded and the
 // user is told once, with the key to set.
-func (d *daemon) applyCaches(cfg *config.Config) {
+func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 	next := map[string]targetCache{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -66,7 +66,7 @@ func (d *daemon) applyCaches(cfg *config.Config) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tc := d.settleCache(t, fp)
+			tc := d.settleCache(ctx, t, fp)
 			mu.Lock()
 			next[t.Name] = tc
 			mu.Unlock()
@@ -79,7 +79,7 @@ func (d *daemon) applyCaches(cfg *config.Config) {
 	}
 }
 
-func (d *daemon) settleCache(t *config.Target, fp string) targetCache {
+func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) targetCache {
 	tc := targetCache{fingerprint: fp, params: replay.CacheParams{
 		ServerBlock:    t.Cache.BlockSize.N,
 		CapacityBlocks: t.Cache.CapacityBlocks.N,
@@ -94,8 +94,8 @@ func (d *daemon) settleCache(t *config.Target, fp string) targetCache {
 		var client *http.Client
 		client, err = promconfig.NewClientFromConfig(*t.HTTPClientConfig, "kvload_cache_discovery")
 		if err == nil {
-			ctx, cancel := context.WithTimeout(d.ctx, discoverTimeout)
-			layout, err = kvcapacity.Discover(ctx, client, url, t.Dialect)
+			dctx, cancel := context.WithTimeout(ctx, discoverTimeout)
+			layout, err = kvcapacity.Discover(dctx, client, url, t.Dialect)
 			cancel()
 			client.CloseIdleConnections()
 		}
@@ -123,7 +123,7 @@ func (d *daemon) settleCache(t *config.Target, fp string) targetCache {
 }
 
 // targetBaseURL is where a target answers: its url, or its emulator's.
-func (d *daemon) targetBaseURL(t *config.Target) string {
+func (d *Daemon) targetBaseURL(t *config.Target) string {
 	if t.Emulate != nil {
 		return d.emulatorURL(t.Name)
 	}
@@ -144,7 +144,7 @@ func unreportedAdvice(dialect string) string {
 }
 
 // logUnreported is the collector's NotifyUnreported.
-func (d *daemon) logUnreported(target, dialect string) {
+func (d *Daemon) logUnreported(target, dialect string) {
 	level.Warn(d.logger).Log("msg", "responses carry no cached-token count: their requests count on neither side of the cache efficiency, shown as not reported",
 		"target", target, "what_to_do", unreportedAdvice(dialect))
 }

@@ -1,4 +1,4 @@
-package main
+package lifecycle
 
 import (
 	"context"
@@ -26,7 +26,7 @@ type scraping struct {
 
 // applyScrapers runs one scraper per target with observed: server_metrics
 // and stops those no longer wanted. The reload goroutine owns d.scrapers.
-func (d *daemon) applyScrapers(cfg *config.Config) error {
+func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) error {
 	want := map[string]*config.Target{}
 	for i := range cfg.Targets {
 		if t := &cfg.Targets[i]; t.Cache.Observed == "server_metrics" {
@@ -57,12 +57,12 @@ func (d *daemon) applyScrapers(cfg *config.Config) error {
 		}
 		sc := &collector.ServerScraper{Target: name, URL: url, Dialect: t.Dialect, Client: client, Interval: serverScrapeInterval}
 		// The baseline comes before the target's first request.
-		pctx, pcancel := context.WithTimeout(d.ctx, discoverTimeout)
+		pctx, pcancel := context.WithTimeout(unitCtx, discoverTimeout)
 		if err := sc.Prime(pctx); err != nil {
 			level.Warn(d.logger).Log("msg", "server metrics: no baseline before the first request; hits until the first good scrape are not counted", "target", name, "err", err)
 		}
 		pcancel()
-		ctx, cancel := context.WithCancel(d.ctx)
+		ctx, cancel := context.WithCancel(unitCtx)
 		s := &scraping{fingerprint: fingerprint(t), cancel: cancel, done: make(chan struct{})}
 		d.scrapers[name] = s
 		d.wg.Add(1)
@@ -78,7 +78,7 @@ func (d *daemon) applyScrapers(cfg *config.Config) error {
 }
 
 // stopScrapers ends every scraper (at shutdown).
-func (d *daemon) stopScrapers() {
+func (d *Daemon) stopScrapers() {
 	for name, s := range d.scrapers {
 		s.cancel()
 		<-s.done

@@ -1,12 +1,14 @@
-package main
+package lifecycle
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
@@ -28,7 +30,7 @@ type workloadData struct {
 
 // loadWorkload reads and reshapes a workload's trace. Errors name the file
 // and line.
-func loadWorkload(cfg *config.Config, w *config.Workload) (*workloadData, error) {
+func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload) (*workloadData, error) {
 	path := cfg.TracePath(w)
 	// Only a regular file: opening a named pipe blocks (and with it every
 	// later reload), and a trace is read again at each reload anyway.
@@ -45,7 +47,8 @@ func loadWorkload(cfg *config.Config, w *config.Workload) (*workloadData, error)
 	}
 	sum := sha256.Sum256(raw)
 	// Parse the bytes already read for the fingerprint, not the file again.
-	recs, err := synth.ReadAll(bytes.NewReader(raw), path, synth.ReadOptions{BlockSize: w.BlockSize})
+	// Parsing a big trace takes seconds: the reader lets a shutdown cut it.
+	recs, err := synth.ReadAll(ctxReader{ctx, bytes.NewReader(raw)}, path, synth.ReadOptions{BlockSize: w.BlockSize})
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
@@ -83,6 +86,19 @@ func loadWorkload(cfg *config.Config, w *config.Workload) (*workloadData, error)
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
 	return &workloadData{records: recs, traceHash: hex.EncodeToString(sum[:]), builder: builder}, nil
+}
+
+// ctxReader fails its reads once ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // maxRequestTokens bounds a row's input and output lengths: above any
@@ -149,21 +165,44 @@ func (b *requestBuilder) Build(rec *synth.Record, ns uint64) (replay.Request, er
 
 // gatedObserver forwards to the collector until closed. A unit that a reload
 // changed or removed has its series deleted at once; the requests it still
-// has in flight finish, but must not recreate those series.
+// has in flight finish, but must not recreate those series. close waits
+// for a call under way, so that none lands after the series are deleted.
 type gatedObserver struct {
 	c      *collector.Collector
 	fails  *failureLog // nil: failures are only counted
-	closed atomic.Bool
+	mu     sync.RWMutex
+	closed bool
 }
 
+// close stops forwarding; when it returns no call is forwarding any more.
+func (g *gatedObserver) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}
+
+// open takes the gate for one call; done releases it.
+func (g *gatedObserver) open() bool {
+	g.mu.RLock()
+	if g.closed {
+		g.mu.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (g *gatedObserver) done() { g.mu.RUnlock() }
+
 func (g *gatedObserver) Sent(w, t string, scheduled, sent time.Time) {
-	if !g.closed.Load() {
+	if g.open() {
+		defer g.done()
 		g.c.Sent(w, t, scheduled, sent)
 	}
 }
 
 func (g *gatedObserver) Finished(r *replay.Result) {
-	if !g.closed.Load() {
+	if g.open() {
+		defer g.done()
 		g.c.Finished(r)
 		if g.fails != nil {
 			g.fails.finished(r)
@@ -172,13 +211,15 @@ func (g *gatedObserver) Finished(r *replay.Result) {
 }
 
 func (g *gatedObserver) Dropped(w, t, reason string, scheduled time.Time) {
-	if !g.closed.Load() {
+	if g.open() {
+		defer g.done()
 		g.c.Dropped(w, t, reason, scheduled)
 	}
 }
 
 func (g *gatedObserver) PassCompleted(w, t string, pass int) {
-	if !g.closed.Load() {
+	if g.open() {
+		defer g.done()
 		g.c.PassCompleted(w, t, pass)
 	}
 }

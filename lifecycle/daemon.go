@@ -1,4 +1,8 @@
-package main
+// Package lifecycle owns the daemon's running set: the replay units, the
+// emulated engines and the server-metrics scrapers. One goroutine applies
+// every change to it (the first configuration, reloads asked for by a file
+// change, SIGHUP or HTTP, and the drain at shutdown), one after another.
+package lifecycle
 
 import (
 	"bytes"
@@ -24,11 +28,11 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
-// daemon owns the running configuration: the replay units, one per
-// (workload, target), and the in-process emulated engines. Reloads are
-// serialized by the caller (one goroutine runs reload); landing and ready
-// may be called from any goroutine.
-type daemon struct {
+// Daemon owns the running configuration: the replay units, one per
+// (workload, target), the in-process emulated engines and the scrapers.
+// Only its owner goroutine (started by Start) touches them; Reload, Ready,
+// Status and Done may be called from any goroutine.
+type Daemon struct {
 	logger       log.Logger
 	configFile   string
 	drainTimeout time.Duration
@@ -38,12 +42,18 @@ type daemon struct {
 	anchor time.Time
 	// shard, when set (--shard), replaces every workload's own shard.
 	shard *config.Shard
+	watch bool
+	// beforeApply, when set, runs after a configuration is parsed and before
+	// it is applied: tests make a reload slow with it.
+	beforeApply func(ctx context.Context)
 
-	// ctx is the daemon's lifetime: units and emulators run under it.
-	ctx context.Context
-	wg  sync.WaitGroup // every unit and emulator goroutine, and drains
+	wg sync.WaitGroup // every unit and emulator goroutine, and drains
 
-	// Owned by the reload goroutine.
+	reqs     chan reloadRequest // to the owner goroutine
+	stopping chan struct{}      // closed when the shutdown begins
+	done     chan struct{}      // closed when everything is drained
+
+	// Owned by the owner goroutine.
 	cfgBytes  []byte // the file as last applied
 	badBytes  []byte // the file as last rejected
 	cfg       *config.Config
@@ -55,7 +65,7 @@ type daemon struct {
 	ready   atomic.Bool
 	mu      sync.Mutex // guards the fields below, read by the landing page
 	status  reloadStatus
-	targets []landingTarget
+	targets []Target
 }
 
 type unitKey struct{ workload, target string }
@@ -67,6 +77,9 @@ type unit struct {
 	client      *replay.Client
 	gate        *gatedObserver
 	done        chan struct{} // closed when Run returned
+	// stopping is set before a reload or the shutdown stops the unit, so
+	// that its end is not taken for the end of its trace.
+	stopping atomic.Bool
 }
 
 // emulated is an in-process emulated engine serving one target.
@@ -84,36 +97,61 @@ type reloadStatus struct {
 	err         string
 }
 
-func newDaemon(ctx context.Context, logger log.Logger, configFile string, drain time.Duration, coll *collector.Collector) *daemon {
-	d := &daemon{
-		ctx:          ctx,
+// New returns a daemon that runs nothing yet: see Start.
+func New(o Options) *Daemon {
+	logger := o.Logger
+	if logger == nil {
+		logger = log.NewNopLogger()
+	}
+	d := &Daemon{
 		logger:       logger,
-		configFile:   configFile,
-		drainTimeout: drain,
-		coll:         coll,
+		configFile:   o.ConfigFile,
+		drainTimeout: o.DrainTimeout,
+		coll:         o.Collector,
+		shard:        o.Shard,
+		watch:        o.Watch,
+		beforeApply:  o.beforeApply,
 		anchor:       time.Unix(0, 0),
 		units:        map[unitKey]*unit{},
 		emulators:    map[string]*emulated{},
 		scrapers:     map[string]*scraping{},
 		caches:       map[string]targetCache{},
+		reqs:         make(chan reloadRequest),
+		stopping:     make(chan struct{}),
+		done:         make(chan struct{}),
 	}
-	coll.NotifyUnreported = d.logUnreported
+	if d.coll != nil {
+		d.coll.NotifyUnreported = d.logUnreported
+	}
 	return d
 }
 
-// reload reads the configuration file and applies it. With force false an
-// unchanged file is a no-op (the watcher fires for any file of the
-// directory). A bad configuration leaves the running one in place.
-func (d *daemon) reload(force bool) error {
+// reload reads the configuration file and applies it; units run under
+// unitCtx. With force false an unchanged file is a no-op (the watcher fires
+// for any file of the directory). A bad configuration leaves the running
+// one in place. Once ctx is done (shutdown) it applies nothing.
+func (d *Daemon) reload(ctx, unitCtx context.Context, force bool) error {
+	if ctx.Err() != nil {
+		return ErrShuttingDown
+	}
 	data, err := os.ReadFile(d.configFile)
-	if err == nil && !force && d.cfg != nil && (bytes.Equal(data, d.cfgBytes) || bytes.Equal(data, d.badBytes)) {
+	// The running bytes are "unchanged" only while the last reload
+	// succeeded: a file restored after a rejected edit is applied again,
+	// which sets the gauge back to 1.
+	if err == nil && !force && d.cfg != nil && ((d.status.ok && bytes.Equal(data, d.cfgBytes)) || bytes.Equal(data, d.badBytes)) {
 		return nil // nothing new: another file of the directory changed
 	}
 	if err == nil {
-		err = d.apply(data)
+		err = d.apply(ctx, unitCtx, data)
+	}
+	if ctx.Err() != nil {
+		// Cut short by the shutdown: neither a success nor the file's fault.
+		return fmt.Errorf("%w: reload abandoned", ErrShuttingDown)
 	}
 	if err != nil {
 		d.badBytes = data
+	} else {
+		d.badBytes = nil // rejected bytes written again are news again
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -132,9 +170,20 @@ func (d *daemon) reload(force bool) error {
 	return nil
 }
 
+// Check reads the configuration file and everything it references, as a
+// reload would, and returns every problem it finds.
+func Check(path string) error {
+	data, err := os.ReadFile(path)
+	if err == nil {
+		_, _, err = loadConfig(context.Background(), path, data)
+	}
+	return err
+}
+
 // loadConfig parses a configuration and everything it references (traces,
-// tokenizers), reporting every problem it finds.
-func loadConfig(path string, data []byte) (*config.Config, map[string]*workloadData, error) {
+// tokenizers), reporting every problem it finds. It gives up when ctx is
+// done.
+func loadConfig(ctx context.Context, path string, data []byte) (*config.Config, map[string]*workloadData, error) {
 	cfg, err := config.ParseFile(path, data)
 	if err != nil {
 		return nil, nil, err
@@ -143,7 +192,10 @@ func loadConfig(path string, data []byte) (*config.Config, map[string]*workloadD
 	loaded := map[string]*workloadData{}
 	for i := range cfg.Workloads {
 		w := &cfg.Workloads[i]
-		wd, err := loadWorkload(cfg, w)
+		wd, err := loadWorkload(ctx, cfg, w)
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -185,16 +237,29 @@ func loadConfig(path string, data []byte) (*config.Config, map[string]*workloadD
 // apply makes the running state match data: unchanged units keep running
 // (and keep their trace position), changed and removed ones stop at once
 // and drain in the background, new ones start.
-func (d *daemon) apply(data []byte) error {
-	cfg, loaded, err := loadConfig(d.configFile, data)
+func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
+	cfg, loaded, err := loadConfig(ctx, d.configFile, data)
 	if err != nil {
 		return err
 	}
-	if err := d.applyEmulators(cfg); err != nil {
+	if d.beforeApply != nil {
+		d.beforeApply(ctx)
+	}
+	if err := ctx.Err(); err != nil {
+		return err // shutting down: start nothing
+	}
+	running := map[string]bool{} // workloads with a unit before this apply
+	for k := range d.units {
+		running[k.workload] = true
+	}
+	if err := d.applyEmulators(unitCtx, cfg); err != nil {
 		return err
 	}
-	d.applyCaches(cfg)
-	if err := d.applyScrapers(cfg); err != nil {
+	d.applyCaches(unitCtx, cfg)
+	// The collector learns each target's mode before any request or
+	// scrape of it, so that none is counted under the wrong one.
+	d.publishTargets(cfg)
+	if err := d.applyScrapers(unitCtx, cfg); err != nil {
 		return err
 	}
 
@@ -211,6 +276,15 @@ func (d *daemon) apply(data []byte) error {
 			d.stopUnit(k, u)
 		}
 	}
+	// A workload none of whose units survived starts over from pass 0: its
+	// pass count must too, or kvload_trace_loops_total stalls until the new
+	// units catch up with the old count.
+	for k := range d.units {
+		delete(running, k.workload)
+	}
+	for w := range running {
+		d.coll.ForgetWorkload(w)
+	}
 	var errs []error
 	tokenizers := map[string]synth.Tokenizer{}
 	for i := range cfg.Workloads {
@@ -221,7 +295,7 @@ func (d *daemon) apply(data []byte) error {
 				continue
 			}
 			t, _ := cfg.Target(tn)
-			u, err := d.startUnit(w, t, loaded[w.Name], tokenizers, want[k])
+			u, err := d.startUnit(unitCtx, w, t, loaded[w.Name], tokenizers, want[k])
 			if err != nil {
 				errs = append(errs, fmt.Errorf("workload %s, target %s: %w", w.Name, tn, err))
 				continue
@@ -229,13 +303,12 @@ func (d *daemon) apply(data []byte) error {
 			d.units[k] = u
 		}
 	}
-	d.publishTargets(cfg)
 	d.cfg, d.cfgBytes = cfg, data
 	level.Info(d.logger).Log("msg", "configuration applied", "file", d.configFile, "units", len(d.units))
 	return errors.Join(errs...)
 }
 
-func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]synth.Tokenizer, fp string) (*unit, error) {
+func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]synth.Tokenizer, fp string) (*unit, error) {
 	url := t.URL
 	if t.Emulate != nil {
 		url = d.emulatorURL(t.Name)
@@ -316,8 +389,11 @@ func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadDat
 	go func() {
 		defer d.wg.Done()
 		defer close(u.done)
-		if err := wl.Run(d.ctx); err != nil {
+		if err := wl.Run(ctx); err != nil {
 			level.Error(logger).Log("msg", "replay stopped", "err", err)
+		} else if w.Loop == "once" && !u.stopping.Load() {
+			// Run returned by itself: the single pass is sent and drained.
+			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", len(wd.records))
 		}
 	}()
 	level.Info(logger).Log("msg", "replay started", "rows", len(wd.records))
@@ -326,9 +402,10 @@ func (d *daemon) startUnit(w *config.Workload, t *config.Target, wd *workloadDat
 
 // stopUnit stops dispatching at once, deletes the unit's series, and drains
 // its in-flight requests in the background (cut at the drain timeout).
-func (d *daemon) stopUnit(k unitKey, u *unit) {
+func (d *Daemon) stopUnit(k unitKey, u *unit) {
 	delete(d.units, k)
-	u.gate.closed.Store(true)
+	u.stopping.Store(true)
+	u.gate.close() // no late call recreates the series deleted next
 	d.coll.Forget(k.workload, k.target)
 	d.wg.Add(1)
 	go func() {
@@ -342,7 +419,7 @@ func (d *daemon) stopUnit(k unitKey, u *unit) {
 
 // applyEmulators starts the emulated engines the configuration asks for and
 // stops those it no longer does (or asks for differently).
-func (d *daemon) applyEmulators(cfg *config.Config) error {
+func (d *Daemon) applyEmulators(unitCtx context.Context, cfg *config.Config) error {
 	for name, e := range d.emulators {
 		t, ok := cfg.Target(name)
 		if !ok || t.Emulate == nil || cfg.Fingerprint("target", name) != e.fingerprint {
@@ -373,7 +450,7 @@ func (d *daemon) applyEmulators(cfg *config.Config) error {
 		if err != nil {
 			return fmt.Errorf("target %s: emulate: %w", t.Name, err)
 		}
-		ctx, cancel := context.WithCancel(d.ctx)
+		ctx, cancel := context.WithCancel(unitCtx)
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			cancel()
@@ -413,21 +490,21 @@ func freshWorkloadOf(cfg *config.Config, target string) string {
 	return ""
 }
 
-func (d *daemon) emulatorURL(target string) string {
+func (d *Daemon) emulatorURL(target string) string {
 	if e := d.emulators[target]; e != nil {
 		return e.url
 	}
 	return ""
 }
 
-func (d *daemon) publishTargets(cfg *config.Config) {
+func (d *Daemon) publishTargets(cfg *config.Config) {
 	seen := map[string]bool{}
-	targets := make([]landingTarget, 0, len(cfg.Targets))
+	targets := make([]Target, 0, len(cfg.Targets))
 	for _, t := range cfg.Targets {
 		d.coll.SetTarget(t.Name, t.Model, t.API, t.Dialect, t.Cache.Observed)
 		seen[t.Name] = true
 		tc := d.caches[t.Name]
-		targets = append(targets, landingTarget{Name: t.Name, Model: t.Model, API: t.API, Dialect: t.Dialect,
+		targets = append(targets, Target{Name: t.Name, Model: t.Model, API: t.API, Dialect: t.Dialect,
 			BlockSize: tc.params.ServerBlock, CapacityBlocks: tc.params.CapacityBlocks, CapacityKnown: tc.known, CacheNote: tc.note})
 	}
 	if d.cfg != nil {
@@ -454,10 +531,12 @@ func (d *daemon) publishTargets(cfg *config.Config) {
 
 // shutdown stops every unit, letting in-flight requests finish for up to the
 // drain timeout (their results are still counted), then the emulators.
-func (d *daemon) shutdown() {
+func (d *Daemon) shutdown() {
+	close(d.stopping) // every later reload request sees it
 	d.ready.Store(false)
 	var wg sync.WaitGroup
 	for _, u := range d.units {
+		u.stopping.Store(true)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -475,15 +554,33 @@ func (d *daemon) shutdown() {
 	d.wg.Wait()
 }
 
-func (d *daemon) landing() landingData {
+// Status is what the landing page shows of the daemon.
+type Status struct {
+	ConfigFile  string
+	ReloadOK    bool
+	LastReload  time.Time // last successful (re)load
+	ReloadError string    // why the last reload failed; never holds a secret
+	Targets     []Target
+}
+
+// Target is a configured target as the landing page lists it.
+type Target struct {
+	Name, Model, API, Dialect string
+	// The cache the target's theoretical model stands for.
+	BlockSize, CapacityBlocks int
+	CapacityKnown             bool
+	CacheNote                 string
+}
+
+// Status may be called from any goroutine.
+func (d *Daemon) Status() Status {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return landingData{
+	return Status{
 		ConfigFile:  d.configFile,
 		ReloadOK:    d.status.ok,
 		LastReload:  d.status.lastSuccess,
 		ReloadError: d.status.err,
-		Rows:        d.coll.Status(),
 		Targets:     d.targets,
 	}
 }

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// process is the program re-executed as a child, as main runs it.
+type process struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	base   string        // http://127.0.0.1:PORT, once listening
+	exited chan struct{} // closed once err is set
+	err    error
+}
+
+// startProcess runs the program with args; the test's cleanup kills it if
+// it is still running.
+func startProcess(t *testing.T, args ...string) *process {
+	t.Helper()
+	return startProcessEnv(t, nil, args...)
+}
+
+// startProcessEnv is startProcess with more environment variables.
+func startProcessEnv(t *testing.T, env []string, args ...string) *process {
+	t.Helper()
+	p := &process{stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p.cmd = exec.Command(os.Args[0], args...)
+	p.cmd.Env = append(append(os.Environ(), runMainEnv+"=1"), env...)
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	return p
+}
+
+// waitListening waits for the address the process bound.
+func (p *process) waitListening(t *testing.T) {
+	t.Helper()
+	eventually(t, "process listening", func() (bool, string) {
+		select {
+		case <-p.exited:
+			t.Fatalf("exited before listening (%v):\n%s", p.err, p.stderr.String())
+		default:
+		}
+		m := listenRE.FindStringSubmatch(p.stderr.String())
+		if m == nil {
+			return false, p.stderr.String()
+		}
+		p.base = "http://" + m[1]
+		return true, ""
+	})
+}
+
+func (p *process) signal(t *testing.T, sig os.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// steadyTrace writes a trace of rows every 20 ms: replayed with loop:
+// repeat, a request leaves every 20 ms for as long as the workload runs.
+func steadyTrace(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "steady.jsonl")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for i := range 50 {
+		fmt.Fprintf(f, `{"timestamp": %d, "input_length": 20, "output_length": 1, "hash_ids": [%d, %d]}`+"\n", i*20, 2*i+1, 2*i+2)
+	}
+	return path
+}
+
+// bigTrace writes a trace of rows rows, to make a reload take time: 500,000
+// take about a second to parse (more under the race detector).
+func bigTrace(t *testing.T, dir string, rows int) string {
+	t.Helper()
+	path := filepath.Join(dir, "big.jsonl")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := bufio.NewWriter(f)
+	for i := range rows {
+		fmt.Fprintf(w, `{"timestamp": %d, "input_length": 64, "output_length": 1, "hash_ids": [%d, %d, %d, %d]}`+"\n", i*10, 4*i+1, 4*i+2, 4*i+3, 4*i+4)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// raceConfig replays the steady trace for ever against srvURL/model; with
+// big set, a second workload replays that trace too.
+func raceConfig(srvURL, model, steady, big string) string {
+	cfg := fmt.Sprintf(`targets:
+  - {name: t, url: %s, model: %s, dialect: vllm}
+workloads:
+  - {name: steady, trace: %s, targets: [t], block_size: 16, loop: repeat}
+`, srvURL, model, steady)
+	if big != "" {
+		cfg += fmt.Sprintf("  - {name: big, trace: %s, targets: [t], block_size: 16, loop: fresh}\n", big)
+	}
+	return cfg
+}
+
+// TestDaemonSIGTERMRacesReload: a SIGTERM close to a reload (just after a
+// SIGHUP, just before one, 0.3 s into a slow one) still ends the process:
+// it exits 0 within the drain timeout plus 1 s, and no request leaves more
+// than 0.5 s after the SIGTERM. (The old daemon drained while its reload
+// goroutine was still applying the new configuration: the units it then
+// started were never stopped, and the process ran on, sending, for ever.)
+func TestDaemonSIGTERMRacesReload(t *testing.T) {
+	t.Parallel()
+	const (
+		drain       = 2 * time.Second
+		exitBound   = drain + time.Second
+		lastRequest = 500 * time.Millisecond
+	)
+	tests := []struct {
+		name string
+		rows int // of the trace the reload adds
+		// provoke sends the signals; it returns when SIGTERM was sent.
+		provoke func(t *testing.T, p *process) time.Time
+	}{
+		{"SIGHUP then SIGTERM", 20_000, func(t *testing.T, p *process) time.Time {
+			p.signal(t, syscall.SIGHUP)
+			now := time.Now()
+			p.signal(t, syscall.SIGTERM)
+			return now
+		}},
+		{"SIGTERM then SIGHUP", 20_000, func(t *testing.T, p *process) time.Time {
+			now := time.Now()
+			p.signal(t, syscall.SIGTERM)
+			p.signal(t, syscall.SIGHUP)
+			return now
+		}},
+		{"SIGTERM 0.3 s into a slow reload", 500_000, func(t *testing.T, p *process) time.Time {
+			p.signal(t, syscall.SIGHUP)
+			eventually(t, "the reload begun", func() (bool, string) {
+				return strings.Contains(p.stderr.String(), `msg="SIGHUP: reloading"`), ""
+			})
+			// The stimulus's timing, not a synchronisation: the reload
+			// parses for a second or more.
+			<-time.After(300 * time.Millisecond)
+			now := time.Now()
+			p.signal(t, syscall.SIGTERM)
+			return now
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			// Every answer takes 300 ms, so that requests are in flight when
+			// the signals come and the drain lasts a while.
+			srv := newFakeServer(t, func(f *fakeServer) {
+				f.fail = func(r *http.Request, _ int) (int, string) {
+					select {
+					case <-time.After(300 * time.Millisecond):
+					case <-r.Context().Done():
+					}
+					return 0, ""
+				}
+			})
+			steady := steadyTrace(t, dir)
+			path := filepath.Join(dir, "kvload.yml")
+			writeConfig(t, path, raceConfig(srv.URL, "a", steady, ""))
+			p := startProcess(t, "--config.file="+path, "--web.listen-address=127.0.0.1:0",
+				"--shutdown.drain-timeout="+drain.String())
+			p.waitListening(t)
+			eventually(t, "requests flowing", func() (bool, string) {
+				_, n := srv.lastArrival()
+				return n >= 5, fmt.Sprint(n, " requests")
+			})
+
+			// A changed configuration, so that the reload stops and starts
+			// units, and takes a while parsing a new trace.
+			writeConfig(t, path, raceConfig(srv.URL, "b", steady, bigTrace(t, dir, tt.rows)))
+			sigterm := tt.provoke(t, p)
+
+			select {
+			case <-p.exited:
+				took := time.Since(sigterm)
+				last, _ := srv.lastArrival()
+				t.Logf("exited %v after SIGTERM; last request %v after it", took.Round(time.Millisecond), last.Sub(sigterm).Round(time.Millisecond))
+				if took > exitBound {
+					t.Errorf("exited %v after SIGTERM, want within %v", took, exitBound)
+				}
+				if p.err != nil {
+					t.Errorf("exit: %v, want status 0\n%s", p.err, p.stderr.String())
+				}
+			case <-time.After(exitBound):
+				t.Fatalf("still running %v after SIGTERM:\n%s", exitBound, p.stderr.String())
+			}
+			if last, _ := srv.lastArrival(); last.Sub(sigterm) > lastRequest {
+				t.Errorf("a request arrived %v after SIGTERM, want at most %v", last.Sub(sigterm), lastRequest)
+			}
+		})
+	}
+}
+
+// TestDaemonSIGTERMDuringFirstLoad: a SIGTERM 0.3 s into the first load of
+// a big trace ends the process at once, exit 0, without a request sent.
+// (The old daemon finished loading, started every unit, sent the rows due
+// at once, and only then drained.)
+func TestDaemonSIGTERMDuringFirstLoad(t *testing.T) {
+	t.Parallel()
+	const drain = 2 * time.Second
+	dir := t.TempDir()
+	srv := newFakeServer(t, nil)
+	path := filepath.Join(dir, "kvload.yml")
+	writeConfig(t, path, raceConfig(srv.URL, "a", steadyTrace(t, dir), bigTrace(t, dir, 500_000)))
+	p := startProcess(t, "--config.file="+path, "--web.listen-address=127.0.0.1:0",
+		"--shutdown.drain-timeout="+drain.String())
+	eventually(t, "the first load begun", func() (bool, string) {
+		return strings.Contains(p.stderr.String(), `msg="starting kvload-exporter"`), p.stderr.String()
+	})
+	// The stimulus's timing, not a synchronisation: the load parses for a
+	// second or more.
+	<-time.After(300 * time.Millisecond)
+	sigterm := time.Now()
+	p.signal(t, syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		took := time.Since(sigterm)
+		t.Logf("exited %v after SIGTERM", took.Round(time.Millisecond))
+		if took > drain+time.Second {
+			t.Errorf("exited %v after SIGTERM, want within %v", took, drain+time.Second)
+		}
+		if p.err != nil {
+			t.Errorf("exit: %v, want status 0\n%s", p.err, p.stderr.String())
+		}
+	case <-time.After(drain + time.Second):
+		t.Fatalf("still running %v after SIGTERM:\n%s", drain+time.Second, p.stderr.String())
+	}
+	if _, n := srv.lastArrival(); n != 0 {
+		t.Errorf("%d requests sent, want none", n)
+	}
+}

@@ -1,0 +1,148 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/go-kit/log"
+	"github.com/go-kit/log/level"
+
+	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/config"
+)
+
+// reloadDebounce is how long the config directory must be quiet before a
+// change is applied: editors and ConfigMap updates write several times.
+const reloadDebounce = 500 * time.Millisecond
+
+// ErrShuttingDown answers a reload asked for once the shutdown has begun:
+// nothing is applied.
+var ErrShuttingDown = errors.New("shutting down")
+
+// Options configure a Daemon.
+type Options struct {
+	Logger     log.Logger // nil: no log
+	ConfigFile string
+	// DrainTimeout bounds how long requests in flight may finish when a
+	// unit stops (reload or shutdown).
+	DrainTimeout time.Duration
+	Collector    *collector.Collector
+	// Shard, when set (--shard), replaces every workload's own shard.
+	Shard *config.Shard
+	// Watch reloads when the configuration file changes.
+	Watch bool
+
+	beforeApply func(ctx context.Context) // tests only
+}
+
+// reloadRequest is a reload waiting for the owner goroutine.
+type reloadRequest struct {
+	force bool
+	reply chan error // buffered: the owner never waits for the asker
+}
+
+// Start applies the configuration file and starts the owner goroutine,
+// which applies reloads until ctx is done and then drains: not ready, no
+// more dispatch, requests in flight finish within the drain timeout, then
+// the scrapers and emulated engines stop. Done is closed when all is over.
+// An error means nothing runs (and Done is closed); it wraps
+// ErrShuttingDown when ctx ended during the first load.
+func (d *Daemon) Start(ctx context.Context) error {
+	// Units outlive ctx: their requests in flight finish during the drain.
+	unitCtx, cancelUnits := context.WithCancel(context.WithoutCancel(ctx))
+
+	// Watching starts before the first load, so that an edit made during
+	// it is not lost.
+	var fileChanged chan struct{}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	if d.watch {
+		w, err := config.NewWatcher(d.configFile)
+		if err != nil {
+			level.Warn(d.logger).Log("msg", "configuration file changes will not be seen; SIGHUP and /-/reload still work", "err", err)
+			close(watchDone)
+		} else {
+			fileChanged = make(chan struct{}, 1)
+			go func() {
+				defer close(watchDone)
+				w.Run(watchCtx, reloadDebounce, func() {
+					select {
+					case fileChanged <- struct{}{}:
+					default: // a reload is already pending
+					}
+				})
+			}()
+		}
+	} else {
+		close(watchDone)
+	}
+
+	if err := d.reload(ctx, unitCtx, true); err != nil {
+		stopWatch()
+		<-watchDone
+		d.shutdown()
+		cancelUnits()
+		close(d.done)
+		return err
+	}
+	d.ready.Store(true)
+	go func() {
+		defer close(d.done)
+		defer cancelUnits()
+		d.own(ctx, unitCtx, fileChanged)
+		stopWatch()
+		<-watchDone
+	}()
+	return nil
+}
+
+// own is the owner goroutine's loop: every change to the running set is
+// made here, in the order asked.
+func (d *Daemon) own(ctx, unitCtx context.Context, fileChanged <-chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			d.shutdown()
+			return
+		case <-fileChanged:
+			d.reload(ctx, unitCtx, false)
+		case req := <-d.reqs:
+			req.reply <- d.reload(ctx, unitCtx, req.force)
+		}
+	}
+}
+
+// Reload asks the owner goroutine to read and apply the configuration file
+// and waits for the outcome. After the shutdown began it returns
+// ErrShuttingDown and changes nothing.
+func (d *Daemon) Reload(ctx context.Context) error { return d.request(ctx, true) }
+
+// request is a reload; force false skips a file whose bytes are known.
+func (d *Daemon) request(ctx context.Context, force bool) error {
+	select {
+	case <-d.stopping:
+		return ErrShuttingDown
+	default:
+	}
+	req := reloadRequest{force: force, reply: make(chan error, 1)}
+	select {
+	case d.reqs <- req:
+	case <-d.stopping:
+		return ErrShuttingDown
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-req.reply:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Ready tells whether the configuration is applied and no shutdown began.
+func (d *Daemon) Ready() bool { return d.ready.Load() }
+
+// Done is closed once the daemon has drained and stopped everything.
+func (d *Daemon) Done() <-chan struct{} { return d.done }
