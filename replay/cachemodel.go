@@ -54,7 +54,7 @@ type CacheModel struct {
 	cache *idealCache
 	start modelPos              // the first row this replica sends; rows before it are assumed sent
 	cur   modelPos              // next row of the fleet schedule to simulate
-	ahead   map[modelPos]admitted // own rows simulated but not yet asked about
+	ahead map[modelPos]admitted // own rows simulated but not yet asked about
 }
 
 // modelPos is a row of a pass by its place in the fleet schedule.
