@@ -37,19 +37,20 @@ type ServerScraper struct {
 	Client   *http.Client
 	Interval time.Duration
 
-	last float64
-	seen bool
+	last      float64
+	lastStart float64 // the server's process_start_time_seconds, 0 if it has none
+	seen      bool
 }
 
 // Prime takes the counter's baseline now, so that what the server counted
 // before this exporter sent anything is not credited to it. Call it before
 // the first request goes out; Run then goes on from there.
 func (s *ServerScraper) Prime(ctx context.Context) error {
-	v, err := s.read(ctx)
+	v, start, err := s.read(ctx)
 	if err != nil {
 		return err
 	}
-	s.delta(v)
+	s.delta(v, start)
 	return nil
 }
 
@@ -71,51 +72,60 @@ func (s *ServerScraper) Run(ctx context.Context, c *Collector, onError func(erro
 }
 
 func (s *ServerScraper) scrapeOnce(ctx context.Context, c *Collector) error {
-	v, err := s.read(ctx)
+	v, start, err := s.read(ctx)
 	if err != nil {
 		return err
 	}
-	c.AddServerCached(s.Target, s.delta(v))
+	c.AddServerCached(s.Target, s.delta(v, start))
 	return nil
 }
 
-// delta is the counter's increase since the last scrape; a decrease means
-// the server restarted and its counter began again from zero. The first
-// scrape only sets the baseline: what the server counted before the
-// exporter started is not ours.
-func (s *ServerScraper) delta(v float64) float64 {
+// delta is the counter's increase since the last scrape. A restarted
+// server's counter began again from zero: a new process start time says so
+// (even when the new count has already passed the old one), and so does a
+// decrease. The first scrape only sets the baseline: what the server
+// counted before the exporter started is not ours.
+func (s *ServerScraper) delta(v, start float64) float64 {
 	var d float64
 	switch {
 	case !s.seen:
-	case v < s.last:
+	case start != s.lastStart && start != 0 && s.lastStart != 0, v < s.last:
 		d = v
 	default:
 		d = v - s.last
 	}
-	s.last, s.seen = v, true
+	s.last, s.lastStart, s.seen = v, start, true
 	return d
 }
 
-func (s *ServerScraper) read(ctx context.Context) (float64, error) {
+// read returns the cached-token count and the server's process start time
+// (0 when it exports none).
+func (s *ServerScraper) read(ctx context.Context) (float64, float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
 	if err != nil {
-		return 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
+		return 0, 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
 	req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
 	resp, err := s.Client.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
+		return 0, 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("target %s: server metrics: HTTP %d", s.Target, resp.StatusCode)
+		return 0, 0, fmt.Errorf("target %s: server metrics: HTTP %d", s.Target, resp.StatusCode)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, maxMetricsBytes))
 	if err != nil {
-		return 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
+		return 0, 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
-	return cachedTokens(mfs, s.Dialect, s.Target)
+	v, err := cachedTokens(mfs, s.Dialect, s.Target)
+	var start float64
+	if mf := mfs["process_start_time_seconds"]; mf != nil && len(mf.GetMetric()) > 0 {
+		m := mf.GetMetric()[0]
+		start = m.GetGauge().GetValue() + m.GetUntyped().GetValue()
+	}
+	return v, start, err
 }
 
 // cachedTokens sums the dialect's cached-token metric over all its series

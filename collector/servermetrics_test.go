@@ -35,7 +35,7 @@ func TestServerScraperDialects(t *testing.T) {
 			}))
 			defer srv.Close()
 			s := &ServerScraper{Target: "t", URL: srv.URL, Dialect: tt.dialect, Client: srv.Client()}
-			got, err := s.read(context.Background())
+			got, _, err := s.read(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -52,22 +52,26 @@ func TestServerScraperMissingMetric(t *testing.T) {
 	}))
 	defer srv.Close()
 	s := &ServerScraper{Target: "t", URL: srv.URL, Dialect: "vllm", Client: srv.Client()}
-	if _, err := s.read(context.Background()); err == nil || !strings.Contains(err.Error(), "vllm:prefix_cache_hits_total") {
+	if _, _, err := s.read(context.Background()); err == nil || !strings.Contains(err.Error(), "vllm:prefix_cache_hits_total") {
 		t.Fatalf("err = %v", err)
 	}
 }
 
 func TestServerScraperDelta(t *testing.T) {
 	s := &ServerScraper{}
-	for i, step := range []struct{ value, want float64 }{
-		{1000, 0}, // baseline: what the server counted before we started is not ours
-		{1500, 500},
-		{1500, 0},
-		{200, 200}, // restart: the counter began again
-		{260, 60},
+	for i, step := range []struct{ value, start, want float64 }{
+		{1000, 10, 0}, // baseline: what the server counted before we started is not ours
+		{1500, 10, 500},
+		{1500, 10, 0},
+		{200, 10, 200}, // restart seen by the decrease: the counter began again
+		{260, 10, 60},
+		{900, 99, 900}, // restart seen by the start time, the new count already past the old
+		{950, 99, 50},
+		{960, 0, 10},  // a server without a start time
+		{100, 0, 100}, // then only a decrease tells
 	} {
-		if got := s.delta(step.value); got != step.want {
-			t.Errorf("step %d: delta(%v) = %v, want %v", i, step.value, got, step.want)
+		if got := s.delta(step.value, step.start); got != step.want {
+			t.Errorf("step %d: delta(%v, %v) = %v, want %v", i, step.value, step.start, got, step.want)
 		}
 	}
 }

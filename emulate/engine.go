@@ -384,6 +384,12 @@ func (e *Engine) registerMetrics() error {
 	if e.cfg.Engine == PersonalityVLLM {
 		export = append(export, e.cacheConfigInfo())
 	}
+	// A real server's process start time (vLLM's Python client exports
+	// it): a scraper tells an engine restart by it, even when the new
+	// counters have already passed the old values.
+	started := prometheus.NewGauge(prometheus.GaugeOpts{Name: "process_start_time_seconds", Help: "When the engine started, in seconds since the epoch."})
+	started.Set(float64(e.now().UnixNano()) / 1e9)
+	export = append(export, started)
 	for _, c := range export {
 		if err := e.reg.Register(c); err != nil {
 			return fmt.Errorf("emulate: register metrics: %w", err)
