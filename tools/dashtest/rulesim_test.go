@@ -57,8 +57,9 @@ func (r *recorder) ruleTime(i int) time.Duration {
 }
 
 // scrape fetches /metrics once (text format, so histograms arrive as their
-// classic _bucket/_sum/_count series) and stores every sample at the next
-// scrape's rule time, with the job and instance labels a scrape adds.
+// classic _bucket/_sum/_count series) and stores every sample at rule time
+// i × compression (i this scrape's index), with the job and instance labels
+// a Prometheus scrape adds.
 func (r *recorder) scrape(ctx context.Context) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.url, nil)
 	if err != nil {
@@ -193,16 +194,16 @@ func evaluateRules(ctx context.Context, files []string, st storage.Storage, last
 	query := func(expr string, ts time.Time) (float64, error) {
 		q, err := engine.NewInstantQuery(ctx, st, nil, expr+sel, ts)
 		if err != nil {
-			return 0, err
+			return 0, fmt.Errorf("%s: %w", expr, err)
 		}
 		defer q.Close()
 		res := q.Exec(ctx)
 		if res.Err != nil {
-			return 0, res.Err
+			return 0, fmt.Errorf("%s at %v: %w", expr, ts.Sub(ruleEpoch), res.Err)
 		}
 		v, err := res.Vector()
 		if err != nil {
-			return 0, err
+			return 0, fmt.Errorf("%s: %w", expr, err)
 		}
 		switch len(v) {
 		case 0:
@@ -226,10 +227,10 @@ func evaluateRules(ctx context.Context, files []string, st storage.Storage, last
 		}
 		s := ruleStep{at: at, states: map[string]rules.AlertState{}}
 		var err error
-		if s.efficiency, err = query("workload_target:kvload_cache_efficiency:ratio_rate5m", ts); err != nil {
+		if s.efficiency, err = query(efficiencyRule, ts); err != nil {
 			return nil, err
 		}
-		if s.contrast, err = query("workload_target:kvload_cache_ttft_contrast:ratio_rate5m", ts); err != nil {
+		if s.contrast, err = query(contrastRule, ts); err != nil {
 			return nil, err
 		}
 		for name, a := range watched {
