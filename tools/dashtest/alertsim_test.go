@@ -122,37 +122,37 @@ func TestAlertScenarios(t *testing.T) {
 
 	scenarios := []alertScenario{
 		{name: "healthy", span: 30 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
-			r.neverActive(t, hitRegression, 0)
-			r.neverActive(t, contrastLost, 0)
+			r.neverActive(t, hitRegression)
+			r.neverActive(t, contrastLost)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
 		{name: "cache disabled", change: `{"enabled": false}`, span: 27 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			r.firesAfterChange(t, hitRegression, r.hitHold)
-			r.neverActive(t, contrastLost, 0)
+			r.neverActive(t, contrastLost)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
 		{name: "capacity cut", change: fmt.Sprintf(`{"capacity_blocks": %d}`, cut), span: 27 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			r.firesAfterChange(t, hitRegression, r.hitHold)
-			r.neverActive(t, contrastLost, 0)
+			r.neverActive(t, contrastLost)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
 		{name: "flush", change: `{"flush": true}`, span: 35 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			r.neverFiring(t, hitRegression)
-			r.neverActive(t, contrastLost, 0)
+			r.neverActive(t, contrastLost)
 			r.logDip(t)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
 		{name: "silent target, cache disabled", emulate: silent, change: `{"enabled": false}`, span: 27 * time.Minute,
 			check: func(t *testing.T, r *scenarioResult) {
 				r.firesAfterChange(t, contrastLost, r.contrastHold)
-				r.neverActive(t, hitRegression, 0)
+				r.neverActive(t, hitRegression)
 				r.efficiencyAbsent(t)
 				r.logContrast(t)
 				r.whatIf(t, r.contrastWhatIf())
 			}},
 		{name: "silent target, healthy", emulate: silent, span: 30 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
-			r.neverActive(t, contrastLost, 0)
-			r.neverActive(t, hitRegression, 0)
+			r.neverActive(t, contrastLost)
+			r.neverActive(t, hitRegression)
 			r.efficiencyAbsent(t)
 			r.logContrast(t)
 			r.whatIf(t, r.contrastWhatIf())
@@ -305,9 +305,9 @@ func (r *scenarioResult) first(alert, state string, from time.Duration) (time.Du
 	return 0, false
 }
 
-func (r *scenarioResult) neverActive(t *testing.T, alert string, from time.Duration) {
+func (r *scenarioResult) neverActive(t *testing.T, alert string) {
 	t.Helper()
-	if at, ok := r.first(alert, "active", from); ok {
+	if at, ok := r.first(alert, "active", 0); ok {
 		t.Errorf("%s %s at %v, want never pending or firing", alert, r.stateAt(alert, at), at)
 	}
 }
@@ -485,8 +485,8 @@ func (r *scenarioResult) logContrast(t *testing.T) {
 			after = append(after, s.contrast) // the window past the change
 		}
 	}
-	t.Logf("TTFT contrast: median %.3f up to %v (%d steps), %.3f from %v (%d steps)",
-		median(before), split, len(before), median(after), split+rateWindow, len(after))
+	t.Logf("TTFT contrast (alert above %g): median %.3f up to %v (%d steps), %.3f from %v (%d steps)",
+		r.contrastThreshold, median(before), split, len(before), median(after), split+rateWindow, len(after))
 }
 
 func median(v []float64) float64 {
