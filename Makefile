@@ -37,7 +37,7 @@ SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492d
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
 .PHONY: all build release run test test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench tokenizers clean \
-        prometheus test-rules test-dashboards test-prometheus vulncheck
+        prometheus test-rules test-dashboards test-prometheus test-alerts vulncheck
 
 all: build
 
@@ -61,7 +61,7 @@ run:
 	$(GO) run ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
-test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-rules test-dashboards test-prometheus
+test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-rules test-dashboards test-prometheus test-alerts
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -106,6 +106,15 @@ test-prometheus: build $(PROMETHEUS) $(PROMTOOL)
 	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) PROMETHEUS_BIN=$(abspath $(PROMETHEUS)) \
 	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) \
 	  $(GO) test -count=1 -timeout 15m -v -run '^TestPrometheusEndToEnd$$' ./dashtest
+
+## test-alerts: the cache alerts' state on real exporter output, time-compressed (rule engine as a library).
+# The shared conversation trace replayed 30 times as fast against the
+# emulator, scraped every second into rule time 30 s apart; healthy, cache
+# disabled, capacity cut, flush, and a target that reports no cached
+# tokens. About 6 minutes; needs ../shared/traces.
+test-alerts: build
+	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) \
+	  $(GO) test -count=1 -timeout 15m -v -run '^TestAlertScenarios$$' ./dashtest
 
 lint: fmt-check vet staticcheck
 

@@ -1,0 +1,525 @@
+package dashtest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAlertScenarios proves the cache alerts' state on real exporter
+// output: the engine emulator and the exporter run as processes, the
+// exporter replays the shared conversation trace F times as fast as
+// recorded, and its /metrics, scraped every real second, is stored at
+// rule time i × F (see rulesim_test.go). Both rule files are then
+// evaluated over the recording. Every time below is rule time, which is
+// also the trace's own time.
+//
+// The scenarios run one after another (2 cores): about
+// (startup + span / F) of real time each.
+
+const (
+	// alertCompression is F: rule seconds per real second, also the
+	// replay's speedup_ratio, so that rule time is the trace's time.
+	alertCompression = 30
+	// alertEvalInterval: one rule evaluation per scrape.
+	alertEvalInterval = 30 * time.Second
+	// alertChangeAt: when a scenario breaks (or flushes) the cache.
+	alertChangeAt = 10 * time.Minute
+	// alertMaxISL keeps the emulator's tokenizer (it tokenizes every
+	// prompt) well within 2 shared cores: the shared trace's rows up to
+	// 8,000 prompt tokens are 6,546 of 12,031, 21.5 M tokens over its 59
+	// minutes, about 180 k tokens per real second at F = 30 (the emulator
+	// used about 15 % of a core). Shorter prompts would not do: every
+	// conversation shares its first 512-token block, so a prompt is in
+	// cache class none (< 10 % cacheable) only above 5,120 tokens, and the
+	// TTFT contrast needs that class.
+	alertMaxISL = 8000
+	// traceBlockTokens: a Mooncake trace's hash_ids each stand for 512
+	// prompt tokens.
+	traceBlockTokens = 512
+	// emulatorBlockTokens: vLLM's (and the emulator's) default block size.
+	emulatorBlockTokens = 16
+	// cutShare is the share of the pass's distinct blocks the cache is cut
+	// to in the capacity scenario (2-5 % asked for). The efficiency then
+	// settles at 0.47-0.68, close to KvloadCacheHitRegression's 0.7: at
+	// 3 % the alert fired 14 minutes after the cut, and at 2 % two runs of
+	// five climbed back above 0.7 for minutes and did not fire within 15,
+	// so this subtest fails now and then with the rules as they are
+	// (docs/cache-model.md, "Alerts on real traffic").
+	cutShare = 0.02
+
+	alertWorkload = "alerts"
+	alertTarget   = "vllm"
+
+	hitRegression  = "KvloadCacheHitRegression"
+	contrastLost   = "KvloadCacheTTFTContrastLost"
+	efficiencyRule = "workload_target:kvload_cache_efficiency:ratio_rate5m"
+	contrastRule   = "workload_target:kvload_cache_ttft_contrast:ratio_rate5m"
+	// rateWindow is the recording rules' window: an alert's condition
+	// can only hold once the window has moved past a change.
+	rateWindow = 5 * time.Minute
+)
+
+// alertScenario is one run: an emulator started with emulate flags, and
+// optionally one POST /emulator/cache at alertChangeAt.
+type alertScenario struct {
+	name    string
+	emulate []string // emulator flags beyond the common ones
+	change  string   // JSON body of POST /emulator/cache; "" for none
+	span    time.Duration
+	check   func(t *testing.T, r *scenarioResult)
+}
+
+// scenarioResult is what a scenario recorded and the rules made of it.
+type scenarioResult struct {
+	steps    []ruleStep
+	changeAt time.Duration // rule time of the change; -1 without one
+	// From the rule files as they are.
+	effThreshold, contrastThreshold float64
+	hitHold, contrastHold           time.Duration
+}
+
+func TestAlertScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("alert scenarios: several minutes")
+	}
+	root := repoRoot(t)
+	trace := filepath.Join(root, "..", "shared", "traces", "conversation_trace.jsonl")
+	if _, err := os.Stat(trace); err != nil {
+		t.Fatalf("the alert scenarios replay the shared conversation trace, which is missing: %v", err)
+	}
+	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", t.TempDir())
+	files := ruleFiles(root)
+
+	effThr, hitHold, err := alertThreshold(files, hitRegression, efficiencyRule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conThr, conHold, err := alertThreshold(files, contrastLost, contrastRule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	distinct, err := distinctBlocks(trace, alertMaxISL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := int(float64(distinct) * cutShare)
+	t.Logf("F = %d; rules: %s < %g for %v, %s > %g for %v; pass holds %d blocks of %d tokens, cut to %d",
+		alertCompression, efficiencyRule, effThr, hitHold, contrastRule, conThr, conHold, distinct, emulatorBlockTokens, cut)
+
+	// A target that reports no cached tokens, with a prefill cost that
+	// makes the cache visible in TTFT (50 µs per uncached prompt token).
+	silent := []string{"--omit-cached-tokens", "--overhead", "2ms", "--prefill-per-token", "50us"}
+
+	scenarios := []alertScenario{
+		{name: "healthy", span: 30 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+			r.neverActive(t, hitRegression)
+			r.neverActive(t, contrastLost)
+			r.whatIf(t, r.efficiencyWhatIf())
+		}},
+		{name: "cache disabled", change: `{"enabled": false}`, span: 27 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+			r.firesAfterChange(t, hitRegression, r.hitHold)
+			r.neverActive(t, contrastLost)
+			r.whatIf(t, r.efficiencyWhatIf())
+		}},
+		{name: "capacity cut", change: fmt.Sprintf(`{"capacity_blocks": %d}`, cut), span: 27 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+			r.firesAfterChange(t, hitRegression, r.hitHold)
+			r.neverActive(t, contrastLost)
+			r.whatIf(t, r.efficiencyWhatIf())
+		}},
+		{name: "flush", change: `{"flush": true}`, span: 35 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+			r.neverFiring(t, hitRegression)
+			r.neverActive(t, contrastLost)
+			r.logDip(t)
+			r.whatIf(t, r.efficiencyWhatIf())
+		}},
+		{name: "silent target, cache disabled", emulate: silent, change: `{"enabled": false}`, span: 27 * time.Minute,
+			check: func(t *testing.T, r *scenarioResult) {
+				r.firesAfterChange(t, contrastLost, r.contrastHold)
+				r.neverActive(t, hitRegression)
+				r.efficiencyAbsent(t)
+				r.logContrast(t)
+				r.whatIf(t, r.contrastWhatIf())
+			}},
+		{name: "silent target, healthy", emulate: silent, span: 30 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+			r.neverActive(t, contrastLost)
+			r.neverActive(t, hitRegression)
+			r.efficiencyAbsent(t)
+			r.logContrast(t)
+			r.whatIf(t, r.contrastWhatIf())
+		}},
+	}
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			r := runAlertScenario(t, kvload, trace, files, sc)
+			r.effThreshold, r.contrastThreshold, r.hitHold, r.contrastHold = effThr, conThr, hitHold, conHold
+			r.logTimeline(t)
+			sc.check(t, r)
+		})
+	}
+}
+
+// runAlertScenario starts the emulator and the exporter, records span of
+// rule time (applying the change on the way) and evaluates the rules.
+func runAlertScenario(t *testing.T, kvload, trace string, files []string, sc alertScenario) *scenarioResult {
+	t.Helper()
+	dir := t.TempDir()
+	emuAddr := freeAddr(t)
+	// Short outputs at 1 ms per token: the trace runs F times as fast but
+	// the engine does not, so full-length outputs would pile up in flight.
+	args := append([]string{"emulate", "--listen", emuAddr, "--model", e2eModel, "--inter-token", "1ms"}, sc.emulate...)
+	emu := startProcess(t, dir, "emulator", kvload, args...)
+	waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
+
+	// What a new user writes for a vLLM target: nothing about the cache,
+	// whose block size and capacity are read from vllm:cache_config_info.
+	cfg := fmt.Sprintf(`targets:
+  - name: %s
+    url: http://%s
+    model: %s
+    dialect: vllm
+workloads:
+  - name: %s
+    trace: %s
+    targets: [%s]
+    seed: 7
+    synthesis: {speedup_ratio: %d, max_isl: %d, max_osl: 32}
+    loop: fresh
+`, alertTarget, emuAddr, e2eModel, alertWorkload, trace, alertTarget, alertCompression, alertMaxISL)
+	writeFile(t, filepath.Join(dir, "kvload.yml"), cfg)
+	expAddr := freeAddr(t)
+	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"),
+		"--web.listen-address="+expAddr)
+	waitHTTP(t, exp, "http://"+expAddr+"/-/ready", time.Minute)
+
+	ctx := t.Context()
+	rec := newRecorder(t, expAddr, alertCompression)
+	res := &scenarioResult{changeAt: -1}
+	// The ticker is the sampling clock: scrape i is stored at i × F.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		if err := rec.scrape(ctx); err != nil {
+			t.Fatal(err)
+		}
+		at := rec.ruleTime(rec.scrapes - 1)
+		if sc.change != "" && res.changeAt < 0 && at >= alertChangeAt {
+			if err := postCache(ctx, "http://"+emuAddr, sc.change); err != nil {
+				t.Fatal(err)
+			}
+			res.changeAt = at
+		}
+		if at >= sc.span {
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-exp.done:
+			t.Fatalf("exporter exited: %v", exp.err)
+		case <-emu.done:
+			t.Fatalf("emulator exited: %v", emu.err)
+		}
+	}
+	steps, err := evaluateRules(ctx, files, rec.db, rec.ruleTime(rec.scrapes-1), alertEvalInterval,
+		alertWorkload, alertTarget, []string{hitRegression, contrastLost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.steps = steps
+	return res
+}
+
+func postCache(ctx context.Context, emu, body string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, emu+"/emulator/cache", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("POST /emulator/cache %s: %w", body, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST /emulator/cache %s: %s: %s", body, resp.Status, b)
+	}
+	return nil
+}
+
+// distinctBlocks is what one pass over the trace's rows up to maxISL
+// holds, in emulator blocks: its distinct hash_ids, 512 tokens each.
+func distinctBlocks(trace string, maxISL int) (int, error) {
+	f, err := os.Open(trace)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	seen := map[int64]bool{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var row struct {
+			InputLength int     `json:"input_length"`
+			HashIDs     []int64 `json:"hash_ids"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &row); err != nil {
+			return 0, fmt.Errorf("%s: %w", trace, err)
+		}
+		if row.InputLength > maxISL {
+			continue
+		}
+		for _, h := range row.HashIDs {
+			seen[h] = true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("%s: %w", trace, err)
+	}
+	return len(seen) * traceBlockTokens / emulatorBlockTokens, nil
+}
+
+// --- checks and figures ------------------------------------------------------
+
+// first is the first step at or after from where alert is in state
+// ("pending" or "firing"; "active" for either).
+func (r *scenarioResult) first(alert, state string, from time.Duration) (time.Duration, bool) {
+	for _, s := range r.steps {
+		if s.at < from {
+			continue
+		}
+		st := s.state(alert)
+		if st == state || (state == "active" && st != "inactive") {
+			return s.at, true
+		}
+	}
+	return 0, false
+}
+
+func (r *scenarioResult) neverActive(t *testing.T, alert string) {
+	t.Helper()
+	if at, ok := r.first(alert, "active", 0); ok {
+		t.Errorf("%s %s at %v, want never pending or firing", alert, r.stateAt(alert, at), at)
+	}
+}
+
+func (r *scenarioResult) neverFiring(t *testing.T, alert string) {
+	t.Helper()
+	if at, ok := r.first(alert, "firing", 0); ok {
+		t.Errorf("%s firing at %v, want never", alert, at)
+	}
+	if at, ok := r.first(alert, "pending", 0); ok {
+		t.Logf("%s pending from %v (never firing)", alert, at)
+	}
+}
+
+// firesAfterChange: not firing before the change, firing within the rate
+// window plus the alert's for duration after it.
+func (r *scenarioResult) firesAfterChange(t *testing.T, alert string, hold time.Duration) {
+	t.Helper()
+	if r.changeAt < 0 {
+		t.Fatal("no change applied")
+	}
+	if at, ok := r.first(alert, "firing", 0); ok && at < r.changeAt {
+		t.Errorf("%s firing at %v, before the change at %v", alert, at, r.changeAt)
+	}
+	if at, ok := r.first(alert, "pending", 0); ok && at < r.changeAt {
+		t.Logf("%s pending at %v, before the change at %v (never firing before it)", alert, at, r.changeAt)
+	}
+	pending, okP := r.first(alert, "pending", r.changeAt)
+	firing, okF := r.first(alert, "firing", r.changeAt)
+	within := rateWindow + hold
+	switch {
+	case !okF:
+		t.Errorf("%s never firing after the change at %v (pending %v at %v)", alert, r.changeAt, okP, pending)
+	case firing-r.changeAt > within:
+		t.Errorf("%s firing at %v, %v after the change, want within %v", alert, firing, firing-r.changeAt, within)
+	default:
+		t.Logf("%s: change at %v, pending at %v (+%v), firing at %v (+%v)",
+			alert, r.changeAt, pending, pending-r.changeAt, firing, firing-r.changeAt)
+	}
+}
+
+func (r *scenarioResult) stateAt(alert string, at time.Duration) string {
+	for _, s := range r.steps {
+		if s.at == at {
+			return s.state(alert)
+		}
+	}
+	return "?"
+}
+
+// efficiencyAbsent: a target that reports nothing has no efficiency.
+func (r *scenarioResult) efficiencyAbsent(t *testing.T) {
+	t.Helper()
+	for _, s := range r.steps {
+		if !math.IsNaN(s.efficiency) {
+			t.Errorf("efficiency %.3f at %v, want absent for a target that reports no cached tokens", s.efficiency, s.at)
+			return
+		}
+	}
+}
+
+// whatIf replays a recorded signal against other thresholds of an alert
+// (same for duration; the alerts' guards, a theoretical hit rate above
+// 0.05, held throughout these runs) and says when the alert would have
+// gone pending and firing, from the change: numbers for calibrating a
+// threshold without editing the rules.
+func (r *scenarioResult) whatIf(t *testing.T, w whatIfSignal) {
+	t.Helper()
+	var b strings.Builder
+	for _, thr := range w.thresholds {
+		pending, firing := time.Duration(-1), time.Duration(-1)
+		start := time.Duration(-1)
+		for _, s := range r.steps {
+			v := w.value(s)
+			if math.IsNaN(v) || (w.below && v >= thr) || (!w.below && v <= thr) {
+				start = -1
+				continue
+			}
+			if start < 0 {
+				start = s.at
+				if pending < 0 {
+					pending = s.at
+				}
+			}
+			if firing < 0 && s.at-start >= w.hold {
+				firing = s.at
+			}
+		}
+		op := ">"
+		if w.below {
+			op = "<"
+		}
+		fmt.Fprintf(&b, "\n  %s %.2f: first pending %s, first firing %s", op, thr, r.since(pending), r.since(firing))
+	}
+	t.Logf("%s at other thresholds (for %v; times from the change):%s", w.alert, w.hold, b.String())
+}
+
+// whatIfSignal is an alert's recorded signal and the thresholds to try.
+type whatIfSignal struct {
+	alert      string
+	value      func(ruleStep) float64
+	below      bool // the alert fires below the threshold
+	hold       time.Duration
+	thresholds []float64
+}
+
+func (r *scenarioResult) efficiencyWhatIf() whatIfSignal {
+	return whatIfSignal{alert: hitRegression, value: func(s ruleStep) float64 { return s.efficiency }, below: true,
+		hold: r.hitHold, thresholds: []float64{0.6, 0.65, 0.7, 0.75, 0.8, 0.85}}
+}
+
+func (r *scenarioResult) contrastWhatIf() whatIfSignal {
+	return whatIfSignal{alert: contrastLost, value: func(s ruleStep) float64 { return s.contrast },
+		hold: r.contrastHold, thresholds: []float64{0.4, 0.5, 0.6, 0.7, 0.8, 0.9}}
+}
+
+// since formats a rule time relative to the change ("never" for -1).
+func (r *scenarioResult) since(at time.Duration) string {
+	if at < 0 {
+		return "never"
+	}
+	if r.changeAt < 0 {
+		return at.String()
+	}
+	d := at - r.changeAt
+	if d < 0 {
+		return "-" + (-d).String()
+	}
+	return "+" + d.String()
+}
+
+// logDip reports the flush's dip: the lowest efficiency after the change
+// and how long it stayed below the alert's threshold.
+func (r *scenarioResult) logDip(t *testing.T) {
+	t.Helper()
+	low, lowAt := math.Inf(1), time.Duration(0)
+	var below time.Duration
+	var firstBelow, lastBelow time.Duration = -1, -1
+	for _, s := range r.steps {
+		if s.at < r.changeAt || math.IsNaN(s.efficiency) {
+			continue
+		}
+		if s.efficiency < low {
+			low, lowAt = s.efficiency, s.at
+		}
+		if s.efficiency < r.effThreshold {
+			below += alertEvalInterval
+			if firstBelow < 0 {
+				firstBelow = s.at
+			}
+			lastBelow = s.at
+		}
+	}
+	t.Logf("flush at %v: minimum efficiency %.3f at %v; below %g for %v (from %v to %v)",
+		r.changeAt, low, lowAt, r.effThreshold, below, firstBelow, lastBelow)
+}
+
+// logContrast reports the TTFT contrast's median before and after the
+// change (or over the two halves of a run without one).
+func (r *scenarioResult) logContrast(t *testing.T) {
+	t.Helper()
+	split := r.changeAt
+	if split < 0 {
+		split = alertChangeAt
+	}
+	var before, after []float64
+	for _, s := range r.steps {
+		if math.IsNaN(s.contrast) {
+			continue
+		}
+		switch {
+		case s.at <= split:
+			before = append(before, s.contrast)
+		case s.at >= split+rateWindow:
+			after = append(after, s.contrast) // the window past the change
+		}
+	}
+	t.Logf("TTFT contrast (alert above %g): median %.3f up to %v (%d steps), %.3f from %v (%d steps)",
+		r.contrastThreshold, median(before), split, len(before), median(after), split+rateWindow, len(after))
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// logTimeline prints one line per rule-minute.
+func (r *scenarioResult) logTimeline(t *testing.T) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "rule time  efficiency  ttft_contrast  %s  %s", hitRegression, contrastLost)
+	if r.changeAt >= 0 {
+		fmt.Fprintf(&b, "   (change at %v)", r.changeAt)
+	}
+	for _, s := range r.steps {
+		if s.at%time.Minute != 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "\n%8v  %10s  %13s  %-24s  %s", s.at, num(s.efficiency), num(s.contrast),
+			s.state(hitRegression), s.state(contrastLost))
+	}
+	t.Log(b.String())
+}
+
+func num(v float64) string {
+	if math.IsNaN(v) {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", v)
+}
