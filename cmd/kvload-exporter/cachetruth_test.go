@@ -258,7 +258,13 @@ func TestE2ECacheTruthServerMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cancel(); wait() }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			cancel()
+			wait()
+		}
+	}()
 	workload := func(name, trace string) string {
 		return fmt.Sprintf(`  - name: %s
     trace: %s
@@ -309,17 +315,18 @@ workloads:
 	addr := strings.TrimPrefix(url, "http://")
 	cancel()
 	wait()
+	stopped = true
 	eng2, err := emulate.New(cfgEngine)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx2, cancel2 := context.WithCancel(context.Background())
-	defer cancel2()
 	_, wait2, err := eng2.Start(ctx2, addr)
 	if err != nil {
+		cancel2()
 		t.Fatal(err)
 	}
-	defer wait2()
+	defer func() { cancel2(); wait2() }()
 	if err := os.WriteFile(filepath.Join(dir, "kvload.yml"), []byte(head+workload("first", "head20.jsonl")+workload("second", "head30.jsonl")), 0o644); err != nil {
 		t.Fatal(err)
 	}
