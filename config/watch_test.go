@@ -54,10 +54,31 @@ func TestWatchCoalescesBursts(t *testing.T) {
 		}
 	}
 	waitNotify(t, ch)
+	// A second notification from the burst would come a debounce after
+	// its last write. A sentinel write made now is notified a debounce
+	// later too, so whatever arrives first tells: the sentinel's
+	// notification, which sees the sentinel, or a second one of the burst,
+	// which may come before the sentinel is even written.
+	sentinel := filepath.Join(dir, "sentinel")
+	if err := os.WriteFile(path, []byte("sentinel"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan bool, 1)
+	go func() {
+		<-ch
+		_, err := os.Stat(sentinel)
+		seen <- err == nil
+	}()
+	if err := os.WriteFile(sentinel, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	select {
-	case <-ch:
-		t.Fatal("a burst of ten writes gave two notifications")
-	default:
+	case ok := <-seen:
+		if !ok {
+			t.Fatal("a burst of ten writes gave two notifications")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notification of the sentinel write")
 	}
 }
 
