@@ -1164,7 +1164,7 @@ workloads:
     seed: 7
     loop: once
     synthesis: {speedup_ratio: 2}
-`, srv.URL, ecfg.Model, ecfg.BlockSize)
+`, srv.URL, ecfg.Model, emulate.DefaultBlockSize)
 	dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(cfg), "trace.jsonl": trace.Bytes()})
 
 	ds := make([]*e2eDaemon, replicas)
