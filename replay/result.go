@@ -39,7 +39,13 @@ const (
 	// DropBuildError: the row's request could not be built (for example
 	// input_length inconsistent with hash_ids), so nothing was sent.
 	DropBuildError = "build_error"
+	// DropMaxLag: under on_saturation queue, the row waited for a slot
+	// longer than the queue's lag bound behind its schedule.
+	DropMaxLag = "max_lag"
 )
+
+// DefaultMaxQueueLag bounds how late a queued row may still be sent.
+const DefaultMaxQueueLag = time.Minute
 
 // API is the OpenAI endpoint a target is driven through.
 type API string

@@ -79,6 +79,11 @@ type WorkloadConfig struct {
 
 	MaxInFlight  int              // at least 1
 	OnSaturation SaturationPolicy // "" means drop
+	// MaxQueueLag bounds, under SaturationQueue, how far behind its
+	// schedule a row may still be sent: one still waiting for a slot then
+	// is dropped (DropMaxLag), so that the lag cannot grow without bound.
+	// 0 means DefaultMaxQueueLag.
+	MaxQueueLag time.Duration
 
 	Clock DispatchClock // nil means SystemClock
 	// Start is the wall time of the pacer's Due 0 (see Pacer.SeekTime); the
@@ -161,6 +166,9 @@ func NewWorkload(cfg WorkloadConfig, pacer *Pacer, send Sender, build RequestBui
 	case SaturationDrop, SaturationQueue:
 	default:
 		return nil, fmt.Errorf("workload %s: unknown on_saturation %q (want drop or queue)", cfg.Name, cfg.OnSaturation)
+	}
+	if cfg.MaxQueueLag <= 0 {
+		cfg.MaxQueueLag = DefaultMaxQueueLag
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = SystemClock()
@@ -409,10 +417,26 @@ func (d *workloadDispatcher) launch(ctx context.Context, it PacerItem, scheduled
 		d.follow(it, w.clock.Now())
 		return -1
 	}
+	// Queue: wait for a slot, but not past MaxQueueLag behind schedule.
+	var giveUp <-chan time.Time
+	if !acquired {
+		wait := w.cfg.MaxQueueLag - w.clock.Now().Sub(scheduled)
+		if wait <= 0 {
+			d.dropLate(it, scheduled)
+			return -1
+		}
+		t := w.clock.NewTimer()
+		t.Reset(wait)
+		defer t.Stop()
+		giveUp = t.C()
+	}
 	for !acquired {
 		select {
 		case w.slots <- struct{}{}:
 			acquired = true
+		case <-giveUp:
+			d.dropLate(it, scheduled)
+			return -1
 		case <-w.wake:
 			d.absorb()
 		case <-ctx.Done():
@@ -433,6 +457,15 @@ func (d *workloadDispatcher) launch(ctx context.Context, it PacerItem, scheduled
 	go w.request(d.reqCtx, it, scheduled, more)
 	d.countRow(it.Pass)
 	return -1
+}
+
+// dropLate drops a row that waited for a slot past MaxQueueLag; its
+// conversation goes on as after any dropped turn.
+func (d *workloadDispatcher) dropLate(it PacerItem, scheduled time.Time) {
+	w := d.w
+	w.drop(it, DropMaxLag, scheduled)
+	d.countRow(it.Pass)
+	d.follow(it, w.clock.Now())
 }
 
 // countRow notes that a row of pass was dispatched and reports the pass

@@ -898,3 +898,48 @@ func TestWorkloadStopWhileQueued(t *testing.T) {
 		t.Errorf("passes completed %v, want none", obs.passes)
 	}
 }
+
+// TestWorkloadQueueLagBounded: under on_saturation queue, a row still
+// waiting for a slot MaxQueueLag behind its schedule is dropped as
+// max_lag, so the lag of what is sent never exceeds the bound, however long
+// the server holds its slot.
+func TestWorkloadQueueLagBounded(t *testing.T) {
+	ts := make([]float64, 30)
+	for i := range ts {
+		ts[i] = float64(i) * 1000 // a row a second
+	}
+	recs := pacerTestTimestamps(ts...)
+	clock := newWLTestClock(true)
+	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+		<-ctx.Done() // holds the only slot until the run ends
+		res.Outcome = OutcomeCanceled
+	}}
+	obs := newWLTestObserver()
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bound = 5 * time.Second
+	w, err := NewWorkload(WorkloadConfig{Name: "q", Target: "fake", MaxInFlight: 1, OnSaturation: SaturationQueue,
+		MaxQueueLag: bound, Clock: clock}, p, send, newWLTestBuilder(recs), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := wlTestRun(t.Context(), w)
+	obs.waitUntil(func(o *wlTestObserver) bool { return len(o.dropped) == len(recs)-1 })
+	w.Stop(0)
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if obs.sent != 1 {
+		t.Errorf("%d requests sent, want the one holding the slot", obs.sent)
+	}
+	for _, d := range obs.dropped {
+		if d.reason != DropMaxLag {
+			t.Errorf("dropped %v, want every waiting row dropped as %s", d, DropMaxLag)
+		}
+	}
+	if late := clock.Now().Sub(obs.dropped[len(obs.dropped)-1].scheduled); late > bound {
+		t.Errorf("the last row was given up %v after its time, more than the bound %v", late, bound)
+	}
+}
