@@ -10,9 +10,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/emulate"
@@ -50,6 +55,12 @@ func ctEngine(t *testing.T, cfg emulate.Config) (string, *emulate.Engine) {
 // workload, as a user would write it, and returns its path.
 func ctConfig(t *testing.T, url, loop string) string {
 	t.Helper()
+	return ctConfigTrace(t, url, loop, e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), ctRows))
+}
+
+// ctConfigTrace is ctConfig with the trace's rows given.
+func ctConfigTrace(t *testing.T, url, loop string, trace []byte) string {
+	t.Helper()
 	cfg := fmt.Sprintf(`targets:
   - name: vllm
     url: %s
@@ -64,7 +75,7 @@ workloads:
 `, url, emulate.DefaultModel, ctSpeedup, loop)
 	dir := e2eDir(t, map[string][]byte{
 		"kvload.yml": []byte(cfg),
-		"head.jsonl": e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), ctRows),
+		"head.jsonl": trace,
 	})
 	return filepath.Join(dir, "kvload.yml")
 }
@@ -336,4 +347,65 @@ workloads:
 		return c.success == 50, c.String()
 	})
 	credited(float64(first + eng2.Stats().CacheHitTokens))
+}
+
+// ctRoundRobin serves a round-robin reverse proxy over backends, as a
+// router that does not route by prefix.
+func ctRoundRobin(t *testing.T, backends []string) string {
+	t.Helper()
+	proxies := make([]*httputil.ReverseProxy, len(backends))
+	for i, b := range backends {
+		u, err := neturl.Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxies[i] = httputil.NewSingleHostReverseProxy(u)
+		proxies[i].FlushInterval = -1 // stream every chunk at once
+	}
+	var next atomic.Uint64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		proxies[(next.Add(1)-1)%uint64(len(proxies))].ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestE2ECacheTruthRouter (point 8): N engines behind a round-robin proxy,
+// a router that stopped routing by prefix. The efficiency must show the
+// drop it really causes: true with one engine, lower and lower as N grows.
+// The figures are in docs/cache-model.md.
+func TestE2ECacheTruthRouter(t *testing.T) {
+	if raceEnabled {
+		t.Skip("whole passes at speed: too slow under -race; run by `make test-e2e`")
+	}
+	traces := []struct{ name, path string }{
+		{"conversation", filepath.Join(e2eTraces, "conversation_trace.jsonl")},
+		{"synthetic", filepath.Join(e2eTraces, "synthetic_trace.jsonl")},
+	}
+	for _, tr := range traces {
+		t.Run(tr.name, func(t *testing.T) {
+			rows := e2eHead(t, tr.path, ctRows)
+			prev := 2.0
+			for _, n := range []int{1, 2, 4, 8} {
+				backends := make([]string, n)
+				for i := range backends {
+					backends[i], _ = ctEngine(t, emulate.Config{})
+				}
+				d := e2eStart(t, ctConfigTrace(t, ctRoundRobin(t, backends), "fresh", rows))
+				start := ctNextPass(t, ctRead(t, d), d)
+				end := ctNextPass(t, start, d)
+				d.stop(t)
+				c := end.minus(start)
+				e := c.efficiency()
+				t.Logf("%s, %d engine(s) round-robin: %v", tr.name, n, c)
+				switch {
+				case n == 1 && !(e >= 0.93 && e <= 1.01):
+					t.Errorf("one engine: efficiency %.4f, want within [0.93, 1.01]", e)
+				case n > 1 && e > prev-0.02:
+					t.Errorf("%d engines: efficiency %.4f, not below the %.4f of fewer engines", n, e, prev)
+				}
+				prev = e
+			}
+		})
+	}
 }
