@@ -224,21 +224,17 @@ func (c *Collector) SetTarget(target, model, api, dialect, observed string) {
 	c.targetInfo.WithLabelValues(target, model, api, dialect).Set(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := c.targets[target]
-	if st == nil || st.dialect != dialect || st.observed != observed {
+	old := c.targets[target]
+	if old == nil || old.dialect != dialect || old.observed != observed {
 		// A new or changed target: its scrape shares start over, and the
-		// advice about unreported cached tokens may be given again.
-		c.targets[target] = &targetState{dialect: dialect, observed: observed, inFlight: c.inFlightOf(target)}
+		// advice about unreported cached tokens may be given again; its
+		// requests in flight are still in flight.
+		st := &targetState{dialect: dialect, observed: observed}
+		if old != nil {
+			st.inFlight = old.inFlight
+		}
+		c.targets[target] = st
 	}
-}
-
-// inFlightOf counts a target's requests in flight from the live series
-// state; c.mu is held.
-func (c *Collector) inFlightOf(target string) int {
-	if st := c.targets[target]; st != nil {
-		return st.inFlight
-	}
-	return 0
 }
 
 // SetTargetCache publishes the cache a target's theoretical model stands

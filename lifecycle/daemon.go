@@ -472,7 +472,10 @@ func (d *Daemon) applyEmulators(unitCtx context.Context, cfg *config.Config) err
 			wait:        func() error { once.Do(func() { werr = <-done }); return werr },
 		}
 		level.Info(d.logger).Log("msg", "emulated engine started", "target", t.Name, "url", "http://"+l.Addr().String())
-		if w := freshWorkloadOf(cfg, t.Name); t.Emulate.CapacityBlocks == 0 && w != "" {
+		// A llama.cpp engine holds one prompt per slot: bounded whatever its
+		// capacity_blocks (which it does not take).
+		unbounded := t.Emulate.CapacityBlocks == 0 && t.Emulate.Engine != emulate.PersonalityLlamaCpp
+		if w := freshWorkloadOf(cfg, t.Name); unbounded && w != "" {
 			level.Warn(d.logger).Log("msg", "the emulated engine's prefix cache is unbounded and a workload sends it new prompts every pass: its memory grows every pass; set emulate.capacity_blocks for long runs", "target", t.Name, "workload", w)
 		}
 	}

@@ -167,13 +167,6 @@ func (m *CacheModel) simulate(at modelPos, insert bool) admitted {
 	return m.cache.visit(m.sched.ns(at.pass), rec.HashIDs, rec.ISL(), insert, at.before(m.start))
 }
 
-// Blocks returns how many trace blocks the model holds.
-func (m *CacheModel) Blocks() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.cache.lru.Len()
-}
-
 // idealCache is the cache itself: trace blocks by (namespace, hash id), in
 // LRU order, each weighing the server blocks it fills.
 type idealCache struct {

@@ -291,9 +291,6 @@ func (p *Pacer) Namespace(pass int) uint64 {
 	return 0
 }
 
-// Shard is this pacer's share of the trace.
-func (p *Pacer) Shard() Shard { return p.shard }
-
 // SeekTime places the cursor on the pass grid that starts at an anchor in
 // wall-clock time, elapsed after it: pass p covers [p·Period, (p+1)·Period)
 // from the anchor, and the cursor goes to the first conversation due at or
