@@ -52,6 +52,7 @@ type Collector struct {
 	capacityBlocks *prometheus.GaugeVec
 	blockSize      *prometheus.GaugeVec
 	capacityKnown  *prometheus.GaugeVec
+	preambleTokens *prometheus.GaugeVec
 	reloadOK       prometheus.Gauge
 	reloadTime     prometheus.Gauge
 
@@ -82,6 +83,8 @@ type targetState struct {
 	pending    map[string]float64
 	lastShares map[string]float64
 	carried    float64
+	// preamble: tokens every prompt gets from the cache on this target.
+	preamble preamble
 }
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
@@ -161,6 +164,7 @@ func New(reg prometheus.Registerer) *Collector {
 		capacityBlocks: targetGauge("target_cache_capacity_blocks", "KV blocks of the cache the target's theoretical model stands for; 0 is unbounded."),
 		blockSize:      targetGauge("target_cache_block_size_tokens", "Tokens per KV block of the target's theoretical model."),
 		capacityKnown:  targetGauge("target_cache_capacity_known", "1 when the target's cache size was configured or read from it, 0 when unknown (the model is then unbounded)."),
+		preambleTokens: targetGauge("target_cache_preamble_tokens", "Tokens the target reports as cached for prompts that share nothing (a BOS, a chat header), learned from its answers and left out of the observed hit rate."),
 		now:            time.Now,
 		lastPass:       map[string]int{},
 		recent:         map[wtKey]*recent{},
@@ -170,7 +174,7 @@ func New(reg prometheus.Registerer) *Collector {
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
-		c.capacityBlocks, c.blockSize, c.capacityKnown)
+		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens)
 	return c
 }
 
@@ -234,6 +238,7 @@ func (c *Collector) SetTarget(target, model, api, dialect, observed string) {
 			st.inFlight = old.inFlight
 		}
 		c.targets[target] = st
+		c.preambleTokens.WithLabelValues(target).Set(0)
 	}
 }
 
@@ -253,7 +258,7 @@ func (c *Collector) SetTargetCache(target string, blocks, blockSize int, known b
 // ForgetTarget deletes a removed target's series.
 func (c *Collector) ForgetTarget(target string) {
 	l := prometheus.Labels{"target": target}
-	for _, v := range []*prometheus.GaugeVec{c.targetInfo, c.capacityBlocks, c.blockSize, c.capacityKnown} {
+	for _, v := range []*prometheus.GaugeVec{c.targetInfo, c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens} {
 		v.DeletePartialMatch(l)
 	}
 	c.mu.Lock()
@@ -350,7 +355,17 @@ func (c *Collector) Finished(r *replay.Result) {
 	if success && !usageCached && mode == "usage" && st != nil && !st.notified {
 		st.notified, notify = true, c.NotifyUnreported != nil
 	}
-	c.recordLocked(r, usageCached, reported)
+	preamble := 0
+	if reported && usageCached && st != nil {
+		before := st.preamble.tokens()
+		if r.TheoreticalCachedTokens == 0 {
+			st.preamble.observe(r.CachedTokens)
+		}
+		if preamble = st.preamble.tokens(); preamble != before {
+			c.preambleTokens.WithLabelValues(t).Set(float64(preamble))
+		}
+	}
+	c.recordLocked(r, usageCached, reported, preamble)
 	if success && mode == "server_metrics" && st != nil {
 		if st.pending == nil {
 			st.pending = map[string]float64{}
@@ -394,9 +409,15 @@ func (c *Collector) Finished(r *replay.Result) {
 		if r.PromptKnown {
 			prompt = r.PromptTokens
 		}
-		c.reportedPrompt.WithLabelValues(w, t).Add(float64(prompt))
+		cached := 0
 		if usageCached {
-			c.reportedCached.WithLabelValues(w, t).Add(float64(r.CachedTokens))
+			cached = r.CachedTokens
+		}
+		// The preamble's hit, when there was one, is on neither side.
+		skip := min(preamble, cached, prompt)
+		c.reportedPrompt.WithLabelValues(w, t).Add(float64(prompt - skip))
+		if usageCached {
+			c.reportedCached.WithLabelValues(w, t).Add(float64(cached - skip))
 		}
 		c.reportedTrace.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
 		c.reportedTheoretical.WithLabelValues(w, t).Add(float64(r.TheoreticalCachedTokens))

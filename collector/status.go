@@ -65,7 +65,7 @@ type wtKey struct{ workload, target string }
 // usageCached tells whether the response's cached tokens count as observed
 // for its target (not with observed: server_metrics or none); reported,
 // whether the request counts on both sides of the efficiency ratio.
-func (c *Collector) recordLocked(r *replay.Result, usageCached, reported bool) {
+func (c *Collector) recordLocked(r *replay.Result, usageCached, reported bool, preamble int) {
 	s := sample{at: c.now(), success: r.Outcome == replay.OutcomeSuccess, theoretical: -1}
 	if s.success {
 		if d, ok := r.TTFT(); ok {
@@ -77,6 +77,9 @@ func (c *Collector) recordLocked(r *replay.Result, usageCached, reported bool) {
 			if r.PromptKnown {
 				s.prompt = r.PromptTokens
 			}
+			// As in the counters: the preamble's hit is on neither side.
+			skip := min(preamble, s.cached, s.prompt)
+			s.prompt, s.cached = s.prompt-skip, s.cached-skip
 		}
 		s.trace = r.TraceInputLength
 		if r.TheoreticalKnown {

@@ -51,11 +51,8 @@ const (
 	emulatorBlockTokens = 16
 	// cutShare is the share of the pass's distinct blocks the cache is cut
 	// to in the capacity scenario (2-5 % asked for). The efficiency then
-	// settles at 0.47-0.68, close to KvloadCacheHitRegression's 0.7: at
-	// 3 % the alert fired 14 minutes after the cut, and at 2 % two runs of
-	// five climbed back above 0.7 for minutes and did not fire within 15,
-	// so this subtest fails now and then with the rules as they are
-	// (docs/cache-model.md, "Alerts on real traffic").
+	// settles at 0.5-0.7 with excursions to 0.84 (docs/cache-model.md,
+	// "Alerts on real traffic").
 	cutShare = 0.02
 
 	alertWorkload = "alerts"
@@ -65,8 +62,11 @@ const (
 	contrastLost   = "KvloadCacheTTFTContrastLost"
 	efficiencyRule = "workload_target:kvload_cache_efficiency:ratio_rate5m"
 	contrastRule   = "workload_target:kvload_cache_ttft_contrast:ratio_rate5m"
-	// rateWindow is the recording rules' window: an alert's condition
-	// can only hold once the window has moved past a change.
+	// pageWithin: a cache that breaks for good must page within 15
+	// minutes (issue #13, point 8).
+	pageWithin = 15 * time.Minute
+	// rateWindow is the contrast's window: a median "after" the change is
+	// taken once the window has moved past it.
 	rateWindow = 5 * time.Minute
 )
 
@@ -128,12 +128,12 @@ func TestAlertScenarios(t *testing.T) {
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
 		{name: "cache disabled", change: `{"enabled": false}`, span: 27 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
-			r.firesAfterChange(t, hitRegression, r.hitHold)
+			r.firesAfterChange(t, hitRegression)
 			r.neverActive(t, contrastLost)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
 		{name: "capacity cut", change: fmt.Sprintf(`{"capacity_blocks": %d}`, cut), span: 27 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
-			r.firesAfterChange(t, hitRegression, r.hitHold)
+			r.firesAfterChange(t, hitRegression)
 			r.neverActive(t, contrastLost)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
@@ -145,14 +145,26 @@ func TestAlertScenarios(t *testing.T) {
 		}},
 		{name: "silent target, cache disabled", emulate: silent, change: `{"enabled": false}`, span: 27 * time.Minute,
 			check: func(t *testing.T, r *scenarioResult) {
-				r.firesAfterChange(t, contrastLost, r.contrastHold)
+				r.firesAfterChange(t, contrastLost)
+				r.neverActive(t, hitRegression)
+				r.efficiencyAbsent(t)
+				r.logContrast(t)
+				r.whatIf(t, r.contrastWhatIf())
+			}},
+		{name: "silent target, flush", emulate: silent, change: `{"flush": true}`, span: 35 * time.Minute,
+			check: func(t *testing.T, r *scenarioResult) {
+				r.neverFiring(t, contrastLost)
 				r.neverActive(t, hitRegression)
 				r.efficiencyAbsent(t)
 				r.logContrast(t)
 				r.whatIf(t, r.contrastWhatIf())
 			}},
 		{name: "silent target, healthy", emulate: silent, span: 30 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
-			r.neverActive(t, contrastLost)
+			// Right after a start the contrast rests on a handful of
+			// requests and may touch 0.5 for a minute: pending then,
+			// never firing, and never active once a window has passed.
+			r.neverFiring(t, contrastLost)
+			r.neverActiveAfter(t, contrastLost, rateWindow)
 			r.neverActive(t, hitRegression)
 			r.efficiencyAbsent(t)
 			r.logContrast(t)
@@ -313,6 +325,13 @@ func (r *scenarioResult) neverActive(t *testing.T, alert string) {
 	}
 }
 
+func (r *scenarioResult) neverActiveAfter(t *testing.T, alert string, from time.Duration) {
+	t.Helper()
+	if at, ok := r.first(alert, "active", from); ok {
+		t.Errorf("%s %s at %v, want never pending or firing from %v on", alert, r.stateAt(alert, at), at, from)
+	}
+}
+
 func (r *scenarioResult) neverFiring(t *testing.T, alert string) {
 	t.Helper()
 	if at, ok := r.first(alert, "firing", 0); ok {
@@ -323,9 +342,9 @@ func (r *scenarioResult) neverFiring(t *testing.T, alert string) {
 	}
 }
 
-// firesAfterChange: not firing before the change, firing within the rate
-// window plus the alert's for duration after it.
-func (r *scenarioResult) firesAfterChange(t *testing.T, alert string, hold time.Duration) {
+// firesAfterChange: not firing before the change, firing within
+// pageWithin after it.
+func (r *scenarioResult) firesAfterChange(t *testing.T, alert string) {
 	t.Helper()
 	if r.changeAt < 0 {
 		t.Fatal("no change applied")
@@ -338,7 +357,7 @@ func (r *scenarioResult) firesAfterChange(t *testing.T, alert string, hold time.
 	}
 	pending, okP := r.first(alert, "pending", r.changeAt)
 	firing, okF := r.first(alert, "firing", r.changeAt)
-	within := rateWindow + hold
+	within := pageWithin
 	switch {
 	case !okF:
 		t.Errorf("%s never firing after the change at %v (pending %v at %v)", alert, r.changeAt, okP, pending)
@@ -417,7 +436,7 @@ type whatIfSignal struct {
 
 func (r *scenarioResult) efficiencyWhatIf() whatIfSignal {
 	return whatIfSignal{alert: hitRegression, value: func(s ruleStep) float64 { return s.efficiency }, below: true,
-		hold: r.hitHold, thresholds: []float64{0.6, 0.65, 0.7, 0.75, 0.8, 0.85}}
+		hold: r.hitHold, thresholds: []float64{0.7, 0.75, 0.8, 0.85, 0.9}}
 }
 
 func (r *scenarioResult) contrastWhatIf() whatIfSignal {
