@@ -12,11 +12,12 @@ type CacheGranularity int
 
 const (
 	// GranularityBlock serves whole server blocks only and recomputes the
-	// last prompt token (vLLM, Dynamo).
+	// last prompt token (vLLM, Dynamo, TensorRT-LLM, which stores full
+	// blocks only).
 	GranularityBlock CacheGranularity = iota
 	// GranularityToken serves any number of tokens up to the prompt's
 	// length minus one (SGLang's radix cache with pages of one token,
-	// TensorRT-LLM with partial block reuse, llama.cpp's slot prefix).
+	// llama.cpp's slot prefix).
 	GranularityToken
 )
 

@@ -417,17 +417,17 @@ func TestE2ECacheTruthRouter(t *testing.T) {
 	}
 }
 
-// ctSparseTrace is a trace that shares little: rows of 120 tokens, each
+// ctSparseTrace is a trace that shares little: rows of isl tokens, each
 // with a block of its own, except every fourth, which repeats the row
 // before it word for word.
-func ctSparseTrace(rows int) []byte {
+func ctSparseTrace(rows, isl int) []byte {
 	var b strings.Builder
 	id := 0
 	for i := range rows {
 		if i%4 != 3 {
 			id++
 		}
-		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 120, "output_length": 4, "hash_ids": [%d]}`+"\n", i*100, id)
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 4, "hash_ids": [%d]}`+"\n", i*100, isl, id)
 	}
 	return []byte(b.String())
 }
@@ -456,7 +456,7 @@ workloads:
     targets: [llama]
     loop: once
 `, url, emulate.DefaultModel, api)
-			dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(cfg), "sparse.jsonl": ctSparseTrace(rows)})
+			dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(cfg), "sparse.jsonl": ctSparseTrace(rows, 120)})
 			d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
 			var c ctCounters
 			e2ePoll(t, "the pass", e2eDeadline, func() (bool, string) {
@@ -476,6 +476,56 @@ workloads:
 			// the trace's blocks cannot show (1.0087 on chat here).
 			if e := c.efficiency(); !(e >= 0.93 && e <= 1.02) {
 				t.Errorf("efficiency %.4f, want within [0.93, 1.02]", e)
+			}
+		})
+	}
+}
+
+// TestE2ECacheTruthGranularity (point 7): against each engine's emulated
+// cache (an independent trie with the engine's own rounding: vLLM's full
+// 16-token blocks with the last token recomputed, SGLang's single tokens,
+// TensorRT-LLM's partial reuse of 32-token blocks, llama.cpp's slot
+// prefix with its BOS), a repeated 60-token prompt hits 48 tokens on vLLM
+// and 59 on the others: a model that rounds the wrong way reads 0.81 or
+// 1.23. Completions, so that no chat template shifts the block edges.
+func TestE2ECacheTruthGranularity(t *testing.T) {
+	const rows = 200
+	trace := ctSparseTrace(rows, 60)
+	for _, tc := range []struct {
+		dialect string
+		engine  emulate.Config
+	}{
+		{"vllm", emulate.Config{Engine: emulate.PersonalityVLLM}},
+		{"sglang", emulate.Config{Engine: emulate.PersonalitySGLang}},
+		{"trtllm", emulate.Config{Engine: emulate.PersonalityTRTLLM}},
+		{"llamacpp", emulate.Config{Engine: emulate.PersonalityLlamaCpp, BOS: true}},
+	} {
+		t.Run(tc.dialect, func(t *testing.T) {
+			url, _ := ctEngine(t, tc.engine)
+			cfg := fmt.Sprintf(`targets:
+  - name: engine
+    url: %s
+    model: %s
+    dialect: %s
+    api: completions
+workloads:
+  - name: partial
+    trace: partial.jsonl
+    targets: [engine]
+    loop: once
+`, url, emulate.DefaultModel, tc.dialect)
+			dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(cfg), "partial.jsonl": trace})
+			d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
+			var c ctCounters
+			e2ePoll(t, "the pass", e2eDeadline, func() (bool, string) {
+				c = ctRead(t, d)
+				return c.success == rows, c.String()
+			})
+			d.stop(t)
+			e := c.efficiency()
+			t.Logf("%s: %v", tc.dialect, c)
+			if !(e >= 0.93 && e <= 1.01) {
+				t.Errorf("%s: efficiency %.4f, want within [0.93, 1.01]", tc.dialect, e)
 			}
 		})
 	}
