@@ -12,6 +12,7 @@ tool (
 
 require (
 	github.com/prometheus/prometheus v0.305.0
+	github.com/tsenart/vegeta/v12 v12.12.0
 	gopkg.in/yaml.v3 v3.0.1
 )
 
@@ -181,7 +182,6 @@ require (
 	github.com/stackitcloud/stackit-sdk-go/core v0.17.2 // indirect
 	github.com/stretchr/testify v1.10.0 // indirect
 	github.com/tsenart/go-tsz v0.0.0-20180814235614-0bd30b3df1c3 // indirect
-	github.com/tsenart/vegeta/v12 v12.12.0 // indirect
 	github.com/vultr/govultr/v2 v2.17.2 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	github.com/xhit/go-str2duration/v2 v2.1.0 // indirect
