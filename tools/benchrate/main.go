@@ -47,9 +47,12 @@ func main() {
 		rates     = flag.String("rates", "1000,5000", "requests/s, comma-separated")
 		duration  = flag.Duration("duration", 10*time.Second, "length of each run")
 		only      = flag.String("only", "", "run only this tool: kvload or vegeta")
+		storm     = flag.Int("storm", 100, "concurrent /metrics scrapers of the extra kvload run at -storm-rate; 0 for none")
+		stormRate = flag.Int("storm-rate", 1000, "requests/s of the kvload run under a scrape storm")
+		stormGap  = flag.Duration("storm-interval", 100*time.Millisecond, "pause of each scraper between scrapes; 0 for back to back")
 	)
 	flag.Parse()
-	if err := run(*exporter, *vegetaBin, *rates, *duration, *only); err != nil {
+	if err := run(*exporter, *vegetaBin, *rates, *duration, *only, *storm, *stormRate, *stormGap); err != nil {
 		fmt.Fprintln(os.Stderr, "benchrate:", err)
 		os.Exit(1)
 	}
@@ -66,9 +69,10 @@ type outcome struct {
 	toolCPU   float64 // CPU-seconds of the load tool over the run
 	sinkCPU   float64 // CPU-seconds of the sink over the run
 	lagSource string
+	scrapes   map[int]int // status code → scrapes, under a storm
 }
 
-func run(exporter, vegetaBin, rateList string, dur time.Duration, only string) error {
+func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, storm, stormRate int, stormGap time.Duration) error {
 	for _, bin := range []string{exporter, vegetaBin} {
 		if _, err := os.Stat(bin); err != nil {
 			return fmt.Errorf("%w (make bench-rate builds it)", err)
@@ -116,7 +120,7 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string) e
 			return fmt.Errorf("rate %q: want a positive integer", f)
 		}
 		if only == "" || only == "kvload" {
-			o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, rate, dur)
+			o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, rate, dur, 0, 0)
 			if err != nil {
 				return err
 			}
@@ -131,6 +135,15 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string) e
 			results = append(results, o)
 			printOutcome(o)
 		}
+	}
+	if storm > 0 && (only == "" || only == "kvload") {
+		o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, stormRate, dur, storm, stormGap)
+		if err != nil {
+			return err
+		}
+		results = append(results, o)
+		printOutcome(o)
+		fmt.Printf("scrapes by status: %v\n", o.scrapes)
 	}
 	fmt.Printf("\nload average after: %s\n\n", loadAvg())
 	fmt.Println("| tool | target req/s | achieved req/s | requests | dropped | p50 send lag | p99 send lag | tool CPU-s per 1,000 req | sink CPU-s per 1,000 req |")
@@ -157,9 +170,14 @@ func perK(cpu float64, n int64) float64 {
 }
 
 // runKvload replays a trace of rate×dur evenly spaced rows (64-token
-// prompts, 32 output tokens) once, and reads its own lag histogram.
-func runKvload(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int, dur time.Duration) (outcome, error) {
+// prompts, 32 output tokens) once, and reads its own lag histogram. With
+// storm > 0, that many scrapers fetch /metrics meanwhile, each pausing
+// stormGap between scrapes.
+func runKvload(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int, dur time.Duration, storm int, stormGap time.Duration) (outcome, error) {
 	o := outcome{tool: "kvload", rate: rate, lagSource: "kvload_schedule_lag_seconds, classic buckets, interpolated"}
+	if storm > 0 {
+		o.tool = fmt.Sprintf("kvload, %d scrapers every %v", storm, stormGap)
+	}
 	rows := int(float64(rate) * dur.Seconds())
 	trace := filepath.Join(dir, fmt.Sprintf("rate%d.jsonl", rate))
 	var b bytes.Buffer
@@ -223,7 +241,9 @@ workloads:
 		}
 	}
 	cpu0, sink0 := procCPU(pid), procCPU(sinkPid)
+	stopStorm := scrapeStorm(ctx, "http://"+web+"/metrics", storm, stormGap)
 	st, err := waitSink(sinkURL, int64(rows), dur)
+	o.scrapes = stopStorm()
 	if err != nil {
 		return o, err
 	}
@@ -317,6 +337,52 @@ func runVegeta(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int,
 	pct := func(q float64) time.Duration { return offsets[int(q*float64(len(offsets)-1))] - offsets[0] }
 	o.p50, o.p99 = pct(0.5), pct(0.99)
 	return o, nil
+}
+
+// scrapeStorm starts n scrapers fetching url, each pausing gap between
+// scrapes; the function it returns stops them, waits for them and counts
+// their answers by status.
+func scrapeStorm(ctx context.Context, url string, n int, gap time.Duration) func() map[int]int {
+	ctx, cancel := context.WithCancel(ctx)
+	codes := make(chan map[int]int, n)
+	for range n {
+		go func() {
+			seen := map[int]int{}
+			defer func() { codes <- seen }()
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+			defer client.CloseIdleConnections()
+			for ctx.Err() == nil {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+				if err != nil {
+					return
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					seen[0]++
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				seen[resp.StatusCode]++
+				if gap > 0 {
+					select {
+					case <-ctx.Done():
+					case <-time.After(gap):
+					}
+				}
+			}
+		}()
+	}
+	return func() map[int]int {
+		cancel()
+		total := map[int]int{}
+		for range n {
+			for c, k := range <-codes {
+				total[c] += k
+			}
+		}
+		return total
+	}
 }
 
 func resetSink(url string) error {
