@@ -67,6 +67,7 @@ type outcome struct {
 	p50, p99  time.Duration
 	dropped   float64 // requests the tool scheduled but never sent (kvload only)
 	toolCPU   float64 // CPU-seconds of the load tool over the run
+	toolSys   float64 // the part of toolCPU spent in the kernel
 	sinkCPU   float64 // CPU-seconds of the sink over the run
 	lagSource string
 	scrapes   map[int]int // status code → scrapes, under a storm
@@ -156,8 +157,8 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 }
 
 func printOutcome(o outcome) {
-	fmt.Printf("%-6s %5d/s: achieved %.0f/s, %d requests, %.0f dropped, lag p50 %s p99 %s (%s), CPU %.2f s (%.3f per 1,000 req), sink CPU %.2f s\n",
-		o.tool, o.rate, o.achieved, o.sent, o.dropped, ms(o.p50), ms(o.p99), o.lagSource, o.toolCPU, perK(o.toolCPU, o.sent), o.sinkCPU)
+	fmt.Printf("%-6s %5d/s: achieved %.0f/s, %d requests, %.0f dropped, lag p50 %s p99 %s (%s), CPU %.2f s of which %.2f s in the kernel (%.3f per 1,000 req), sink CPU %.2f s\n",
+		o.tool, o.rate, o.achieved, o.sent, o.dropped, ms(o.p50), ms(o.p99), o.lagSource, o.toolCPU, o.toolSys, perK(o.toolCPU, o.sent), o.sinkCPU)
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
@@ -240,7 +241,7 @@ workloads:
 			return o, fmt.Errorf("kvload-exporter not ready after 30 s (log: %s)", logf.Name())
 		}
 	}
-	cpu0, sink0 := procCPU(pid), procCPU(sinkPid)
+	cpu0, sink0, sys0 := procCPU(pid), procCPU(sinkPid), procSys(pid)
 	stopStorm := scrapeStorm(ctx, "http://"+web+"/metrics", storm, stormGap)
 	st, err := waitSink(sinkURL, int64(rows), dur)
 	o.scrapes = stopStorm()
@@ -248,13 +249,13 @@ workloads:
 		return o, err
 	}
 	time.Sleep(100 * time.Millisecond) // the last streams end
-	cpu1, sink1 := procCPU(pid), procCPU(sinkPid)
+	cpu1, sink1, sys1 := procCPU(pid), procCPU(sinkPid), procSys(pid)
 	text, err := get("http://" + web + "/metrics")
 	if err != nil {
 		return o, err
 	}
 	o.sent, o.achieved = st.Requests, achieved(st)
-	o.toolCPU, o.sinkCPU = cpu1-cpu0, sink1-sink0
+	o.toolCPU, o.sinkCPU, o.toolSys = cpu1-cpu0, sink1-sink0, sys1-sys0
 	o.dropped = sumSeries(text, "kvload_requests_dropped_total")
 	buckets := lagBuckets(text)
 	o.p50, o.p99 = quantile(buckets, 0.5), quantile(buckets, 0.99)
@@ -298,6 +299,7 @@ func runVegeta(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int,
 	// The same counters /proc/<pid>/stat shows (utime, stime), read by
 	// wait4 when vegeta exits: its whole life, start-up included.
 	o.toolCPU = cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
+	o.toolSys = cmd.ProcessState.SystemTime().Seconds()
 	o.sinkCPU = sink1 - sink0
 	st, err := sinkStatsOf(sinkURL)
 	if err != nil {
@@ -454,7 +456,12 @@ func freeAddr() (string, error) {
 
 // procCPU is utime+stime of pid in seconds from /proc/<pid>/stat (clock
 // ticks of 1/100 s on Linux); NaN where it cannot be read.
-func procCPU(pid int) float64 {
+func procCPU(pid int) float64 { return procTicks(pid, true, true) }
+
+// procSys is stime alone.
+func procSys(pid int) float64 { return procTicks(pid, false, true) }
+
+func procTicks(pid int, user, sys bool) float64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return math.NaN()
@@ -471,6 +478,12 @@ func procCPU(pid int) float64 {
 	s, err2 := strconv.ParseFloat(f[12], 64)
 	if err1 != nil || err2 != nil {
 		return math.NaN()
+	}
+	if !user {
+		u = 0
+	}
+	if !sys {
+		s = 0
 	}
 	return (u + s) / 100
 }
