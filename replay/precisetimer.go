@@ -9,12 +9,13 @@ import "time"
 // (docs/benchmarks.md), more than the sub-millisecond accuracy the replay
 // aims for.
 //
-// On Linux, SystemClock's timers are therefore timerfds read through the
-// runtime's network poller (precisetimer_linux.go): the kernel's
-// high-resolution timer makes the fd readable at the deadline, which wakes
-// epoll_wait at once, whatever its timeout. No thread blocks and nothing
-// spins; an arming costs one timerfd_settime and a firing one read.
-// Elsewhere they are the runtime's timers.
+// On Linux, SystemClock's timers are therefore runtime timers with a
+// timerfd alarm beside them (precisetimer_linux.go): the kernel's
+// high-resolution timer makes the fd ready at the deadline, which ends
+// epoll_wait at once, whatever its timeout, and the woken thread runs the
+// runtime timer that has just come due. No thread blocks, nothing spins,
+// and no goroutine is added; an arming costs one timerfd_settime call.
+// Elsewhere they are the runtime's timers alone.
 
 // runtimeTimer is a DispatchTimer on the runtime's timers.
 type runtimeTimer struct{ t *time.Timer }
