@@ -22,6 +22,13 @@ type alarmTimer struct {
 	alarm *os.File // nil when stopped or when no timerfd could be had
 }
 
+// alarmSlack is how long after the deadline the alarm rings. A process at
+// work runs due timers at every scheduling point, so the alarm matters only
+// when it is idle; ringing a little late lets activity run the timer
+// first, and the next Reset then re-arms the alarm before it rings, which
+// saves a wake-up of the whole process.
+var alarmSlack = 200 * time.Microsecond
+
 func newPreciseTimer() DispatchTimer {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
@@ -43,7 +50,7 @@ func (a *alarmTimer) Reset(d time.Duration) {
 		}
 	}
 	// A zero it_value would disarm the fd: 1 ns is as good as now.
-	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(max(int64(d), 1))}
+	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(max(int64(d+alarmSlack), 1))}
 	if err := unix.TimerfdSettime(int(a.alarm.Fd()), 0, &spec, nil); err != nil {
 		// Not expected of a valid fd; the runtime timer still fires.
 		_ = a.alarm.Close()
