@@ -45,10 +45,10 @@ func (t *chunkTemplate) match(data []byte) (empty, ok bool) {
 // obj is data parsed.
 func (t *chunkTemplate) learn(data []byte, obj *fastjson.Object) {
 	t.valid = false
-	if obj.Get("usage") != nil || obj.Get("timings") != nil || obj.Get("error") != nil || obj.Get("object") == nil {
+	if obj.Get("usage") != nil || obj.Get("timings") != nil || obj.Get("error") != nil {
 		return
 	}
-	if string(obj.Get("object").GetStringBytes()) == "error" {
+	if o := obj.Get("object"); o != nil && string(o.GetStringBytes()) == "error" {
 		return
 	}
 	choices, err := obj.Get("choices").Array()

@@ -39,6 +39,7 @@ func TestChunkTemplateSameAsFullParse(t *testing.T) {
 			head + `"content":"b"` + `},"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":2}}`,
 			"[DONE]",
 		}},
+		{"no object member", []string{`{"choices":[{"delta":{"content":"a"}}]}`, `{"choices":[{"delta":{"content":""}}]}`, `{"choices":[{"delta":{"content":"b"}}]}`}},
 		{"another id", []string{tok("a"), strings.Replace(tok("b"), "chatcmpl-1", "chatcmpl-2", 1), tok("")}},
 		{"two choices", []string{
 			head + `"content":"a"},"finish_reason":null},{"index":1,"delta":{"content":"b"}}]}`,
