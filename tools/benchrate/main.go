@@ -259,6 +259,11 @@ workloads:
 	o.dropped = sumSeries(text, "kvload_requests_dropped_total")
 	buckets := lagBuckets(text)
 	o.p50, o.p99 = quantile(buckets, 0.5), quantile(buckets, 0.99)
+	var cum []string
+	for _, b := range buckets {
+		cum = append(cum, fmt.Sprintf("%g:%.0f", b.le, b.count))
+	}
+	fmt.Printf("kvload %d/s lag buckets (le seconds: cumulative count): %s\n", rate, strings.Join(cum, " "))
 	return o, nil
 }
 
