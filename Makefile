@@ -37,7 +37,7 @@ SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492d
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
 .PHONY: all build release run test test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench tokenizers clean \
-        prometheus test-rules test-dashboards test-prometheus test-alerts vulncheck
+        prometheus test-rules test-dashboards test-prometheus test-alerts vulncheck bench-rate
 
 all: build
 
@@ -145,6 +145,15 @@ vulncheck:
 ## bench: the benchmarks recorded in docs/benchmarks.md.
 bench: tokenizers
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+## bench-rate: kvload-exporter and vegeta (pinned in tools/go.mod) at the same constant rates against one local
+## SSE sink, then kvload-exporter under a storm of 100 /metrics scrapers (docs/benchmarks.md).
+# Several minutes of load on every core: never part of `make test`.
+# BENCH_RATE_FLAGS=-rates 1000 -duration 5s for a shorter run.
+BENCH_RATE_FLAGS ?=
+bench-rate: build
+	cd tools && $(GO) build -o ../bin/vegeta github.com/tsenart/vegeta/v12 && $(GO) build -o ../bin/benchrate ./benchrate
+	bin/benchrate -exporter $(BIN) -vegeta bin/vegeta $(BENCH_RATE_FLAGS)
 
 tokenizers: $(TOKENIZER_FILES)
 

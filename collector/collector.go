@@ -21,6 +21,12 @@ var LatencyBuckets = []float64{
 	1, 2.5, 5, 10, 30, 60, 120, 300, 600,
 }
 
+// LagBuckets are the classic buckets of kvload_schedule_lag_seconds: those
+// of LatencyBuckets with four more below 1 ms. A healthy dispatcher sends
+// well under a millisecond late, which LatencyBuckets could not resolve;
+// every bound of LatencyBuckets is kept, so queries naming one still work.
+var LagBuckets = append([]float64{0.0001, 0.00025, 0.0005, 0.00075}, LatencyBuckets...)
+
 // Collector implements replay.Observer with the contract's metrics.
 type Collector struct {
 	requests          *prometheus.CounterVec
@@ -122,16 +128,19 @@ func New(reg prometheus.Registerer) *Collector {
 	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, append(append([]string{}, wt...), extra...))
 	}
-	histogram := func(name, help string, extra ...string) *prometheus.HistogramVec {
+	histogramWith := func(buckets []float64, name, help string, extra ...string) *prometheus.HistogramVec {
 		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace:                       namespace,
 			Name:                            name,
 			Help:                            help,
-			Buckets:                         LatencyBuckets,
+			Buckets:                         buckets,
 			NativeHistogramBucketFactor:     1.1,
 			NativeHistogramMaxBucketNumber:  160,
 			NativeHistogramMinResetDuration: time.Hour,
 		}, append(append([]string{}, wt...), extra...))
+	}
+	histogram := func(name, help string, extra ...string) *prometheus.HistogramVec {
+		return histogramWith(LatencyBuckets, name, help, extra...)
 	}
 	targetGauge := func(name, help string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, []string{"target"})
@@ -140,7 +149,7 @@ func New(reg prometheus.Registerer) *Collector {
 		requests:          counter("requests_total", "Finished requests by outcome.", "outcome"),
 		dropped:           counter("requests_dropped_total", "Requests the schedule called for but that were never sent, by reason.", "reason"),
 		inFlight:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "requests_in_flight", Help: "Requests sent and not yet finished."}, wt),
-		lag:               histogram("schedule_lag_seconds", "Actual send time minus the time the trace scheduled."),
+		lag:               histogramWith(LagBuckets, "schedule_lag_seconds", "Actual send time minus the time the trace scheduled."),
 		ttft:              histogram("time_to_first_token_seconds", "Time from send to the first chunk carrying content, reasoning or tool-call text (successful requests)."),
 		itl:               histogram("inter_token_latency_seconds", "Per request, (latency - TTFT) / (output tokens - 1) (successful requests with at least two output tokens)."),
 		duration:          histogram("request_duration_seconds", "Time from send to the last content chunk (successful requests)."),

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -287,4 +288,49 @@ func sumOf(t *testing.T, g prometheus.Gatherer, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestScheduleLagSubMillisecond: sub-millisecond lags land in their own
+// classic buckets, so a dispatcher sending 300 µs late is told from one
+// sending 900 µs late.
+func TestScheduleLagSubMillisecond(t *testing.T) {
+	for _, tc := range []struct {
+		lag  time.Duration
+		want string // the smallest le bound that counts it
+	}{
+		{50 * time.Microsecond, "0.0001"},
+		{100 * time.Microsecond, "0.0001"},
+		{200 * time.Microsecond, "0.00025"},
+		{300 * time.Microsecond, "0.0005"},
+		{600 * time.Microsecond, "0.00075"},
+		{900 * time.Microsecond, "0.001"},
+		{2 * time.Millisecond, "0.0025"},
+		{90 * time.Second, "120"},
+	} {
+		t.Run(tc.lag.String(), func(t *testing.T) {
+			reg := prometheus.NewPedanticRegistry()
+			c := New(reg)
+			t0 := time.Unix(1_700_000_000, 0)
+			c.Sent("w", "t", t0, t0.Add(tc.lag))
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			for _, mf := range mfs {
+				if mf.GetName() != "kvload_schedule_lag_seconds" {
+					continue
+				}
+				for _, b := range mf.GetMetric()[0].GetHistogram().GetBucket() {
+					if b.GetCumulativeCount() == 1 {
+						got = strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)
+						break
+					}
+				}
+			}
+			if got != tc.want {
+				t.Errorf("lag %v counted first in le=%q, want le=%q", tc.lag, got, tc.want)
+			}
+		})
+	}
 }

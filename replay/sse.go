@@ -234,7 +234,8 @@ func (r *sseReader) drain(limit int) {
 
 // streamState interprets the events of one streamed completion.
 type streamState struct {
-	p fastjson.Parser
+	p    fastjson.Parser
+	tmpl chunkTemplate // see chunkfast.go
 
 	events        int
 	contentChunks int
@@ -260,7 +261,8 @@ type streamState struct {
 }
 
 func (s *streamState) reset() {
-	*s = streamState{p: s.p, lim: anyRequest}
+	s.tmpl.clear()
+	*s = streamState{p: s.p, tmpl: s.tmpl, lim: anyRequest}
 }
 
 func (s *streamState) fail(msg string) bool {
@@ -296,6 +298,12 @@ func (s *streamState) handle(ev sseEvent) (stop bool) {
 	if string(data) == "[DONE]" {
 		s.done = true
 		return true
+	}
+	if empty, ok := s.tmpl.match(data); ok {
+		if !empty {
+			s.content(ev.at)
+		}
+		return false
 	}
 	v, err := s.p.ParseBytes(data)
 	if err != nil {
@@ -337,12 +345,9 @@ func (s *streamState) handle(ev sseEvent) (stop bool) {
 		}
 	}
 	if content {
-		if s.first.IsZero() {
-			s.first = ev.at
-		}
-		s.last = ev.at
-		s.contentChunks++
+		s.content(ev.at)
 	}
+	s.tmpl.learn(data, obj)
 	if u := obj.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
 		// Fields present in a later usage object (continuous usage stats)
 		// replace earlier ones; absent ones keep what was seen.
@@ -354,6 +359,15 @@ func (s *streamState) handle(ev sseEvent) (stop bool) {
 		}
 	}
 	return !s.count(obj.Get("timings").Get("cache_n"), fieldCacheN, &s.cacheN, &s.cacheNKnown)
+}
+
+// content counts a chunk that carried content, arrived at.
+func (s *streamState) content(at time.Time) {
+	if s.first.IsZero() {
+		s.first = at
+	}
+	s.last = at
+	s.contentChunks++
 }
 
 // usageField names a token count a response reports.

@@ -452,8 +452,10 @@ func BenchmarkClientStream32(b *testing.B) {
 // processCPUSeconds reads user+system CPU time of this process from
 // /proc/self/stat (Linux; clock ticks are 100 Hz there). Reading a file
 // keeps the benchmark compiling everywhere, unlike syscall.Getrusage.
-func processCPUSeconds() (float64, bool) {
-	b, err := os.ReadFile("/proc/self/stat")
+func processCPUSeconds() (float64, bool) { return statCPUSeconds("/proc/self/stat") }
+
+func statCPUSeconds(path string) (float64, bool) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, false
 	}

@@ -60,17 +60,10 @@ type systemDispatchClock struct{}
 
 func (systemDispatchClock) Now() time.Time { return time.Now() }
 
-func (systemDispatchClock) NewTimer() DispatchTimer {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return systemDispatchTimer{t}
-}
-
-type systemDispatchTimer struct{ t *time.Timer }
-
-func (s systemDispatchTimer) C() <-chan time.Time   { return s.t.C }
-func (s systemDispatchTimer) Reset(d time.Duration) { s.t.Reset(d) }
-func (s systemDispatchTimer) Stop()                 { s.t.Stop() }
+// NewTimer returns a timer that fires within tens of microseconds of its
+// deadline where the runtime's own may be a millisecond late
+// (precisetimer.go).
+func (systemDispatchClock) NewTimer() DispatchTimer { return newPreciseTimer() }
 
 // WorkloadConfig configures one (workload, target) runner.
 type WorkloadConfig struct {

@@ -142,7 +142,7 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	}()
 
 	mux := newMux(webDeps{
-		gatherer:      reg,
+		gatherer:      collector.SharedGatherer(reg), // a scrape storm gathers once at a time
 		telemetryPath: f.telemetryPath,
 		ready:         d.Ready,
 		reload:        d.Reload,

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package replay
+
+func newPreciseTimer() DispatchTimer { return newRuntimeTimer() }

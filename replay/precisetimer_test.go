@@ -1,0 +1,91 @@
+package replay
+
+import (
+	"testing"
+	"time"
+)
+
+// runtimeDispatchClock is the real clock on the runtime's own timers, as
+// SystemClock was before the timerfd ones: BenchmarkDispatchClock compares
+// both.
+type runtimeDispatchClock struct{}
+
+func (runtimeDispatchClock) Now() time.Time          { return time.Now() }
+func (runtimeDispatchClock) NewTimer() DispatchTimer { return newRuntimeTimer() }
+
+// hangLimit only catches a timer that never fires; it is no speed limit.
+const hangLimit = 10 * time.Second
+
+// TestPreciseTimerFiresNotBefore: armed for d, the timer fires once, never
+// before d, also when re-armed after a Stop (a new timerfd).
+func TestPreciseTimerFiresNotBefore(t *testing.T) {
+	for _, d := range []time.Duration{0, 200 * time.Microsecond, time.Millisecond, time.Millisecond + time.Millisecond, 5 * time.Millisecond} {
+		t.Run(d.String(), func(t *testing.T) {
+			pt := newPreciseTimer()
+			defer pt.Stop()
+			pt.Reset(time.Hour)
+			pt.Stop()
+			start := time.Now()
+			pt.Reset(d)
+			select {
+			case at := <-pt.C():
+				if got := at.Sub(start); got < d {
+					t.Errorf("fired after %v, before its %v", got, d)
+				}
+			case <-time.After(hangLimit):
+				t.Fatalf("armed for %v, never fired", d)
+			}
+			select {
+			case <-pt.C():
+				t.Error("fired twice for one arming")
+			case <-time.After(d + 5*time.Millisecond):
+			}
+		})
+	}
+}
+
+// TestPreciseTimerResetAndStopVoidEarlier: after Reset or Stop no value of
+// an earlier arming arrives, whether it was far from its deadline, close to
+// it, or had fired unread.
+func TestPreciseTimerResetAndStopVoidEarlier(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		first time.Duration // the arming to void
+		wait  time.Duration // how long it runs before being voided
+		stop  bool          // Stop, else Reset to 50 ms
+	}{
+		{"reset while far", 10 * time.Millisecond, 0, false},
+		{"reset when close", 2 * time.Millisecond, 1 * time.Millisecond, false},
+		{"reset after firing unread", 100 * time.Microsecond, 5 * time.Millisecond, false},
+		{"stop while far", 10 * time.Millisecond, 0, true},
+		{"stop when close", 2 * time.Millisecond, 1 * time.Millisecond, true},
+		{"stop after firing unread", 100 * time.Microsecond, 5 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pt := newPreciseTimer()
+			defer pt.Stop()
+			pt.Reset(tc.first)
+			time.Sleep(tc.wait)
+			const second = 50 * time.Millisecond
+			start := time.Now()
+			if tc.stop {
+				pt.Stop()
+				select {
+				case <-pt.C():
+					t.Error("a stopped timer fired")
+				case <-time.After(tc.first + 2*time.Millisecond):
+				}
+				return
+			}
+			pt.Reset(second)
+			select {
+			case at := <-pt.C():
+				if got := at.Sub(start); got < second {
+					t.Errorf("fired %v after the Reset to %v: a value of the earlier arming", got, second)
+				}
+			case <-time.After(hangLimit):
+				t.Fatal("the new arming never fired")
+			}
+		})
+	}
+}

@@ -1,0 +1,602 @@
+// Command benchrate runs kvload-exporter and vegeta, one after the other,
+// at the same constant request rates against the same local sink (a
+// separate process streaming 32-token OpenAI chat responses), and prints
+// for each the achieved rate, the send lag percentiles and the CPU time
+// per 1,000 requests of the load tool and of the sink (make bench-rate;
+// docs/benchmarks.md holds the figures).
+//
+//	benchrate -exporter bin/kvload-exporter -vegeta bin/vegeta -rates 1000,5000 -duration 10s
+//	benchrate sink [ADDR]   (the sink alone; benchrate starts it itself)
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "sink" {
+		if err := runSink(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
+	var (
+		exporter  = flag.String("exporter", "bin/kvload-exporter", "kvload-exporter binary")
+		vegetaBin = flag.String("vegeta", "bin/vegeta", "vegeta binary")
+		rates     = flag.String("rates", "1000,5000", "requests/s, comma-separated")
+		duration  = flag.Duration("duration", 10*time.Second, "length of each run")
+		only      = flag.String("only", "", "run only this tool: kvload or vegeta")
+		storm     = flag.Int("storm", 100, "concurrent /metrics scrapers of the extra kvload run at -storm-rate; 0 for none")
+		stormRate = flag.Int("storm-rate", 1000, "requests/s of the kvload run under a scrape storm")
+		stormGap  = flag.Duration("storm-interval", 100*time.Millisecond, "pause of each scraper between scrapes; 0 for back to back")
+	)
+	flag.Parse()
+	if err := run(*exporter, *vegetaBin, *rates, *duration, *only, *storm, *stormRate, *stormGap); err != nil {
+		fmt.Fprintln(os.Stderr, "benchrate:", err)
+		os.Exit(1)
+	}
+}
+
+// outcome is one tool's run at one rate.
+type outcome struct {
+	tool      string
+	rate      int
+	sent      int64   // requests the sink received
+	achieved  float64 // requests/s the sink received, first to last
+	p50, p99  time.Duration
+	dropped   float64 // requests the tool scheduled but never sent (kvload only)
+	toolCPU   float64 // CPU-seconds of the load tool over the run
+	toolSys   float64 // the part of toolCPU spent in the kernel
+	sinkCPU   float64 // CPU-seconds of the sink over the run
+	lagSource string
+	scrapes   map[int]int // status code → scrapes, under a storm
+}
+
+func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, storm, stormRate int, stormGap time.Duration) error {
+	for _, bin := range []string{exporter, vegetaBin} {
+		if _, err := os.Stat(bin); err != nil {
+			return fmt.Errorf("%w (make bench-rate builds it)", err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "benchrate")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	sinkCmd := exec.CommandContext(ctx, self, "sink")
+	sinkCmd.Stderr = os.Stderr
+	out, err := sinkCmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := sinkCmd.Start(); err != nil {
+		return fmt.Errorf("start sink: %w", err)
+	}
+	defer func() {
+		_ = sinkCmd.Process.Signal(syscall.SIGTERM)
+		_ = sinkCmd.Wait()
+	}()
+	line := make([]byte, 64)
+	n, err := out.Read(line)
+	if err != nil {
+		return fmt.Errorf("sink address: %w", err)
+	}
+	sinkAddr := strings.TrimSpace(string(line[:n]))
+	sinkURL := "http://" + sinkAddr
+
+	fmt.Printf("machine: %d CPUs, %s; load average %s\n", cpuCount(), cpuModel(), loadAvg())
+	fmt.Printf("sink %s (pid %d), %v per run\n\n", sinkURL, sinkCmd.Process.Pid, dur)
+	var results []outcome
+	for _, f := range strings.Split(rateList, ",") {
+		rate, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || rate <= 0 {
+			return fmt.Errorf("rate %q: want a positive integer", f)
+		}
+		if only == "" || only == "kvload" {
+			o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, rate, dur, 0, 0)
+			if err != nil {
+				return err
+			}
+			results = append(results, o)
+			printOutcome(o)
+		}
+		if only == "" || only == "vegeta" {
+			o, err := runVegeta(ctx, vegetaBin, dir, sinkURL, sinkCmd.Process.Pid, rate, dur)
+			if err != nil {
+				return err
+			}
+			results = append(results, o)
+			printOutcome(o)
+		}
+	}
+	if storm > 0 && (only == "" || only == "kvload") {
+		o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, stormRate, dur, storm, stormGap)
+		if err != nil {
+			return err
+		}
+		results = append(results, o)
+		printOutcome(o)
+		fmt.Printf("scrapes by status: %v\n", o.scrapes)
+	}
+	fmt.Printf("\nload average after: %s\n\n", loadAvg())
+	fmt.Println("| tool | target req/s | achieved req/s | requests | dropped | p50 send lag | p99 send lag | tool CPU-s per 1,000 req | sink CPU-s per 1,000 req |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	for _, o := range results {
+		fmt.Printf("| %s | %d | %.0f | %d | %.0f | %s | %s | %.3f | %.3f |\n", o.tool, o.rate, o.achieved, o.sent, o.dropped,
+			ms(o.p50), ms(o.p99), perK(o.toolCPU, o.sent), perK(o.sinkCPU, o.sent))
+	}
+	return nil
+}
+
+func printOutcome(o outcome) {
+	fmt.Printf("%-6s %5d/s: achieved %.0f/s, %d requests, %.0f dropped, lag p50 %s p99 %s (%s), CPU %.2f s of which %.2f s in the kernel (%.3f per 1,000 req), sink CPU %.2f s\n",
+		o.tool, o.rate, o.achieved, o.sent, o.dropped, ms(o.p50), ms(o.p99), o.lagSource, o.toolCPU, o.toolSys, perK(o.toolCPU, o.sent), o.sinkCPU)
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
+
+func perK(cpu float64, n int64) float64 {
+	if n == 0 {
+		return math.NaN()
+	}
+	return cpu / float64(n) * 1000
+}
+
+// runKvload replays a trace of rate×dur evenly spaced rows (64-token
+// prompts, 32 output tokens) once, and reads its own lag histogram. With
+// storm > 0, that many scrapers fetch /metrics meanwhile, each pausing
+// stormGap between scrapes.
+func runKvload(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int, dur time.Duration, storm int, stormGap time.Duration) (outcome, error) {
+	o := outcome{tool: "kvload", rate: rate, lagSource: "kvload_schedule_lag_seconds, classic buckets, interpolated"}
+	if storm > 0 {
+		o.tool = fmt.Sprintf("kvload, %d scrapers every %v", storm, stormGap)
+	}
+	rows := int(float64(rate) * dur.Seconds())
+	trace := filepath.Join(dir, fmt.Sprintf("rate%d.jsonl", rate))
+	var b bytes.Buffer
+	for i := range rows {
+		fmt.Fprintf(&b, `{"timestamp": %.4f, "input_length": 64, "output_length": 32, "hash_ids": [%d]}`+"\n", float64(i)*1000/float64(rate), i)
+	}
+	if err := os.WriteFile(trace, b.Bytes(), 0o644); err != nil {
+		return o, err
+	}
+	cfg := filepath.Join(dir, fmt.Sprintf("rate%d.yml", rate))
+	yml := fmt.Sprintf(`targets:
+  - name: sink
+    url: %s
+    model: bench
+    dialect: openai
+    cache: {block_size: 16, capacity_blocks: 0, observed: none}
+workloads:
+  - name: rate
+    trace: %s
+    targets: [sink]
+    seed: 1
+    loop: once
+    max_in_flight: 4096
+`, sinkURL, trace)
+	if err := os.WriteFile(cfg, []byte(yml), 0o644); err != nil {
+		return o, err
+	}
+	web, err := freeAddr()
+	if err != nil {
+		return o, err
+	}
+	if err := resetSink(sinkURL); err != nil {
+		return o, err
+	}
+	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("kvload%d.log", rate)))
+	if err != nil {
+		return o, err
+	}
+	defer logf.Close()
+	cmd := exec.CommandContext(ctx, bin, "--config.file="+cfg, "--web.listen-address="+web, "--shutdown.drain-timeout=5s")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return o, fmt.Errorf("start kvload-exporter: %w", err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	}()
+	pid := cmd.Process.Pid
+	// CPU is counted from readiness: what the exporter spends before
+	// (configuration, trace, tokenizer) is start-up, not load.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		if resp, err := http.Get("http://" + web + "/-/ready"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return o, fmt.Errorf("kvload-exporter not ready after 30 s (log: %s)", logf.Name())
+		}
+	}
+	cpu0, sink0, sys0 := procCPU(pid), procCPU(sinkPid), procSys(pid)
+	stopStorm := scrapeStorm(ctx, "http://"+web+"/metrics", storm, stormGap)
+	st, err := waitSink(sinkURL, int64(rows), dur)
+	o.scrapes = stopStorm()
+	if err != nil {
+		return o, err
+	}
+	time.Sleep(100 * time.Millisecond) // the last streams end
+	cpu1, sink1, sys1 := procCPU(pid), procCPU(sinkPid), procSys(pid)
+	text, err := get("http://" + web + "/metrics")
+	if err != nil {
+		return o, err
+	}
+	o.sent, o.achieved = st.Requests, achieved(st)
+	o.toolCPU, o.sinkCPU, o.toolSys = cpu1-cpu0, sink1-sink0, sys1-sys0
+	o.dropped = sumSeries(text, "kvload_requests_dropped_total")
+	buckets := lagBuckets(text)
+	o.p50, o.p99 = quantile(buckets, 0.5), quantile(buckets, 0.99)
+	var cum []string
+	for _, b := range buckets {
+		cum = append(cum, fmt.Sprintf("%g:%.0f", b.le, b.count))
+	}
+	fmt.Printf("kvload %d/s lag buckets (le seconds: cumulative count): %s\n", rate, strings.Join(cum, " "))
+	return o, nil
+}
+
+// runVegeta attacks the sink at rate for dur with one fixed chat request
+// like the exporter's. Its send lag is its hit's start time minus the
+// schedule: a constant rate from the first hit, aligned on the earliest
+// hit, so the lag is relative to vegeta's best-kept hit (never negative).
+func runVegeta(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int, dur time.Duration) (outcome, error) {
+	o := outcome{tool: "vegeta", rate: rate, lagSource: "result timestamp − seq/rate, aligned on the earliest"}
+	body := `{"model":"bench","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum ", 32) +
+		`"}],"max_tokens":32,"stream":true,"stream_options":{"include_usage":true}}`
+	target, err := json.Marshal(map[string]any{
+		"method": "POST",
+		"url":    sinkURL + "/v1/chat/completions",
+		"body":   base64.StdEncoding.EncodeToString([]byte(body)),
+		"header": map[string][]string{"Content-Type": {"application/json"}, "Accept": {"text/event-stream"}},
+	})
+	if err != nil {
+		return o, err
+	}
+	targets := filepath.Join(dir, "targets.json")
+	if err := os.WriteFile(targets, append(target, '\n'), 0o644); err != nil {
+		return o, err
+	}
+	results := filepath.Join(dir, fmt.Sprintf("vegeta%d.bin", rate))
+	if err := resetSink(sinkURL); err != nil {
+		return o, err
+	}
+	sink0 := procCPU(sinkPid)
+	// -max-body 0: every byte of the stream is read, none kept.
+	cmd := exec.CommandContext(ctx, bin, "attack", "-format=json", "-targets="+targets, "-rate="+strconv.Itoa(rate)+"/1s",
+		"-duration="+dur.String(), "-max-body=0", "-output="+results)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		return o, fmt.Errorf("vegeta attack: %w", err)
+	}
+	sink1 := procCPU(sinkPid)
+	// The same counters /proc/<pid>/stat shows (utime, stime), read by
+	// wait4 when vegeta exits: its whole life, start-up included.
+	o.toolCPU = cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
+	o.toolSys = cmd.ProcessState.SystemTime().Seconds()
+	o.sinkCPU = sink1 - sink0
+	st, err := sinkStatsOf(sinkURL)
+	if err != nil {
+		return o, err
+	}
+	o.sent, o.achieved = st.Requests, achieved(st)
+
+	f, err := os.Open(results)
+	if err != nil {
+		return o, err
+	}
+	defer f.Close()
+	dec := vegeta.NewDecoder(f)
+	var offsets []time.Duration // hit start minus seq × interval, from an arbitrary origin
+	interval := time.Second / time.Duration(rate)
+	failed := 0
+	for {
+		var r vegeta.Result
+		if err := dec.Decode(&r); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return o, fmt.Errorf("decode vegeta results: %w", err)
+		}
+		if r.Code != http.StatusOK {
+			failed++
+		}
+		offsets = append(offsets, time.Duration(r.Timestamp.UnixNano())-time.Duration(r.Seq)*interval)
+	}
+	if failed > 0 {
+		fmt.Printf("vegeta: %d of %d requests failed\n", failed, len(offsets))
+	}
+	if len(offsets) == 0 {
+		return o, errors.New("vegeta recorded no results")
+	}
+	slices.Sort(offsets)
+	pct := func(q float64) time.Duration { return offsets[int(q*float64(len(offsets)-1))] - offsets[0] }
+	o.p50, o.p99 = pct(0.5), pct(0.99)
+	return o, nil
+}
+
+// scrapeStorm starts n scrapers fetching url, each pausing gap between
+// scrapes; the function it returns stops them, waits for them and counts
+// their answers by status.
+func scrapeStorm(ctx context.Context, url string, n int, gap time.Duration) func() map[int]int {
+	ctx, cancel := context.WithCancel(ctx)
+	codes := make(chan map[int]int, n)
+	for range n {
+		go func() {
+			seen := map[int]int{}
+			defer func() { codes <- seen }()
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+			defer client.CloseIdleConnections()
+			for ctx.Err() == nil {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+				if err != nil {
+					return
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					seen[0]++
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				seen[resp.StatusCode]++
+				if gap > 0 {
+					select {
+					case <-ctx.Done():
+					case <-time.After(gap):
+					}
+				}
+			}
+		}()
+	}
+	return func() map[int]int {
+		cancel()
+		total := map[int]int{}
+		for range n {
+			for c, k := range <-codes {
+				total[c] += k
+			}
+		}
+		return total
+	}
+}
+
+func resetSink(url string) error {
+	_, err := get(url + "/reset")
+	return err
+}
+
+func sinkStatsOf(url string) (sinkStats, error) {
+	var st sinkStats
+	text, err := get(url + "/stats")
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal([]byte(text), &st)
+}
+
+// waitSink waits until the sink has seen want requests, or, once the run
+// should be over, until the count stops moving (the tool dropped some).
+func waitSink(url string, want int64, dur time.Duration) (sinkStats, error) {
+	start := time.Now()
+	var last sinkStats
+	for {
+		time.Sleep(250 * time.Millisecond)
+		st, err := sinkStatsOf(url)
+		if err != nil {
+			return st, err
+		}
+		if st.Requests >= want || (time.Since(start) > dur+2*time.Second && st.Requests == last.Requests) {
+			return st, nil
+		}
+		if time.Since(start) > dur+60*time.Second {
+			return st, fmt.Errorf("sink saw %d of %d requests after %v", st.Requests, want, time.Since(start))
+		}
+		last = st
+	}
+}
+
+func achieved(st sinkStats) float64 {
+	if st.Requests < 2 || st.Last <= st.First {
+		return 0
+	}
+	return float64(st.Requests-1) / (float64(st.Last-st.First) / 1e9)
+}
+
+func get(url string) (string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return string(b), nil
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// procCPU is utime+stime of pid in seconds from /proc/<pid>/stat (clock
+// ticks of 1/100 s on Linux); NaN where it cannot be read.
+func procCPU(pid int) float64 { return procTicks(pid, true, true) }
+
+// procSys is stime alone.
+func procSys(pid int) float64 { return procTicks(pid, false, true) }
+
+func procTicks(pid int, user, sys bool) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return math.NaN()
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return math.NaN()
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return math.NaN()
+	}
+	u, err1 := strconv.ParseFloat(f[11], 64)
+	s, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return math.NaN()
+	}
+	if !user {
+		u = 0
+	}
+	if !sys {
+		s = 0
+	}
+	return (u + s) / 100
+}
+
+// sumSeries adds up every sample of a counter in the text format.
+func sumSeries(text, name string) float64 {
+	var sum float64
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			if v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
+}
+
+type bucket struct{ le, count float64 }
+
+// lagBuckets reads the classic buckets of kvload_schedule_lag_seconds,
+// summed over series.
+func lagBuckets(text string) []bucket {
+	sums := map[float64]float64{}
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, "kvload_schedule_lag_seconds_bucket{") {
+			continue
+		}
+		i := strings.Index(line, `le="`)
+		if i < 0 {
+			continue
+		}
+		rest := line[i+4:]
+		le, err := strconv.ParseFloat(rest[:strings.IndexByte(rest, '"')], 64)
+		if err != nil {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err == nil {
+			sums[le] += v
+		}
+	}
+	var bs []bucket
+	for le, c := range sums {
+		bs = append(bs, bucket{le, c})
+	}
+	slices.SortFunc(bs, func(a, b bucket) int {
+		switch {
+		case a.le < b.le:
+			return -1
+		case a.le > b.le:
+			return 1
+		}
+		return 0
+	})
+	return bs
+}
+
+// quantile interpolates within the classic buckets, as PromQL's
+// histogram_quantile does.
+func quantile(bs []bucket, q float64) time.Duration {
+	if len(bs) == 0 || bs[len(bs)-1].count == 0 {
+		return 0
+	}
+	rank := q * bs[len(bs)-1].count
+	lower, below := 0.0, 0.0
+	for _, b := range bs {
+		if b.count >= rank {
+			if math.IsInf(b.le, 1) {
+				return time.Duration(lower * 1e9)
+			}
+			frac := 1.0
+			if b.count > below {
+				frac = (rank - below) / (b.count - below)
+			}
+			return time.Duration((lower + (b.le-lower)*frac) * 1e9)
+		}
+		lower, below = b.le, b.count
+	}
+	return time.Duration(lower * 1e9)
+}
+
+func cpuCount() int {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(b), "\nprocessor") + boolInt(strings.HasPrefix(string(b), "processor"))
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func cpuModel() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			return strings.TrimSpace(l[strings.IndexByte(l, ':')+1:])
+		}
+	}
+	return "unknown CPU"
+}
+
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
