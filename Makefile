@@ -36,7 +36,7 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: all build release run test test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench tokenizers clean \
+.PHONY: all build release run test test-browser screenshot test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench tokenizers clean \
         prometheus test-rules test-dashboards test-prometheus test-alerts vulncheck
 
 all: build
@@ -61,7 +61,7 @@ run:
 	$(GO) run ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
-test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-rules test-dashboards test-prometheus
+test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-browser test-rules test-dashboards test-prometheus
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -83,6 +83,20 @@ test-e2e:
 # their figures (-v). test-go runs them smaller under -race.
 test-faults:
 	$(GO) test -count=1 -timeout 10m -run '^(TestFaultsMatchGroundTruth|TestEndpointLoss)$$' -v ./cmd/kvload-exporter
+
+# Debian's chromium, for the browser test of the landing page.
+CHROMIUM := /usr/bin/chromium
+
+$(CHROMIUM):
+	apt-get install -y chromium
+
+## test-browser: the landing page in headless Chromium, against emulated healthy, failing and no-cached-count targets.
+test-browser: $(CHROMIUM)
+	$(GO) test -tags browser -ldflags '$(LDFLAGS)' -count=1 -timeout 10m -run '^TestBrowser' -v ./cmd/kvload-exporter
+
+## screenshot: test-browser, keeping its screenshot as docs/landing-page.png (the README's).
+screenshot: $(CHROMIUM)
+	KVLOAD_SCREENSHOT=docs/landing-page.png $(GO) test -tags browser -ldflags '$(LDFLAGS)' -count=1 -timeout 10m -run '^TestBrowser' ./cmd/kvload-exporter
 
 ## prometheus: build the pinned Prometheus and promtool into bin/.
 prometheus: $(PROMETHEUS) $(PROMTOOL)
