@@ -58,7 +58,7 @@ release:
 
 ## run: the quickstart: a bundled trace against an emulated engine, metrics on :9812.
 run:
-	$(GO) run ./cmd/kvload-exporter --config.file=examples/quickstart.yml
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
 test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-browser test-rules test-dashboards test-prometheus
@@ -71,10 +71,11 @@ test-go:
 test-prompts: tokenizers
 	$(GO) test -count=1 -timeout 40m -run '^TestEveryTracePromptTokenizes$$' -v ./synth
 
-# The daemon end to end against its emulated engines: the quickstart, a
-# pass over the whole synthetic trace (observed vs theoretical cache hits,
-# then the cache turned off) and prompt-token exactness. About a minute;
-# too slow under -race.
+# The daemon end to end against its emulated engines: the quickstart (its
+# totals, and its hit rate against analyze's over three passes), a pass
+# over the whole synthetic trace (observed vs theoretical cache hits, then
+# the cache turned off) and prompt-token exactness. A few minutes; too
+# slow under -race.
 test-e2e:
 	$(GO) test -count=1 -timeout 30m -run '^TestE2E' ./cmd/kvload-exporter
 
