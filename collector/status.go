@@ -48,6 +48,7 @@ const (
 	EfficiencyAbove       = "above model"
 	EfficiencyNotReported = "not reported"
 	EfficiencyNoSharing   = "nothing to share"
+	EfficiencyNoSuccess   = "no success"
 )
 
 // recent is a ring of the last finished requests of one (workload, target).
@@ -116,6 +117,8 @@ type Status struct {
 	Window          time.Duration // span the figures cover
 	// Health is one of the Health* states; HealthReason says why.
 	Health, HealthReason string
+
+	succeeded int // successful requests in the window
 }
 
 type wtKey struct{ workload, target string }
@@ -233,7 +236,7 @@ func (c *Collector) Status() []Status {
 			st.RequestsPerSec = float64(n) / st.Window.Seconds()
 			st.ErrorRatio = float64(failed) / float64(n)
 		}
-		st.Requests = n
+		st.Requests, st.succeeded = n, n-failed
 		for _, o := range replay.Outcomes {
 			st.Outcomes = append(st.Outcomes, OutcomeCount{string(o), byOutcome[o]})
 		}
@@ -276,6 +279,8 @@ func (c *Collector) Status() []Status {
 // theoretical hit rate of the requests that reported their cached tokens.
 func efficiencyState(st Status, repTheoRate float64) string {
 	switch {
+	case !st.Reported && st.succeeded == 0:
+		return EfficiencyNoSuccess // nothing could report
 	case !st.Reported:
 		return EfficiencyNotReported
 	case repTheoRate < minTheoretical:

@@ -37,6 +37,7 @@ func TestStatusHealth(t *testing.T) {
 		{"a few errors", append(many(99, ok(0, 500)), fail), HealthOK, "1 of 100 requests failed", EfficiencyOK},
 		{"degraded by errors", append(many(9, ok(0, 500)), fail), HealthDegraded, "1 of 10 requests failed (10.0%), mostly http_error", EfficiencyOK},
 		{"failing", append(many(1, ok(0, 500)), many(3, fail)...), HealthFailing, "3 of 4 requests failed (75.0%), mostly http_error", EfficiencyOK},
+		{"every request fails", many(3, fail), HealthFailing, "3 of 3 requests failed (100.0%), mostly http_error", EfficiencyNoSuccess},
 		{"behind schedule", many(10, ok(2*time.Second, 500)), HealthDegraded, "schedule lag p99 2000 ms", EfficiencyOK},
 		{"cache regression", many(10, ok(0, 100)), HealthDegraded, "the cache serves 20% of what the trace allows", EfficiencyLow},
 		{"above the model", many(10, ok(0, 900)), HealthOK, "none failed", EfficiencyAbove},

@@ -119,6 +119,7 @@ var stateClass = map[string]string{
 	collector.EfficiencyLow:       "warn",
 	collector.EfficiencyAbove:     "warn",
 	collector.EfficiencyNoSharing: "none",
+	collector.EfficiencyNoSuccess: "none",
 }
 
 //go:embed landing.html

@@ -218,3 +218,14 @@ func TestConnLimiter(t *testing.T) {
 		})
 	}
 }
+
+// TestStateClasses: every health and efficiency state has its colour.
+func TestStateClasses(t *testing.T) {
+	for _, s := range []string{collector.HealthOK, collector.HealthDegraded, collector.HealthFailing, collector.HealthNotReported,
+		collector.EfficiencyOK, collector.EfficiencyLow, collector.EfficiencyAbove, collector.EfficiencyNotReported,
+		collector.EfficiencyNoSharing, collector.EfficiencyNoSuccess} {
+		if stateClass[s] == "" {
+			t.Errorf("state %q has no colour class", s)
+		}
+	}
+}
