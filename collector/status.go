@@ -110,6 +110,9 @@ type Status struct {
 	ObservedHitRate float64
 	Reported        bool
 	TheoreticalRate float64 // theoretical cached / trace prompt tokens
+	// TheoreticalKnown is false when no successful request had a
+	// theoretical count: the rate is then no figure, not zero.
+	TheoreticalKnown bool
 	// Efficiency is ObservedHitRate over the theoretical rate of the same
 	// reporting requests; 0 when not Reported or nothing could hit.
 	Efficiency      float64
@@ -261,6 +264,7 @@ func (c *Collector) Status() []Status {
 		}
 		if trace > 0 {
 			st.TheoreticalRate = float64(theo) / float64(trace)
+			st.TheoreticalKnown = true
 		}
 		st.EfficiencyState = efficiencyState(st, repTheoRate)
 		st.Health, st.HealthReason = health(st, failed, byOutcome)

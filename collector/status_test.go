@@ -64,6 +64,9 @@ func TestStatusHealth(t *testing.T) {
 			if s.EfficiencyState != tt.efficiency {
 				t.Errorf("efficiency %q (%.2f), want %q", s.EfficiencyState, s.Efficiency, tt.efficiency)
 			}
+			if known := tt.efficiency != EfficiencyNoSuccess; s.TheoreticalKnown != known {
+				t.Errorf("theoretical known %v, want %v", s.TheoreticalKnown, known)
+			}
 			if len(s.LastError) > maxErrorLen+len("…") {
 				t.Errorf("last error not bounded: %d bytes", len(s.LastError))
 			}

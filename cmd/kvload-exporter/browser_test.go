@@ -128,7 +128,7 @@ func TestBrowserLandingPage(t *testing.T) {
 		{"health", "no-cached-count", []string{"no-cached-count", "ok"}, "state ok"},
 		{"cache", "healthy", []string{"ms", "ms", "%", "%"}, "state ok"},
 		{"cache", "no-cached-count", []string{"not reported", "%", "not reported"}, "state none"},
-		{"cache", "failing", []string{"–", "–", "–", "no success"}, "state none"},
+		{"cache", "failing", []string{"–", "–", "–", "–", "no success"}, "state none"},
 		{"targets", "healthy", []string{"healthy", "kvload-emulated", "chat", "vllm", "16", "4096", "read from vllm:cache_config_info"}, ""},
 		{"targets", "failing", []string{"failing", "16", "unbounded"}, ""},
 	} {
