@@ -36,7 +36,7 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: all build release run test test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench tokenizers clean \
+.PHONY: all build release run test test-browser screenshot test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench tokenizers clean \
         prometheus test-rules test-dashboards test-prometheus test-alerts vulncheck bench-rate
 
 all: build
@@ -58,10 +58,10 @@ release:
 
 ## run: the quickstart: a bundled trace against an emulated engine, metrics on :9812.
 run:
-	$(GO) run ./cmd/kvload-exporter --config.file=examples/quickstart.yml
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
-test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-rules test-dashboards test-prometheus test-alerts
+test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-browser test-rules test-dashboards test-prometheus test-alerts
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -71,10 +71,11 @@ test-go:
 test-prompts: tokenizers
 	$(GO) test -count=1 -timeout 40m -run '^TestEveryTracePromptTokenizes$$' -v ./synth
 
-# The daemon end to end against its emulated engines: the quickstart, a
-# pass over the whole synthetic trace (observed vs theoretical cache hits,
-# then the cache turned off) and prompt-token exactness. About a minute;
-# too slow under -race.
+# The daemon end to end against its emulated engines: the quickstart (its
+# totals, and its hit rate against analyze's over three passes), a pass
+# over the whole synthetic trace (observed vs theoretical cache hits, then
+# the cache turned off) and prompt-token exactness. A few minutes; too
+# slow under -race.
 test-e2e:
 	$(GO) test -count=1 -timeout 30m -run '^TestE2E' ./cmd/kvload-exporter
 
@@ -83,6 +84,20 @@ test-e2e:
 # their figures (-v). test-go runs them smaller under -race.
 test-faults:
 	$(GO) test -count=1 -timeout 10m -run '^(TestFaultsMatchGroundTruth|TestEndpointLoss)$$' -v ./cmd/kvload-exporter
+
+# Debian's chromium, for the browser test of the landing page.
+CHROMIUM := /usr/bin/chromium
+
+$(CHROMIUM):
+	apt-get install -y chromium
+
+## test-browser: the landing page in headless Chromium, against emulated healthy, failing and no-cached-count targets.
+test-browser: $(CHROMIUM)
+	$(GO) test -tags browser -ldflags '$(LDFLAGS)' -count=1 -timeout 10m -run '^TestBrowser' -v ./cmd/kvload-exporter
+
+## screenshot: test-browser, keeping its screenshot as docs/landing-page.png (the README's).
+screenshot: $(CHROMIUM)
+	KVLOAD_SCREENSHOT=docs/landing-page.png $(GO) test -tags browser -ldflags '$(LDFLAGS)' -count=1 -timeout 10m -run '^TestBrowser' ./cmd/kvload-exporter
 
 ## prometheus: build the pinned Prometheus and promtool into bin/.
 prometheus: $(PROMETHEUS) $(PROMTOOL)

@@ -1,9 +1,12 @@
 package collector
 
 import (
+	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
@@ -15,15 +18,54 @@ const (
 	statusAge    = time.Minute
 )
 
+// The health thresholds are the alerts' (dashboards/rules/kvload-alerts.yml),
+// applied to the landing page's window instead of five minutes.
+const (
+	degradedErrorRatio = 0.05 // KvloadHighErrorRatio
+	failingErrorRatio  = 0.5
+	degradedLag        = time.Second // KvloadGeneratorBehind
+	lowEfficiency      = 0.85        // KvloadCacheHitRegression
+	minTheoretical     = 0.05        // below it, efficiency says little
+	// aboveEfficiency is where observed exceeds theoretical by more than
+	// noise: the model's cache is smaller than the server's.
+	aboveEfficiency = 1.05
+	// maxErrorLen bounds the last error shown: response bodies can be long.
+	maxErrorLen = 300
+)
+
+// Health states of a (workload, target) on the landing page.
+const (
+	HealthOK          = "ok"
+	HealthDegraded    = "degraded"
+	HealthFailing     = "failing"
+	HealthNotReported = "not reported"
+)
+
+// Cache efficiency states.
+const (
+	EfficiencyOK          = "ok"
+	EfficiencyLow         = "low"
+	EfficiencyAbove       = "above model"
+	EfficiencyNotReported = "not reported"
+	EfficiencyNoSharing   = "nothing to share"
+	EfficiencyNoSuccess   = "no success"
+)
+
 // recent is a ring of the last finished requests of one (workload, target).
 type recent struct {
 	samples [statusWindow]sample
 	n, next int
 	since   time.Time // first sample
+	// The last failed request, kept beyond the window: it is what a user
+	// looks for first.
+	lastError   string
+	lastErrorAt time.Time
 }
 
 type sample struct {
 	at          time.Time
+	outcome     replay.Outcome
+	lag         time.Duration // schedule lag
 	success     bool
 	ttft        time.Duration // 0 when unknown
 	reported    bool          // cached and theoretical tokens both known
@@ -42,21 +84,44 @@ func (r *recent) add(s sample) {
 	r.n = min(r.n+1, statusWindow)
 }
 
+// OutcomeCount is how many requests of the window ended one way.
+type OutcomeCount struct {
+	Outcome string
+	Count   int
+}
+
 // Status is the live summary of one (workload, target).
 type Status struct {
 	Workload, Target string
+	Requests         int     // finished requests in the window
 	RequestsPerSec   float64 // finished requests per second over the window
 	ErrorRatio       float64
+	// Outcomes counts the window's requests by outcome, every outcome
+	// listed, in replay.Outcomes order.
+	Outcomes []OutcomeCount
+	// LastError is the reason of the last failed request (at most
+	// maxErrorLen bytes), at LastErrorAt; empty when none failed yet.
+	LastError        string
+	LastErrorAt      time.Time
+	LagP99           time.Duration // schedule lag p99 of the window
 	TTFTP50, TTFTP99 time.Duration // 0 when no successful request
 	// ObservedHitRate is cached / server prompt tokens of the requests
 	// that reported their cached tokens; Reported is false when none did.
 	ObservedHitRate float64
 	Reported        bool
 	TheoreticalRate float64 // theoretical cached / trace prompt tokens
+	// TheoreticalKnown is false when no successful request had a
+	// theoretical count: the rate is then no figure, not zero.
+	TheoreticalKnown bool
 	// Efficiency is ObservedHitRate over the theoretical rate of the same
 	// reporting requests; 0 when not Reported or nothing could hit.
-	Efficiency float64
-	Window     time.Duration // span the figures cover
+	Efficiency      float64
+	EfficiencyState string        // one of the Efficiency* states
+	Window          time.Duration // span the figures cover
+	// Health is one of the Health* states; HealthReason says why.
+	Health, HealthReason string
+
+	succeeded int // successful requests in the window
 }
 
 type wtKey struct{ workload, target string }
@@ -66,7 +131,7 @@ type wtKey struct{ workload, target string }
 // for its target (not with observed: server_metrics or none); reported,
 // whether the request counts on both sides of the efficiency ratio.
 func (c *Collector) recordLocked(r *replay.Result, usageCached, reported bool, preamble int) {
-	s := sample{at: c.now(), success: r.Outcome == replay.OutcomeSuccess, theoretical: -1}
+	s := sample{at: c.now(), outcome: r.Outcome, lag: r.ScheduleLag(), success: r.Outcome == replay.OutcomeSuccess, theoretical: -1}
 	if s.success {
 		if d, ok := r.TTFT(); ok {
 			s.ttft = d
@@ -93,6 +158,33 @@ func (c *Collector) recordLocked(r *replay.Result, usageCached, reported bool, p
 		c.recent[k] = w
 	}
 	w.add(s)
+	if !s.success && r.Outcome != replay.OutcomeCanceled {
+		w.lastError, w.lastErrorAt = describeFailure(r), s.at
+	}
+}
+
+// describeFailure is a failed request's outcome and reason, bounded.
+func describeFailure(r *replay.Result) string {
+	msg := string(r.Outcome)
+	if r.HTTPStatus != 0 {
+		msg += fmt.Sprintf(" (HTTP %d)", r.HTTPStatus)
+	}
+	if r.Error != "" {
+		msg += ": " + r.Error
+	}
+	return truncate(msg, maxErrorLen)
+}
+
+// truncate cuts s to at most n bytes on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
 }
 
 // Status returns the live summaries, sorted by workload then target.
@@ -103,8 +195,9 @@ func (c *Collector) Status() []Status {
 	out := make([]Status, 0, len(c.recent))
 	for k, w := range c.recent {
 		st := Status{Workload: k.workload, Target: k.target}
-		var ttfts []time.Duration
+		var ttfts, lags []time.Duration
 		var n, failed, prompt, cached, trace, theo, repTrace, repTheo int
+		byOutcome := map[replay.Outcome]int{}
 		oldest := now
 		for i := 0; i < w.n; i++ {
 			s := w.samples[i]
@@ -112,6 +205,8 @@ func (c *Collector) Status() []Status {
 				continue
 			}
 			n++
+			byOutcome[s.outcome]++
+			lags = append(lags, s.lag)
 			if s.at.Before(oldest) {
 				oldest = s.at
 			}
@@ -147,21 +242,35 @@ func (c *Collector) Status() []Status {
 			st.RequestsPerSec = float64(n) / st.Window.Seconds()
 			st.ErrorRatio = float64(failed) / float64(n)
 		}
+		st.Requests, st.succeeded = n, n-failed
+		for _, o := range replay.Outcomes {
+			st.Outcomes = append(st.Outcomes, OutcomeCount{string(o), byOutcome[o]})
+		}
+		st.LastError, st.LastErrorAt = w.lastError, w.lastErrorAt
 		if len(ttfts) > 0 {
 			slices.Sort(ttfts)
 			st.TTFTP50 = nearestRank(ttfts, 50)
 			st.TTFTP99 = nearestRank(ttfts, 99)
 		}
+		if len(lags) > 0 {
+			slices.Sort(lags)
+			st.LagP99 = nearestRank(lags, 99)
+		}
+		var repTheoRate float64
 		if prompt > 0 {
 			st.Reported = true
 			st.ObservedHitRate = float64(cached) / float64(prompt)
 			if repTheo > 0 {
-				st.Efficiency = st.ObservedHitRate / (float64(repTheo) / float64(repTrace))
+				repTheoRate = float64(repTheo) / float64(repTrace)
+				st.Efficiency = st.ObservedHitRate / repTheoRate
 			}
 		}
 		if trace > 0 {
 			st.TheoreticalRate = float64(theo) / float64(trace)
+			st.TheoreticalKnown = true
 		}
+		st.EfficiencyState = efficiencyState(st, repTheoRate)
+		st.Health, st.HealthReason = health(st, failed, byOutcome)
 		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -171,6 +280,62 @@ func (c *Collector) Status() []Status {
 		return out[i].Target < out[j].Target
 	})
 	return out
+}
+
+// efficiencyState judges the cache efficiency; repTheoRate is the
+// theoretical hit rate of the requests that reported their cached tokens.
+func efficiencyState(st Status, repTheoRate float64) string {
+	switch {
+	case !st.Reported && st.succeeded == 0:
+		return EfficiencyNoSuccess // nothing could report
+	case !st.Reported:
+		return EfficiencyNotReported
+	case repTheoRate < minTheoretical:
+		return EfficiencyNoSharing
+	case st.Efficiency < lowEfficiency:
+		return EfficiencyLow
+	case st.Efficiency > aboveEfficiency:
+		return EfficiencyAbove
+	}
+	return EfficiencyOK
+}
+
+// health is the state of a (workload, target) and its reason, from the
+// window's figures: the worst of errors, schedule lag and cache efficiency.
+func health(st Status, failed int, byOutcome map[replay.Outcome]int) (string, string) {
+	if st.Requests == 0 {
+		return HealthNotReported, fmt.Sprintf("no request finished in the last %v", statusAge)
+	}
+	if failed > 0 {
+		// The most frequent failure names the problem.
+		var worst replay.Outcome
+		for _, o := range replay.Outcomes {
+			if o != replay.OutcomeSuccess && byOutcome[o] > byOutcome[worst] {
+				worst = o
+			}
+		}
+		reason := fmt.Sprintf("%d of %d requests failed (%.1f%%), mostly %s", failed, st.Requests, 100*st.ErrorRatio, worst)
+		switch {
+		case st.ErrorRatio >= failingErrorRatio:
+			return HealthFailing, reason
+		case st.ErrorRatio > degradedErrorRatio:
+			return HealthDegraded, reason
+		}
+	}
+	var reasons []string
+	if st.LagP99 > degradedLag {
+		reasons = append(reasons, fmt.Sprintf("schedule lag p99 %d ms: the exporter falls behind the trace", st.LagP99.Milliseconds()))
+	}
+	if st.EfficiencyState == EfficiencyLow {
+		reasons = append(reasons, fmt.Sprintf("the cache serves %.0f%% of what the trace allows", 100*st.Efficiency))
+	}
+	if len(reasons) > 0 {
+		return HealthDegraded, strings.Join(reasons, "; ")
+	}
+	if failed > 0 {
+		return HealthOK, fmt.Sprintf("%d of %d requests failed, under the %.0f%% threshold", failed, st.Requests, 100*degradedErrorRatio)
+	}
+	return HealthOK, fmt.Sprintf("%d requests, none failed", st.Requests)
 }
 
 // nearestRank is the p-th percentile of sorted by the nearest-rank method.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -32,8 +33,11 @@ type Config struct {
 	Targets   []Target   `yaml:"targets"`
 	Workloads []Workload `yaml:"workloads"`
 
-	// dir is the directory of the file, against which trace paths resolve.
-	dir string
+	// dir is the directory of the file, against which trace paths resolve;
+	// file is the file's path as given, when known.
+	dir, file string
+	// traceLines is the line of each workload's trace key, for errors.
+	traceLines map[int]int
 	// fingerprints holds a canonical form of each target's and workload's
 	// YAML ("target/NAME", "workload/NAME"), secrets included, to tell
 	// what a reload changed; it is never printed.
@@ -185,6 +189,7 @@ func ParseFile(path string, data []byte) (*Config, error) {
 	if err != nil {
 		return nil, prefixLines(path, err)
 	}
+	cfg.file = path
 	return cfg, nil
 }
 
@@ -209,6 +214,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 	}
 	if root.Kind != 0 {
 		walk := walkKeys(&root, reflect.TypeOf(cfg))
+		cfg.traceLines = walk.traceLines()
 		var problems []error
 		for _, u := range walk.unknown {
 			problems = append(problems, errors.New(u))
@@ -339,6 +345,38 @@ func (c *Config) TracePath(w *Workload) string {
 		return w.Trace
 	}
 	return filepath.Join(c.dir, w.Trace)
+}
+
+// TraceError is err, the failure to read w's trace, told so that the user
+// can fix it: the file and YAML path of the trace key, its line, and for a
+// relative path the directory it resolves against. It wraps err.
+func (c *Config) TraceError(w *Workload, err error) error {
+	where := "workload " + w.Name + ": trace"
+	for i := range c.Workloads {
+		if &c.Workloads[i] == w {
+			where = fmt.Sprintf("workloads[%d].trace", i)
+			if line := c.traceLines[i]; line > 0 {
+				where += fmt.Sprintf(" (line %d)", line)
+			}
+		}
+	}
+	if c.file != "" {
+		where = c.file + ": " + where
+	}
+	reason := err.Error()
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		reason = pe.Err.Error() // the path is told below, as written
+	}
+	msg := fmt.Sprintf("%s: %q: %s", where, w.Trace, reason)
+	if !filepath.IsAbs(w.Trace) && c.dir != "" {
+		dir := c.dir
+		if abs, aerr := filepath.Abs(dir); aerr == nil {
+			dir = abs
+		}
+		msg += fmt.Sprintf(" (a relative trace path resolves against the configuration file's directory, %s)", dir)
+	}
+	return &Error{msg: msg, err: err}
 }
 
 // Fingerprint returns a canonical form of the named target's or workload's

@@ -3,8 +3,10 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -50,7 +52,11 @@ func (w *keyWalk) walk(n *yaml.Node, t reflect.Type, path string) {
 				if where == "" {
 					where = "top level"
 				}
-				w.unknown = append(w.unknown, fmt.Sprintf("%s: unknown key %q (line %d)", where, k.Value, k.Line))
+				msg := fmt.Sprintf("%s: unknown key %q (line %d)", where, k.Value, k.Line)
+				if near := closestKey(k.Value, fields); near != "" {
+					msg += fmt.Sprintf("; did you mean %q?", near)
+				}
+				w.unknown = append(w.unknown, msg)
 				continue
 			}
 			w.setPath(k.Line, child)
@@ -139,6 +145,60 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 		out[name] = f.Type
 	}
 	return out
+}
+
+// traceLines is the line of each workloads[i].trace key.
+func (w *keyWalk) traceLines() map[int]int {
+	out := map[int]int{}
+	for line, path := range w.paths {
+		var i int
+		if n, _ := fmt.Sscanf(path, "workloads[%d].trace", &i); n == 1 && path == fmt.Sprintf("workloads[%d].trace", i) {
+			out[i] = line
+		}
+	}
+	return out
+}
+
+// closestKey is the known key nearest to key by edit distance, or "" when
+// none is close enough to be what was meant: at most a third of the
+// key's length, and at least 1, edits away. Ties go to the first in
+// alphabetical order, so the advice is stable.
+func closestKey(key string, fields map[string]reflect.Type) string {
+	best, bestDist := "", max(len(key)/3, 1)+1
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		if d := editDistance(strings.ToLower(key), k); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// editDistance is the edit distance between a and b, in bytes (keys are
+// ASCII): insertions, deletions, substitutions and swaps of two adjacent
+// letters, the commonest typo, each count one.
+func editDistance(a, b string) int {
+	// d[i][j] is the distance between a[:i] and b[:j].
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }
 
 var linePrefix = regexp.MustCompile(`^line (\d+): `)

@@ -159,8 +159,12 @@ func (d *Daemon) reload(ctx, unitCtx context.Context, force bool) error {
 		d.status.ok = false
 		d.status.err = err.Error()
 		d.coll.ReloadDone(false, time.Now())
-		for _, line := range strings.Split(err.Error(), "\n") {
-			level.Error(d.logger).Log("msg", "configuration rejected", "problem", line)
+		// The first load's error is Start's caller's to print, once; a
+		// reload's only the log tells (the file watcher has no caller).
+		if d.cfg != nil {
+			for _, line := range strings.Split(err.Error(), "\n") {
+				level.Error(d.logger).Log("msg", "configuration rejected", "problem", line)
+			}
 		}
 		return err
 	}

@@ -36,14 +36,14 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload) (
 	// later reload), and a trace is read again at each reload anyway.
 	fi, err := os.Stat(path)
 	if err == nil && !fi.Mode().IsRegular() {
-		err = fmt.Errorf("trace %s %s, not a regular file", path, fileKind(fi.Mode()))
+		err = fmt.Errorf("%s, not a regular file", fileKind(fi.Mode()))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+		return nil, cfg.TraceError(w, err)
 	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+		return nil, cfg.TraceError(w, err)
 	}
 	sum := sha256.Sum256(raw)
 	// Parse the bytes already read for the fingerprint, not the file again.

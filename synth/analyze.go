@@ -23,6 +23,12 @@ type Analysis struct {
 	// numpy's float sum, in the last bit.
 	CacheHitRate     float64
 	PrefixReuseRatio float64
+	// TokenHitRate is the share of all prompt tokens (rows with hash_ids)
+	// an infinite prefix cache serves: cached tokens over prompt tokens,
+	// as the exporter's hit rates are, so long prompts weigh more than in
+	// CacheHitRate. A hit block is BlockSize tokens, bounded by the row's
+	// input_length. Not in AIPerf's JSON.
+	TokenHitRate float64
 
 	MinISL, MaxISL int
 	AvgISL         float64
@@ -224,6 +230,7 @@ func (a *Analyzer) Result() Analysis {
 	pairs := newPairCounter(u)
 	seen := make([]bool, u) // the infinite cache of the theoretical hit rate
 	var hits []float64      // one per row with ids, in file order
+	var hitTokens, promptTokens int64
 	for r := range n {
 		ids := a.rowIDs(idx, r)
 		if len(ids) == 0 {
@@ -240,6 +247,8 @@ func (a *Analyzer) Result() Analysis {
 			k++
 		}
 		hits = append(hits, float64(k)/float64(len(ids)))
+		hitTokens += int64(min(k*a.blockSize, a.isl[r]))
+		promptTokens += int64(a.isl[r])
 		for _, x := range ids[k:] {
 			seen[x] = true
 		}
@@ -250,6 +259,9 @@ func (a *Analyzer) Result() Analysis {
 		TotalRequests:  n,
 		UniquePrefixes: trie.nodes,
 		CacheHitRate:   ExactMean(hits),
+	}
+	if promptTokens > 0 {
+		an.TokenHitRate = divide(hitTokens, promptTokens)
 	}
 	for _, node := range trie.roots {
 		if trie.rows[node] > 1 {
@@ -359,6 +371,7 @@ func (an *Analysis) WriteTable(w io.Writer) error {
 	fmt.Fprintf(&buf, "Prefix groups:       %s\n", groupThousands(an.PrefixGroups))
 	fmt.Fprintf(&buf, "Cache hit rate:      %s\n", FormatPyFloat(an.CacheHitRate))
 	fmt.Fprintf(&buf, "Prefix reuse ratio:  %s\n", FormatPyFloat(an.PrefixReuseRatio))
+	fmt.Fprintf(&buf, "Token hit rate:      %s\n", FormatPyFloat(an.TokenHitRate))
 	fmt.Fprintf(&buf, "Block size:          %d\n", an.BlockSize)
 	fmt.Fprintf(&buf, "\nTrace Statistics\n")
 
@@ -379,10 +392,18 @@ func (an *Analysis) WriteTable(w io.Writer) error {
 		}
 		cells = append(cells, row)
 	}
+	// Every number column is as wide as the widest number, so that a
+	// column of short numbers (Min) does not hug the column before it.
 	width := make([]int, len(header))
 	for _, row := range cells {
 		for c, cell := range row {
-			width[c] = max(width[c], len(cell))
+			if c == 0 {
+				width[0] = max(width[0], len(cell))
+				continue
+			}
+			for n := 1; n < len(width); n++ {
+				width[n] = max(width[n], len(cell))
+			}
 		}
 	}
 	for _, row := range cells {

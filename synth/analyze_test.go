@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -45,7 +47,9 @@ func TestAnalyzeByHand(t *testing.T) {
 		PrefixGroups:     1,
 		CacheHitRate:     0.5,
 		PrefixReuseRatio: 5.0 / 7,
-		MinISL:           100, MaxISL: 1300, AvgISL: 781,
+		// hit tokens 0 + 1024 + 512 of the 3024 in rows with ids.
+		TokenHitRate: 1536.0 / 3024,
+		MinISL:       100, MaxISL: 1300, AvgISL: 781,
 		MinOSL: 1, MaxOSL: 20, AvgOSL: 9,
 		// isl deviations 519, 243, −81, −681: squares sum to 798732.
 		ISL: &MetricStats{Mean: 781, StdDev: math.Sqrt(798732.0 / 4), Min: 100, P25: 550, Median: 862, P75: 1093, Max: 1300},
@@ -276,4 +280,35 @@ func BenchmarkAnalyzeConversation(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(conversationRows)*float64(b.N)/b.Elapsed().Seconds(), "rows/s")
+}
+
+// TestAnalyzeTableAligned: every number column of the statistics table is
+// right-aligned to one width, so a column of short numbers (Min) reads
+// like the others.
+func TestAnalyzeTableAligned(t *testing.T) {
+	rows := []Record{row(1300, 10, 1, 2, 3), row(1024, 20, 1, 2), row(700, 5, 1, 4)}
+	an := Analyze(rows, 512)
+	var b strings.Builder
+	if err := an.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	_, table, _ := strings.Cut(b.String(), "Trace Statistics\n")
+	var ends [][]int
+	for _, line := range strings.Split(strings.TrimSpace(table), "\n") {
+		var e []int
+		for _, m := range regexp.MustCompile(`\S+( \S+)*`).FindAllStringIndex(line, -1) {
+			e = append(e, m[1])
+		}
+		ends = append(ends, e)
+	}
+	for i, e := range ends {
+		if len(e) != 8 {
+			t.Fatalf("line %d has %d cells: %v", i, len(e), e)
+		}
+		for c := 2; c < 8; c++ {
+			if e[c]-e[c-1] != e[2]-e[1] || e[c] != ends[0][c] {
+				t.Errorf("line %d: column %d ends at %d (header %d); cell ends %v", i, c, e[c], ends[0][c], e)
+			}
+		}
+	}
 }

@@ -100,17 +100,17 @@ func badInputCases() []badCase {
 			b.WriteString(`, "output_length": 3}` + "\n")
 			writeBytes(t, filepath.Join(dir, "trace.jsonl"), b.Bytes())
 		}},
-		{name: "trace-is-directory", where: "trace $DIR/trace.jsonl is a directory", make: func(t *testing.T, dir string) {
+		{name: "trace-is-directory", where: `$DIR/kvload.yml: workloads[0].trace (line 8): "trace.jsonl": is a directory, not a regular file`, make: func(t *testing.T, dir string) {
 			replaceWith(t, filepath.Join(dir, "trace.jsonl"), func(p string) error { return os.Mkdir(p, 0o755) })
 		}},
-		{name: "trace-is-fifo", where: "trace $DIR/trace.jsonl is a named pipe", make: func(t *testing.T, dir string) {
+		{name: "trace-is-fifo", where: `$DIR/kvload.yml: workloads[0].trace (line 8): "trace.jsonl": is a named pipe`, make: func(t *testing.T, dir string) {
 			// Opening a FIFO without a writer blocks: the reader must not try.
 			replaceWith(t, filepath.Join(dir, "trace.jsonl"), func(p string) error { return syscall.Mkfifo(p, 0o644) })
 		}},
-		{name: "trace-symlink-loop", where: "$DIR/trace.jsonl: too many levels of symbolic links", make: func(t *testing.T, dir string) {
+		{name: "trace-symlink-loop", where: `"trace.jsonl": too many levels of symbolic links (a relative trace path resolves against the configuration file's directory, $DIR)`, make: func(t *testing.T, dir string) {
 			replaceWith(t, filepath.Join(dir, "trace.jsonl"), func(p string) error { return os.Symlink("trace.jsonl", p) })
 		}},
-		{name: "trace-unreadable", where: "$DIR/trace.jsonl: permission denied", needsNonRoot: true, make: func(t *testing.T, dir string) {
+		{name: "trace-unreadable", where: `"trace.jsonl": permission denied`, needsNonRoot: true, make: func(t *testing.T, dir string) {
 			if err := os.Chmod(filepath.Join(dir, "trace.jsonl"), 0); err != nil {
 				t.Fatal(err)
 			}
@@ -122,7 +122,7 @@ func badInputCases() []badCase {
 		{name: "config-negative-numbers.yml", where: cfg + "workloads[0].block_size: "},
 		{name: "config-duplicate-names.yml", where: cfg + `workloads[1].name: duplicate workload name "w"`},
 		{name: "config-duplicate-keys.yml", where: cfg + "workloads[0].block_size: "},
-		{name: "config-unknown-keys.yml", where: cfg + `targets[0]: unknown key "cahce"`},
+		{name: "config-unknown-keys.yml", where: cfg + `targets[0]: unknown key "cahce" (line 6); did you mean "cache"?`},
 		{name: "config-unknown-target.yml", where: cfg + `workloads[1].targets[0]: unknown target "vllm-b"`},
 		{name: "config-nul-byte.yml", where: cfg + "line 11: "},
 		{name: "config-invalid-utf8.yml", where: cfg + "line 11: "},
@@ -135,7 +135,7 @@ func badInputCases() []badCase {
 		{name: "config-tls-file-missing.yml", where: cfg + "targets[0].http_client_config: "},
 		{name: "config-extra-body-stream.yml", where: cfg + "targets[0].extra_body.stream: "},
 		{name: "config-bom-crlf.yml", where: cfg + `workloads[0].loop: "forever"`},
-		{name: "config-trace-missing.yml", where: "stat $DIR/no-such-trace.jsonl: no such file or directory"},
+		{name: "config-trace-missing.yml", where: `$DIR/kvload.yml: workloads[0].trace (line 8): "no-such-trace.jsonl": no such file or directory (a relative trace path resolves against the configuration file's directory, $DIR)`},
 		{name: "config-trace-empty-path.yml", where: cfg + "workloads[0].trace: is required"},
 		{name: "config-missing", where: "$DIR/kvload.yml: no such file or directory", make: func(t *testing.T, dir string) {
 			if err := os.Remove(filepath.Join(dir, "kvload.yml")); err != nil {
@@ -324,8 +324,14 @@ func TestBadInputStart(t *testing.T) {
 				t.Fatalf("no %q error line in stderr:\n%s", programName+": ", out)
 			}
 			got = strings.TrimSuffix(got, "\n")
-			if want := wantError(t, c, got, false); got != want {
+			want := wantError(t, c, got, false)
+			if got != want {
 				t.Errorf("error differs from %s:\n got: %s\nwant: %s", goldenName(c), got, want)
+			}
+			// Printed once: not also as a log line (whose quoting would
+			// differ, so the place it names is what is counted).
+			if n := strings.Count(out, c.where); n != 1 {
+				t.Errorf("%q printed %d times:\n%s", c.where, n, out)
 			}
 		})
 	}

@@ -53,7 +53,7 @@ func runEmulate(ctx context.Context, s streams, listen string, cfg emulate.Confi
 	}
 	base, wait, err := e.Start(ctx, listen)
 	if err != nil {
-		return fmt.Errorf("emulate: %w", err)
+		return err // the emulate package names itself
 	}
 	c := e.Config()
 	// The URL is the first line, so scripts and tests can read it.

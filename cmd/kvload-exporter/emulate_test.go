@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -100,9 +101,24 @@ func TestEmulateCommandBadInput(t *testing.T) {
 }
 
 func TestEmulateCommandListenError(t *testing.T) {
-	var out, errOut bytes.Buffer
-	code := run(context.Background(), []string{"emulate", "--listen", "256.0.0.1:bad"}, streams{stdout: &out, stderr: &errOut})
-	if code != exitFailure {
-		t.Fatalf("exit code %d, want %d; stderr %s", code, exitFailure, errOut.String())
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for _, tt := range []struct{ name, listen, want string }{
+		{"bad address", "256.0.0.1:bad", programName + ": emulate: listen tcp: "},
+		{"port taken", taken.Addr().String(), programName + ": emulate: listen tcp " + taken.Addr().String() + ": bind: address already in use\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := run(context.Background(), []string{"emulate", "--listen", tt.listen}, streams{stdout: &out, stderr: &errOut})
+			if code != exitFailure {
+				t.Fatalf("exit code %d, want %d; stderr %s", code, exitFailure, errOut.String())
+			}
+			if got := errOut.String(); !strings.HasPrefix(got, tt.want) || strings.Count(got, "emulate:") != 1 {
+				t.Errorf("stderr %q, want it to start %q with one \"emulate:\"", got, tt.want)
+			}
+		})
 	}
 }

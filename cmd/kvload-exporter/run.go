@@ -146,7 +146,7 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 		telemetryPath: f.telemetryPath,
 		ready:         d.Ready,
 		reload:        d.Reload,
-		landing:       func() landingData { return landingOf(d.Status(), coll) },
+		landing:       func() landingData { return landingOf(d.Status(), coll, reg) },
 	})
 	webLogger := newSlogBridge(logger, minLevel)
 	// The server's own errors (failed TLS handshakes, plain HTTP on a TLS
@@ -228,20 +228,61 @@ func listen(flags *web.FlagConfig) ([]net.Listener, error) {
 	return ls, nil
 }
 
-// landingOf is the landing page's data from the daemon's status.
-func landingOf(st lifecycle.Status, coll *collector.Collector) landingData {
+// landingOf is the landing page's data from the daemon's status, the
+// collector's live summaries and the counters they lack, read back from
+// the registry.
+func landingOf(st lifecycle.Status, coll *collector.Collector, g prometheus.Gatherer) landingData {
 	targets := make([]landingTarget, len(st.Targets))
 	for i, t := range st.Targets {
 		targets[i] = landingTarget(t)
+	}
+	rows := coll.Status()
+	updated := time.Now()
+	inFlight, dropped, passes := landingCounters(g)
+	out := make([]landingRow, len(rows))
+	for i, r := range rows {
+		k := [2]string{r.Workload, r.Target}
+		out[i] = landingRow{Status: r, InFlight: inFlight[k], Dropped: dropped[k], Passes: passes[r.Workload]}
 	}
 	return landingData{
 		ConfigFile:  st.ConfigFile,
 		ReloadOK:    st.ReloadOK,
 		LastReload:  st.LastReload,
 		ReloadError: st.ReloadError,
-		Rows:        coll.Status(),
+		Rows:        out,
 		Targets:     targets,
+		UpdatedAt:   updated,
 	}
+}
+
+// landingCounters reads requests in flight and dropped per (workload,
+// target), and passes per workload, from the registry; a gathering error
+// leaves what could not be read at zero, as the page is best effort.
+func landingCounters(g prometheus.Gatherer) (inFlight, dropped map[[2]string]float64, passes map[string]float64) {
+	inFlight, dropped, passes = map[[2]string]float64{}, map[[2]string]float64{}, map[string]float64{}
+	mfs, _ := g.Gather()
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var w, t string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "workload":
+					w = l.GetValue()
+				case "target":
+					t = l.GetValue()
+				}
+			}
+			switch mf.GetName() {
+			case "kvload_requests_in_flight":
+				inFlight[[2]string{w, t}] += m.GetGauge().GetValue()
+			case "kvload_requests_dropped_total":
+				dropped[[2]string{w, t}] += m.GetCounter().GetValue()
+			case "kvload_trace_loops_total":
+				passes[w] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return inFlight, dropped, passes
 }
 
 // logDrained logs the request totals once the drain is over: requests that

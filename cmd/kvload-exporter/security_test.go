@@ -382,7 +382,7 @@ workloads:
 var landingAllowedTags = map[string]bool{
 	"html": true, "head": true, "meta": true, "title": true, "style": true, "body": true,
 	"h1": true, "h2": true, "p": true, "a": true, "table": true, "tr": true, "th": true, "td": true,
-	"code": true, "span": true, "pre": true, "small": true, "tbody": true,
+	"code": true, "span": true, "pre": true, "small": true, "tbody": true, "b": true, "br": true,
 }
 
 // checkLandingMarkup parses a landing page and reports elements the

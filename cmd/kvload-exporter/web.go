@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	_ "embed"
 	"html/template"
 	stdlog "log"
 	"net"
@@ -27,6 +29,9 @@ type webDeps struct {
 	landing       func() landingData
 }
 
+// landingRefresh is how often the landing page reloads itself.
+const landingRefresh = 10 * time.Second
+
 // landingData is what the landing page shows.
 type landingData struct {
 	Version       string
@@ -35,8 +40,17 @@ type landingData struct {
 	ReloadOK      bool
 	LastReload    time.Time // last successful (re)load
 	ReloadError   string    // why the last reload failed; never holds a secret
-	Rows          []collector.Status
+	Rows          []landingRow
 	Targets       []landingTarget
+	UpdatedAt     time.Time
+	Refresh       time.Duration
+}
+
+// landingRow is one (workload, target): the collector's live summary and
+// the counters it does not keep itself.
+type landingRow struct {
+	collector.Status
+	InFlight, Dropped, Passes float64
 }
 
 type landingTarget struct {
@@ -80,68 +94,60 @@ func newMux(d webDeps) *http.ServeMux {
 		data := d.landing()
 		data.Version = version.Info()
 		data.TelemetryPath = d.telemetryPath
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		if err := landingTemplate.Execute(w, data); err != nil {
-			http.Error(w, "rendering the page failed", http.StatusInternalServerError)
+		if data.UpdatedAt.IsZero() {
+			data.UpdatedAt = time.Now()
 		}
+		data.Refresh = landingRefresh
+		// Render first, so that a template error is a clean 500.
+		var buf bytes.Buffer
+		if err := landingTemplate.Execute(&buf, data); err != nil {
+			http.Error(w, "rendering the page failed", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Write(buf.Bytes())
 	})
 	return mux
 }
 
+// Colours of the health and efficiency states.
+var stateClass = map[string]string{
+	collector.HealthOK:            "ok",
+	collector.HealthDegraded:      "warn",
+	collector.HealthFailing:       "bad",
+	collector.HealthNotReported:   "none", // also EfficiencyNotReported
+	collector.EfficiencyLow:       "warn",
+	collector.EfficiencyAbove:     "warn",
+	collector.EfficiencyNoSharing: "none",
+	collector.EfficiencyNoSuccess: "none",
+}
+
+//go:embed landing.html
+var landingHTML string
+
 // landingTemplate escapes every value (html/template), so names and error
-// texts from a config file cannot inject markup.
+// texts from a config file or a server cannot inject markup.
 var landingTemplate = template.Must(template.New("landing").Funcs(template.FuncMap{
-	"ms":   func(d time.Duration) string { return formatMillis(d) },
-	"secs": func(d time.Duration) string { return d.Round(time.Second).String() },
-	"pct":  func(f float64) string { return formatPercent(f) },
-	"ago": func(t time.Time) string {
+	"ms":      formatMillis,
+	"lagms":   func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + " ms" },
+	"seconds": func(d time.Duration) int { return int(d.Round(time.Second).Seconds()) },
+	"pct":     formatPercent,
+	"count":   func(f float64) string { return strconv.FormatFloat(f, 'f', 0, 64) },
+	"state":   func(s string) string { return stateClass[s] },
+	"utc": func(t time.Time) string {
 		if t.IsZero() {
 			return "never"
 		}
-		return t.UTC().Format(time.RFC3339)
+		return t.UTC().Format("2006-01-02 15:04:05 UTC")
 	},
-}).Parse(`<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="refresh" content="10">
-<title>kvload-exporter</title>
-<style>
-body { font-family: sans-serif; margin: 2em; }
-table { border-collapse: collapse; margin: 1em 0; }
-th, td { border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: right; }
-th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) { text-align: left; }
-.bad { color: #b00; } .ok { color: #070; }
-</style>
-</head>
-<body>
-<h1>kvload-exporter</h1>
-<p>Replays LLM request traces against inference servers and measures latency and prefix-cache hits.
-<a href="{{.TelemetryPath}}">Metrics</a> · <a href="/-/healthy">Health</a> · <a href="/-/ready">Ready</a></p>
-<h2>Workloads</h2>
-{{if .Rows}}<table>
-<tr><th>Workload</th><th>Target</th><th>Requests/s</th><th>Errors</th><th>TTFT p50</th><th>TTFT p99</th><th>Observed hit rate</th><th>Theoretical hit rate</th><th>Cache efficiency</th><th>Window</th></tr>
-{{range .Rows}}<tr><td>{{.Workload}}</td><td>{{.Target}}</td><td>{{printf "%.2f" .RequestsPerSec}}</td><td>{{pct .ErrorRatio}}</td><td>{{ms .TTFTP50}}</td><td>{{ms .TTFTP99}}</td>{{if .Reported}}<td>{{pct .ObservedHitRate}}</td>{{else}}<td title="the server reports no cached-token count">not reported</td>{{end}}<td>{{pct .TheoreticalRate}}</td><td>{{if .Reported}}{{printf "%.2f" .Efficiency}}{{else}}–{{end}}</td><td>{{secs .Window}}</td></tr>
-{{end}}</table>{{else}}<p>No request has finished yet.</p>{{end}}
-<h2>Targets</h2>
-<table><tr><th>Target</th><th>Model</th><th>API</th><th>Dialect</th><th>KV block size</th><th>KV capacity (blocks)</th><th>Capacity from</th></tr>
-{{range .Targets}}<tr><td>{{.Name}}</td><td>{{.Model}}</td><td>{{.API}}</td><td>{{.Dialect}}</td><td>{{.BlockSize}}</td><td>{{if eq .CapacityBlocks 0}}unbounded{{else}}{{.CapacityBlocks}}{{end}}</td><td{{if not .CapacityKnown}} class="bad"{{end}}>{{.CacheNote}}</td></tr>
-{{end}}</table>
-<h2>Configuration</h2>
-<p>File: <code>{{.ConfigFile}}</code>. Last reload:
-{{if .ReloadOK}}<span class="ok">successful</span>{{else}}<span class="bad">failed</span>{{end}};
-last success {{ago .LastReload}}.</p>
-{{if .ReloadError}}<pre class="bad">{{.ReloadError}}</pre>{{end}}
-<p><small>{{.Version}}</small></p>
-</body>
-</html>
-`))
+}).Parse(landingHTML))
 
+// formatMillis is a TTFT in milliseconds, always: mixed units misread.
 func formatMillis(d time.Duration) string {
 	if d == 0 {
 		return "–"
 	}
-	return d.Round(100 * time.Microsecond).String()
+	return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + " ms"
 }
 
 func formatPercent(f float64) string {

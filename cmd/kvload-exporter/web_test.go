@@ -33,7 +33,8 @@ func testMux(ready bool, reloadErr error) *http.ServeMux {
 				ReloadError: `workloads[0].name: "<b>x</b>" may hold only letters`,
 				LastReload:  time.Unix(0, 0),
 				Targets:     []landingTarget{{Name: "<img src=x>", Model: "m", API: "chat", Dialect: "vllm"}},
-				Rows:        []collector.Status{{Workload: "<w>", Target: "t", RequestsPerSec: 2, TTFTP50: 3 * time.Millisecond}},
+				Rows: []landingRow{{Status: collector.Status{Workload: "<w>", Target: "t", RequestsPerSec: 2, TTFTP50: 3 * time.Millisecond,
+					Health: collector.HealthFailing, HealthReason: "<i>r</i>", LastError: `http_error (HTTP 500): <script>alert(1)</script>`}}},
 			}
 		},
 	})
@@ -55,7 +56,7 @@ func TestWebEndpoints(t *testing.T) {
 		{"reload ok", testMux(true, nil), "POST", "/-/reload", 200, "Reloaded"},
 		{"reload fails with problems", testMux(true, errors.New("kvload.yml: workloads[1].targets[0]: unknown target \"vlm-a\"")), "POST", "/-/reload", 500, `unknown target "vlm-a"`},
 		{"metrics", testMux(true, nil), "GET", "/metrics", 200, "kvload_target_info"},
-		{"landing", testMux(true, nil), "GET", "/", 200, "3ms"},
+		{"landing", testMux(true, nil), "GET", "/", 200, "3.0 ms"},
 		{"unknown path", testMux(true, nil), "GET", "/nope", 404, ""},
 	}
 	for _, tt := range tests {
@@ -77,7 +78,7 @@ func TestLandingEscapes(t *testing.T) {
 	rec := httptest.NewRecorder()
 	testMux(true, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
 	body := rec.Body.String()
-	for _, raw := range []string{"<script>", "<img src=x>", "<b>x</b>", "<w>"} {
+	for _, raw := range []string{"<script>", "<img src=x>", "<b>x</b>", "<w>", "<i>r</i>"} {
 		if strings.Contains(body, raw) {
 			t.Errorf("landing page holds unescaped %q", raw)
 		}
@@ -215,5 +216,16 @@ func TestConnLimiter(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStateClasses: every health and efficiency state has its colour.
+func TestStateClasses(t *testing.T) {
+	for _, s := range []string{collector.HealthOK, collector.HealthDegraded, collector.HealthFailing, collector.HealthNotReported,
+		collector.EfficiencyOK, collector.EfficiencyLow, collector.EfficiencyAbove, collector.EfficiencyNotReported,
+		collector.EfficiencyNoSharing, collector.EfficiencyNoSuccess} {
+		if stateClass[s] == "" {
+			t.Errorf("state %q has no colour class", s)
+		}
 	}
 }

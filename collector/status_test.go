@@ -1,0 +1,92 @@
+package collector
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvload-exporter/kvload-exporter/replay"
+)
+
+// TestStatusHealth: the landing page's health state and its reason, from
+// the window's outcomes, schedule lag and cache efficiency.
+func TestStatusHealth(t *testing.T) {
+	ok := func(lag time.Duration, cached int) *replay.Result {
+		return &replay.Result{Outcome: replay.OutcomeSuccess, PromptTokens: 1000, PromptKnown: true,
+			CachedTokens: cached, CachedKnown: cached >= 0, TraceInputLength: 1000,
+			TheoreticalCachedTokens: 500, TheoreticalKnown: true, Scheduled: time.Unix(0, 0), Sent: time.Unix(0, 0).Add(lag)}
+	}
+	fail := &replay.Result{Outcome: replay.OutcomeHTTPError, HTTPStatus: 503, Error: strings.Repeat("x", 1000)}
+	many := func(n int, r *replay.Result) []*replay.Result {
+		out := make([]*replay.Result, n)
+		for i := range out {
+			out[i] = r
+		}
+		return out
+	}
+	tests := []struct {
+		name       string
+		results    []*replay.Result
+		health     string
+		reason     string
+		efficiency string
+	}{
+		{"healthy", many(10, ok(0, 500)), HealthOK, "10 requests, none failed", EfficiencyOK},
+		{"a few errors", append(many(99, ok(0, 500)), fail), HealthOK, "1 of 100 requests failed", EfficiencyOK},
+		{"degraded by errors", append(many(9, ok(0, 500)), fail), HealthDegraded, "1 of 10 requests failed (10.0%), mostly http_error", EfficiencyOK},
+		{"failing", append(many(1, ok(0, 500)), many(3, fail)...), HealthFailing, "3 of 4 requests failed (75.0%), mostly http_error", EfficiencyOK},
+		{"every request fails", many(3, fail), HealthFailing, "3 of 3 requests failed (100.0%), mostly http_error", EfficiencyNoSuccess},
+		{"behind schedule", many(10, ok(2*time.Second, 500)), HealthDegraded, "schedule lag p99 2000 ms", EfficiencyOK},
+		{"cache regression", many(10, ok(0, 100)), HealthDegraded, "the cache serves 20% of what the trace allows", EfficiencyLow},
+		{"above the model", many(10, ok(0, 900)), HealthOK, "none failed", EfficiencyAbove},
+		{"cached tokens not reported", many(10, ok(0, -1)), HealthOK, "none failed", EfficiencyNotReported},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New(prometheus.NewRegistry())
+			now := time.Unix(1000, 0)
+			c.now = func() time.Time { return now }
+			for _, r := range tt.results {
+				r := *r
+				r.Workload, r.Target = "w", "t"
+				c.Finished(&r)
+			}
+			st := c.Status()
+			if len(st) != 1 {
+				t.Fatalf("%d rows", len(st))
+			}
+			s := st[0]
+			if s.Health != tt.health || !strings.Contains(s.HealthReason, tt.reason) {
+				t.Errorf("health %q (%s), want %q with %q", s.Health, s.HealthReason, tt.health, tt.reason)
+			}
+			if s.EfficiencyState != tt.efficiency {
+				t.Errorf("efficiency %q (%.2f), want %q", s.EfficiencyState, s.Efficiency, tt.efficiency)
+			}
+			if known := tt.efficiency != EfficiencyNoSuccess; s.TheoreticalKnown != known {
+				t.Errorf("theoretical known %v, want %v", s.TheoreticalKnown, known)
+			}
+			if len(s.LastError) > maxErrorLen+len("…") {
+				t.Errorf("last error not bounded: %d bytes", len(s.LastError))
+			}
+			var sum int
+			for _, o := range s.Outcomes {
+				sum += o.Count
+			}
+			if sum != len(tt.results) || len(s.Outcomes) != len(replay.Outcomes) {
+				t.Errorf("outcomes %v for %d requests", s.Outcomes, len(tt.results))
+			}
+		})
+	}
+	t.Run("nothing in the window", func(t *testing.T) {
+		c := New(prometheus.NewRegistry())
+		now := time.Unix(1000, 0)
+		c.now = func() time.Time { return now }
+		c.Finished(&replay.Result{Workload: "w", Target: "t", Outcome: replay.OutcomeSuccess})
+		now = now.Add(2 * statusAge)
+		if s := c.Status()[0]; s.Health != HealthNotReported {
+			t.Errorf("health %q, want %q", s.Health, HealthNotReported)
+		}
+	})
+}
