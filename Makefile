@@ -89,7 +89,8 @@ test-faults:
 CHROMIUM := /usr/bin/chromium
 
 $(CHROMIUM):
-	apt-get install -y chromium
+	export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }
 
 ## test-browser: the landing page in headless Chromium, against emulated healthy, failing and no-cached-count targets.
 test-browser: $(CHROMIUM)
