@@ -77,6 +77,11 @@ func (k Knobs) multipliersSet() bool {
 		k.PromptLenMultiplier != 1 || k.OutputLenMultiplier != 1
 }
 
+// Rewrites tells whether Transform rewrites rows (any multiplier away from
+// its default) rather than only filtering, ordering and capping them; the
+// seed matters only then.
+func (k Knobs) Rewrites() bool { return k.multipliersSet() }
+
 // Stats summarises one synthesis run.
 type Stats struct {
 	RowsIn        int // rows read

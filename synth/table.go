@@ -1,0 +1,679 @@
+package synth
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// Table is a trace held in columns, for replaying big traces: a []Record
+// costs some 500 bytes a row in pointers, slice headers and small
+// allocations, most of which a Mooncake row never uses. A Table keeps the
+// fields every row has in flat arrays and hash ids as varint deltas (ids
+// mostly count up by one, so most take a byte), and keeps the rare fields
+// (text_input, messages, payload, ...) apart, for the rows that have them.
+// A Table is immutable once built and safe for concurrent readers.
+type Table struct {
+	ts       []float64 // ms; NaN when absent
+	isl, osl []int32   // -1 when absent, bigCount when in rare
+	line     []int32
+	idOff    []uint32 // row i's ids are ids[idOff[i]:idOff[i+1]]
+	ids      []byte   // per row: uvarint count+1 (0: no hash_ids), then zigzag varint deltas
+
+	// Allocated at the first row that needs them.
+	session  []int32 // index into sessions; -1 when absent
+	sessions []string
+	delay    []float64 // NaN when absent
+	rare     map[int32]*rareFields
+}
+
+// rareFields are the fields of a row that only some traces use.
+type rareFields struct {
+	TextInput *string
+	Messages  []json.RawMessage
+	Tools     []json.RawMessage
+	Payload   json.RawMessage
+	Extra     json.RawMessage
+	Type      *string
+	Unknown   []Field
+	// Counts above what an int32 holds, which the reader accepts (up to
+	// 2⁴⁰) for the daemon to reject with its own message.
+	BigISL, BigOSL int
+}
+
+// bigCount marks a count kept in rareFields.
+const bigCount = -2
+
+// Len is the number of rows.
+func (t *Table) Len() int { return len(t.ts) }
+
+// Timestamp is row i's timestamp in ms; ok is false when it has none.
+func (t *Table) Timestamp(i int) (ms float64, ok bool) {
+	v := t.ts[i]
+	return v, !math.IsNaN(v)
+}
+
+// Delay is row i's delay in ms; ok is false when it has none.
+func (t *Table) Delay(i int) (ms float64, ok bool) {
+	if t.delay == nil {
+		return 0, false
+	}
+	v := t.delay[i]
+	return v, !math.IsNaN(v)
+}
+
+// SessionID is row i's session_id; ok is false when it has none.
+func (t *Table) SessionID(i int) (string, bool) {
+	if t.session == nil || t.session[i] < 0 {
+		return "", false
+	}
+	return t.sessions[t.session[i]], true
+}
+
+// SessionOrdinal numbers row i's session_id densely (0 for the first
+// session of the file, 1 for the next, ...); -1 when it has none.
+func (t *Table) SessionOrdinal(i int) int {
+	if t.session == nil {
+		return -1
+	}
+	return int(t.session[i])
+}
+
+// Sessions is the number of distinct session ids.
+func (t *Table) Sessions() int { return len(t.sessions) }
+
+// ISL is row i's input_length, 0 when absent.
+func (t *Table) ISL(i int) int {
+	if t.isl[i] == bigCount {
+		return t.rare[int32(i)].BigISL
+	}
+	return max(int(t.isl[i]), 0)
+}
+
+// OSL is row i's output_length, 0 when absent.
+func (t *Table) OSL(i int) int {
+	if t.osl[i] == bigCount {
+		return t.rare[int32(i)].BigOSL
+	}
+	return max(int(t.osl[i]), 0)
+}
+
+// Line is row i's 1-based line in its file (0 if synthesized).
+func (t *Table) Line(i int) int { return int(t.line[i]) }
+
+// AppendHashIDs appends row i's hash ids to dst. ok is false when the row
+// has no hash_ids key.
+func (t *Table) AppendHashIDs(dst []int64, i int) (_ []int64, ok bool) {
+	b := t.ids[t.idOff[i]:t.idOff[i+1]]
+	n, k := binary.Uvarint(b)
+	if n == 0 {
+		return dst, false
+	}
+	b = b[k:]
+	var prev int64
+	for range n - 1 {
+		d, k := binary.Varint(b)
+		b = b[k:]
+		prev += d
+		dst = append(dst, prev)
+	}
+	return dst, true
+}
+
+// Record returns row i as a Record of its own, which the caller may keep
+// and modify.
+func (t *Table) Record(i int) Record {
+	r := Record{Line: t.Line(i)}
+	if v, ok := t.Timestamp(i); ok {
+		r.Timestamp = &v
+	}
+	if t.isl[i] != -1 {
+		r.InputLength = Ptr(t.ISL(i))
+	}
+	if t.osl[i] != -1 {
+		r.OutputLength = Ptr(t.OSL(i))
+	}
+	if ids, ok := t.AppendHashIDs(nil, i); ok {
+		r.HashIDs = ids
+		if ids == nil {
+			r.HashIDs = []int64{}
+		}
+	}
+	if s, ok := t.SessionID(i); ok {
+		r.SessionID = &s
+	}
+	if v, ok := t.Delay(i); ok {
+		r.Delay = &v
+	}
+	if x := t.rare[int32(i)]; x != nil {
+		r.TextInput, r.Messages, r.Tools = x.TextInput, x.Messages, x.Tools
+		r.Payload, r.Extra, r.Type, r.Unknown = x.Payload, x.Extra, x.Type, x.Unknown
+	}
+	return r
+}
+
+// Bytes is an estimate of the memory the table holds, for reports and tests.
+func (t *Table) Bytes() int {
+	n := cap(t.ts)*8 + cap(t.isl)*4 + cap(t.osl)*4 + cap(t.line)*4 + cap(t.idOff)*4 + cap(t.ids) +
+		cap(t.session)*4 + cap(t.delay)*8
+	for _, s := range t.sessions {
+		n += len(s) + int(unsafe.Sizeof(s))
+	}
+	for range t.rare {
+		n += int(unsafe.Sizeof(rareFields{})) + 16
+	}
+	return n
+}
+
+// TableBuilder fills a Table row by row.
+type TableBuilder struct {
+	t         Table
+	sessionOf map[string]int32
+	scratch   []int64 // hash ids of the row fastRow is reading
+}
+
+// NewTableBuilder returns a builder; rows is a capacity hint.
+func NewTableBuilder(rows int) *TableBuilder {
+	rows = max(rows, 0)
+	return &TableBuilder{t: Table{
+		ts:    make([]float64, 0, rows),
+		isl:   make([]int32, 0, rows),
+		osl:   make([]int32, 0, rows),
+		line:  make([]int32, 0, rows),
+		idOff: append(make([]uint32, 0, rows+1), 0),
+	}}
+}
+
+// Len is the number of rows appended so far.
+func (b *TableBuilder) Len() int { return len(b.t.ts) }
+
+// Append adds r as the next row. It fails on values the columns cannot
+// hold (counts or line numbers above 2³¹−1, more than 4 GiB of ids).
+func (b *TableBuilder) Append(r *Record) error {
+	t := &b.t
+	i := len(t.ts)
+	if i >= math.MaxInt32 {
+		return fmt.Errorf("more than %d rows", math.MaxInt32)
+	}
+	isl, bigISL, err := column32("input_length", r.InputLength)
+	if err != nil {
+		return err
+	}
+	osl, bigOSL, err := column32("output_length", r.OutputLength)
+	if err != nil {
+		return err
+	}
+	if r.Line > math.MaxInt32 {
+		return fmt.Errorf("line %d is past the last line a table holds", r.Line)
+	}
+	ids := t.ids
+	if r.HashIDs == nil {
+		ids = append(ids, 0)
+	} else {
+		ids = binary.AppendUvarint(ids, uint64(len(r.HashIDs))+1)
+		var prev int64
+		for _, h := range r.HashIDs {
+			ids = binary.AppendVarint(ids, h-prev)
+			prev = h
+		}
+	}
+	if len(ids) > math.MaxUint32 {
+		return fmt.Errorf("hash_ids take more than %d bytes", uint32(math.MaxUint32))
+	}
+	t.ids = ids
+	t.idOff = append(t.idOff, uint32(len(ids)))
+	ts := math.NaN()
+	if r.Timestamp != nil {
+		ts = *r.Timestamp
+	}
+	t.ts = append(t.ts, ts)
+	t.isl = append(t.isl, isl)
+	t.osl = append(t.osl, osl)
+	t.line = append(t.line, int32(r.Line))
+
+	if r.SessionID != nil && t.session == nil {
+		t.session = backfill(i, int32(-1))
+		b.sessionOf = map[string]int32{}
+	}
+	if t.session != nil {
+		s := int32(-1)
+		if r.SessionID != nil {
+			var ok bool
+			if s, ok = b.sessionOf[*r.SessionID]; !ok {
+				s = int32(len(t.sessions))
+				t.sessions = append(t.sessions, *r.SessionID)
+				b.sessionOf[*r.SessionID] = s
+			}
+		}
+		t.session = append(t.session, s)
+	}
+	if r.Delay != nil && t.delay == nil {
+		t.delay = backfill(i, math.NaN())
+	}
+	if t.delay != nil {
+		d := math.NaN()
+		if r.Delay != nil {
+			d = *r.Delay
+		}
+		t.delay = append(t.delay, d)
+	}
+	if r.TextInput != nil || r.Messages != nil || r.Tools != nil || r.Payload != nil || r.Extra != nil || r.Type != nil || r.Unknown != nil || bigISL+bigOSL > 0 {
+		if t.rare == nil {
+			t.rare = map[int32]*rareFields{}
+		}
+		t.rare[int32(i)] = &rareFields{TextInput: r.TextInput, Messages: r.Messages, Tools: r.Tools,
+			Payload: r.Payload, Extra: r.Extra, Type: r.Type, Unknown: r.Unknown, BigISL: bigISL, BigOSL: bigOSL}
+	}
+	return nil
+}
+
+// appendPlain appends a row of the common shape: no session, delay or rare
+// field; osl -1 when absent. The caller has checked every value.
+func (b *TableBuilder) appendPlain(ts float64, isl, osl int32, ids []int64, hasIDs bool, line int) {
+	t := &b.t
+	if hasIDs {
+		t.ids = binary.AppendUvarint(t.ids, uint64(len(ids))+1)
+		var prev int64
+		for _, h := range ids {
+			t.ids = binary.AppendVarint(t.ids, h-prev)
+			prev = h
+		}
+	} else {
+		t.ids = append(t.ids, 0)
+	}
+	t.idOff = append(t.idOff, uint32(len(t.ids)))
+	t.ts = append(t.ts, ts)
+	t.isl = append(t.isl, isl)
+	t.osl = append(t.osl, osl)
+	t.line = append(t.line, int32(line))
+	if t.session != nil {
+		t.session = append(t.session, -1)
+	}
+	if t.delay != nil {
+		t.delay = append(t.delay, math.NaN())
+	}
+}
+
+// Table returns the rows appended; the builder must not be used after.
+func (b *TableBuilder) Table() *Table {
+	t := &b.t
+	// Trim the growth slack of the big columns: at millions of rows it is
+	// tens of megabytes.
+	t.ids, t.idOff = trim(t.ids), trim(t.idOff)
+	t.ts, t.isl, t.osl, t.line = trim(t.ts), trim(t.isl), trim(t.osl), trim(t.line)
+	t.session, t.delay = trim(t.session), trim(t.delay)
+	return t
+}
+
+// TableOf packs records into a Table.
+func TableOf(recs []Record) (*Table, error) {
+	b := NewTableBuilder(len(recs))
+	for i := range recs {
+		if err := b.Append(&recs[i]); err != nil {
+			line := recs[i].Line
+			if line == 0 {
+				line = i + 1
+			}
+			return nil, &LineError{Line: line, Err: err}
+		}
+	}
+	return b.Table(), nil
+}
+
+// Records unpacks every row.
+func (t *Table) Records() []Record {
+	out := make([]Record, t.Len())
+	for i := range out {
+		out[i] = t.Record(i)
+	}
+	return out
+}
+
+// column32 is a count as its column holds it: -1 when absent, bigCount
+// when it does not fit (big is then the count, for the rare fields).
+func column32(key string, v *int) (c int32, big int, err error) {
+	switch {
+	case v == nil:
+		return -1, 0, nil
+	case *v < 0:
+		return 0, 0, fmt.Errorf("%s %d is negative", key, *v)
+	case *v > math.MaxInt32:
+		return bigCount, *v, nil
+	}
+	return int32(*v), 0, nil
+}
+
+func backfill[T any](n int, v T) []T {
+	s := make([]T, n, max(2*n, 16))
+	for i := range s {
+		s[i] = v
+	}
+	return s
+}
+
+func trim[T any](s []T) []T {
+	if s == nil || cap(s)-len(s) <= len(s)/16 {
+		return s // nil stays nil: absent columns are nil
+	}
+	return append(make([]T, 0, len(s)), s...)
+}
+
+// ReadTable reads every row from r into a Table; name is used in errors and
+// size is the input's length in bytes if known (0 if not), from which the
+// columns are sized. The rows are checked as ReadAll checks them, but never
+// held as Records all at once, and blocks of lines are parsed on all CPUs
+// at once: a trace of millions of rows is read in about a second.
+func ReadTable(r io.Reader, name string, opts ReadOptions, size int64) (*Table, error) {
+	return readTable(r, name, opts, size, 1<<20)
+}
+
+// tableChunk is a block of whole lines, parsed by one worker.
+type tableChunk struct {
+	seq   int
+	data  []byte
+	line  int // of the line before the block's first
+	bytes int
+	rows  *Table
+	err   error
+}
+
+func readTable(r io.Reader, name string, opts ReadOptions, size int64, block int) (*Table, error) {
+	workers := max(1, min(runtime.GOMAXPROCS(0), 8))
+	// A token per block read and not yet assembled bounds the memory in
+	// flight when one block is slow to parse.
+	tokens := make(chan struct{}, 2*workers+1)
+	jobs := make(chan *tableChunk, workers)
+	done := make(chan *tableChunk, workers)
+	stop := make(chan struct{})
+	readErr := make(chan error, 1)
+	go func() {
+		defer close(jobs)
+		readErr <- splitLines(r, name, block, jobs, tokens, stop)
+	}()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range jobs {
+				c.rows, c.err = parseLines(c, name, opts)
+				c.data = nil
+				select {
+				case done <- c:
+				case <-stop:
+					return
+				}
+			}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+
+	var b *TableBuilder
+	var err error
+	pending := map[int]*tableChunk{}
+	next := 0
+	for c := range done {
+		pending[c.seq] = c
+		for err == nil && pending[next] != nil {
+			c := pending[next]
+			delete(pending, next)
+			next++
+			<-tokens
+			if err = c.err; err != nil {
+				break
+			}
+			if b == nil {
+				b = NewTableBuilder(estimateRows(size, c))
+			}
+			err = b.appendTable(c.rows)
+		}
+		if err != nil {
+			close(stop)
+			for range done { // let the workers go
+			}
+			break
+		}
+	}
+	if rerr := <-readErr; err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	if b == nil || b.Len() == 0 {
+		return nil, fmt.Errorf("%s: %w", name, ErrEmptyTrace)
+	}
+	return b.Table(), nil
+}
+
+// estimateRows sizes the columns from the first block: growing them by
+// appending would leave up to a quarter of them unused.
+func estimateRows(size int64, first *tableChunk) int {
+	if size <= 0 || first.rows.Len() == 0 || first.bytes <= 0 {
+		return first.rows.Len()
+	}
+	return int(float64(size)/float64(first.bytes)*float64(first.rows.Len())*1.02) + 16
+}
+
+// splitLines reads r in blocks of whole lines (a line longer than block
+// makes its block longer) and hands them out in order.
+func splitLines(r io.Reader, name string, block int, jobs chan<- *tableChunk, tokens chan struct{}, stop <-chan struct{}) error {
+	var carry []byte
+	line := 0
+	for seq := 0; ; {
+		select {
+		case tokens <- struct{}{}:
+		case <-stop:
+			return nil
+		}
+		buf := make([]byte, max(block, 2*len(carry)))
+		n := copy(buf, carry)
+		k, err := io.ReadFull(r, buf[n:])
+		buf = buf[:n+k]
+		eof := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+		if err != nil && !eof {
+			<-tokens
+			return fmt.Errorf("%s: read after line %d: %w", name, line, err)
+		}
+		cut := bytes.LastIndexByte(buf, '\n') + 1
+		if eof {
+			cut = len(buf)
+		}
+		carry = buf[cut:]
+		if cut == 0 && !eof { // no line ends in the block yet: read on
+			<-tokens
+			continue
+		}
+		c := &tableChunk{seq: seq, data: buf[:cut], line: line, bytes: cut}
+		line += bytes.Count(c.data, []byte{'\n'})
+		if len(c.data) == 0 {
+			<-tokens
+			return nil
+		}
+		select {
+		case jobs <- c:
+			seq++
+		case <-stop:
+			return nil
+		}
+		if eof {
+			return nil
+		}
+	}
+}
+
+// parseLines parses a block's lines into a table of their own.
+func parseLines(c *tableChunk, name string, opts ReadOptions) (*Table, error) {
+	b := NewTableBuilder(bytes.Count(c.data, []byte{'\n'}) + 1)
+	data, line := c.data, c.line
+	for len(data) > 0 {
+		l := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			l, data = data[:i], data[i+1:]
+		} else {
+			data = nil
+		}
+		line++
+		l = bytes.TrimSpace(l)
+		if len(l) == 0 {
+			continue
+		}
+		// A chunk holds at most a few megabytes of ids: no overflow here.
+		if fastRow(l, opts.BlockSize, b, line) {
+			continue
+		}
+		rec, err := ParseRecord(l, opts)
+		if err == nil {
+			rec.Line = line
+			err = b.Append(&rec)
+		}
+		if err != nil {
+			return nil, &LineError{File: name, Line: line, Err: err}
+		}
+	}
+	return &b.t, nil
+}
+
+// TransformTable is Transform on a Table. Without multipliers (only
+// max_isl, max_osl and the session order), it works on the columns and
+// returns t itself when nothing changes; with them it unpacks the rows.
+func TransformTable(t *Table, k Knobs) (*Table, Stats, error) {
+	if err := k.Validate(); err != nil {
+		return nil, Stats{}, err
+	}
+	if k.multipliersSet() {
+		out, st, err := Transform(t.Records(), k)
+		if err != nil {
+			return nil, st, err
+		}
+		if len(out) == 0 {
+			return NewTableBuilder(0).Table(), st, nil
+		}
+		nt, err := TableOf(out)
+		return nt, st, err
+	}
+	st := Stats{RowsIn: t.Len()}
+	order := make([]int32, 0, t.Len())
+	var groups map[int32][]int32 // session → its rows after the first
+	for i := range t.Len() {
+		if k.MaxISL > 0 && t.ISL(i) > k.MaxISL {
+			st.DroppedMaxISL++
+			continue
+		}
+		if t.session != nil && t.session[i] >= 0 {
+			if groups == nil {
+				groups = map[int32][]int32{}
+			}
+			s := t.session[i]
+			if g, seen := groups[s]; seen {
+				groups[s] = append(g, int32(i))
+				continue
+			}
+			groups[s] = []int32{}
+		}
+		order = append(order, int32(i))
+	}
+	if groups != nil {
+		grouped := make([]int32, 0, t.Len())
+		for _, i := range order {
+			grouped = append(grouped, i)
+			if t.session[i] >= 0 {
+				grouped = append(grouped, groups[t.session[i]]...)
+			}
+		}
+		order = grouped
+	}
+	st.RowsOut = len(order)
+	same := len(order) == t.Len()
+	for n, i := range order {
+		if int(i) != n || (k.MaxOSL > 0 && t.OSL(int(i)) > k.MaxOSL) {
+			same = false
+			break
+		}
+	}
+	if same {
+		return t, st, nil
+	}
+	b := NewTableBuilder(len(order))
+	for _, i := range order {
+		r := t.Record(int(i))
+		if k.MaxOSL > 0 && r.OutputLength != nil && *r.OutputLength > k.MaxOSL {
+			*r.OutputLength = k.MaxOSL
+		}
+		if err := b.Append(&r); err != nil {
+			return nil, st, err // cannot happen: the row was in a table
+		}
+	}
+	return b.Table(), st, nil
+}
+
+// appendTable appends every row of c, whose line numbers are already the
+// file's.
+func (b *TableBuilder) appendTable(c *Table) error {
+	t := &b.t
+	base := len(t.ts)
+	if base+c.Len() > math.MaxInt32 {
+		return fmt.Errorf("more than %d rows", math.MaxInt32)
+	}
+	if len(t.ids)+len(c.ids) > math.MaxUint32 {
+		return fmt.Errorf("hash_ids take more than %d bytes", uint32(math.MaxUint32))
+	}
+	off := uint32(len(t.ids))
+	t.ids = append(t.ids, c.ids...)
+	for _, o := range c.idOff[1:] {
+		t.idOff = append(t.idOff, off+o)
+	}
+	t.ts = append(t.ts, c.ts...)
+	t.isl = append(t.isl, c.isl...)
+	t.osl = append(t.osl, c.osl...)
+	t.line = append(t.line, c.line...)
+
+	if c.session != nil && t.session == nil {
+		t.session = backfill(base, int32(-1))
+		b.sessionOf = map[string]int32{}
+	}
+	if t.session != nil {
+		for i := range c.Len() {
+			s := int32(-1)
+			if c.session != nil && c.session[i] >= 0 {
+				id := c.sessions[c.session[i]]
+				var ok bool
+				if s, ok = b.sessionOf[id]; !ok {
+					s = int32(len(t.sessions))
+					t.sessions = append(t.sessions, id)
+					b.sessionOf[id] = s
+				}
+			}
+			t.session = append(t.session, s)
+		}
+	}
+	if c.delay != nil && t.delay == nil {
+		t.delay = backfill(base, math.NaN())
+	}
+	if t.delay != nil {
+		if c.delay != nil {
+			t.delay = append(t.delay, c.delay...)
+		} else {
+			for range c.Len() {
+				t.delay = append(t.delay, math.NaN())
+			}
+		}
+	}
+	for i, x := range c.rare {
+		if t.rare == nil {
+			t.rare = map[int32]*rareFields{}
+		}
+		t.rare[int32(base)+i] = x
+	}
+	return nil
+}

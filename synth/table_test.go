@@ -1,0 +1,176 @@
+package synth
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// tableRows is a trace with every kind of field, absent and present.
+const tableRows = `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [7, 8]}
+{"timestamp": 1.5, "input_length": 10, "output_length": 900, "hash_ids": [9], "session_id": "a"}
+
+{"input_length": 600, "hash_ids": [9, 3], "session_id": "a", "delay": 20}
+{"timestamp": 3, "input_length": 4, "hash_ids": []}
+{"timestamp": 4, "text_input": "hi", "extra": {"x": 1}, "custom": [1]}
+{"timestamp": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}], "session_id": "b"}
+{"timestamp": 6, "payload": {"model": "m"}, "type": "mooncake_trace"}
+{"timestamp": 7, "input_length": 2000, "output_length": 1, "hash_ids": [4611686018427387904, 0, 5, 4611686018427387904]}
+{"input_length": 1, "session_id": "b"}
+`
+
+func TestTableRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		open func(t *testing.T) string
+	}{
+		{"every field", func(t *testing.T) string { return tableRows }},
+		{"conversation trace", func(t *testing.T) string { return readShared(t, "conversation_trace.jsonl") }},
+		{"synthetic trace", func(t *testing.T) string { return readShared(t, "synthetic_trace.jsonl") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			text := tc.open(t)
+			want, err := ReadAll(strings.NewReader(text), "x", ReadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tab, err := ReadTable(strings.NewReader(text), "x", ReadOptions{}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tab.Records(); !reflect.DeepEqual(got, want) {
+				for i := range want {
+					if !reflect.DeepEqual(got[i], want[i]) {
+						t.Fatalf("row %d: got %s, want %s", i, got[i].AppendJSON(nil), want[i].AppendJSON(nil))
+					}
+				}
+				t.Fatalf("got %d rows, want %d", len(got), len(want))
+			}
+			for i := range want {
+				if tab.ISL(i) != want[i].ISL() || tab.OSL(i) != want[i].OSL() || tab.Line(i) != want[i].Line {
+					t.Fatalf("row %d: columns differ from the record", i)
+				}
+			}
+		})
+	}
+}
+
+func readShared(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(sharedTraces + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// A Mooncake row costs a few dozen bytes, not the hundreds of a Record.
+func TestTableBytesPerRow(t *testing.T) {
+	tab, err := ReadTable(strings.NewReader(readShared(t, "conversation_trace.jsonl")), "x", ReadOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perRow := float64(tab.Bytes()) / float64(tab.Len())
+	t.Logf("%d rows, %.1f bytes per row", tab.Len(), perRow)
+	if perRow > 80 {
+		t.Errorf("%.1f bytes per row, want at most 80", perRow)
+	}
+}
+
+// Counts above 2³¹ are rare and kept apart, so that the daemon can reject
+// them with its own message.
+func TestTableBigCounts(t *testing.T) {
+	text := `{"timestamp": 0, "input_length": 3000000000, "output_length": 4000000000}` + "\n" +
+		`{"timestamp": 1, "input_length": 5, "output_length": 6}` + "\n"
+	tab, err := ReadTable(strings.NewReader(text), "x", ReadOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tab.ISL(0) != 3000000000 || tab.OSL(0) != 4000000000 || tab.ISL(1) != 5 || tab.OSL(1) != 6 {
+		t.Errorf("counts %d %d %d %d", tab.ISL(0), tab.OSL(0), tab.ISL(1), tab.OSL(1))
+	}
+	if r := tab.Record(0); *r.InputLength != 3000000000 || *r.OutputLength != 4000000000 {
+		t.Errorf("record %s", r.AppendJSON(nil))
+	}
+}
+
+// TransformTable gives what Transform gives, for every kind of knob.
+func TestTransformTableMatchesTransform(t *testing.T) {
+	// Without the row of huge ids, which the multipliers refuse.
+	var text string
+	for _, l := range strings.SplitAfter(tableRows, "\n") {
+		if !strings.Contains(l, "4611686018427387904") {
+			text += l
+		}
+	}
+	text += readShared(t, "synthetic_trace.jsonl")
+	recs, err := ReadAll(strings.NewReader(text), "x", ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := TableOf(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(f func(*Knobs)) Knobs { k := DefaultKnobs(); f(&k); return k }
+	for _, tc := range []struct {
+		name string
+		k    Knobs
+	}{
+		{"defaults", DefaultKnobs()}, // sessions are regrouped
+		{"max_isl", with(func(k *Knobs) { k.MaxISL = 1000 })},
+		{"max_osl", with(func(k *Knobs) { k.MaxOSL = 10 })},
+		{"speedup", with(func(k *Knobs) { k.SpeedupRatio = 2 })},
+		{"prefix", with(func(k *Knobs) { k.PrefixLenMultiplier = 1.5; k.PrefixRootMultiplier = 2 })},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want, wst, err := Transform(recs, tc.k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, gst, err := TransformTable(tab, tc.k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gst != wst {
+				t.Errorf("stats %+v, want %+v", gst, wst)
+			}
+			g, _ := json.Marshal(got.Records())
+			w, _ := json.Marshal(want)
+			if string(g) != string(w) {
+				t.Errorf("rows differ")
+			}
+		})
+	}
+	plain, err := ReadTable(strings.NewReader(readShared(t, "conversation_trace.jsonl")), "x", ReadOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := TransformTable(plain, DefaultKnobs()); got != plain {
+		t.Error("a trace without sessions was copied by a transform that changes nothing")
+	}
+}
+
+// BenchmarkReadTableConversation: the conversation trace into a Table, on
+// every CPU, as the daemon reads traces.
+func BenchmarkReadTableConversation(b *testing.B) {
+	data := readSharedBytes(b, "conversation_trace.jsonl")
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	var tab *Table
+	for b.Loop() {
+		var err error
+		tab, err = ReadTable(bytes.NewReader(data), "conversation_trace.jsonl", ReadOptions{BlockSize: DefaultBlockSize}, int64(len(data)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if tab.Len() != conversationRows {
+			b.Fatalf("read %d rows, want %d", tab.Len(), conversationRows)
+		}
+	}
+	b.ReportMetric(float64(conversationRows)*float64(b.N)/b.Elapsed().Seconds(), "rows/s")
+	b.ReportMetric(float64(tab.Bytes())/float64(tab.Len()), "B/row")
+}
