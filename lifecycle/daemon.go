@@ -61,6 +61,7 @@ type Daemon struct {
 	emulators map[string]*emulated
 	scrapers  map[string]*scraping
 	caches    map[string]targetCache
+	traces    *traceCache // the traces of cfg, kept across reloads
 
 	ready   atomic.Bool
 	mu      sync.Mutex // guards the fields below, read by the landing page
@@ -76,6 +77,7 @@ type unit struct {
 	workload    *replay.Workload
 	client      *replay.Client
 	gate        *gatedObserver
+	plan        *replay.Plan  // the trace it replays, shared with the other units of the trace
 	done        chan struct{} // closed when Run returned
 	// stopping is set before a reload or the shutdown stops the unit, so
 	// that its end is not taken for the end of its trace.
@@ -116,6 +118,7 @@ func New(o Options) *Daemon {
 		emulators:    map[string]*emulated{},
 		scrapers:     map[string]*scraping{},
 		caches:       map[string]targetCache{},
+		traces:       newTraceCache(),
 		reqs:         make(chan reloadRequest),
 		stopping:     make(chan struct{}),
 		done:         make(chan struct{}),
@@ -179,26 +182,28 @@ func (d *Daemon) reload(ctx, unitCtx context.Context, force bool) error {
 func Check(path string) error {
 	data, err := os.ReadFile(path)
 	if err == nil {
-		_, _, err = loadConfig(context.Background(), path, data)
+		_, _, _, err = loadConfig(context.Background(), path, data, newTraceCache())
 	}
 	return err
 }
 
 // loadConfig parses a configuration and everything it references (traces,
-// tokenizers), reporting every problem it finds. It gives up when ctx is
-// done.
-func loadConfig(ctx context.Context, path string, data []byte) (*config.Config, map[string]*workloadData, error) {
+// tokenizers), reporting every problem it finds. Traces that prev holds and
+// that did not change are taken from it, not read again; the traces of the
+// configuration are returned in a new cache. It gives up when ctx is done.
+func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache) (*config.Config, map[string]*workloadData, *traceCache, error) {
 	cfg, err := config.ParseFile(path, data)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var errs []error
 	loaded := map[string]*workloadData{}
+	traces := prev.next()
 	for i := range cfg.Workloads {
 		w := &cfg.Workloads[i]
-		wd, err := loadWorkload(ctx, cfg, w)
+		wd, err := loadWorkload(ctx, cfg, w, traces, prev)
 		if ctx.Err() != nil {
-			return nil, nil, ctx.Err()
+			return nil, nil, nil, ctx.Err()
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -233,16 +238,16 @@ func loadConfig(ctx context.Context, path string, data []byte) (*config.Config, 
 		c.Close()
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return cfg, loaded, nil
+	return cfg, loaded, traces, nil
 }
 
 // apply makes the running state match data: unchanged units keep running
 // (and keep their trace position), changed and removed ones stop at once
 // and drain in the background, new ones start.
 func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
-	cfg, loaded, err := loadConfig(ctx, d.configFile, data)
+	cfg, loaded, traces, err := loadConfig(ctx, d.configFile, data, d.traces)
 	if err != nil {
 		return err
 	}
@@ -272,7 +277,7 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 		w := &cfg.Workloads[i]
 		for _, tn := range w.Targets {
 			want[unitKey{w.Name, tn}] = cfg.Fingerprint("workload", w.Name) + "\x00" +
-				cfg.Fingerprint("target", tn) + "\x00" + loaded[w.Name].traceHash + "\x00" + d.emulatorURL(tn)
+				cfg.Fingerprint("target", tn) + "\x00" + loaded[w.Name].trace.file.hash + "\x00" + d.emulatorURL(tn)
 		}
 	}
 	for k, u := range d.units {
@@ -307,7 +312,7 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 			d.units[k] = u
 		}
 	}
-	d.cfg, d.cfgBytes = cfg, data
+	d.cfg, d.cfgBytes, d.traces = cfg, data, traces
 	level.Info(d.logger).Log("msg", "configuration applied", "file", d.configFile, "units", len(d.units))
 	return errors.Join(errs...)
 }
@@ -349,11 +354,10 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		// Replicas of a sharded workload must build the same prompts.
 		onceNS = uint64(now.UnixNano())
 	}
-	pacer, err := replay.NewPacer(wd.records, replay.PacerOptions{
-		SpeedupRatio:  1, // synthesis already rescaled the timestamps
+	// The plan is the trace's, shared; the pacer is this unit's cursor.
+	pacer, err := wd.trace.plan.NewPacer(replay.PacerOptions{
 		Loop:          replay.LoopMode(w.Loop),
 		Shard:         replay.Shard{Index: shard.Index, Count: shard.Count},
-		Trace:         w.Trace,
 		OnceNamespace: onceNS,
 	})
 	if err != nil {
@@ -388,7 +392,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		return nil, err
 	}
 	d.coll.Start(w.Name, t.Name)
-	u := &unit{fingerprint: fp, workload: wl, client: client, gate: gate, done: make(chan struct{})}
+	u := &unit{fingerprint: fp, workload: wl, client: client, gate: gate, plan: wd.trace.plan, done: make(chan struct{})}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -397,10 +401,10 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 			level.Error(logger).Log("msg", "replay stopped", "err", err)
 		} else if w.Loop == "once" && !u.stopping.Load() {
 			// Run returned by itself: the single pass is sent and drained.
-			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", len(wd.records))
+			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", wd.rows())
 		}
 	}()
-	level.Info(logger).Log("msg", "replay started", "rows", len(wd.records))
+	level.Info(logger).Log("msg", "replay started", "rows", wd.rows())
 	return u, nil
 }
 

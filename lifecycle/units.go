@@ -1,10 +1,8 @@
 package lifecycle
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,38 +18,20 @@ import (
 // promptCacheBytes bounds each workload's block cache of prompt text.
 const promptCacheBytes = 64 << 20
 
-// workloadData is a workload's trace, read and synthesized once per reload
-// and shared by all its targets.
+// workloadData is a workload's trace, read and synthesized once and shared
+// by all its targets (and by other workloads of the same trace and knobs).
 type workloadData struct {
-	records   []synth.Record
-	traceHash string // sha256 of the trace file, part of the fingerprint
-	builder   *synth.PromptBuilder
+	trace   *tracePlan
+	builder *synth.PromptBuilder
 }
 
-// loadWorkload reads and reshapes a workload's trace. Errors name the file
-// and line.
-func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload) (*workloadData, error) {
-	path := cfg.TracePath(w)
-	// Only a regular file: opening a named pipe blocks (and with it every
-	// later reload), and a trace is read again at each reload anyway.
-	fi, err := os.Stat(path)
-	if err == nil && !fi.Mode().IsRegular() {
-		err = fmt.Errorf("%s, not a regular file", fileKind(fi.Mode()))
-	}
-	if err != nil {
-		return nil, cfg.TraceError(w, err)
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, cfg.TraceError(w, err)
-	}
-	sum := sha256.Sum256(raw)
-	// Parse the bytes already read for the fingerprint, not the file again.
-	// Parsing a big trace takes seconds: the reader lets a shutdown cut it.
-	recs, err := synth.ReadAll(ctxReader{ctx, bytes.NewReader(raw)}, path, synth.ReadOptions{BlockSize: w.BlockSize})
-	if err != nil {
-		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
-	}
+// rows is the number of rows the workload replays.
+func (wd *workloadData) rows() int { return wd.trace.plan.Rows().Len() }
+
+// loadWorkload returns a workload's trace, reshaped, from traces (which
+// reads the file only if prev does not hold it already). Errors name the
+// file and line.
+func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, traces, prev *traceCache) (*workloadData, error) {
 	k := synth.Knobs{
 		BlockSize:            w.BlockSize,
 		SpeedupRatio:         w.Synthesis.SpeedupRatio,
@@ -63,29 +43,20 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload) (
 		MaxOSL:               w.Synthesis.MaxOSL,
 		Seed:                 w.Seed,
 	}
-	recs, _, err = synth.Transform(recs, k)
+	tp, err := traces.plan(ctx, prev, cfg.TracePath(w), w, k)
+	if ae := (*traceAccessError)(nil); errors.As(err, &ae) {
+		// The file could not be read at all: name the YAML key and line,
+		// and where relative paths resolve.
+		return nil, cfg.TraceError(w, ae.err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("workload %s: synthesis of %s: %w", w.Name, path, err)
-	}
-	if len(recs) == 0 {
-		return nil, fmt.Errorf("workload %s: %s: no row is left after synthesis (max_isl?)", w.Name, path)
-	}
-	for i := range recs {
-		if err := checkSendable(&recs[i]); err != nil {
-			return nil, fmt.Errorf("workload %s: %w", w.Name, &synth.LineError{File: path, Line: recs[i].Line, Err: err})
-		}
-	}
-	// Schedule problems (a row without a timestamp, one out of range) are
-	// found here, before a reload stops anything, rather than when a unit
-	// starts and the old one is already gone.
-	if _, err := replay.NewPacer(recs, replay.PacerOptions{SpeedupRatio: 1, Loop: replay.LoopMode(w.Loop), Trace: path}); err != nil {
-		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+		return nil, err
 	}
 	builder, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes})
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
-	return &workloadData{records: recs, traceHash: hex.EncodeToString(sum[:]), builder: builder}, nil
+	return &workloadData{trace: tp, builder: builder}, nil
 }
 
 // ctxReader fails its reads once ctx is done.
@@ -106,11 +77,11 @@ func (c ctxReader) Read(p []byte) (int, error) {
 const maxRequestTokens = 1 << 24
 
 // checkSendable rejects a row no request can be built for.
-func checkSendable(rec *synth.Record) error {
-	if n := rec.ISL(); n > maxRequestTokens {
+func checkSendable(rows *synth.Table, i int) error {
+	if n := rows.ISL(i); n > maxRequestTokens {
 		return fmt.Errorf("input_length %d is more than the %d tokens a request may have", n, maxRequestTokens)
 	}
-	if n := rec.OSL(); n > maxRequestTokens {
+	if n := rows.OSL(i); n > maxRequestTokens {
 		return fmt.Errorf("output_length %d is more than the %d tokens a request may have", n, maxRequestTokens)
 	}
 	return nil
@@ -140,7 +111,7 @@ type requestBuilder struct {
 }
 
 // Build implements replay.RequestBuilder.
-func (b *requestBuilder) Build(rec *synth.Record, ns uint64) (replay.Request, error) {
+func (b *requestBuilder) Build(rec *synth.Record, _ int, ns uint64) (replay.Request, error) {
 	req := replay.Request{Extra: rec.Extra}
 	if rec.OutputLength != nil {
 		req.MaxTokens = max(*rec.OutputLength, 1) // 0 would mean "server default"

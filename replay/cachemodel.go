@@ -3,6 +3,7 @@ package replay
 import (
 	"container/list"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
@@ -48,7 +49,7 @@ type CacheParams struct {
 // GranularityToken min(k·TraceBlock, inputLength−1).
 type CacheModel struct {
 	sched *FleetSchedule
-	recs  []synth.Record
+	rows  *synth.Table
 	loop  LoopMode
 
 	mu    sync.Mutex
@@ -56,6 +57,9 @@ type CacheModel struct {
 	start modelPos              // the first row this replica sends; rows before it are assumed sent
 	cur   modelPos              // next row of the fleet schedule to simulate
 	ahead map[modelPos]admitted // own rows simulated but not yet asked about
+	ids   []int64               // scratch for a row's hash ids
+
+	closed atomic.Bool // see Close
 }
 
 // modelPos is a row of a pass by its place in the fleet schedule.
@@ -80,7 +84,7 @@ type admitted struct {
 func NewCacheModel(pacer *Pacer, params CacheParams) *CacheModel {
 	m := &CacheModel{
 		sched: pacer.FleetSchedule(),
-		recs:  pacer.Records(),
+		rows:  pacer.Rows(),
 		loop:  pacer.Loop(),
 		cache: newIdealCache(params),
 		ahead: map[modelPos]admitted{},
@@ -88,10 +92,58 @@ func NewCacheModel(pacer *Pacer, params CacheParams) *CacheModel {
 	pass, row := pacer.FirstRow()
 	m.start = modelPos{pass: pass, pos: int(m.sched.rank[row])}
 	m.cur = modelPos{pass: pass}
-	if m.loop != LoopOnce && pass > 0 {
-		m.cur.pass-- // warm up on the pass before, as a replica that never stopped would have
+	// Warm up on the pass before, as a replica that never stopped would
+	// have; except for an unbounded cache with loop fresh: there the pass
+	// before has a namespace of its own, which no row this replica sends
+	// can hit, and whose blocks, never evicted, crowd nothing out.
+	if m.loop != LoopOnce && pass > 0 && !(m.loop == LoopFresh && params.CapacityBlocks <= 0) {
+		m.cur.pass--
 	}
+	m.shortenWarmUp()
 	return m
+}
+
+// shortenWarmUp starts the warm-up of a bounded cache at the latest row
+// that gives the same cache. A bounded LRU cache always holds the most
+// recently used blocks that fit, so once the blocks used since some row
+// overflow the capacity, what came before that row cannot be in the cache
+// at the start. On a trace of millions of rows this turns a warm-up of
+// minutes of CPU, for every target, into one of a few thousand rows. (The
+// one thing it does not reproduce is a block's weight when the block was
+// first seen in another position, as a partial last block, before that
+// row: its weight is set when it enters the model.)
+func (m *CacheModel) shortenWarmUp() {
+	c := m.cache
+	if c.p.CapacityBlocks == 0 || !m.cur.before(m.start) {
+		return
+	}
+	seen := map[blockKey]bool{}
+	used := 0
+	for at := m.start; m.cur.before(at); {
+		at.pos--
+		if at.pos < 0 {
+			at = modelPos{pass: at.pass - 1, pos: m.sched.Len() - 1}
+		}
+		row := int(m.sched.order[at.pos])
+		m.ids, _ = m.rows.AppendHashIDs(m.ids[:0], row)
+		ns := m.sched.ns(at.pass)
+		for i, id := range m.ids { // the first block of a row is its most recent
+			k := blockKey{ns, id}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			tokens := c.p.TraceBlock
+			if i == len(m.ids)-1 {
+				tokens = m.rows.ISL(row) - (len(m.ids)-1)*c.p.TraceBlock
+			}
+			used += c.weight(max(tokens, 0))
+		}
+		if used > c.p.CapacityBlocks || len(seen) > c.maxEntries() {
+			m.cur = at
+			return
+		}
+	}
 }
 
 // Accept returns the theoretical cached tokens of it, a request of this
@@ -109,7 +161,17 @@ func (m *CacheModel) Accept(it PacerItem) (tokens int, known bool) {
 // not warm the model.
 func (m *CacheModel) Reject(it PacerItem) { m.observe(it, false) }
 
+// Close makes the model give up: a simulation under way stops within a few
+// rows, and every later question is answered unknown. The warm-up of a
+// model of unbounded capacity on a big trace takes seconds, in the request
+// goroutine that asks first: a stopping workload closes its model, so that
+// the warm-up does not hold up its end.
+func (m *CacheModel) Close() { m.closed.Store(true) }
+
 func (m *CacheModel) observe(it PacerItem, accepted bool) (int, bool) {
+	if m.closed.Load() {
+		return 0, false
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	target := modelPos{it.Pass, int(m.sched.rank[it.Index])}
@@ -124,28 +186,38 @@ func (m *CacheModel) observe(it PacerItem, accepted bool) (int, bool) {
 		}
 		return a.tokens, a.certain
 	}
-	m.advance(target)
+	if !m.advance(target) {
+		return 0, false
+	}
 	a := m.simulate(target, accepted)
 	m.step()
 	return a.tokens, a.certain
 }
 
 // advance simulates every row of the fleet schedule before target, keeping
-// what it did for this replica's rows, which are asked about later.
-func (m *CacheModel) advance(target modelPos) {
+// what it did for this replica's rows, which are asked about later. It
+// returns false when the model was closed on the way.
+func (m *CacheModel) advance(target modelPos) bool {
 	if target.pass > m.cur.pass+1 {
 		// A long stall: the passes in between cannot matter more than
 		// the one just before target.
 		m.cur = modelPos{pass: target.pass - 1}
 		clear(m.ahead)
 	}
-	for m.cur.before(target) {
+	for n := 0; m.cur.before(target); n++ {
+		if n%1024 == 1023 && m.closed.Load() {
+			return false
+		}
 		a := m.simulate(m.cur, true)
-		if m.sched.owned[m.sched.order[m.cur.pos]] {
+		// Rows before start are never asked about (the replay begins at
+		// start): keeping them would hold a record for every row of the
+		// warm-up, millions on a big trace.
+		if !m.cur.before(m.start) && m.sched.owns(m.sched.order[m.cur.pos]) {
 			m.ahead[m.cur] = a
 		}
 		m.step()
 	}
+	return true
 }
 
 // step moves the cursor on by one row; at a new pass it forgets what was
@@ -164,8 +236,9 @@ func (m *CacheModel) step() {
 }
 
 func (m *CacheModel) simulate(at modelPos, insert bool) admitted {
-	rec := &m.recs[m.sched.order[at.pos]]
-	return m.cache.visit(m.sched.ns(at.pass), rec.HashIDs, rec.ISL(), insert, at.before(m.start))
+	row := int(m.sched.order[at.pos])
+	m.ids, _ = m.rows.AppendHashIDs(m.ids[:0], row)
+	return m.cache.visit(m.sched.ns(at.pass), m.ids, m.rows.ISL(row), insert, at.before(m.start))
 }
 
 // idealCache is the cache itself: trace blocks by (namespace, hash id), in
@@ -292,9 +365,19 @@ func (c *idealCache) evict() {
 	if c.p.CapacityBlocks == 0 {
 		return
 	}
-	for c.used > c.p.CapacityBlocks && c.lru.Len() > 0 {
+	for (c.used > c.p.CapacityBlocks || c.lru.Len() > c.maxEntries()) && c.lru.Len() > 0 {
 		c.remove(c.lru.Back())
 	}
+}
+
+// maxEntries bounds the trace blocks a bounded cache holds. Weights alone
+// do not: a block of fewer tokens than a server block weighs 0 under
+// GranularityBlock (every block does when server blocks are larger than
+// trace blocks), and such blocks would pile up without end. A server of C
+// blocks of S tokens holds at most C·⌈S/T⌉ trace blocks of T tokens.
+func (c *idealCache) maxEntries() int {
+	per := (c.p.ServerBlock + c.p.TraceBlock - 1) / c.p.TraceBlock
+	return c.p.CapacityBlocks * max(per, 1)
 }
 
 // forgetBefore drops, from an unbounded cache, the blocks of namespaces

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
@@ -88,16 +89,13 @@ type TracePosition struct {
 // Unlike AIPerf's synthesis, which truncates ts/speedup to whole
 // milliseconds, the division here is exact (to the nanosecond).
 //
-// A Pacer is not safe for concurrent use.
+// A Pacer is not safe for concurrent use. Its schedule (the Plan) is
+// shared: many pacers over one trace cost their cursors only.
 type Pacer struct {
-	records []synth.Record
-	convs   []pacerConv     // schedule order
-	rowDue  []time.Duration // per row: due within a pass; meaningful for timed rows
-	next    []int32         // per row: the next turn's row, or -1
-	period  time.Duration
-	loop    LoopMode
-	shard   Shard
-	onceNS  uint64
+	plan   *Plan
+	loop   LoopMode
+	shard  Shard
+	onceNS uint64
 
 	shareRows int // rows of this shard's share in one whole pass
 
@@ -109,110 +107,148 @@ type Pacer struct {
 	done   bool
 }
 
+// Plan is the schedule of a trace that does not depend on who replays it:
+// conversations in due order, each turn's successor, the pass length. It
+// is immutable, built once per trace and speedup, and shared by every
+// Pacer and cache model of that trace, so that one more target does not
+// cost one more copy of a schedule of millions of rows.
+type Plan struct {
+	rows    *synth.Table
+	convs   []pacerConv // schedule order
+	next    []int32     // per row: the next turn's row, or -1
+	zero    float64     // the smallest first-turn timestamp, ms
+	speedup float64
+	period  time.Duration
+
+	fleetOnce sync.Once
+	fleet     fleetOrder // built at the first FleetSchedule
+}
+
 type pacerConv struct {
-	first int // row of the first turn
-	turns int
+	first int32 // row of the first turn
+	turns int32
 	due   time.Duration
 }
 
 // NewPacer prepares the schedule of records. It fails when a conversation's
 // first turn has no timestamp (AIPerf does too: it could not be placed), when
-// a delay is negative, or on bad options. records are kept, not copied.
+// a delay is negative, or on bad options.
 func NewPacer(records []synth.Record, opts PacerOptions) (*Pacer, error) {
-	speedup := opts.SpeedupRatio
-	if speedup == 0 {
-		speedup = 1
-	}
-	if !(speedup > 0) || math.IsInf(speedup, 0) {
-		return nil, fmt.Errorf("speedup ratio must be a positive number, got %v", opts.SpeedupRatio)
-	}
-	loop := opts.Loop
-	if loop == "" {
-		loop = LoopFresh
-	}
-	switch loop {
-	case LoopFresh, LoopRepeat, LoopOnce:
-	default:
-		return nil, fmt.Errorf("unknown loop mode %q (want fresh, repeat or once)", loop)
-	}
-	shard := opts.Shard.orWhole()
-	if err := shard.Validate(); err != nil {
+	if err := opts.check(); err != nil {
 		return nil, err
 	}
 	if len(records) == 0 {
 		return nil, fmt.Errorf("pacer: %w", synth.ErrEmptyTrace)
 	}
-	if len(records) > math.MaxInt32 {
-		return nil, fmt.Errorf("pacer: %d rows is more than supported", len(records))
+	rows, err := synth.TableOf(records)
+	if err != nil {
+		var le *synth.LineError
+		if errors.As(err, &le) {
+			le.File = opts.Trace
+		}
+		return nil, err
 	}
+	plan, err := NewPlan(rows, opts.SpeedupRatio, opts.Trace)
+	if err != nil {
+		return nil, err
+	}
+	return plan.NewPacer(opts)
+}
 
+func (o PacerOptions) check() error {
+	if o.SpeedupRatio != 0 && (!(o.SpeedupRatio > 0) || math.IsInf(o.SpeedupRatio, 0)) {
+		return fmt.Errorf("speedup ratio must be a positive number, got %v", o.SpeedupRatio)
+	}
+	switch o.Loop {
+	case "", LoopFresh, LoopRepeat, LoopOnce:
+	default:
+		return fmt.Errorf("unknown loop mode %q (want fresh, repeat or once)", o.Loop)
+	}
+	return o.Shard.orWhole().Validate()
+}
+
+// NewPlan prepares the schedule of rows, with the time axis divided by
+// speedup (0 means 1); trace names the file in errors. It fails as NewPacer
+// does on rows that cannot be scheduled.
+func NewPlan(rows *synth.Table, speedup float64, trace string) (*Plan, error) {
+	if speedup == 0 {
+		speedup = 1
+	}
+	if !(speedup > 0) || math.IsInf(speedup, 0) {
+		return nil, fmt.Errorf("speedup ratio must be a positive number, got %v", speedup)
+	}
+	n := rows.Len()
+	if n == 0 {
+		return nil, fmt.Errorf("pacer: %w", synth.ErrEmptyTrace)
+	}
+	if n > math.MaxInt32 {
+		return nil, fmt.Errorf("pacer: %d rows is more than supported", n)
+	}
 	lineErr := func(i int, err error) error {
-		line := records[i].Line
+		line := rows.Line(i)
 		if line == 0 {
 			line = i + 1
 		}
-		return &synth.LineError{File: opts.Trace, Line: line, Err: err}
+		return &synth.LineError{File: trace, Line: line, Err: err}
 	}
 
-	p := &Pacer{
-		records: records,
-		rowDue:  make([]time.Duration, len(records)),
-		next:    make([]int32, len(records)),
-		loop:    loop,
-		shard:   shard,
-		onceNS:  opts.OnceNamespace,
-	}
+	p := &Plan{rows: rows, next: make([]int32, n), speedup: speedup}
 
 	// Group rows into conversations in order of first appearance, linking
-	// each turn to the next one in file order.
-	bySession := map[string]int{} // session id → index into p.convs
-	last := map[int]int{}         // conv index → its last row so far
-	for i := range records {
-		r := &records[i]
+	// each turn to the next one in file order. Sessions are looked up by
+	// the table's dense session numbers, not by their strings.
+	convOf := make([]int32, rows.Sessions()) // session → index into p.convs
+	last := make([]int32, rows.Sessions())   // session → its last row so far
+	for s := range convOf {
+		convOf[s] = -1
+	}
+	for i := range n {
 		p.next[i] = -1
-		if r.Delay != nil && *r.Delay < 0 {
-			return nil, lineErr(i, fmt.Errorf("delay must not be negative, got %v", *r.Delay))
+		if d, ok := rows.Delay(i); ok && d < 0 {
+			return nil, lineErr(i, fmt.Errorf("delay must not be negative, got %v", d))
 		}
-		if r.SessionID != nil {
-			if c, ok := bySession[*r.SessionID]; ok {
-				p.next[last[c]] = int32(i)
-				last[c] = i
+		sid, hasSession := rows.SessionID(i)
+		if hasSession {
+			s := rows.SessionOrdinal(i)
+			if c := convOf[s]; c >= 0 {
+				p.next[last[s]] = int32(i)
+				last[s] = int32(i)
 				p.convs[c].turns++
 				continue
 			}
-			bySession[*r.SessionID] = len(p.convs)
-			last[len(p.convs)] = i
+			convOf[s] = int32(len(p.convs))
+			last[s] = int32(i)
 		}
-		if r.Timestamp == nil {
-			if r.SessionID != nil {
-				return nil, lineErr(i, fmt.Errorf("first turn of session %q has no timestamp; a fixed schedule needs one", *r.SessionID))
+		if _, ok := rows.Timestamp(i); !ok {
+			if hasSession {
+				return nil, lineErr(i, fmt.Errorf("first turn of session %q has no timestamp; a fixed schedule needs one", sid))
 			}
 			return nil, lineErr(i, errors.New("row has no timestamp; a fixed schedule needs one on every conversation's first turn"))
 		}
-		p.convs = append(p.convs, pacerConv{first: i, turns: 1})
+		p.convs = append(p.convs, pacerConv{first: int32(i), turns: 1})
 	}
 
-	zero := math.Inf(1)
+	p.zero = math.Inf(1)
 	for _, c := range p.convs {
-		zero = min(zero, *records[c.first].Timestamp)
+		ts, _ := rows.Timestamp(int(c.first))
+		p.zero = min(p.zero, ts)
 	}
 	var lastDue time.Duration
 	timed := 0
-	for i := range records {
-		ts := records[i].Timestamp
-		if ts == nil {
+	for i := range n {
+		ts, ok := rows.Timestamp(i)
+		if !ok {
 			continue
 		}
-		ms := (*ts - zero) / speedup
+		ms := (ts - p.zero) / speedup
 		if math.IsNaN(ms) || math.Abs(ms) > float64(math.MaxInt64/2)/1e6 {
-			return nil, lineErr(i, fmt.Errorf("timestamp %v is out of range", *ts))
+			return nil, lineErr(i, fmt.Errorf("timestamp %v is out of range", ts))
 		}
-		p.rowDue[i] = time.Duration(math.Round(ms * 1e6))
-		lastDue = max(lastDue, p.rowDue[i])
+		lastDue = max(lastDue, p.rowDue(i))
 		timed++
 	}
 	for k := range p.convs {
-		p.convs[k].due = p.rowDue[p.convs[k].first]
+		p.convs[k].due = p.rowDue(int(p.convs[k].first))
 	}
 	slices.SortStableFunc(p.convs, func(a, b pacerConv) int { return cmp.Compare(a.due, b.due) })
 
@@ -220,22 +256,48 @@ func NewPacer(records []synth.Record, opts PacerOptions) (*Pacer, error) {
 	if timed > 1 && lastDue > 0 {
 		p.period = lastDue + lastDue/time.Duration(timed-1)
 	}
-	for k, c := range p.convs {
-		if shard.Owns(k) {
-			p.shareRows += c.turns
-		}
-	}
 	return p, nil
 }
 
-// Records returns the rows the pacer schedules.
-func (p *Pacer) Records() []synth.Record { return p.records }
+// rowDue is a timed row's due time within a pass. It is computed rather
+// than stored: 8 bytes a row, for millions of rows, against a division.
+func (p *Plan) rowDue(i int) time.Duration {
+	ts, _ := p.rows.Timestamp(i)
+	return time.Duration(math.Round((ts - p.zero) / p.speedup * 1e6))
+}
+
+// Rows returns the rows the plan schedules.
+func (p *Plan) Rows() *synth.Table { return p.rows }
+
+// NewPacer returns a cursor over the plan. opts.SpeedupRatio and
+// opts.Trace are the plan's and are not looked at.
+func (p *Plan) NewPacer(opts PacerOptions) (*Pacer, error) {
+	opts.SpeedupRatio = 0
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
+	loop := opts.Loop
+	if loop == "" {
+		loop = LoopFresh
+	}
+	shard := opts.Shard.orWhole()
+	pc := &Pacer{plan: p, loop: loop, shard: shard, onceNS: opts.OnceNamespace}
+	for k, c := range p.convs {
+		if shard.Owns(k) {
+			pc.shareRows += int(c.turns)
+		}
+	}
+	return pc, nil
+}
+
+// Rows returns the rows the pacer schedules.
+func (p *Pacer) Rows() *synth.Table { return p.plan.rows }
 
 // Period is the length of one pass.
-func (p *Pacer) Period() time.Duration { return p.period }
+func (p *Pacer) Period() time.Duration { return p.plan.period }
 
 // Conversations is the number of conversations in the whole trace.
-func (p *Pacer) Conversations() int { return len(p.convs) }
+func (p *Pacer) Conversations() int { return len(p.plan.convs) }
 
 // Loop is the pacer's loop mode.
 func (p *Pacer) Loop() LoopMode { return p.loop }
@@ -245,13 +307,13 @@ func (p *Pacer) Loop() LoopMode { return p.loop }
 // the first Next, typically to resume a replay after a reload. Turns of
 // conversations started before pos are not replayed.
 func (p *Pacer) Seek(pos TracePosition) error {
-	if pos.Pass < 0 || pos.Conv < 0 || pos.Conv > len(p.convs) {
-		return fmt.Errorf("position %+v is outside the trace (%d conversations)", pos, len(p.convs))
+	if pos.Pass < 0 || pos.Conv < 0 || pos.Conv > len(p.plan.convs) {
+		return fmt.Errorf("position %+v is outside the trace (%d conversations)", pos, len(p.plan.convs))
 	}
 	pos = p.normalize(pos)
 	p.seek = pos
 	p.pass, p.conv = pos.Pass, pos.Conv
-	p.origin = p.absolute(pos.Pass, p.convs[pos.Conv].due)
+	p.origin = p.absolute(pos.Pass, p.plan.convs[pos.Conv].due)
 	p.done = p.loop == LoopOnce && pos.Pass > 0
 	return nil
 }
@@ -260,21 +322,21 @@ func (p *Pacer) Seek(pos TracePosition) error {
 // the conversation at Position. An empty share still names a row.
 func (p *Pacer) FirstRow() (pass, row int) {
 	pos := p.Position()
-	return pos.Pass, p.convs[pos.Conv].first
+	return pos.Pass, int(p.plan.convs[pos.Conv].first)
 }
 
 // Position returns the next conversation Next will consider.
 func (p *Pacer) Position() TracePosition { return p.normalize(TracePosition{p.pass, p.conv}) }
 
 func (p *Pacer) normalize(pos TracePosition) TracePosition {
-	if pos.Conv >= len(p.convs) {
+	if pos.Conv >= len(p.plan.convs) {
 		return TracePosition{Pass: pos.Pass + 1, Conv: 0}
 	}
 	return pos
 }
 
 func (p *Pacer) absolute(pass int, due time.Duration) time.Duration {
-	return time.Duration(pass)*p.period + due
+	return time.Duration(pass)*p.plan.period + due
 }
 
 // Namespace is the hash-id namespace of pass: the pass number with
@@ -301,9 +363,10 @@ func (p *Pacer) SeekTime(elapsed time.Duration) (time.Duration, error) {
 	if elapsed < 0 {
 		return 0, fmt.Errorf("pacer: %v before the anchor", -elapsed)
 	}
-	pass := int(elapsed / p.period)
-	within := elapsed % p.period
-	c := sort.Search(len(p.convs), func(i int) bool { return p.convs[i].due >= within })
+	period, convs := p.plan.period, p.plan.convs
+	pass := int(elapsed / period)
+	within := elapsed % period
+	c := sort.Search(len(convs), func(i int) bool { return convs[i].due >= within })
 	if err := p.Seek(TracePosition{Pass: pass, Conv: c}); err != nil {
 		return 0, err
 	}
@@ -319,10 +382,10 @@ func (p *Pacer) Next() (PacerItem, bool) {
 	}
 	for {
 		c := p.shard.firstOwned(p.conv)
-		if c >= len(p.convs) {
+		if c >= len(p.plan.convs) {
 			if p.loop == LoopOnce {
 				p.done = true
-				p.conv = len(p.convs)
+				p.conv = len(p.plan.convs)
 				return PacerItem{}, false
 			}
 			p.pass++
@@ -330,10 +393,10 @@ func (p *Pacer) Next() (PacerItem, bool) {
 			continue
 		}
 		p.conv = c + 1
-		conv := p.convs[c]
+		conv := p.plan.convs[c]
 		return PacerItem{
 			Pass:      p.pass,
-			Index:     conv.first,
+			Index:     int(conv.first),
 			Due:       p.absolute(p.pass, conv.due) - p.origin,
 			Namespace: p.Namespace(p.pass),
 			Conv:      c,
@@ -346,7 +409,7 @@ func (p *Pacer) Next() (PacerItem, bool) {
 // turn; otherwise Due is zero and the turn follows its predecessor's
 // completion (after its delay, if any).
 func (p *Pacer) NextTurn(it PacerItem) (next PacerItem, timed, ok bool) {
-	n := p.next[it.Index]
+	n := p.plan.next[it.Index]
 	if n < 0 {
 		return PacerItem{}, false, false
 	}
@@ -354,8 +417,8 @@ func (p *Pacer) NextTurn(it PacerItem) (next PacerItem, timed, ok bool) {
 	next.Index = int(n)
 	next.Turn++
 	next.Due = 0
-	if p.records[n].Timestamp != nil {
-		next.Due = p.absolute(it.Pass, p.rowDue[n]) - p.origin
+	if _, ok := p.plan.rows.Timestamp(int(n)); ok {
+		next.Due = p.absolute(it.Pass, p.plan.rowDue(int(n))) - p.origin
 		timed = true
 	}
 	return next, timed, true
@@ -364,11 +427,15 @@ func (p *Pacer) NextTurn(it PacerItem) (next PacerItem, timed, ok bool) {
 // Delay is the think time before row i after its predecessor finished; zero
 // for rows without a delay.
 func (p *Pacer) Delay(i int) time.Duration {
-	d := p.records[i].Delay
-	if d == nil {
+	return p.plan.delay(i)
+}
+
+func (p *Plan) delay(i int) time.Duration {
+	d, ok := p.rows.Delay(i)
+	if !ok {
 		return 0
 	}
-	return time.Duration(math.Round(*d * 1e6))
+	return time.Duration(math.Round(d * 1e6))
 }
 
 // PassRows is the number of rows this shard sends in pass: its whole share,
@@ -381,8 +448,8 @@ func (p *Pacer) PassRows(pass int) int {
 		return p.shareRows
 	}
 	n := 0
-	for c := p.shard.firstOwned(p.seek.Conv); c < len(p.convs); c += p.shard.Count {
-		n += p.convs[c].turns
+	for c := p.shard.firstOwned(p.seek.Conv); c < len(p.plan.convs); c += p.shard.Count {
+		n += int(p.plan.convs[c].turns)
 	}
 	return n
 }

@@ -16,54 +16,68 @@ import (
 // without a timestamp is placed at its predecessor's nominal time plus its
 // delay, as if the server answered instantly, and a timed later turn never
 // before its predecessor. Ties keep schedule order (conversation, then turn).
+//
+// The order itself belongs to the Plan and is shared by every pacer of the
+// trace; a FleetSchedule adds only the shard and the namespaces.
 type FleetSchedule struct {
-	order []int32 // rows in nominal order
-	rank  []int32 // row → its position in order
-	owned []bool  // row → in this replica's shard
+	*fleetOrder
+	shard Shard
 	ns    func(pass int) uint64
+}
+
+// fleetOrder is the nominal order of one pass of a plan.
+type fleetOrder struct {
+	order   []int32 // rows in nominal order
+	rank    []int32 // row → its position in order
+	rowConv []int32 // row → its conversation in schedule order
 }
 
 // FleetSchedule returns the fleet's order of one pass. It does not move
 // the cursor.
 func (p *Pacer) FleetSchedule() *FleetSchedule {
+	pl := p.plan
+	pl.fleetOnce.Do(pl.buildFleetOrder)
+	return &FleetSchedule{fleetOrder: &pl.fleet, shard: p.shard, ns: p.Namespace}
+}
+
+// buildFleetOrder sorts the rows of a pass by nominal time, once per plan.
+func (pl *Plan) buildFleetOrder() {
 	type entry struct {
 		at         time.Duration
 		conv, turn int32
 		row        int32
 	}
-	entries := make([]entry, 0, len(p.records))
-	owned := make([]bool, len(p.records))
-	for k, c := range p.convs {
+	n := pl.rows.Len()
+	entries := make([]entry, 0, n)
+	rowConv := make([]int32, n)
+	for k, c := range pl.convs {
 		at := c.due
-		row := c.first
+		row := int(c.first)
 		for turn := 0; row >= 0; turn++ {
 			if turn > 0 {
-				if p.records[row].Timestamp != nil {
-					at = max(at, p.rowDue[row])
+				if _, timed := pl.rows.Timestamp(row); timed {
+					at = max(at, pl.rowDue(row))
 				} else {
-					at += p.Delay(row)
+					at += pl.delay(row)
 				}
 			}
 			entries = append(entries, entry{at: at, conv: int32(k), turn: int32(turn), row: int32(row)})
-			owned[row] = p.shard.Owns(k)
-			row = int(p.next[row])
+			rowConv[row] = int32(k)
+			row = int(pl.next[row])
 		}
 	}
 	slices.SortFunc(entries, func(a, b entry) int {
 		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.conv, b.conv), cmp.Compare(a.turn, b.turn))
 	})
-	s := &FleetSchedule{
-		order: make([]int32, len(entries)),
-		rank:  make([]int32, len(p.records)),
-		owned: owned,
-		ns:    p.Namespace,
-	}
+	pl.fleet = fleetOrder{order: make([]int32, len(entries)), rank: make([]int32, n), rowConv: rowConv}
 	for i, e := range entries {
-		s.order[i] = e.row
-		s.rank[e.row] = int32(i)
+		pl.fleet.order[i] = e.row
+		pl.fleet.rank[e.row] = int32(i)
 	}
-	return s
 }
 
 // Len is the number of rows in a pass.
 func (s *FleetSchedule) Len() int { return len(s.order) }
+
+// owns tells whether row is in this replica's shard.
+func (s *FleetSchedule) owns(row int32) bool { return s.shard.Owns(int(s.rowConv[row])) }

@@ -19,10 +19,12 @@ type Sender interface {
 	Do(ctx context.Context, req Request, res *Result)
 }
 
-// RequestBuilder turns a trace row into a request; ns is the pass's hash-id
-// namespace. It is called from many goroutines at once.
+// RequestBuilder turns a trace row into a request; row is its index in the
+// pacer's rows and ns the pass's hash-id namespace. rec is the caller's to
+// drop afterwards (it is unpacked from the compact rows for this request).
+// It is called from many goroutines at once.
 type RequestBuilder interface {
-	Build(rec *synth.Record, ns uint64) (Request, error)
+	Build(rec *synth.Record, row int, ns uint64) (Request, error)
 }
 
 // SaturationPolicy says what happens to a due row when max_in_flight requests
@@ -116,7 +118,7 @@ type WorkloadConfig struct {
 type Workload struct {
 	cfg   WorkloadConfig
 	pacer *Pacer
-	recs  []synth.Record
+	rows  *synth.Table
 	send  Sender
 	build RequestBuilder
 	obs   Observer
@@ -169,7 +171,7 @@ func NewWorkload(cfg WorkloadConfig, pacer *Pacer, send Sender, build RequestBui
 	return &Workload{
 		cfg:    cfg,
 		pacer:  pacer,
-		recs:   pacer.Records(),
+		rows:   pacer.Rows(),
 		send:   send,
 		build:  build,
 		obs:    obs,
@@ -269,6 +271,11 @@ wait:
 		}
 	}
 	cancel()
+	if w.cfg.Cache != nil {
+		// No request is answered after this: a model still warming up
+		// must not hold up the end of the run.
+		w.cfg.Cache.Close()
+	}
 	w.wg.Wait()
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
@@ -509,9 +516,11 @@ func (d *workloadDispatcher) follow(it PacerItem, end time.Time) {
 // request is the goroutine of one request.
 func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Time, notify bool) {
 	defer w.wg.Done()
-	rec := &w.recs[it.Index]
+	// The row is unpacked for its request only: the trace stays compact.
+	row := w.rows.Record(it.Index)
+	rec := &row
 	var res *Result
-	if req, err := w.build.Build(rec, it.Namespace); err != nil {
+	if req, err := w.build.Build(rec, it.Index, it.Namespace); err != nil {
 		w.drop(it, DropBuildError, scheduled)
 		if w.cfg.OnBuildError != nil {
 			w.cfg.OnBuildError(fmt.Errorf("workload %s: trace line %d: %w", w.cfg.Name, rec.Line, err))

@@ -118,22 +118,17 @@ func (t *wlTestTimer) drainLocked() {
 // wlTestBuilder encodes the row index and namespace into the prompt, and
 // fails for the rows in fail.
 type wlTestBuilder struct {
-	index map[*synth.Record]int
-	fail  map[int]bool
+	rows int
+	fail map[int]bool
 }
 
 func newWLTestBuilder(recs []synth.Record) *wlTestBuilder {
-	b := &wlTestBuilder{index: map[*synth.Record]int{}, fail: map[int]bool{}}
-	for i := range recs {
-		b.index[&recs[i]] = i
-	}
-	return b
+	return &wlTestBuilder{rows: len(recs), fail: map[int]bool{}}
 }
 
-func (b *wlTestBuilder) Build(rec *synth.Record, ns uint64) (Request, error) {
-	i, ok := b.index[rec]
-	if !ok {
-		return Request{}, errors.New("record is not one of the pacer's")
+func (b *wlTestBuilder) Build(rec *synth.Record, i int, ns uint64) (Request, error) {
+	if i < 0 || i >= b.rows {
+		return Request{}, errors.New("row is not one of the pacer's")
 	}
 	if b.fail[i] {
 		return Request{}, fmt.Errorf("row %d: inconsistent input_length", i)
@@ -801,7 +796,7 @@ func (o *wlTestLagObserver) PassCompleted(_, _ string, _ int) {}
 
 type wlTestPromptBuilder struct{}
 
-func (wlTestPromptBuilder) Build(rec *synth.Record, _ uint64) (Request, error) {
+func (wlTestPromptBuilder) Build(rec *synth.Record, _ int, _ uint64) (Request, error) {
 	return Request{Prompt: "hello", MaxTokens: rec.OSL()}, nil
 }
 

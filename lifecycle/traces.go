@@ -1,0 +1,181 @@
+package lifecycle
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"os"
+	"sync/atomic"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/synth"
+)
+
+// traceCache keeps the traces of the running configuration between
+// reloads. A trace of millions of rows takes seconds to parse and hundreds
+// of megabytes to hold: a reload must not read a file that has not changed,
+// and workloads and targets that use the same file share one copy.
+//
+// A file is known by its path and the block size its rows are checked
+// against; it is read again only when the file itself, its size or its
+// modification time changed, and if its bytes turn out the same, what was
+// built from it is kept. A plan (the rows after synthesis, and their
+// schedule) is known by its file and the synthesis knobs.
+//
+// Only the daemon's owner goroutine uses a cache; each (re)load fills a new
+// one from the last, which replaces it once the configuration is applied,
+// so that traces no longer used are let go.
+type traceCache struct {
+	files map[fileKey]*parsedFile
+	plans map[planKey]*tracePlan
+	stats *traceStats // shared by a cache and the ones made from it
+}
+
+type fileKey struct {
+	path      string
+	blockSize int
+}
+
+type planKey struct {
+	file  fileKey
+	knobs synth.Knobs
+}
+
+// parsedFile is a trace file as read.
+type parsedFile struct {
+	info os.FileInfo // the file when it was read: its identity, size and mtime
+	hash string      // of its bytes, to tell a touched file from a changed one
+	rows *synth.Table
+}
+
+// tracePlan is a workload's trace ready to replay.
+type tracePlan struct {
+	file *parsedFile
+	plan *replay.Plan
+}
+
+// traceStats counts the work a cache did, for tests.
+type traceStats struct {
+	parses atomic.Int64 // files read and parsed
+}
+
+func newTraceCache() *traceCache {
+	return &traceCache{files: map[fileKey]*parsedFile{}, plans: map[planKey]*tracePlan{}, stats: &traceStats{}}
+}
+
+// next returns an empty cache that reuses what c holds.
+func (c *traceCache) next() *traceCache {
+	return &traceCache{files: map[fileKey]*parsedFile{}, plans: map[planKey]*tracePlan{}, stats: c.stats}
+}
+
+// hashSeed keys the content hash: it is compared only within this process.
+var hashSeed = maphash.MakeSeed()
+
+// plan returns the trace of w ready to replay, from prev when its file has
+// not changed, and records it in c. Errors name the workload and the file.
+func (c *traceCache) plan(ctx context.Context, prev *traceCache, path string, w *config.Workload, k synth.Knobs) (*tracePlan, error) {
+	fk := fileKey{path: path, blockSize: w.BlockSize}
+	pf := c.files[fk] // already read for another workload of this load
+	if pf == nil {
+		var err error
+		if pf, err = c.readFile(ctx, prev.files[fk], fk); err != nil {
+			if _, ok := err.(*traceAccessError); ok {
+				return nil, err // named by the caller, with its YAML key
+			}
+			return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+		}
+		c.files[fk] = pf
+	}
+	pk := planKey{file: fk, knobs: k}
+	if !k.Rewrites() {
+		pk.knobs.Seed = 0 // no random stream is drawn: workloads of other seeds share the plan
+	}
+	if tp := c.plans[pk]; tp != nil {
+		return tp, nil
+	}
+	if tp := prev.plans[pk]; tp != nil && tp.file == pf {
+		c.plans[pk] = tp
+		return tp, nil
+	}
+	rows, _, err := synth.TransformTable(pf.rows, k)
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: synthesis of %s: %w", w.Name, path, err)
+	}
+	if rows.Len() == 0 {
+		return nil, fmt.Errorf("workload %s: %s: no row is left after synthesis (max_isl?)", w.Name, path)
+	}
+	for i := range rows.Len() {
+		if err := checkSendable(rows, i); err != nil {
+			return nil, fmt.Errorf("workload %s: %w", w.Name, &synth.LineError{File: path, Line: rows.Line(i), Err: err})
+		}
+	}
+	// Schedule problems (a row without a timestamp, one out of range) are
+	// found here, before a reload stops anything, rather than when a unit
+	// starts and the old one is already gone. Synthesis has already
+	// rescaled the timestamps: the plan's speedup is 1.
+	plan, err := replay.NewPlan(rows, 1, path)
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+	}
+	tp := &tracePlan{file: pf, plan: plan}
+	c.plans[pk] = tp
+	return tp, nil
+}
+
+// readFile returns the parsed file, old itself when the file has not
+// changed since old was read (it is then not read at all) or when its
+// bytes are the same.
+func (c *traceCache) readFile(ctx context.Context, old *parsedFile, fk fileKey) (*parsedFile, error) {
+	// Only a regular file: opening a named pipe blocks (and with it every
+	// later reload).
+	fi, err := os.Stat(fk.path)
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s, not a regular file", fileKind(fi.Mode()))
+	}
+	if err != nil {
+		return nil, &traceAccessError{err}
+	}
+	if old != nil && sameFile(old.info, fi) {
+		return old, nil
+	}
+	f, err := os.Open(fk.path)
+	if err != nil {
+		return nil, &traceAccessError{err}
+	}
+	defer f.Close()
+	// The identity of the file actually read, not of the name's earlier target.
+	if fi, err = f.Stat(); err != nil {
+		return nil, err
+	}
+	c.stats.parses.Add(1)
+	var h maphash.Hash
+	h.SetSeed(hashSeed)
+	// Parsing a big trace takes seconds: the reader lets a shutdown cut it.
+	rows, err := synth.ReadTable(ctxReader{ctx, io.TeeReader(f, &h)}, fk.path, synth.ReadOptions{BlockSize: fk.blockSize}, fi.Size())
+	if err != nil {
+		return nil, err
+	}
+	sum := h.Sum(nil)
+	pf := &parsedFile{info: fi, hash: hex.EncodeToString(sum), rows: rows}
+	if old != nil && old.hash == pf.hash {
+		old.info = fi // touched, not changed: keep what was built from it
+		return old, nil
+	}
+	return pf, nil
+}
+
+// traceAccessError: a trace file that could not be opened at all (missing,
+// unreadable, not a regular file), as opposed to one with a bad line.
+type traceAccessError struct{ err error }
+
+func (e *traceAccessError) Error() string { return e.err.Error() }
+func (e *traceAccessError) Unwrap() error { return e.err }
+
+// sameFile tells whether b is the file a was, unchanged as far as its size
+// and modification time tell.
+func sameFile(a, b os.FileInfo) bool {
+	return os.SameFile(a, b) && a.Size() == b.Size() && a.ModTime().Equal(b.ModTime())
+}
