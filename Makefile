@@ -36,7 +36,7 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: all build release run test test-browser screenshot test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench tokenizers clean \
+.PHONY: all build release run test test-browser screenshot test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench bench-scale tokenizers clean \
         prometheus test-rules test-dashboards test-prometheus test-alerts vulncheck bench-rate
 
 all: build
@@ -170,6 +170,19 @@ BENCH_RATE_FLAGS ?=
 bench-rate: build
 	cd tools && $(GO) build -o ../bin/vegeta github.com/tsenart/vegeta/v12 && $(GO) build -o ../bin/benchrate ./benchrate
 	bin/benchrate -exporter $(BIN) -vegeta bin/vegeta $(BENCH_RATE_FLAGS)
+
+## bench-scale: issue #15 goals 1-3 against a generated 2M-row trace (about 3 minutes).
+SHARED_TRACES ?= ../shared/traces
+SCALE_ROWS    ?= 2000000
+SCALE_TRACE   := $(CACHE)/scale/conversation-$(SCALE_ROWS).jsonl
+
+bench-scale: build $(SCALE_TRACE)
+	$(GO) run ./scripts/benchscale -bin $(BIN) -trace $(SCALE_TRACE) -small $(SHARED_TRACES)/conversation_trace.jsonl
+
+$(SCALE_TRACE):
+	@mkdir -p $(@D)
+	scripts/scale-trace.sh $(SHARED_TRACES)/conversation_trace.jsonl $(SCALE_ROWS) > $@.tmp
+	mv $@.tmp $@
 
 tokenizers: $(TOKENIZER_FILES)
 
