@@ -392,7 +392,7 @@ func brokenInput(t *testing.T, c badCase) string {
 func skipAsRoot(t *testing.T, c badCase) {
 	t.Helper()
 	if c.needsNonRoot && os.Geteuid() == 0 {
-		t.Skip("running as root, who can read a file with mode 000")
+		t.Skip("running as root, who can read a file with mode 000: TestBadInputUnreadableAsRoot runs this case as nobody")
 	}
 }
 
