@@ -53,7 +53,9 @@ func runEmulate(ctx context.Context, s streams, listen string, cfg emulate.Confi
 	}
 	base, wait, err := e.Start(ctx, listen)
 	if err != nil {
-		return err // the emulate package names itself
+		// As the daemon: an address that cannot be bound is bad input
+		// (exit 2). The emulate package names itself.
+		return badInput(err)
 	}
 	c := e.Config()
 	// The URL is the first line, so scripts and tests can read it.

@@ -113,8 +113,8 @@ func TestEmulateCommandListenError(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			code := run(context.Background(), []string{"emulate", "--listen", tt.listen}, streams{stdout: &out, stderr: &errOut})
-			if code != exitFailure {
-				t.Fatalf("exit code %d, want %d; stderr %s", code, exitFailure, errOut.String())
+			if code != exitBadInput {
+				t.Fatalf("exit code %d, want %d as the daemon's; stderr %s", code, exitBadInput, errOut.String())
 			}
 			if got := errOut.String(); !strings.HasPrefix(got, tt.want) || strings.Count(got, "emulate:") != 1 {
 				t.Errorf("stderr %q, want it to start %q with one \"emulate:\"", got, tt.want)

@@ -74,7 +74,9 @@ func TestExitCodesMatchREADME(t *testing.T) {
 		{"--config.check of a missing file", context.Background(), []string{"--config.file=" + filepath.Join(dir, "none.yml"), "--config.check"}, bad},
 		{"a start with a bad file", context.Background(), []string{"--config.file=" + badCfg, "--web.listen-address=127.0.0.1:0"}, bad},
 		{"a start on a taken port", context.Background(), []string{"--config.file=" + good, "--web.listen-address=" + taken.Addr().String()}, bad},
-		{"emulate unable to listen", context.Background(), []string{"emulate", "--listen", "256.0.0.1:bad"}, runtime},
+		{"emulate unable to listen", context.Background(), []string{"emulate", "--listen", "256.0.0.1:bad"}, bad},
+		{"emulate on a taken port", context.Background(), []string{"emulate", "--listen", taken.Addr().String()}, bad},
+		{"synthesize onto a full device", context.Background(), []string{"synthesize", "--num-requests", "10", "-o", "/dev/full", synthConversationTrace}, runtime},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

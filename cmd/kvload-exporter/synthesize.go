@@ -130,6 +130,14 @@ func writeSynthesized(ctx context.Context, path string, stdout io.Writer, rows [
 	if path == "-" {
 		return writeSynthesizedRows(ctx, stdout, rows)
 	}
+	// A device, pipe or socket (/dev/stdout, a FIFO) is written in place:
+	// renaming a temporary file over it would replace the device node.
+	if fi, serr := os.Stat(path); serr == nil && !fi.Mode().IsRegular() {
+		if fi.IsDir() {
+			return badInput(fmt.Errorf("write %s: is a directory", path))
+		}
+		return writeSynthesizedSpecial(ctx, path, rows)
+	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err // *PathError names the directory
@@ -151,6 +159,20 @@ func writeSynthesized(ctx context.Context, path string, stdout io.Writer, rows [
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return os.Rename(f.Name(), path)
+}
+
+// writeSynthesizedSpecial writes rows to an existing file that is not a
+// regular one.
+func writeSynthesizedSpecial(ctx context.Context, path string, rows []synth.Record) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err // *PathError names the file
+	}
+	if err := writeSynthesizedRows(ctx, f, rows); err != nil {
+		f.Close()
+		return err // a write's *PathError names the file
+	}
+	return f.Close()
 }
 
 func writeSynthesizedRows(ctx context.Context, w io.Writer, rows []synth.Record) error {

@@ -167,3 +167,33 @@ func TestSynthesizeFile(t *testing.T) {
 		t.Errorf("canceled run left %v", entries)
 	}
 }
+
+// TestSynthesizeSpecialFiles: a device or a pipe named by -o is written in
+// place, never replaced by a renamed regular file, and a failed write is a
+// runtime failure naming the file.
+func TestSynthesizeSpecialFiles(t *testing.T) {
+	for _, tt := range []struct {
+		name, path string
+		code       int
+		stderr     string
+	}{
+		{"/dev/null", "/dev/null", exitOK, ""},
+		{"a full device", "/dev/full", exitFailure, "write /dev/full: no space left on device"},
+		{"a directory", t.TempDir(), exitBadInput, "is a directory"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before, err := os.Stat(tt.path)
+			if err != nil {
+				t.Skipf("%s: %v", tt.path, err)
+			}
+			code, _, stderr := runSynthesize(t.Context(), synthConversationTrace, "--num-requests", "10", "-o", tt.path)
+			if code != tt.code || !strings.Contains(stderr, tt.stderr) || strings.Count(stderr, tt.path) > 1 {
+				t.Errorf("exit %d, stderr %q; want %d with %q, the file named once", code, stderr, tt.code, tt.stderr)
+			}
+			after, err := os.Stat(tt.path)
+			if err != nil || after.Mode() != before.Mode() {
+				t.Fatalf("%s was %v, is now %v (%v)", tt.path, before.Mode(), after.Mode(), err)
+			}
+		})
+	}
+}
