@@ -203,6 +203,13 @@ func (c *Collector) Start(workload, target string) {
 		c.classTokens.WithLabelValues(workload, target, string(cl))
 	}
 	c.loops.WithLabelValues(workload)
+	// The landing page lists the pair from now on, even while no request
+	// finishes (a target that hangs must not be invisible).
+	c.mu.Lock()
+	if c.recent[wtKey{workload, target}] == nil {
+		c.recent[wtKey{workload, target}] = &recent{}
+	}
+	c.mu.Unlock()
 }
 
 // Forget deletes every series of a (workload, target) that was removed or
@@ -441,6 +448,16 @@ func (c *Collector) Finished(r *replay.Result) {
 // Dropped implements replay.Observer.
 func (c *Collector) Dropped(workload, target, reason string, _ time.Time) {
 	c.dropped.WithLabelValues(workload, target, reason).Inc()
+	at := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := wtKey{workload, target}
+	w := c.recent[k]
+	if w == nil {
+		w = &recent{}
+		c.recent[k] = w
+	}
+	w.addDrop(at)
 }
 
 // PassCompleted implements replay.Observer. Passes are counted per workload:

@@ -60,6 +60,10 @@ type recent struct {
 	// looks for first.
 	lastError   string
 	lastErrorAt time.Time
+	// drops are when scheduled requests were dropped, oldest first, at
+	// most statusWindow of them: a generator that cannot keep up is
+	// unhealthy even while what it does send succeeds.
+	drops []time.Time
 }
 
 type sample struct {
@@ -84,6 +88,16 @@ func (r *recent) add(s sample) {
 	r.n = min(r.n+1, statusWindow)
 }
 
+// addDrop records a dropped request at, forgetting drops older than
+// statusAge and beyond statusWindow.
+func (r *recent) addDrop(at time.Time) {
+	i := 0
+	for i < len(r.drops) && (at.Sub(r.drops[i]) > statusAge || len(r.drops)-i >= statusWindow) {
+		i++
+	}
+	r.drops = append(r.drops[i:], at)
+}
+
 // OutcomeCount is how many requests of the window ended one way.
 type OutcomeCount struct {
 	Outcome string
@@ -101,9 +115,12 @@ type Status struct {
 	Outcomes []OutcomeCount
 	// LastError is the reason of the last failed request (at most
 	// maxErrorLen bytes), at LastErrorAt; empty when none failed yet.
-	LastError        string
-	LastErrorAt      time.Time
-	LagP99           time.Duration // schedule lag p99 of the window
+	LastError   string
+	LastErrorAt time.Time
+	LagP99      time.Duration // schedule lag p99 of the window
+	// Dropped is how many scheduled requests were dropped in the last
+	// statusAge (at most statusWindow are remembered).
+	Dropped          int
 	TTFTP50, TTFTP99 time.Duration // 0 when no successful request
 	// ObservedHitRate is cached / server prompt tokens of the requests
 	// that reported their cached tokens; Reported is false when none did.
@@ -247,6 +264,11 @@ func (c *Collector) Status() []Status {
 			st.Outcomes = append(st.Outcomes, OutcomeCount{string(o), byOutcome[o]})
 		}
 		st.LastError, st.LastErrorAt = w.lastError, w.lastErrorAt
+		for _, at := range w.drops {
+			if now.Sub(at) <= statusAge {
+				st.Dropped++
+			}
+		}
 		if len(ttfts) > 0 {
 			slices.Sort(ttfts)
 			st.TTFTP50 = nearestRank(ttfts, 50)
@@ -303,6 +325,9 @@ func efficiencyState(st Status, repTheoRate float64) string {
 // health is the state of a (workload, target) and its reason, from the
 // window's figures: the worst of errors, schedule lag and cache efficiency.
 func health(st Status, failed int, byOutcome map[replay.Outcome]int) (string, string) {
+	if st.Requests == 0 && st.Dropped > 0 {
+		return HealthFailing, fmt.Sprintf("no request finished in the last %v, and %d scheduled requests were dropped", statusAge, st.Dropped)
+	}
 	if st.Requests == 0 {
 		return HealthNotReported, fmt.Sprintf("no request finished in the last %v", statusAge)
 	}
@@ -323,6 +348,10 @@ func health(st Status, failed int, byOutcome map[replay.Outcome]int) (string, st
 		}
 	}
 	var reasons []string
+	if st.Dropped > 0 {
+		// As KvloadGeneratorBehind: any drop means the schedule is not kept.
+		reasons = append(reasons, fmt.Sprintf("%d scheduled requests dropped in the last %v: the target or max_in_flight cannot keep up", st.Dropped, statusAge))
+	}
 	if st.LagP99 > degradedLag {
 		reasons = append(reasons, fmt.Sprintf("schedule lag p99 %d ms: the exporter falls behind the trace", st.LagP99.Milliseconds()))
 	}

@@ -79,6 +79,43 @@ func TestStatusHealth(t *testing.T) {
 			}
 		})
 	}
+	// Drops: KvloadGeneratorBehind pages on any; the landing page agrees.
+	for _, tt := range []struct {
+		name          string
+		finished      int
+		drops         int
+		age           time.Duration // of the drops
+		health        string
+		reason        string
+		dropsInWindow int
+	}{
+		{"drops beside successes", 10, 3, 0, HealthDegraded, "3 scheduled requests dropped in the last 1m0s", 3},
+		{"every request dropped", 0, 5, 0, HealthFailing, "no request finished in the last 1m0s, and 5 scheduled requests were dropped", 5},
+		{"old drops forgotten", 10, 3, 2 * statusAge, HealthOK, "10 requests, none failed", 0},
+		{"drops bounded", 10, 3 * statusWindow, 0, HealthDegraded, "1024 scheduled requests dropped", statusWindow},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New(prometheus.NewRegistry())
+			now := time.Unix(1000, 0)
+			c.now = func() time.Time { return now }
+			for range tt.drops {
+				c.Dropped("w", "t", replay.DropMaxInFlight, now)
+			}
+			now = now.Add(tt.age)
+			for range tt.finished {
+				r := *ok(0, 500)
+				r.Workload, r.Target = "w", "t"
+				c.Finished(&r)
+			}
+			s := c.Status()[0]
+			if s.Health != tt.health || !strings.Contains(s.HealthReason, tt.reason) {
+				t.Errorf("health %q (%s), want %q with %q", s.Health, s.HealthReason, tt.health, tt.reason)
+			}
+			if s.Dropped != tt.dropsInWindow {
+				t.Errorf("%d drops in the window, want %d", s.Dropped, tt.dropsInWindow)
+			}
+		})
+	}
 	t.Run("nothing in the window", func(t *testing.T) {
 		c := New(prometheus.NewRegistry())
 		now := time.Unix(1000, 0)

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,22 +29,37 @@ import (
 const chromiumBin = "/usr/bin/chromium"
 
 // browserConfig replays a small trace, each row sharing its first block
-// with every other, against the three engines.
+// with every other, against five engines: healthy, failing every request,
+// failing one in five (degraded), reporting no cached tokens, and one that
+// never answers (stalled: nothing finishes, so its health is not reported).
+// The stalled one has a workload of its own, whose max_in_flight holds all
+// its hung requests, so that none is dropped.
 const browserConfig = `targets:
   - name: healthy
     emulate: {block_size: 16, capacity_blocks: 4096, overhead: 2ms, inter_token: 1ms}
   - name: failing
     emulate: {block_size: 16, faults: {error_500: 1}}
+  - name: flaky
+    emulate: {block_size: 16, seed: 3, faults: {error_500: 0.2}}
   - name: no-cached-count
     emulate: {block_size: 16, omit_cached_tokens: true}
+  - name: stalled
+    emulate: {block_size: 16, faults: {hang: 1}}
 workloads:
   - name: canary
     trace: trace.jsonl
-    targets: [healthy, failing, no-cached-count]
+    targets: [healthy, failing, flaky, no-cached-count]
     seed: 7
     synthesis: {max_osl: 8}
     loop: fresh
     max_in_flight: 16
+  - name: hung
+    trace: trace.jsonl
+    targets: [stalled]
+    seed: 7
+    synthesis: {max_osl: 8}
+    loop: fresh
+    max_in_flight: 100000
 `
 
 // browserTrace is rows rows, 50 ms apart, of 1,000 prompt tokens: one
@@ -88,6 +104,23 @@ func rowOf(t *testing.T, dom, table, target string) string {
 	return row
 }
 
+// cells are the texts of a row's <td> cells.
+func cells(row string) []string {
+	var out []string
+	for _, m := range regexp.MustCompile(`(?s)<td[^>]*>(.*?)</td>`).FindAllStringSubmatch(row, -1) {
+		out = append(out, text(m[1]))
+	}
+	return out
+}
+
+// Columns of the health table (landing.html).
+const (
+	colInFlight = 6
+	colDropped  = 7
+	colLag      = 8
+	colPasses   = 9
+)
+
 // text is markup without its tags, spaces squeezed.
 func text(markup string) string {
 	s := regexp.MustCompile(`<[^>]+>`).ReplaceAllString(markup, " ")
@@ -99,19 +132,22 @@ func TestBrowserLandingPage(t *testing.T) {
 		t.Fatalf("%s: %v (make test-browser installs it)", chromiumBin, err)
 	}
 	dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(browserConfig), "trace.jsonl": browserTrace(100)})
-	d := e2eStart(t, filepath.Join(dir, "kvload.yml"), "healthy", "failing", "no-cached-count")
+	d := e2eStart(t, filepath.Join(dir, "kvload.yml"), "healthy", "failing", "flaky", "no-cached-count", "stalled")
 
-	// Enough finished requests per target for every figure to be there.
-	e2ePoll(t, "40 finished requests per target", e2eDeadline, func() (bool, string) {
+	// Enough finished requests per target for every figure to be there,
+	// and a completed pass (100 rows, 5 s).
+	e2ePoll(t, "40 finished requests per target and a pass", e2eDeadline, func() (bool, string) {
 		m := e2eScrape(t, d.base)
 		var seen []string
 		ok := true
-		for _, tn := range []string{"healthy", "failing", "no-cached-count"} {
+		for _, tn := range []string{"healthy", "failing", "flaky", "no-cached-count"} {
 			n := m.totals(tn, "canary").Finished
 			seen = append(seen, fmt.Sprintf("%s %v", tn, n))
 			ok = ok && n >= 40
 		}
-		return ok, strings.Join(seen, ", ")
+		passes := m.sum("kvload_trace_loops_total", "workload", "canary")
+		seen = append(seen, fmt.Sprintf("passes %v", passes))
+		return ok && passes >= 1, strings.Join(seen, ", ")
 	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -125,7 +161,9 @@ func TestBrowserLandingPage(t *testing.T) {
 	}{
 		{"health", "healthy", []string{"canary", "healthy", "ok", "none failed"}, "state ok"},
 		{"health", "failing", []string{"canary", "failing", "failing", "requests failed (100.0%), mostly http_error", "http_error", "http_error (HTTP 500)"}, "state bad"},
+		{"health", "flaky", []string{"flaky", "degraded", "requests failed", "mostly http_error", "http_error (HTTP 500)"}, "state warn"},
 		{"health", "no-cached-count", []string{"no-cached-count", "ok"}, "state ok"},
+		{"health", "stalled", []string{"hung", "stalled", "not reported", "no request finished in the last 1m0s", "none"}, "state none"},
 		{"cache", "healthy", []string{"ms", "ms", "%", "%"}, "state ok"},
 		{"cache", "no-cached-count", []string{"not reported", "%", "not reported"}, "state none"},
 		{"cache", "failing", []string{"–", "–", "–", "–", "no success"}, "state none"},
@@ -145,6 +183,32 @@ func TestBrowserLandingPage(t *testing.T) {
 		}
 		if tt.class != "" && !strings.Contains(row, `class="`+tt.class+`"`) {
 			t.Errorf("%s/%s: no %q in %s", tt.table, tt.target, tt.class, row)
+		}
+	}
+	// The counters beside the health: a pass completed, nothing dropped,
+	// and the stalled target's hung requests in flight.
+	for _, tt := range []struct {
+		target       string
+		col          int
+		what         string
+		ok           func(v float64) bool
+		want, suffix string
+	}{
+		{"healthy", colPasses, "passes", func(v float64) bool { return v >= 1 }, ">= 1", ""},
+		{"healthy", colDropped, "dropped", func(v float64) bool { return v == 0 }, "0", ""},
+		{"healthy", colLag, "schedule lag p99", func(v float64) bool { return v >= 0 && v < 60_000 }, "a few ms", " ms"},
+		{"stalled", colInFlight, "in flight", func(v float64) bool { return v >= 1 }, ">= 1", ""},
+		{"stalled", colDropped, "dropped", func(v float64) bool { return v == 0 }, "0", ""},
+	} {
+		c := cells(rowOf(t, dom, "health", tt.target))
+		if len(c) <= tt.col {
+			t.Errorf("health/%s: %d cells: %q", tt.target, len(c), c)
+			continue
+		}
+		cell := c[tt.col]
+		v, err := strconv.ParseFloat(strings.TrimSuffix(cell, tt.suffix), 64)
+		if err != nil || !strings.HasSuffix(cell, tt.suffix) || !tt.ok(v) {
+			t.Errorf("health/%s: %s reads %q, want %s%s", tt.target, tt.what, cell, tt.want, tt.suffix)
 		}
 	}
 	// TTFT is always in milliseconds.
