@@ -164,13 +164,29 @@ func (w *keyWalk) traceLines() map[int]int {
 // key's length, and at least 1, edits away. Ties go to the first in
 // alphabetical order, so the advice is stable.
 func closestKey(key string, fields map[string]reflect.Type) string {
+	lower := strings.ToLower(key)
 	best, bestDist := "", max(len(key)/3, 1)+1
-	for _, k := range slices.Sorted(maps.Keys(fields)) {
-		if d := editDistance(strings.ToLower(key), k); d < bestDist {
+	keys := slices.Sorted(maps.Keys(fields))
+	for _, k := range keys {
+		if d := editDistance(lower, k); d < bestDist {
 			best, bestDist = k, d
 		}
 	}
-	return best
+	if best != "" {
+		return best
+	}
+	// A shortened key ("speedup" for "speedup_ratio") is no typo away but
+	// names one key only: that one.
+	var prefixed []string
+	for _, k := range keys {
+		if len(lower) >= 4 && strings.HasPrefix(k, lower) {
+			prefixed = append(prefixed, k)
+		}
+	}
+	if len(prefixed) == 1 {
+		return prefixed[0]
+	}
+	return ""
 }
 
 // editDistance is the edit distance between a and b, in bytes (keys are

@@ -18,6 +18,8 @@ func TestUnknownKeySuggestions(t *testing.T) {
 		{"", "    lopo: once", `workloads[0]: unknown key "lopo" (line 9); did you mean "loop"?`},
 		{"    modle: m", "", `targets[0]: unknown key "modle" (line 4); did you mean "model"?`},
 		{"    cache: {capacity_block: 3}", "", `targets[0].cache: unknown key "capacity_block" (line 4); did you mean "capacity_blocks"?`},
+		{"", "    synthesis: {speedup: 2}", `workloads[0].synthesis: unknown key "speedup" (line 9); did you mean "speedup_ratio"?`},
+		{"", "    synthesis: {max: 2}", `workloads[0].synthesis: unknown key "max" (line 9)`},
 		{"", "    replicas: 3", `workloads[0]: unknown key "replicas" (line 9)`},
 		{"", "    x: 3", `workloads[0]: unknown key "x" (line 9)`},
 	}
