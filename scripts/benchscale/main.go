@@ -234,8 +234,12 @@ func config(s *sink, ws []workload) string {
 		if loop == "" {
 			loop = "fresh"
 		}
+		inFlight := wl.inFlight
+		if inFlight == 0 {
+			inFlight = 64 // the default of these runs; a set value is kept as set
+		}
 		fmt.Fprintf(&w, "  - name: %s\n    trace: %s\n    targets: [%s]\n    loop: %s\n    max_in_flight: %d\n",
-			wl.name, wl.trace, strings.Join(names, ", "), loop, max(wl.inFlight, 64))
+			wl.name, wl.trace, strings.Join(names, ", "), loop, inFlight)
 	}
 	return t.String() + w.String()
 }
