@@ -179,7 +179,7 @@ SCALE_TRACE   := $(CACHE)/scale/conversation-$(SCALE_ROWS).jsonl
 bench-scale: build $(SCALE_TRACE)
 	$(GO) run ./scripts/benchscale -bin $(BIN) -trace $(SCALE_TRACE) -small $(SHARED_TRACES)/conversation_trace.jsonl
 
-$(SCALE_TRACE):
+$(SCALE_TRACE): scripts/scale-trace.sh
 	@mkdir -p $(@D)
 	scripts/scale-trace.sh $(SHARED_TRACES)/conversation_trace.jsonl $(SCALE_ROWS) > $@.tmp
 	mv $@.tmp $@
