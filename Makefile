@@ -92,7 +92,7 @@ $(CHROMIUM):
 	export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }
 
-## test-browser: the landing page in headless Chromium, against emulated healthy, failing and no-cached-count targets.
+## test-browser: the landing page in headless Chromium, against emulated healthy, failing, degraded, no-cached-count and stalled targets.
 test-browser: $(CHROMIUM)
 	$(GO) test -tags browser -ldflags '$(LDFLAGS)' -count=1 -timeout 10m -run '^TestBrowser' -v ./cmd/kvload-exporter
 
