@@ -3,9 +3,9 @@
 package main
 
 // The landing page in a real browser: headless Chromium (Debian's
-// chromium) loads it from a daemon replaying against three emulated
-// engines, a healthy one, one that fails every request and one that
-// reports no cached tokens, and the test reads what it rendered (its DOM
+// chromium) loads it from a daemon replaying against five emulated
+// engines (healthy, failing, degraded, reporting no cached tokens, never
+// answering), and the test reads what it rendered (its DOM
 // after load) and takes a screenshot. `make test-browser` runs it; the
 // build tag keeps it out of a plain `go test ./...`, which may lack the
 // browser. KVLOAD_SCREENSHOT=path keeps the screenshot there, relative to
