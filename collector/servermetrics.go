@@ -10,6 +10,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // ServerCacheMetric names, per dialect, the server's own counter of prompt
@@ -111,6 +113,9 @@ func (s *ServerScraper) read(ctx context.Context) (float64, float64, error) {
 		return 0, 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
 	defer resp.Body.Close()
+	if err := replay.RedirectError(resp); err != nil {
+		return 0, 0, fmt.Errorf("target %s: server metrics %s: %w", s.Target, req.URL.Redacted(), err)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return 0, 0, fmt.Errorf("target %s: server metrics: HTTP %d", s.Target, resp.StatusCode)
 	}
