@@ -63,7 +63,10 @@ func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 		t := &cfg.Targets[i]
 		fp := cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name)
 		if old, ok := d.caches[t.Name]; ok && old.fingerprint == fp {
+			// Under mu too: the goroutines of earlier targets write next.
+			mu.Lock()
 			next[t.Name] = old
+			mu.Unlock()
 			continue
 		}
 		wg.Add(1)

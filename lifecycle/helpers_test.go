@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -182,6 +183,12 @@ func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 	json.NewDecoder(r.Body).Decode(&req)
 	f.mu.Lock()
 	f.arrived[r.URL.Path]++
+	if strings.HasSuffix(r.URL.Path, "/metrics") {
+		// A vLLM's /metrics (scrapes and cache discovery), not a request.
+		f.mu.Unlock()
+		fmt.Fprintf(w, "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 0\n")
+		return
+	}
 	f.arrivals = append(f.arrivals, arrived)
 	f.mu.Unlock()
 	if f.hold != nil && !f.hold(r) {
