@@ -240,22 +240,6 @@ next:
 	return sum, n
 }
 
-// seriesWith lists "name{labels}" of every series carrying label=value.
-func (mfs families) seriesWith(label, value string) []string {
-	var out []string
-	for name, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					out = append(out, fmt.Sprintf("%s%v", name, m.GetLabel()))
-				}
-			}
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
 func httpGet(t *testing.T, u string) (int, string) {
 	t.Helper()
 	return fetch(t, http.DefaultClient, http.MethodGet, u, nil)
@@ -352,16 +336,6 @@ func newFakeServer(t *testing.T, configure func(*fakeServer)) *fakeServer {
 		})
 	}
 	return f
-}
-
-// releaseOne lets one held request answer.
-func (f *fakeServer) releaseOne(t *testing.T) {
-	t.Helper()
-	select {
-	case f.release <- struct{}{}:
-	case <-time.After(pollDeadline):
-		t.Fatal("no held request to release")
-	}
 }
 
 func (f *fakeServer) count(path string) int {
