@@ -59,6 +59,7 @@ type Collector struct {
 	blockSize      *prometheus.GaugeVec
 	capacityKnown  *prometheus.GaugeVec
 	preambleTokens *prometheus.GaugeVec
+	serverErrors   *prometheus.CounterVec // by target and reason
 	reloadOK       prometheus.Gauge
 	reloadTime     prometheus.Gauge
 
@@ -174,17 +175,26 @@ func New(reg prometheus.Registerer) *Collector {
 		blockSize:      targetGauge("target_cache_block_size_tokens", "Tokens per KV block of the target's theoretical model."),
 		capacityKnown:  targetGauge("target_cache_capacity_known", "1 when the target's cache size was configured or read from it, 0 when unknown (the model is then unbounded)."),
 		preambleTokens: targetGauge("target_cache_preamble_tokens", "Tokens the target reports as cached for prompts that share nothing (a BOS, a chat header), learned from its answers and left out of the observed hit rate."),
-		now:            time.Now,
-		lastPass:       map[string]int{},
-		recent:         map[wtKey]*recent{},
-		targets:        map[string]*targetState{},
+		serverErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "server_metrics_errors_total",
+			Help: "Scrapes of a target's own cached-token counter (observed: server_metrics) not credited, by reason: scrape (unreadable), not_finite, negative, too_large, jump."},
+			[]string{"target", "reason"}),
+		now:      time.Now,
+		lastPass: map[string]int{},
+		recent:   map[wtKey]*recent{},
+		targets:  map[string]*targetState{},
 	}
 	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
-		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens)
+		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.serverErrors)
 	return c
+}
+
+// ServerMetricsError counts a scrape of target's cached-token counter that
+// was not credited, for reason (see ServerScraper).
+func (c *Collector) ServerMetricsError(target, reason string) {
+	c.serverErrors.WithLabelValues(target, reason).Inc()
 }
 
 // Start creates the series of a (workload, target) at zero, so that rates
@@ -277,6 +287,7 @@ func (c *Collector) ForgetTarget(target string) {
 	for _, v := range []*prometheus.GaugeVec{c.targetInfo, c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens} {
 		v.DeletePartialMatch(l)
 	}
+	c.serverErrors.DeletePartialMatch(l)
 	c.mu.Lock()
 	delete(c.targets, target)
 	c.mu.Unlock()

@@ -2,14 +2,19 @@ package collector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // ServerCacheMetric names, per dialect, the server's own counter of prompt
@@ -50,8 +55,8 @@ func (s *ServerScraper) Prime(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.delta(v, start)
-	return nil
+	_, err = s.delta(v, start)
+	return err
 }
 
 // Run scrapes every Interval until ctx is done. A failed scrape is
@@ -74,18 +79,64 @@ func (s *ServerScraper) Run(ctx context.Context, c *Collector, onError func(erro
 func (s *ServerScraper) scrapeOnce(ctx context.Context, c *Collector) error {
 	v, start, err := s.read(ctx)
 	if err != nil {
+		c.ServerMetricsError(s.Target, "scrape")
 		return err
 	}
-	c.AddServerCached(s.Target, s.delta(v, start))
+	d, err := s.delta(v, start)
+	if bad := (*RejectedCount)(nil); errors.As(err, &bad) {
+		c.ServerMetricsError(s.Target, bad.Reason)
+		return err
+	}
+	c.AddServerCached(s.Target, d)
 	return nil
+}
+
+// Bounds of a plausible cached-token counter. Above maxServerCount a
+// float64 no longer holds every whole number; maxServerIncrease per scrape
+// would be 200 billion tokens a second at a 5 s interval, far beyond any
+// engine. A counter past them is broken, and crediting it would ruin every
+// rate on the dashboard.
+const (
+	maxServerCount    = 1 << 53
+	maxServerIncrease = 1 << 40
+)
+
+// RejectedCount is a scraped counter value that is not credited, and why:
+// Reason is not_finite, negative, too_large or jump.
+type RejectedCount struct {
+	Target, Reason string
+	Value, Last    float64
+}
+
+func (e *RejectedCount) Error() string {
+	switch e.Reason {
+	case "jump":
+		return fmt.Sprintf("target %s: server metrics: cached-token counter jumped from %g to %g, more than %d in one scrape: not credited", e.Target, e.Last, e.Value, int64(maxServerIncrease))
+	case "too_large":
+		return fmt.Sprintf("target %s: server metrics: cached-token counter %g is above 2^53: not credited", e.Target, e.Value)
+	}
+	return fmt.Sprintf("target %s: server metrics: cached-token counter %g is %s: not credited", e.Target, e.Value, strings.ReplaceAll(e.Reason, "_", " "))
 }
 
 // delta is the counter's increase since the last scrape. A restarted
 // server's counter began again from zero: a new process start time says so
 // (even when the new count has already passed the old one), and so does a
 // decrease. The first scrape only sets the baseline: what the server
-// counted before the exporter started is not ours.
-func (s *ServerScraper) delta(v, start float64) float64 {
+// counted before the exporter started is not ours. An implausible value is
+// a *RejectedCount and leaves the baseline as it was, so that a one-off
+// glitch costs nothing once the counter reads sane again.
+func (s *ServerScraper) delta(v, start float64) (float64, error) {
+	reject := func(reason string) (float64, error) {
+		return 0, &RejectedCount{Target: s.Target, Reason: reason, Value: v, Last: s.last}
+	}
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return reject("not_finite")
+	case v < 0:
+		return reject("negative")
+	case v > maxServerCount:
+		return reject("too_large")
+	}
 	var d float64
 	switch {
 	case !s.seen:
@@ -94,8 +145,11 @@ func (s *ServerScraper) delta(v, start float64) float64 {
 	default:
 		d = v - s.last
 	}
+	if d > maxServerIncrease {
+		return reject("jump")
+	}
 	s.last, s.lastStart, s.seen = v, start, true
-	return d
+	return d, nil
 }
 
 // read returns the cached-token count and the server's process start time
@@ -111,6 +165,9 @@ func (s *ServerScraper) read(ctx context.Context) (float64, float64, error) {
 		return 0, 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
 	defer resp.Body.Close()
+	if err := replay.RedirectError(resp); err != nil {
+		return 0, 0, fmt.Errorf("target %s: server metrics %s: %w", s.Target, req.URL.Redacted(), err)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return 0, 0, fmt.Errorf("target %s: server metrics: HTTP %d", s.Target, resp.StatusCode)
 	}

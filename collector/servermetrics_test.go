@@ -70,8 +70,8 @@ func TestServerScraperDelta(t *testing.T) {
 		{960, 0, 10},  // a server without a start time
 		{100, 0, 100}, // then only a decrease tells
 	} {
-		if got := s.delta(step.value, step.start); got != step.want {
-			t.Errorf("step %d: delta(%v, %v) = %v, want %v", i, step.value, step.start, got, step.want)
+		if got, err := s.delta(step.value, step.start); err != nil || got != step.want {
+			t.Errorf("step %d: delta(%v, %v) = %v, %v, want %v", i, step.value, step.start, got, err, step.want)
 		}
 	}
 }

@@ -22,6 +22,8 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // Layout is a server's KV cache: Blocks of BlockSize tokens. Blocks 0 means
@@ -65,6 +67,9 @@ func get(ctx context.Context, c *http.Client, url string) ([]byte, error) {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", req.URL.Redacted(), err)
+	}
+	if err := replay.RedirectError(resp); err != nil {
 		return nil, fmt.Errorf("GET %s: %w", req.URL.Redacted(), err)
 	}
 	if resp.StatusCode != http.StatusOK {

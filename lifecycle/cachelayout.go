@@ -3,12 +3,11 @@ package lifecycle
 import (
 	"context"
 	"errors"
-	"net/http"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/go-kit/log/level"
-	promconfig "github.com/prometheus/common/config"
 
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/kvcapacity"
@@ -64,7 +63,10 @@ func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 		t := &cfg.Targets[i]
 		fp := cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name)
 		if old, ok := d.caches[t.Name]; ok && old.fingerprint == fp {
+			// Under mu too: the goroutines of earlier targets write next.
+			mu.Lock()
 			next[t.Name] = old
+			mu.Unlock()
 			continue
 		}
 		wg.Add(1)
@@ -92,18 +94,7 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) t
 	if !t.Cache.BlockSize.Auto() && !t.Cache.CapacityBlocks.Auto() {
 		return tc
 	}
-	var layout kvcapacity.Layout
-	err := kvcapacity.ErrNotExposed
-	if url := d.targetBaseURL(t); kvcapacity.Exposed(t.Dialect) {
-		var client *http.Client
-		client, err = promconfig.NewClientFromConfig(*t.HTTPClientConfig, "kvload_cache_discovery")
-		if err == nil {
-			dctx, cancel := context.WithTimeout(ctx, discoverTimeout)
-			layout, err = kvcapacity.Discover(dctx, client, url, t.Dialect)
-			cancel()
-			client.CloseIdleConnections()
-		}
-	}
+	layout, err := discoverLayout(ctx, t, d.targetBaseURL(t))
 	if t.Cache.BlockSize.Auto() {
 		tc.params.ServerBlock = dialectBlockSize(t.Dialect)
 		if err == nil {
@@ -124,6 +115,27 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) t
 		}
 	}
 	return tc
+}
+
+// discoverLayout reads the KV cache layout of t, answering at url, within
+// discoverTimeout. Its error wraps kvcapacity.ErrNotExposed when t's engine
+// does not say.
+func discoverLayout(ctx context.Context, t *config.Target, url string) (kvcapacity.Layout, error) {
+	if !kvcapacity.Exposed(t.Dialect) {
+		return kvcapacity.Layout{}, kvcapacity.ErrNotExposed
+	}
+	client, err := targetHTTPClient(t, "kvload_cache_discovery")
+	if err != nil {
+		return kvcapacity.Layout{}, fmt.Errorf("target %s: cache discovery client: %w", t.Name, err)
+	}
+	defer client.CloseIdleConnections()
+	dctx, cancel := context.WithTimeout(ctx, discoverTimeout)
+	defer cancel()
+	layout, err := kvcapacity.Discover(dctx, client, url, t.Dialect)
+	if err != nil {
+		return layout, fmt.Errorf("target %s: cache discovery: %w", t.Name, err)
+	}
+	return layout, nil
 }
 
 // targetBaseURL is where a target answers: its url, or its emulator's.

@@ -63,6 +63,12 @@ type Daemon struct {
 	caches    map[string]targetCache
 	traces    *traceCache // the traces of cfg, kept across reloads
 
+	// Every running unit, for halt: the owner goroutine may be busy (a slow
+	// reload) when the shutdown begins, and dispatch must end at once.
+	haltMu sync.Mutex
+	halted bool
+	live   map[*unit]struct{}
+
 	ready   atomic.Bool
 	mu      sync.Mutex // guards the fields below, read by the landing page
 	status  reloadStatus
@@ -118,6 +124,7 @@ func New(o Options) *Daemon {
 		emulators:    map[string]*emulated{},
 		scrapers:     map[string]*scraping{},
 		caches:       map[string]targetCache{},
+		live:         map[*unit]struct{}{},
 		traces:       newTraceCache(),
 		reqs:         make(chan reloadRequest),
 		stopping:     make(chan struct{}),
@@ -391,8 +398,12 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		client.Close()
 		return nil, err
 	}
-	d.coll.Start(w.Name, t.Name)
 	u := &unit{fingerprint: fp, workload: wl, client: client, gate: gate, plan: wd.trace.plan, done: make(chan struct{})}
+	if !d.register(u) {
+		client.Close()
+		return nil, ErrShuttingDown
+	}
+	d.coll.Start(w.Name, t.Name)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -412,6 +423,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 // its in-flight requests in the background (cut at the drain timeout).
 func (d *Daemon) stopUnit(k unitKey, u *unit) {
 	delete(d.units, k)
+	d.unregister(u)
 	u.stopping.Store(true)
 	u.gate.close() // no late call recreates the series deleted next
 	d.coll.Forget(k.workload, k.target)
@@ -540,11 +552,43 @@ func (d *Daemon) publishTargets(cfg *config.Config) {
 	d.mu.Unlock()
 }
 
+// register adds a unit about to run to those halt stops; false once the
+// shutdown began, when it must not run.
+func (d *Daemon) register(u *unit) bool {
+	d.haltMu.Lock()
+	defer d.haltMu.Unlock()
+	if d.halted {
+		return false
+	}
+	d.live[u] = struct{}{}
+	return true
+}
+
+func (d *Daemon) unregister(u *unit) {
+	d.haltMu.Lock()
+	delete(d.live, u)
+	d.haltMu.Unlock()
+}
+
+// halt ends every unit's dispatch and starts its drain, from any
+// goroutine, without waiting; no unit starts after it. The owner goroutine
+// then finishes what it was doing and waits for the drains (shutdown).
+func (d *Daemon) halt() {
+	d.haltMu.Lock()
+	defer d.haltMu.Unlock()
+	d.halted = true
+	d.ready.Store(false)
+	for u := range d.live {
+		u.stopping.Store(true)
+		u.workload.Halt(d.drainTimeout)
+	}
+}
+
 // shutdown stops every unit, letting in-flight requests finish for up to the
 // drain timeout (their results are still counted), then the emulators.
 func (d *Daemon) shutdown() {
 	close(d.stopping) // every later reload request sees it
-	d.ready.Store(false)
+	d.halt()          // done already unless the first load failed
 	var wg sync.WaitGroup
 	for _, u := range d.units {
 		u.stopping.Store(true)

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -131,17 +132,41 @@ func (mfs families) seriesWith(label, value string) []string {
 // request arrived.
 type fakeServer struct {
 	*httptest.Server
+	// hold, when set, runs before each answer; false means the client went
+	// away meanwhile, and nothing is answered.
+	hold func(r *http.Request) bool
+
 	mu       sync.Mutex
 	arrived  map[string]int // by URL path
 	arrivals []time.Time
+	ended    int // requests whose client went away while held
 }
 
 func newFakeServer(t *testing.T) *fakeServer {
 	t.Helper()
-	f := &fakeServer{arrived: map[string]int{}}
+	return newHoldingServer(t, nil)
+}
+
+// newHoldingServer is a fakeServer that calls hold before answering.
+func newHoldingServer(t *testing.T, hold func(r *http.Request) bool) *fakeServer {
+	t.Helper()
+	f := &fakeServer{arrived: map[string]int{}, hold: hold}
 	f.Server = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.Close)
 	return f
+}
+
+// lastArrival is when the latest request arrived, and how many did.
+func (f *fakeServer) lastArrival() (time.Time, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var last time.Time
+	for _, a := range f.arrivals {
+		if a.After(last) {
+			last = a
+		}
+	}
+	return last, len(f.arrivals)
 }
 
 func (f *fakeServer) count(path string) int {
@@ -154,11 +179,24 @@ func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		MaxTokens int `json:"max_tokens"`
 	}
+	arrived := time.Now() // before the body is read: as early as the handler can tell
 	json.NewDecoder(r.Body).Decode(&req)
 	f.mu.Lock()
 	f.arrived[r.URL.Path]++
-	f.arrivals = append(f.arrivals, time.Now())
+	if strings.HasSuffix(r.URL.Path, "/metrics") {
+		// A vLLM's /metrics (scrapes and cache discovery), not a request.
+		f.mu.Unlock()
+		fmt.Fprintf(w, "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 0\n")
+		return
+	}
+	f.arrivals = append(f.arrivals, arrived)
 	f.mu.Unlock()
+	if f.hold != nil && !f.hold(r) {
+		f.mu.Lock()
+		f.ended++
+		f.mu.Unlock()
+		return
+	}
 	n := max(req.MaxTokens, 1)
 	w.Header().Set("Content-Type", "text/event-stream")
 	fl := w.(http.Flusher)
@@ -179,8 +217,10 @@ func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 // cleanup.
 type started struct {
 	*Daemon
-	reg  *prometheus.Registry
-	stop context.CancelFunc
+	reg     *prometheus.Registry
+	stop    context.CancelFunc
+	held    <-chan struct{} // a test's beforeApply hook says it holds a reload
+	release chan struct{}   // and lets it go on when closed
 }
 
 func startDaemon(t *testing.T, path string, configure func(*Options)) (*started, error) {

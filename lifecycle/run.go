@@ -78,6 +78,16 @@ func (d *Daemon) Start(ctx context.Context) error {
 		close(watchDone)
 	}
 
+	// The shutdown halts dispatch the moment ctx ends, even while the
+	// owner goroutine is still loading or reloading a configuration.
+	go func() {
+		select {
+		case <-ctx.Done():
+			d.halt()
+		case <-d.done:
+		}
+	}()
+
 	if err := d.reload(ctx, unitCtx, true); err != nil {
 		stopWatch()
 		<-watchDone
@@ -86,7 +96,9 @@ func (d *Daemon) Start(ctx context.Context) error {
 		close(d.done)
 		return err
 	}
-	d.ready.Store(true)
+	d.haltMu.Lock()
+	d.ready.Store(!d.halted) // a shutdown begun just now stays not ready
+	d.haltMu.Unlock()
 	go func() {
 		defer close(d.done)
 		defer cancelUnits()

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/go-kit/log/level"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // serverScrapeInterval is how often a server_metrics target's /metrics is
@@ -51,11 +53,10 @@ func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) erro
 		if t.Emulate != nil && url == "" {
 			url = d.emulatorURL(name) + "/metrics"
 		}
-		client, err := promconfig.NewClientFromConfig(*t.HTTPClientConfig, "kvload_server_metrics")
+		sc, err := newServerScraper(t, url)
 		if err != nil {
-			return fmt.Errorf("target %s: server metrics client: %w", name, err)
+			return err
 		}
-		sc := &collector.ServerScraper{Target: name, URL: url, Dialect: t.Dialect, Client: client, Interval: serverScrapeInterval}
 		// The baseline comes before the target's first request.
 		pctx, pcancel := context.WithTimeout(unitCtx, discoverTimeout)
 		if err := sc.Prime(pctx); err != nil {
@@ -75,6 +76,27 @@ func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) erro
 		}()
 	}
 	return nil
+}
+
+// newServerScraper is the scraper of t's counter at url.
+func newServerScraper(t *config.Target, url string) (*collector.ServerScraper, error) {
+	client, err := targetHTTPClient(t, "kvload_server_metrics")
+	if err != nil {
+		return nil, fmt.Errorf("target %s: server metrics client: %w", t.Name, err)
+	}
+	return &collector.ServerScraper{Target: t.Name, URL: url, Dialect: t.Dialect, Client: client, Interval: serverScrapeInterval}, nil
+}
+
+// targetHTTPClient is a client with t's http_client_config for what the
+// exporter reads from t besides its requests. Like the request client it
+// never follows a redirect, which could carry t's credentials elsewhere.
+func targetHTTPClient(t *config.Target, name string) (*http.Client, error) {
+	c, err := promconfig.NewClientFromConfig(*t.HTTPClientConfig, name)
+	if err != nil {
+		return nil, err
+	}
+	replay.NoRedirects(c)
+	return c, nil
 }
 
 // stopScrapers ends every scraper (at shutdown).

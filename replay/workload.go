@@ -204,13 +204,20 @@ func (w *Workload) setPos(p TracePosition) {
 // Calling it again only waits. Do not call it from an Observer method: Run
 // cannot return while its dispatcher waits on the observer.
 func (w *Workload) Stop(drain time.Duration) {
+	w.Halt(drain)
+	if w.started.Load() {
+		<-w.done
+	}
+}
+
+// Halt is Stop without the wait: dispatching ends at once and the drain
+// begins, and Halt returns without waiting for it. A shutdown halts every
+// workload this way the moment it begins, whatever else is under way.
+func (w *Workload) Halt(drain time.Duration) {
 	w.stopOnce.Do(func() {
 		w.drain = drain
 		close(w.stopCh)
 	})
-	if w.started.Load() {
-		<-w.done
-	}
 }
 
 type runEndReason int

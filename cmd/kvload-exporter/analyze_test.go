@@ -111,7 +111,7 @@ func TestAnalyzeOutputs(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			// The file's directory does not exist yet: analyze creates it.
 			out := filepath.Join(t.TempDir(), "new", "dir", "stats.json")
-			args := []string{"analyze", sharedSynthetic}
+			args := []string{"analyze", needShared(t, sharedSynthetic)}
 			for _, f := range tt.flags {
 				args = append(args, strings.ReplaceAll(f, "OUT", out))
 			}

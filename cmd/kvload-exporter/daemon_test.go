@@ -5,12 +5,10 @@ package main
 // endpoints and, for shutdown, signals to a real process.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"html/template"
@@ -19,7 +17,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -243,22 +240,6 @@ next:
 	return sum, n
 }
 
-// seriesWith lists "name{labels}" of every series carrying label=value.
-func (mfs families) seriesWith(label, value string) []string {
-	var out []string
-	for name, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					out = append(out, fmt.Sprintf("%s%v", name, m.GetLabel()))
-				}
-			}
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
 func httpGet(t *testing.T, u string) (int, string) {
 	t.Helper()
 	return fetch(t, http.DefaultClient, http.MethodGet, u, nil)
@@ -355,16 +336,6 @@ func newFakeServer(t *testing.T, configure func(*fakeServer)) *fakeServer {
 		})
 	}
 	return f
-}
-
-// releaseOne lets one held request answer.
-func (f *fakeServer) releaseOne(t *testing.T) {
-	t.Helper()
-	select {
-	case f.release <- struct{}{}:
-	case <-time.After(pollDeadline):
-		t.Fatal("no held request to release")
-	}
 }
 
 func (f *fakeServer) count(path string) int {
@@ -585,10 +556,10 @@ workloads:
 	}
 }
 
-// TestDaemonReloadEndpoint covers POST /-/reload on the running program:
-// 500 with every problem for a bad file, which keeps the old configuration
-// running and sets the gauge to 0 (d); 200 for a good one, whose removed
-// workload disappears from /metrics (c).
+// TestDaemonReloadEndpoint is the wiring of POST /-/reload: 500 with every
+// problem of a bad file, shown on the landing page, and the gauge at 0 in
+// /metrics; 200 for a good one; 405 for a GET. What a reload keeps, restarts
+// and removes is lifecycle.TestReloadUnits.
 func TestDaemonReloadEndpoint(t *testing.T) {
 	t.Parallel()
 	srv := newFakeServer(t, nil)
@@ -630,14 +601,6 @@ func TestDaemonReloadEndpoint(t *testing.T) {
 	if v, n := mfs.value("kvload_config_last_reload_successful"); v != 0 || n != 1 {
 		t.Errorf("kvload_config_last_reload_successful %v (%d series), want 0", v, n)
 	}
-	for _, w := range []string{"a", "b"} {
-		if v, _ := mfs.value("kvload_requests_total", "workload", w, "outcome", "success"); v != 2 {
-			t.Errorf("workload %s after the rejected reload: %v requests, want 2 (still running)", w, v)
-		}
-	}
-	if v, _ := mfs.value("kvload_target_info", "target", "t", "model", "m"); v != 1 {
-		t.Errorf("target info lost after a rejected reload")
-	}
 	if _, page := httpGet(t, d.url+"/"); !strings.Contains(page, "unknown target &#34;nope&#34;") {
 		t.Errorf("landing page does not show the reload problem:\n%s", page)
 	}
@@ -646,15 +609,8 @@ func TestDaemonReloadEndpoint(t *testing.T) {
 	if code, body := postReload(t, d.url); code != http.StatusOK || !strings.Contains(body, "Reloaded") {
 		t.Errorf("POST /-/reload of a good file: %d %q, want 200", code, body)
 	}
-	mfs = scrape(t, d.url)
-	if v, _ := mfs.value("kvload_config_last_reload_successful"); v != 1 {
+	if v, _ := scrape(t, d.url).value("kvload_config_last_reload_successful"); v != 1 {
 		t.Errorf("kvload_config_last_reload_successful %v, want 1", v)
-	}
-	if s := mfs.seriesWith("workload", "b"); len(s) > 0 {
-		t.Errorf("series of the removed workload b remain in /metrics: %v", s)
-	}
-	if v, _ := mfs.value("kvload_requests_total", "workload", "a", "outcome", "success"); v != 2 {
-		t.Errorf("unchanged workload a: %v requests, want 2", v)
 	}
 	if code, _ := httpGet(t, d.url+"/-/reload"); code != http.StatusMethodNotAllowed {
 		t.Errorf("GET /-/reload: %d, want 405", code)
@@ -678,339 +634,43 @@ workloads:
 `, srvURL, model, trace)
 }
 
-// appliedModel is the model of target t in /metrics, and the number of
-// configurations applied so far according to the log.
-func appliedModel(t *testing.T, d *daemonRun) (string, int) {
-	t.Helper()
-	mfs := scrape(t, d.url)
-	model := ""
-	if mf := mfs["kvload_target_info"]; mf != nil {
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "model" {
-					model = l.GetValue()
-				}
-			}
-		}
-	}
-	return model, strings.Count(d.stderr.String(), `msg="configuration applied"`)
-}
-
-// TestDaemonReloadCoalescesWrites: ten writes of the file within a second,
-// each leaving it half-written (invalid) for a moment, give exactly one
-// reload, of the last version (e).
-func TestDaemonReloadCoalescesWrites(t *testing.T) {
-	t.Parallel()
-	srv := newFakeServer(t, nil)
-	path := filepath.Join(t.TempDir(), "kvload.yml")
-	trace := fixture(t, "future.jsonl")
-	writeConfig(t, path, watchConfig(srv.URL, trace, "m-initial"))
-	d := startDaemon(t, "--config.file="+path)
-	if model, applied := appliedModel(t, d); model != "m-initial" || applied != 1 {
-		t.Fatalf("at start: model %q, %d applied", model, applied)
-	}
-
-	for i := range 10 {
-		content := watchConfig(srv.URL, trace, fmt.Sprintf("m-%d", i))
-		half := strings.Index(content, "workloads:") // targets only: invalid
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err1 := f.WriteString(content[:half])
-		err2 := f.Sync()
-		_, err3 := f.WriteString(content[half:])
-		if err := errors.Join(err1, err2, err3, f.Close()); err != nil {
-			t.Fatal(err)
-		}
-		// Paces the writes like an editor or a config tool would; well
-		// under the 500 ms debounce.
-		time.Sleep(20 * time.Millisecond)
-	}
-
-	eventually(t, "the last write applied", func() (bool, string) {
-		model, applied := appliedModel(t, d)
-		return model == "m-9" && applied >= 2, fmt.Sprintf("model %q, %d applied", model, applied)
-	})
-	// Reloads are serialized and an unchanged file is not applied again:
-	// any other reload of these writes would have come before this point.
-	if _, applied := appliedModel(t, d); applied != 2 {
-		t.Errorf("%d configurations applied, want 2 (the initial one and one reload):\n%s", applied, d.stderr.String())
-	}
-	if strings.Contains(d.stderr.String(), "configuration rejected") {
-		t.Errorf("a half-written file was loaded:\n%s", d.stderr.String())
-	}
-	if v, _ := scrape(t, d.url).value("kvload_config_last_reload_successful"); v != 1 {
-		t.Errorf("kvload_config_last_reload_successful %v, want 1", v)
-	}
-}
-
-// TestDaemonReloadSymlinkSwap: a ConfigMap volume's update, where the
-// kubelet re-points ..data at a new directory in one rename (f).
-func TestDaemonReloadSymlinkSwap(t *testing.T) {
-	t.Parallel()
-	srv := newFakeServer(t, nil)
-	dir := t.TempDir()
-	trace, err := os.ReadFile(fixture(t, "future.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	version := func(name, model string) {
-		t.Helper()
-		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		writeConfig(t, filepath.Join(dir, name, "kvload.yml"), watchConfig(srv.URL, "trace.jsonl", model))
-		writeConfig(t, filepath.Join(dir, name, "trace.jsonl"), string(trace))
-	}
-	symlink := func(old, new string) {
-		t.Helper()
-		if err := os.Symlink(old, filepath.Join(dir, new)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	version("..v1", "m-v1")
-	symlink("..v1", "..data")
-	symlink("..data/kvload.yml", "kvload.yml")
-	symlink("..data/trace.jsonl", "trace.jsonl")
-
-	d := startDaemon(t, "--config.file="+filepath.Join(dir, "kvload.yml"))
-	if model, _ := appliedModel(t, d); model != "m-v1" {
-		t.Fatalf("at start: model %q", model)
-	}
-
-	version("..v2", "m-v2")
-	symlink("..v2", "..data_tmp")
-	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(filepath.Join(dir, "..v1")); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the swapped configuration applied", func() (bool, string) {
-		model, applied := appliedModel(t, d)
-		return model == "m-v2", fmt.Sprintf("model %q, %d applied", model, applied)
-	})
-	if v, _ := scrape(t, d.url).value("kvload_config_last_reload_successful"); v != 1 {
-		t.Errorf("kvload_config_last_reload_successful %v, want 1", v)
-	}
-}
-
-// TestDaemonCacheMatchesTheory replays a slice of the shared synthetic
-// trace once against an emulated engine with an unbounded cache (block
-// size 16, the default): what it reports as cached must be what the
-// theoretical model predicts, within 2%.
-//
-// The slice is the first 500 rows without those over 16,000 prompt tokens
-// (max_isl): 321 rows, 1.07M prompt tokens, to keep the emulator's work
-// (decoding the token ids of every prompt) to a few seconds under -race.
-// The engine gets exactly the trace's tokens (completions, token_ids);
-// outputs are capped at 4 tokens (max_osl), as they do not matter here.
-// Requests go one at a time (max_in_flight 1, on_saturation queue): a
-// request that overtakes an earlier one sharing its prefix misses blocks
-// the model counts as hits. With 1000 in flight under -race that cost 9%
-// of the hits in a trial run, a property of the server's scheduling, not
-// of the model being tested here.
-func TestDaemonCacheMatchesTheory(t *testing.T) {
-	t.Parallel()
-	const rows, maxISL = 500, 16000
-	dir := t.TempDir()
-	src, err := os.Open(sharedSynthetic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	var slice bytes.Buffer
-	sent := 0 // rows left after max_isl
-	sc := bufio.NewScanner(src)
-	sc.Buffer(make([]byte, 0, 1<<20), 16<<20)
-	for i := 0; i < rows && sc.Scan(); i++ {
-		var row struct {
-			InputLength int `json:"input_length"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &row); err != nil {
-			t.Fatal(err)
-		}
-		if row.InputLength <= maxISL {
-			sent++
-		}
-		slice.Write(sc.Bytes())
-		slice.WriteByte('\n')
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	writeConfig(t, filepath.Join(dir, "slice.jsonl"), slice.String())
-	path := filepath.Join(dir, "kvload.yml")
-	writeConfig(t, path, fmt.Sprintf(`targets:
-  - name: emu
-    api: completions
-    prompt_format: token_ids
-    emulate: {capacity_blocks: 0, block_size: 16}
-workloads:
-  - name: synthetic
-    trace: slice.jsonl
-    targets: [emu]
-    loop: once
-    max_in_flight: 1
-    on_saturation: queue
-    synthesis: {speedup_ratio: 1000, max_isl: %d, max_osl: 4}
-`, maxISL))
-	d := startDaemon(t, "--config.file="+path)
-
-	var mfs families
-	eventually(t, "one pass finished", func() (bool, string) {
-		mfs = scrape(t, d.url)
-		done, _ := mfs.value("kvload_requests_total")
-		dropped, _ := mfs.value("kvload_requests_dropped_total")
-		loops, _ := mfs.value("kvload_trace_loops_total")
-		theo, _ := mfs.value("kvload_theoretical_cached_prompt_tokens_total", "workload", "synthetic")
-		return loops == 1 && done+dropped == float64(sent) && theo > 0,
-			fmt.Sprintf("%v finished, %v dropped of %d, %v passes", done, dropped, sent, loops)
-	})
-	// The last request's counters are updated one after another.
-	eventually(t, "the last request counted", func() (bool, string) {
-		mfs = scrape(t, d.url)
-		a, _ := mfs.value("kvload_trace_prompt_tokens_total")
-		b, _ := mfs.value("kvload_prompt_tokens_total")
-		return a == b, fmt.Sprint(a, b)
-	})
-	if v, _ := mfs.value("kvload_requests_total", "outcome", "success"); v != float64(sent) {
-		t.Errorf("%v successful requests, want %d", v, sent)
-	}
-	if v, _ := mfs.value("kvload_requests_dropped_total"); v != 0 {
-		t.Errorf("%v requests dropped, want 0", v)
-	}
-	cached, _ := mfs.value("kvload_cached_prompt_tokens_total")
-	theo, _ := mfs.value("kvload_theoretical_cached_prompt_tokens_total")
-	prompt, _ := mfs.value("kvload_trace_prompt_tokens_total")
-	ratio := cached / theo
-	t.Logf("%d rows: cached %v, theoretical %v of %v prompt tokens: observed/theoretical %.4f", sent, cached, theo, prompt, ratio)
-	if ratio < 0.98 || ratio > 1.02 {
-		t.Errorf("observed/theoretical cached tokens %.4f (%v / %v), want within 2%% of 1", ratio, cached, theo)
-	}
-}
-
-// TestDaemonSIGTERMDrains runs the program as a process, SIGTERMs it with
-// requests in flight and checks the drain (4): requests released during it
-// finish and are counted; requests never released are cut at
-// --shutdown.drain-timeout and counted as canceled. Either way the exit
-// code is 0.
+// TestDaemonSIGTERMDrains is the wiring of the drain in a real process:
+// --shutdown.drain-timeout reaches the lifecycle, requests held past it are
+// counted as canceled in the final log line, and the exit code is 0. The
+// drain itself (requests that finish during it are counted, readiness) is
+// lifecycle.TestShutdownDrains.
 func TestDaemonSIGTERMDrains(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name    string
-		drain   string
-		release bool // release the held requests during the drain
-		want    string
-	}{
-		{"released during the drain", "60s", true, "requests_success=3 requests_http_error=0 requests_stream_error=0 requests_timeout=0 requests_connection_error=0 requests_canceled=0 requests_in_flight=0"},
-		{"cut at the drain timeout", "200ms", false, "requests_success=0 requests_http_error=0 requests_stream_error=0 requests_timeout=0 requests_connection_error=0 requests_canceled=3 requests_in_flight=0"},
+	const want = "requests_success=0 requests_http_error=0 requests_stream_error=0 requests_timeout=0 requests_connection_error=0 requests_canceled=3 requests_in_flight=0"
+	srv := newFakeServer(t, func(f *fakeServer) { f.release = make(chan struct{}) })
+	path := filepath.Join(t.TempDir(), "kvload.yml")
+	writeConfig(t, path, watchConfig(srv.URL, fixture(t, "held.jsonl"), "m"))
+	p := startProcess(t, "--config.file="+path, "--web.listen-address=127.0.0.1:0",
+		"--shutdown.drain-timeout=200ms", "--log.level=debug")
+	p.waitListening(t)
+	eventually(t, "three requests in flight", func() (bool, string) {
+		mfs, err := tryScrape(p.base)
+		if err != nil {
+			return false, err.Error()
+		}
+		f, _ := mfs.value("kvload_requests_in_flight")
+		return f == 3 && srv.count("/v1/chat/completions") == 3, fmt.Sprint(f, " in flight")
+	})
+	p.signal(t, syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		if p.err != nil {
+			t.Errorf("exit: %v, want status 0\n%s", p.err, p.stderr.String())
+		}
+	case <-time.After(pollDeadline):
+		t.Fatalf("no exit after SIGTERM:\n%s", p.stderr.String())
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			srv := newFakeServer(t, func(f *fakeServer) { f.release = make(chan struct{}) })
-			path := filepath.Join(t.TempDir(), "kvload.yml")
-			writeConfig(t, path, watchConfig(srv.URL, fixture(t, "held.jsonl"), "m"))
-
-			var stderr syncBuffer
-			cmd := exec.Command(os.Args[0], "--config.file="+path, "--web.listen-address=127.0.0.1:0",
-				"--shutdown.drain-timeout="+tt.drain, "--log.level=debug")
-			cmd.Env = append(os.Environ(), runMainEnv+"=1")
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			var waitErr error
-			exited := make(chan struct{}) // closed once waitErr is set
-			go func() {
-				waitErr = cmd.Wait()
-				close(exited)
-			}()
-			t.Cleanup(func() {
-				select {
-				case <-exited:
-				default:
-					cmd.Process.Kill()
-					<-exited
-				}
-			})
-			var base string
-			eventually(t, "process listening", func() (bool, string) {
-				m := listenRE.FindStringSubmatch(stderr.String())
-				if m == nil {
-					return false, stderr.String()
-				}
-				base = "http://" + m[1]
-				return true, ""
-			})
-			inFlight := func() (float64, float64) {
-				mfs, err := tryScrape(base)
-				if err != nil {
-					return -1, -1
-				}
-				f, _ := mfs.value("kvload_requests_in_flight")
-				s, _ := mfs.value("kvload_requests_total", "outcome", "success")
-				return f, s
-			}
-			eventually(t, "three requests in flight", func() (bool, string) {
-				f, _ := inFlight()
-				return f == 3 && srv.count("/v1/chat/completions") == 3, fmt.Sprint(f, " in flight")
-			})
-
-			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			if tt.release {
-				// Not ready while draining; the metrics stay up.
-				eventually(t, "/-/ready 503 while draining", func() (bool, string) {
-					resp, err := http.Get(base + "/-/ready")
-					if err != nil {
-						return false, err.Error()
-					}
-					resp.Body.Close()
-					return resp.StatusCode == http.StatusServiceUnavailable, resp.Status
-				})
-				if f, _ := inFlight(); f != 3 {
-					t.Errorf("%v requests in flight during the drain, want 3", f)
-				}
-				// Two finish during the drain and show up in a scrape.
-				srv.releaseOne(t)
-				srv.releaseOne(t)
-				eventually(t, "two released requests counted during the drain", func() (bool, string) {
-					f, s := inFlight()
-					return f == 1 && s == 2, fmt.Sprintf("%v in flight, %v succeeded", f, s)
-				})
-				srv.releaseOne(t)
-			}
-
-			select {
-			case <-exited:
-				if waitErr != nil {
-					t.Errorf("exit: %v, want status 0\n%s", waitErr, stderr.String())
-				}
-			case <-time.After(pollDeadline):
-				t.Fatalf("no exit after SIGTERM:\n%s", stderr.String())
-			}
-			log := stderr.String()
-			if !strings.Contains(log, `msg=drained `+tt.want) {
-				t.Errorf("the log lacks the final count %q:\n%s", tt.want, log)
-			}
-			if !strings.Contains(log, `msg=stopped`) {
-				t.Errorf("the log lacks the stop:\n%s", log)
-			}
-			if srv.count("/v1/chat/completions") != 3 {
-				t.Errorf("the server saw %d requests, want 3 (the hour-later row is never due)", srv.count("/v1/chat/completions"))
-			}
-			if !tt.release {
-				eventually(t, "the server's held requests ended by the client", func() (bool, string) {
-					srv.mu.Lock()
-					defer srv.mu.Unlock()
-					return srv.ended == 3, fmt.Sprint(srv.ended)
-				})
-			}
-		})
+	log := p.stderr.String()
+	if !strings.Contains(log, `msg=drained `+want) {
+		t.Errorf("the log lacks the final count %q:\n%s", want, log)
+	}
+	if !strings.Contains(log, `msg=stopped`) {
+		t.Errorf("the log lacks the stop:\n%s", log)
 	}
 }
 

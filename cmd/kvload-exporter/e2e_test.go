@@ -336,6 +336,9 @@ func e2eCheckTruth(t *testing.T, m e2eMetrics, target string, s emulate.Stats) e
 // e2eHead returns the first n rows of a JSONL trace (all if n ≤ 0).
 func e2eHead(t *testing.T, path string, n int) []byte {
 	t.Helper()
+	if strings.HasPrefix(path, e2eTraces) {
+		needShared(t, path)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)

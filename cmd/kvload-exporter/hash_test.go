@@ -125,7 +125,7 @@ func TestHashRoundTrip(t *testing.T) {
 	const rows = 20
 	for _, name := range []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"} {
 		t.Run(name, func(t *testing.T) {
-			recs, err := synth.ReadFile(filepath.Join("..", "..", "..", "shared", "traces", name), synth.ReadOptions{})
+			recs, err := synth.ReadFile(needShared(t, filepath.Join("..", "..", "..", "shared", "traces", name)), synth.ReadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}

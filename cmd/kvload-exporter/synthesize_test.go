@@ -43,6 +43,9 @@ func TestSynthesizeGolden(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.golden, func(t *testing.T) {
+			if tc.args[0] == synthConversationTrace {
+				needShared(t, synthConversationTrace)
+			}
 			code, stdout, stderr := runSynthesize(t.Context(), append(tc.args, "-o", "-")...)
 			if code != exitOK {
 				t.Fatalf("exit %d: %s", code, stderr)
@@ -116,6 +119,7 @@ func TestSynthesizeBadInput(t *testing.T) {
 // seed, other bytes; the root multiplier leaves lengths and timestamps
 // alone; and a failed write leaves nothing behind.
 func TestSynthesizeFile(t *testing.T) {
+	needShared(t, synthConversationTrace)
 	dir := t.TempDir()
 	gen := func(name string, extra ...string) []byte {
 		t.Helper()
