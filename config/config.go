@@ -121,7 +121,11 @@ type Workload struct {
 	Loop         string    `yaml:"loop,omitempty"`
 	MaxInFlight  int       `yaml:"max_in_flight,omitempty"`
 	OnSaturation string    `yaml:"on_saturation,omitempty"`
-	Shard        Shard     `yaml:"shard,omitempty"`
+	// MaxQueueLag: with on_saturation: queue, how late a row waiting for a
+	// slot may still be sent; later it is dropped (reason max_lag). 0 is
+	// replay.DefaultMaxQueueLag.
+	MaxQueueLag Duration `yaml:"max_queue_lag,omitempty"`
+	Shard       Shard    `yaml:"shard,omitempty"`
 }
 
 // Synthesis reshapes the trace before replay (AIPerf's per-row transform).
@@ -541,6 +545,9 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 		bad(p+".max_in_flight", "must be at least 1, got %d", w.MaxInFlight)
 	}
 	oneOf(w.OnSaturation, p+".on_saturation", bad, "drop", "queue")
+	if w.MaxQueueLag != 0 && w.OnSaturation != "queue" {
+		bad(p+".max_queue_lag", "applies only with on_saturation: queue")
+	}
 	if w.Shard.Count < 1 {
 		bad(p+".shard.count", "must be at least 1, got %d", w.Shard.Count)
 	} else if w.Shard.Index < 0 || w.Shard.Index >= w.Shard.Count {

@@ -390,6 +390,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		Target:       t.Name,
 		MaxInFlight:  w.MaxInFlight,
 		OnSaturation: replay.SaturationPolicy(w.OnSaturation),
+		MaxQueueLag:  time.Duration(w.MaxQueueLag),
 		Start:        start,
 		Cache:        replay.NewCacheModel(pacer, cache),
 		OnBuildError: func(err error) { level.Warn(logger).Log("msg", "request not built, counted as dropped", "err", err) },
