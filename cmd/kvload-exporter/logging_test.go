@@ -15,23 +15,23 @@ func TestSlogBridge(t *testing.T) {
 		absent []string
 	}{
 		{"info passes, debug filtered", logFlags{"info", "logfmt"}, func(buf *bytes.Buffer, f logFlags) {
-			l, min, err := newLogger(f, buf)
+			_, l, min, err := newLogger(f, buf)
 			if err != nil {
 				t.Fatal(err)
 			}
 			s := newSlogBridge(l, min)
 			s.Debug("hidden")
 			s.With("listen", ":9812").WithGroup("tls").Info("Listening on", "enabled", false)
-		}, []string{"level=info", `msg="Listening on"`, "listen=:9812", "tls.enabled=false"}, []string{"hidden"}},
+		}, []string{"level=info", `msg="Listening on"`, "listen=:9812", "tls.enabled=false", "ts=20", "caller=logging_test.go:"}, []string{"hidden", "time="}},
 		{"json with error level", logFlags{"error", "json"}, func(buf *bytes.Buffer, f logFlags) {
-			l, min, err := newLogger(f, buf)
+			_, l, min, err := newLogger(f, buf)
 			if err != nil {
 				t.Fatal(err)
 			}
 			s := newSlogBridge(l, min)
 			s.Warn("quiet")
 			s.Error("boom", "code", 3)
-		}, []string{`"level":"error"`, `"msg":"boom"`, `"code":3`}, []string{"quiet"}},
+		}, []string{`"level":"error"`, `"msg":"boom"`, `"code":"3"`}, []string{"quiet"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -54,7 +54,7 @@ func TestSlogBridge(t *testing.T) {
 
 func TestNewLoggerRejectsBadFlags(t *testing.T) {
 	for _, f := range []logFlags{{"verbose", "logfmt"}, {"info", "xml"}} {
-		if _, _, err := newLogger(f, &bytes.Buffer{}); err == nil {
+		if _, _, _, err := newLogger(f, &bytes.Buffer{}); err == nil {
 			t.Errorf("newLogger(%+v) accepted", f)
 		}
 	}

@@ -55,7 +55,7 @@ func runCommand(app *kingpin.Application) command {
 }
 
 func runDaemon(ctx context.Context, f *runFlags, s streams) error {
-	logger, minLevel, err := newLogger(f.log, s.stderr)
+	logger, baseLogger, minLevel, err := newLogger(f.log, s.stderr)
 	if err != nil {
 		return badInput(err)
 	}
@@ -148,7 +148,7 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 		reload:        d.Reload,
 		landing:       func() landingData { return landingOf(d.Status(), coll, reg) },
 	})
-	webLogger := newSlogBridge(logger, minLevel)
+	webLogger := newSlogBridge(baseLogger, minLevel)
 	// The server's own errors (failed TLS handshakes, plain HTTP on a TLS
 	// port) belong in the daemon's log, in its format, rather than on the
 	// standard logger.
