@@ -22,7 +22,7 @@ import (
 
 	promconfig "github.com/prometheus/common/config"
 	"github.com/prometheus/common/model"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/synth"

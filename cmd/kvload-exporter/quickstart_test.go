@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"testing"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // quickstartSpeedup replays the quickstart faster than shipped, so that three
