@@ -483,7 +483,7 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 		bad(p+".model", "%q holds control character %U", t.Model, r)
 	}
 	oneOf(t.API, p+".api", bad, "chat", "completions")
-	oneOf(t.Dialect, p+".dialect", bad, "vllm", "sglang", "trtllm", "dynamo", "llamacpp", "openai")
+	oneOf(t.Dialect, p+".dialect", bad, "vllm", "sglang", "trtllm", "dynamo", "llamacpp", "ollama", "openai")
 	oneOf(t.PromptFormat, p+".prompt_format", bad, "text", "token_ids")
 	if t.PromptFormat == "token_ids" && t.API != "completions" {
 		bad(p+".prompt_format", "token_ids needs api: completions")

@@ -24,6 +24,7 @@ const (
 	DialectDynamo   Dialect = "dynamo"
 	DialectLlamaCpp Dialect = "llamacpp"
 	DialectOpenAI   Dialect = "openai"
+	DialectOllama   Dialect = "ollama"
 )
 
 // Prompt formats of target.prompt_format.
@@ -70,6 +71,11 @@ func specFor(d Dialect) (dialectSpec, bool) {
 		return dialectSpec{chatMax: "max_tokens", ignoreEOS: true, minTokens: true, absentCachedIsZero: true}, true
 	case DialectLlamaCpp:
 		return dialectSpec{chatMax: "max_tokens", nPredict: true, ignoreEOS: true}, true
+	case DialectOllama:
+		// Ollama's OpenAI routes read max_tokens only: given
+		// max_completion_tokens alone, a model that never emits EOS
+		// generates until the request times out (seen with v0.17.4).
+		return dialectSpec{chatMax: "max_tokens"}, true
 	}
 	return dialectSpec{}, false
 }

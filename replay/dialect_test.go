@@ -58,6 +58,8 @@ func TestEncodeRequest(t *testing.T) {
 			`{` + m + chatMsgs + so + `,"max_tokens":7,"n_predict":7,"ignore_eos":true}`},
 		{"llamacpp completions", DialectLlamaCpp, APICompletions, compl, nil,
 			`{` + m + `"prompt":"Once",` + so + `,"max_tokens":7,"n_predict":7,"ignore_eos":true}`},
+		{"ollama chat", DialectOllama, APIChat, chat, nil,
+			`{` + m + chatMsgs + so + `,"max_tokens":7}`},
 		{"no max tokens", DialectVLLM, APIChat, Request{Prompt: "x"}, nil,
 			`{` + m + `"messages":[{"role":"user","content":"x"}],` + so + `}`},
 		{"messages and tools verbatim", DialectVLLM, APIChat, Request{
