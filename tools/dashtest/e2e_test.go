@@ -428,9 +428,19 @@ func freeAddr(t *testing.T) string {
 
 // process is a long-lived child process; done is closed when it exits.
 type process struct {
-	name string
-	done chan struct{}
-	err  error // valid after done is closed
+	name   string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	err    error // valid after done is closed
+	killed bool  // by kill: its exit is expected
+}
+
+// kill ends the process at once (SIGKILL), as a crash or an OOM kill
+// would, and waits until it has exited.
+func (p *process) kill() {
+	p.killed = true
+	_ = p.cmd.Process.Kill()
+	<-p.done
 }
 
 // startProcess runs a long-lived process with its output in dir/name.log;
@@ -450,12 +460,14 @@ func startProcess(t *testing.T, dir, name, bin string, args ...string) *process 
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	p := &process{name: name, done: make(chan struct{})}
+	p := &process{name: name, cmd: cmd, done: make(chan struct{})}
 	go func() { p.err = cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
 		select {
 		case <-p.done:
-			t.Errorf("%s exited early: %v", name, p.err)
+			if !p.killed {
+				t.Errorf("%s exited early: %v", name, p.err)
+			}
 		default:
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			select {
