@@ -170,6 +170,37 @@ func TestE2ECacheTruthFleet(t *testing.T) {
 	ctBand(t, "both", end.minus(start), 0.93, 1.01)
 }
 
+// TestE2ECacheTruthFleetServerMetrics (points 2 and 6): the same two
+// replicas with observed: server_metrics, reading the engine's own
+// counters. Each takes only its share of the engine's cached tokens (its
+// prompt tokens over vllm:prefix_cache_queries_total's), not the hits of
+// both: with the whole increase credited to each, each read about twice
+// the truth.
+func TestE2ECacheTruthFleetServerMetrics(t *testing.T) {
+	url, eng := ctEngine(t, emulate.Config{})
+	cfg := ctConfig(t, url, "fresh")
+	body, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withMetrics := strings.Replace(string(body), "    dialect: vllm\n", "    dialect: vllm\n    cache: {observed: server_metrics}\n", 1)
+	if err := os.WriteFile(cfg, []byte(withMetrics), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := e2eStartFlags(t, cfg, []string{"--shard=0/2"})
+	b := e2eStartFlags(t, cfg, []string{"--shard=1/2"})
+	start := ctNextPass(t, ctRead(t, a.base, b.base), a.base, b.base)
+	sa, sb := ctRead(t, a.base), ctRead(t, b.base)
+	hits := eng.Stats().CacheHitTokens
+	// The engine's counters are read every 5 s: hits are credited up to
+	// 5 s late, at both ends of the window alike.
+	end := ctNextPass(t, start, a.base, b.base)
+	t.Logf("the engine counted %d cached tokens in the window", eng.Stats().CacheHitTokens-hits)
+	ctBand(t, "replica 0/2, server metrics", ctRead(t, a.base).minus(sa), 0.93, 1.01)
+	ctBand(t, "replica 1/2, server metrics", ctRead(t, b.base).minus(sb), 0.93, 1.01)
+	ctBand(t, "both, server metrics", end.minus(start), 0.93, 1.01)
+}
+
 // TestE2ECacheTruthRestart (point 3): an exporter really stopped
 // (SIGTERM) mid-run and started again reads what one that kept running
 // reads, for every loop mode, next to a warm engine (the emulator kept
@@ -371,6 +402,96 @@ func TestE2ECacheTruthCapacity(t *testing.T) {
 		t.Errorf("the model's capacity is %v blocks, want the engine's 20000", got)
 	}
 	ctBand(t, "20,000 blocks of 16 tokens", end.minus(start), 0.85, 1.05)
+}
+
+// TestE2ECacheTruthCapacityUnknown (point 1): for an engine whose KV size
+// the exporter does not read (TensorRT-LLM, llama.cpp), with nothing about
+// the cache configured, the exporter says so once in its log, naming the
+// target and the key to set, not again at a reload that changes nothing,
+// and on the landing page; kvload_target_cache_capacity_known is 0.
+func TestE2ECacheTruthCapacityUnknown(t *testing.T) {
+	for _, tt := range []struct {
+		dialect string
+		engine  emulate.Personality
+	}{
+		{"trtllm", emulate.PersonalityTRTLLM},
+		{"llamacpp", emulate.PersonalityLlamaCpp},
+	} {
+		t.Run(tt.dialect, func(t *testing.T) {
+			eng, err := emulate.New(emulate.Config{Engine: tt.engine})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			url, wait, err := eng.Start(ctx, "127.0.0.1:0")
+			if err != nil {
+				cancel()
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cancel(); wait() })
+			cfg := fmt.Sprintf(`targets:
+  - name: engine-%s
+    url: %s
+    model: %s
+    dialect: %s
+workloads:
+  - name: canary
+    trace: head.jsonl
+    targets: [engine-%s]
+    synthesis: {max_osl: 4}
+`, tt.dialect, url, emulate.DefaultModel, tt.dialect, tt.dialect)
+			dir := e2eDir(t, map[string][]byte{
+				"kvload.yml": []byte(cfg),
+				"head.jsonl": e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), 5),
+			})
+			d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
+			const notice = `msg="the target's KV cache size is unknown`
+			target := "target=engine-" + tt.dialect
+			count := func() int {
+				n := 0
+				for _, line := range strings.Split(d.log.String(), "\n") {
+					if strings.Contains(line, notice) {
+						n++
+						if !containsAll(line, target, "cache.capacity_blocks") {
+							t.Errorf("the notice names neither the target nor the key: %s", line)
+						}
+					}
+				}
+				return n
+			}
+			if n := count(); n != 1 {
+				t.Fatalf("the notice is logged %d times at start-up, want once:\n%s", n, d.log.String())
+			}
+			m := e2eScrape(t, d.base)
+			if got := m.sum("kvload_target_cache_capacity_known"); got != 0 {
+				t.Errorf("kvload_target_cache_capacity_known %v, want 0", got)
+			}
+			// A reload that changes nothing says nothing new.
+			before := m.sum("kvload_config_last_reload_success_timestamp_seconds")
+			e2ePost(t, d.base+"/-/reload", "")
+			e2ePoll(t, "the reload done", e2eDeadline, func() (bool, string) {
+				got := e2eScrape(t, d.base).sum("kvload_config_last_reload_success_timestamp_seconds")
+				return got > before, fmt.Sprintf("last reload at %v, before %v", got, before)
+			})
+			if n := count(); n != 1 {
+				t.Errorf("the notice is logged %d times after a reload that changed nothing, want once:\n%s", n, d.log.String())
+			}
+			_, page, err := e2eGet(d.base + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			row := string(page)
+			if i := strings.Index(row, `data-target="engine-`+tt.dialect+`"`); i >= 0 {
+				row = row[i:]
+				row = row[:strings.Index(row, "</tr>")]
+			} else {
+				t.Fatalf("no row of the target on the landing page:\n%s", page)
+			}
+			if !containsAll(row, "unknown", "set cache.capacity_blocks", "unbounded") {
+				t.Errorf("the landing page's row does not say the capacity is unknown and which key to set: %s", row)
+			}
+		})
+	}
 }
 
 func containsAll(s string, subs ...string) bool {
@@ -616,9 +737,12 @@ workloads:
 // cache (an independent trie with the engine's own rounding: vLLM's full
 // 16-token blocks with the last token recomputed, SGLang's single tokens,
 // TensorRT-LLM's partial reuse of 32-token blocks, llama.cpp's slot
-// prefix with its BOS), a repeated 60-token prompt hits 48 tokens on vLLM
-// and 59 on the others: a model that rounds the wrong way reads 0.81 or
-// 1.23. Completions, so that no chat template shifts the block edges.
+// prefix with its BOS), a repeated 60-token prompt hits 48 tokens on vLLM,
+// 32 on TensorRT-LLM (it keeps only the full blocks of a prompt, and the
+// second block is not full) and 59 on SGLang and llama.cpp: a model that
+// rounds the wrong way reads 0.81 or 1.23 (vLLM against token-exact), or
+// 0.54 or 1.84 (TensorRT-LLM against token-exact). Completions, so that no
+// chat template shifts the block edges.
 func TestE2ECacheTruthGranularity(t *testing.T) {
 	const rows = 200
 	trace := ctSparseTrace(rows, 60)
