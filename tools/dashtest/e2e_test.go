@@ -138,6 +138,13 @@ rule_files:
 		pollChecks(t, prom, qs, 3*time.Minute)
 	})
 
+	t.Run("cache layout read from the engine", func(t *testing.T) {
+		// vllm:cache_config_info: the emulator's default vLLM block.
+		sel := fmt.Sprintf(`{target=%q}`, e2eTarget)
+		waitValue(t, prom, "kvload_target_cache_block_size_tokens"+sel, func(v float64) bool { return v == 16 }, time.Minute, "block size 16 read from the engine")
+		waitValue(t, prom, "kvload_target_cache_capacity_known"+sel, func(v float64) bool { return v == 1 }, time.Minute, "capacity read from the engine")
+	})
+
 	t.Run("cache regression", func(t *testing.T) {
 		checkCacheRegression(t, prom, "http://"+emuAddr, effThreshold)
 	})
