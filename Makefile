@@ -123,14 +123,17 @@ test-prometheus: build $(PROMETHEUS) $(PROMTOOL)
 	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) \
 	  $(GO) test -count=1 -timeout 15m -v -run '^TestPrometheusEndToEnd$$' ./dashtest
 
-## test-alerts: the cache alerts' state on real exporter output, time-compressed (rule engine as a library).
+## test-alerts: the cache alerts' state on real exporter output, time-compressed (rule engine as a library, cross-checked by promtool).
 # The shared conversation trace replayed 30 times as fast against the
 # emulator, scraped every second into rule time 30 s apart; healthy, cache
-# disabled, capacity cut, flush, and a target that reports no cached tokens
-# (broken, flushed, healthy). About 8 minutes; needs ../shared/traces.
-test-alerts: build
-	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) \
-	  $(GO) test -count=1 -timeout 25m -v -run '^TestAlertScenarios$$' ./dashtest
+# disabled, capacity cut, flush, engine restart, and a target that reports
+# no cached tokens (broken, flushed, healthy). Each scenario's alert states
+# are checked again by `promtool test rules` over the same samples, and a
+# small check proves that a wrong expectation makes promtool fail. About
+# 10 minutes; needs ../shared/traces.
+test-alerts: build $(PROMTOOL)
+	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) PROMTOOL_BIN=$(abspath $(PROMTOOL)) \
+	  $(GO) test -count=1 -timeout 30m -v -run '^(TestAlertScenarios|TestPromtoolCrossCheck)$$' ./dashtest
 
 ## engines: a real llama.cpp llama-server, Ollama and a tiny model with the Llama-3.1 vocabulary, built once into ENGINE_CACHE.
 # llama.cpp comes from the source npm's node-llama-cpp carries (cmake from

@@ -83,15 +83,40 @@ type targetState struct {
 	notified bool   // NotifyUnreported was called
 	inFlight int
 	// pending holds, with observed: server_metrics, the prompt tokens each
-	// workload sent since the last scrape: the share of the server's cached
-	// tokens it is credited with. lastShares is the last non-empty set,
-	// for hits counted while only requests sent before were in flight;
-	// carried holds hits no share could take yet.
-	pending    map[string]float64
-	lastShares map[string]float64
+	// workload's successful requests had since the last scrape: the share
+	// of this replica's part of the server's cached tokens it is credited
+	// with. lastShares is the last non-empty set, for hits counted while
+	// only requests sent before were in flight; carried holds hits no
+	// share could take yet.
+	pending    map[string]serverShare
+	lastShares map[string]serverShare
 	carried    float64
+	// window holds, with an engine that also counts its prompt tokens, its
+	// last serverShareReads reads: what the engine counted, what this
+	// replica finished, and what it was credited.
+	window []serverRead
 	// preamble: tokens every prompt gets from the cache on this target.
 	preamble preamble
+}
+
+// serverShare is prompt tokens of successful requests: all of them, and
+// those whose theoretical cached tokens are known (the only ones that count
+// on the efficiency's sides).
+type serverShare struct{ all, known float64 }
+
+// serverRead is one read of an engine that counts its prompt tokens: its
+// cached and prompt tokens since the read before, this replica's prompt
+// tokens finished in that time, and the cached tokens credited to them.
+type serverRead struct{ cached, prompt, mine, credited float64 }
+
+// ServerCounts is what one read of an engine's /metrics counted since the
+// read before.
+type ServerCounts struct {
+	Cached float64 // prompt tokens served from its prefix cache
+	// Prompt is the prompt tokens it processed, cached or not; only when
+	// PromptKnown (the engine exports such a counter).
+	Prompt      float64
+	PromptKnown bool
 }
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
@@ -293,13 +318,44 @@ func (c *Collector) ForgetTarget(target string) {
 	c.mu.Unlock()
 }
 
-// AddServerCached credits the increase of a target's own cached-token
-// counter to the workloads that sent it prompts since the last call, in
-// proportion to the prompt tokens each sent. When none was sent since but
-// requests are still in flight, the hits are theirs: the shares of the last
-// interval that had any take them. Hits while this exporter had nothing in
-// flight and sent nothing came from other traffic and are not counted.
+// AddServerCached is AddServerCounts for an engine that counts its cached
+// tokens but not its prompt tokens.
 func (c *Collector) AddServerCached(target string, delta float64) {
+	c.AddServerCounts(target, ServerCounts{Cached: delta})
+}
+
+// serverShareReads is the window over which a replica's share of an
+// engine's prompt tokens is taken: 24 reads, 2 minutes at the scrape
+// interval, long enough for the requests in flight at its edges to matter
+// little.
+const serverShareReads = 24
+
+// AddServerCounts credits this replica's part of the increase of a
+// target's own cached-token counter to the workloads that finished
+// requests since the last call, in proportion to their prompt tokens.
+//
+// When the engine also counts its prompt tokens, this replica's part is
+// its share of them over the last serverShareReads reads: over that
+// window it is credited the engine's cached tokens times its prompt
+// tokens over the engine's (at most all of them). The engine counts a
+// prompt when it prefills it and this replica when the response ends, so
+// the credit of one read can fall short, and the next reads make it up.
+// Other replicas and other clients of the engine take the rest, assuming
+// their prompts hit as often as this replica's in the window.
+//
+// Without such a counter the share cannot be known: every hit counted
+// while this replica had requests in flight or finished is taken as its
+// own (two replicas on one engine then each count the hits of both;
+// docs/cache-model.md); hits while it had nothing in flight and finished
+// nothing came from other traffic.
+//
+// Either way, when no request finished since the last read but some are
+// still in flight, the hits are theirs: the shares of the last interval
+// that had any take them. The efficiency's observed side
+// (kvload_cache_reported_cached_prompt_tokens_total) takes only the part
+// of requests whose theoretical cached tokens are known, as its other
+// side does.
+func (c *Collector) AddServerCounts(target string, d ServerCounts) {
 	c.mu.Lock()
 	st := c.targets[target]
 	if st == nil {
@@ -308,12 +364,36 @@ func (c *Collector) AddServerCached(target string, delta float64) {
 	}
 	shares := st.pending
 	st.pending = nil
+	delta := d.Cached
+	if d.PromptKnown {
+		r := serverRead{cached: max(d.Cached, 0), prompt: max(d.Prompt, 0)}
+		for _, p := range shares {
+			r.mine += p.all
+		}
+		st.window = append(st.window, r)
+		if n := len(st.window); n > serverShareReads {
+			st.window = append(st.window[:0], st.window[n-serverShareReads:]...)
+		}
+		var w serverRead
+		for _, r := range st.window {
+			w.cached, w.prompt, w.mine, w.credited = w.cached+r.cached, w.prompt+r.prompt, w.mine+r.mine, w.credited+r.credited
+		}
+		want := 0.0
+		switch {
+		case w.prompt > 0:
+			want = w.cached * min(w.mine/w.prompt, 1)
+		case w.mine > 0:
+			want = w.cached
+		}
+		delta = max(want-w.credited, 0)
+		st.window[len(st.window)-1].credited = delta
+	}
 	switch {
 	case len(shares) > 0:
 		st.lastShares = shares
-	case st.inFlight > 0 && len(st.lastShares) > 0:
+	case (st.inFlight > 0 || d.PromptKnown) && len(st.lastShares) > 0:
 		shares = st.lastShares
-	case st.inFlight > 0:
+	case st.inFlight > 0 || d.PromptKnown:
 		// Nothing to credit yet: keep the hits for the first shares.
 		st.carried += max(delta, 0)
 		c.mu.Unlock()
@@ -326,14 +406,16 @@ func (c *Collector) AddServerCached(target string, delta float64) {
 	c.mu.Unlock()
 	var total float64
 	for _, p := range shares {
-		total += p
+		total += p.all
 	}
 	if delta <= 0 || total == 0 {
 		return
 	}
 	for w, p := range shares {
-		c.cachedTokens.WithLabelValues(w, target).Add(delta * p / total)
-		c.reportedCached.WithLabelValues(w, target).Add(delta * p / total)
+		c.cachedTokens.WithLabelValues(w, target).Add(delta * p.all / total)
+		if p.known > 0 {
+			c.reportedCached.WithLabelValues(w, target).Add(delta * p.known / total)
+		}
 	}
 }
 
@@ -394,10 +476,20 @@ func (c *Collector) Finished(r *replay.Result) {
 	}
 	c.recordLocked(r, usageCached, reported, preamble)
 	if success && mode == "server_metrics" && st != nil {
-		if st.pending == nil {
-			st.pending = map[string]float64{}
+		// In the engine's units where the response says them.
+		prompt := float64(r.TraceInputLength)
+		if r.PromptKnown {
+			prompt = float64(r.PromptTokens)
 		}
-		st.pending[w] += float64(r.TraceInputLength)
+		sh := serverShare{all: prompt}
+		if r.TheoreticalKnown {
+			sh.known = prompt
+		}
+		if st.pending == nil {
+			st.pending = map[string]serverShare{}
+		}
+		p := st.pending[w]
+		st.pending[w] = serverShare{p.all + sh.all, p.known + sh.known}
 	}
 	c.mu.Unlock()
 	if notify {

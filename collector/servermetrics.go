@@ -30,6 +30,22 @@ var ServerCacheMetric = map[string][]string{
 	"llamacpp": {"llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_cached"},
 }
 
+// ServerPromptMetric names, per dialect, the server's counter of the prompt
+// tokens it processed, for this replica's share of the cached tokens (the
+// first name present is used). With excludesCached the counter leaves out
+// the cached tokens, which the cached-token counter then adds back.
+// TensorRT-LLM's /metrics is JSON and Dynamo's frontend has no such
+// counter: for them the share cannot be known (docs/cache-model.md).
+var ServerPromptMetric = map[string]struct {
+	Names          []string
+	ExcludesCached bool
+}{
+	"vllm":   {Names: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries", "vllm:prompt_tokens_total"}},
+	"sglang": {Names: []string{"sglang:prompt_tokens_total"}},
+	// llama-server: prompt_tokens_total counts only the tokens it computed.
+	"llamacpp": {Names: []string{"llamacpp:prompt_tokens_total"}, ExcludesCached: true},
+}
+
 // maxMetricsBytes bounds one scrape of a server's /metrics.
 const maxMetricsBytes = 32 << 20
 
@@ -42,20 +58,21 @@ type ServerScraper struct {
 	Client   *http.Client
 	Interval time.Duration
 
-	last      float64
-	lastStart float64 // the server's process_start_time_seconds, 0 if it has none
-	seen      bool
+	last       float64
+	lastPrompt float64
+	lastStart  float64 // the server's process_start_time_seconds, 0 if it has none
+	seen       bool
 }
 
 // Prime takes the counter's baseline now, so that what the server counted
 // before this exporter sent anything is not credited to it. Call it before
 // the first request goes out; Run then goes on from there.
 func (s *ServerScraper) Prime(ctx context.Context) error {
-	v, start, err := s.read(ctx)
+	r, err := s.read(ctx)
 	if err != nil {
 		return err
 	}
-	_, err = s.delta(v, start)
+	_, err = s.counts(r)
 	return err
 }
 
@@ -77,17 +94,17 @@ func (s *ServerScraper) Run(ctx context.Context, c *Collector, onError func(erro
 }
 
 func (s *ServerScraper) scrapeOnce(ctx context.Context, c *Collector) error {
-	v, start, err := s.read(ctx)
+	r, err := s.read(ctx)
 	if err != nil {
 		c.ServerMetricsError(s.Target, "scrape")
 		return err
 	}
-	d, err := s.delta(v, start)
+	counts, err := s.counts(r)
 	if bad := (*RejectedCount)(nil); errors.As(err, &bad) {
 		c.ServerMetricsError(s.Target, bad.Reason)
 		return err
 	}
-	c.AddServerCached(s.Target, d)
+	c.AddServerCounts(s.Target, counts)
 	return nil
 }
 
@@ -116,6 +133,39 @@ func (e *RejectedCount) Error() string {
 		return fmt.Sprintf("target %s: server metrics: cached-token counter %g is above 2^53: not credited", e.Target, e.Value)
 	}
 	return fmt.Sprintf("target %s: server metrics: cached-token counter %g is %s: not credited", e.Target, e.Value, strings.ReplaceAll(e.Reason, "_", " "))
+}
+
+// engineRead is one read of a server's counters.
+type engineRead struct {
+	cached      float64
+	prompt      float64 // cached or not; when promptKnown
+	promptKnown bool
+	start       float64 // process_start_time_seconds, 0 if none
+}
+
+// counts turns a read into increases since the read before (see delta). A
+// rejected cached-token count leaves both baselines as they were.
+func (s *ServerScraper) counts(r engineRead) (ServerCounts, error) {
+	var c ServerCounts
+	seen, last, lastStart := s.seen, s.last, s.lastStart
+	cached, err := s.delta(r.cached, r.start)
+	if err != nil {
+		return ServerCounts{}, err
+	}
+	c.Cached = cached
+	if r.promptKnown {
+		c.PromptKnown = true
+		switch {
+		case !seen:
+		case r.start != lastStart && r.start != 0 && lastStart != 0, r.prompt < s.lastPrompt, r.cached < last:
+			// The server restarted: its counters began again.
+			c.Prompt = r.prompt
+		default:
+			c.Prompt = r.prompt - s.lastPrompt
+		}
+		s.lastPrompt = r.prompt
+	}
+	return c, nil
 }
 
 // delta is the counter's increase since the last scrape. A restarted
@@ -152,43 +202,61 @@ func (s *ServerScraper) delta(v, start float64) (float64, error) {
 	return d, nil
 }
 
-// read returns the cached-token count and the server's process start time
-// (0 when it exports none).
-func (s *ServerScraper) read(ctx context.Context) (float64, float64, error) {
+// read returns the server's cached-token count, its prompt-token count
+// where it has one, and its process start time.
+func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
 	if err != nil {
-		return 0, 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
+		return engineRead{}, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
 	req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
 	resp, err := s.Client.Do(req)
 	if err != nil {
-		return 0, 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
+		return engineRead{}, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
 	defer resp.Body.Close()
 	if err := replay.RedirectError(resp); err != nil {
-		return 0, 0, fmt.Errorf("target %s: server metrics %s: %w", s.Target, req.URL.Redacted(), err)
+		return engineRead{}, fmt.Errorf("target %s: server metrics %s: %w", s.Target, req.URL.Redacted(), err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("target %s: server metrics: HTTP %d", s.Target, resp.StatusCode)
+		return engineRead{}, fmt.Errorf("target %s: server metrics: HTTP %d", s.Target, resp.StatusCode)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, maxMetricsBytes))
 	if err != nil {
-		return 0, 0, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
+		return engineRead{}, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
-	v, err := cachedTokens(mfs, s.Dialect, s.Target)
-	var start float64
+	var r engineRead
+	if r.cached, err = cachedTokens(mfs, s.Dialect, s.Target); err != nil {
+		return engineRead{}, err
+	}
+	if pm, ok := ServerPromptMetric[s.Dialect]; ok {
+		if v, found := sumFirst(mfs, pm.Names); found {
+			r.prompt, r.promptKnown = v, true
+			if pm.ExcludesCached {
+				r.prompt += r.cached
+			}
+		}
+	}
 	if mf := mfs["process_start_time_seconds"]; mf != nil && len(mf.GetMetric()) > 0 {
 		m := mf.GetMetric()[0]
-		start = m.GetGauge().GetValue() + m.GetUntyped().GetValue()
+		r.start = m.GetGauge().GetValue() + m.GetUntyped().GetValue()
 	}
-	return v, start, err
+	return r, nil
 }
 
 // cachedTokens sums the dialect's cached-token metric over all its series
 // (every model and engine label of the server).
 func cachedTokens(mfs map[string]*dto.MetricFamily, dialect, target string) (float64, error) {
-	for _, name := range ServerCacheMetric[dialect] {
+	if v, ok := sumFirst(mfs, ServerCacheMetric[dialect]); ok {
+		return v, nil
+	}
+	return 0, fmt.Errorf("target %s: server metrics: none of %v found (is the engine's metrics switch on?)", target, ServerCacheMetric[dialect])
+}
+
+// sumFirst sums the first of names present over all its series.
+func sumFirst(mfs map[string]*dto.MetricFamily, names []string) (float64, bool) {
+	for _, name := range names {
 		mf, ok := mfs[name]
 		if !ok {
 			// The text parser keys counters by their exposed name, with _total.
@@ -207,7 +275,7 @@ func cachedTokens(mfs map[string]*dto.MetricFamily, dialect, target string) (flo
 				sum += m.GetGauge().GetValue()
 			}
 		}
-		return sum, nil
+		return sum, true
 	}
-	return 0, fmt.Errorf("target %s: server metrics: none of %v found (is the engine's metrics switch on?)", target, ServerCacheMetric[dialect])
+	return 0, false
 }

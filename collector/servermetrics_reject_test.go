@@ -56,10 +56,12 @@ func TestServerScraperRejectsImplausible(t *testing.T) {
 			errs := map[string]float64{}
 			for i, want := range tt.want {
 				before := s.last
-				v, start, err := s.read(context.Background())
+				r, err := s.read(context.Background())
 				var credit float64
 				if err == nil {
-					credit, err = s.delta(v, start)
+					var counts ServerCounts
+					counts, err = s.counts(r)
+					credit = counts.Cached
 				}
 				// And as Run would: the error counted by its reason.
 				reason := "scrape"

@@ -3,6 +3,7 @@ package collector
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,15 +19,20 @@ import (
 
 func TestServerScraperDialects(t *testing.T) {
 	tests := []struct {
-		dialect string
-		body    string
-		want    float64
+		dialect     string
+		body        string
+		want        float64
+		wantPrompt  float64
+		promptKnown bool
 	}{
-		{"vllm", "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 100\nvllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 28\n", 128},
-		{"sglang", "# TYPE sglang:cached_tokens_total counter\nsglang:cached_tokens_total{model_name=\"m\"} 7\n", 7},
-		{"trtllm", "# TYPE trtllm_prompt_cached_tokens_total counter\ntrtllm_prompt_cached_tokens_total 9\n", 9},
-		{"llamacpp", "# TYPE llamacpp:prompt_tokens_cached_total counter\nllamacpp:prompt_tokens_cached_total 1234\n", 1234},
-		{"dynamo", "# TYPE dynamo_frontend_cached_tokens histogram\ndynamo_frontend_cached_tokens_bucket{model=\"m\",le=\"+Inf\"} 3\ndynamo_frontend_cached_tokens_sum{model=\"m\"} 4096\ndynamo_frontend_cached_tokens_count{model=\"m\"} 3\n", 4096},
+		{"vllm", "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 100\nvllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 28\n" +
+			"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 400\nvllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} 100\n", 128, 500, true},
+		{"vllm hits only", "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 5\n", 5, 0, false},
+		{"sglang", "# TYPE sglang:cached_tokens_total counter\nsglang:cached_tokens_total{model_name=\"m\"} 7\n# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total{model_name=\"m\"} 70\n", 7, 70, true},
+		{"trtllm", "# TYPE trtllm_prompt_cached_tokens_total counter\ntrtllm_prompt_cached_tokens_total 9\n", 9, 0, false},
+		// llama-server's prompt_tokens_total leaves the cached tokens out.
+		{"llamacpp", "# TYPE llamacpp:prompt_tokens_cached_total counter\nllamacpp:prompt_tokens_cached_total 1234\n# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 766\n", 1234, 2000, true},
+		{"dynamo", "# TYPE dynamo_frontend_cached_tokens histogram\ndynamo_frontend_cached_tokens_bucket{model=\"m\",le=\"+Inf\"} 3\ndynamo_frontend_cached_tokens_sum{model=\"m\"} 4096\ndynamo_frontend_cached_tokens_count{model=\"m\"} 3\n", 4096, 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.dialect, func(t *testing.T) {
@@ -34,13 +40,14 @@ func TestServerScraperDialects(t *testing.T) {
 				fmt.Fprint(w, tt.body)
 			}))
 			defer srv.Close()
-			s := &ServerScraper{Target: "t", URL: srv.URL, Dialect: tt.dialect, Client: srv.Client()}
-			got, _, err := s.read(context.Background())
+			dialect, _, _ := strings.Cut(tt.dialect, " ")
+			s := &ServerScraper{Target: "t", URL: srv.URL, Dialect: dialect, Client: srv.Client()}
+			got, err := s.read(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != tt.want {
-				t.Errorf("cached tokens %v, want %v", got, tt.want)
+			if got.cached != tt.want || got.prompt != tt.wantPrompt || got.promptKnown != tt.promptKnown {
+				t.Errorf("cached %v, prompt %v (known %v); want %v, %v (%v)", got.cached, got.prompt, got.promptKnown, tt.want, tt.wantPrompt, tt.promptKnown)
 			}
 		})
 	}
@@ -52,7 +59,7 @@ func TestServerScraperMissingMetric(t *testing.T) {
 	}))
 	defer srv.Close()
 	s := &ServerScraper{Target: "t", URL: srv.URL, Dialect: "vllm", Client: srv.Client()}
-	if _, _, err := s.read(context.Background()); err == nil || !strings.Contains(err.Error(), "vllm:prefix_cache_hits_total") {
+	if _, err := s.read(context.Background()); err == nil || !strings.Contains(err.Error(), "vllm:prefix_cache_hits_total") {
 		t.Fatalf("err = %v", err)
 	}
 }
@@ -115,5 +122,81 @@ func TestServerMetricsAttribution(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(c.cachedTokens.WithLabelValues("b", "srv")); got != 200 {
 		t.Errorf("workload b: %v cached tokens, want 200", got)
+	}
+}
+
+// TestServerMetricsShare: with observed: server_metrics, a replica takes
+// only its part of the engine's cached tokens (its share of the prompt
+// tokens the engine counted, where the engine counts them), and the
+// efficiency's observed side only the part of requests whose theoretical
+// tokens are known.
+func TestServerMetricsShare(t *testing.T) {
+	type finish struct {
+		w         string
+		prompt    int
+		theoKnown bool
+	}
+	type step struct {
+		finished []finish
+		engine   ServerCounts
+	}
+	known := func(w string, p int) finish { return finish{w: w, prompt: p, theoKnown: true} }
+	tests := []struct {
+		name  string
+		steps []step
+		// per workload: kvload_cached_prompt_tokens_total and
+		// kvload_cache_reported_cached_prompt_tokens_total
+		wantCached, wantReported map[string]float64
+	}{
+		{"the engine's only client takes every hit", []step{
+			{[]finish{known("a", 3000), known("b", 1000)}, ServerCounts{Cached: 800, Prompt: 4000, PromptKnown: true}},
+		}, map[string]float64{"a": 600, "b": 200}, map[string]float64{"a": 600, "b": 200}},
+		{"one of two replicas sharded against one engine takes half", []step{
+			{[]finish{known("a", 2000)}, ServerCounts{Cached: 1000, Prompt: 4000, PromptKnown: true}},
+			{[]finish{known("a", 2000)}, ServerCounts{Cached: 1200, Prompt: 4000, PromptKnown: true}},
+		}, map[string]float64{"a": 1100}, map[string]float64{"a": 1100}},
+		{"requests of unknown theoretical tokens stay off the efficiency", []step{
+			{[]finish{known("a", 1000), {w: "a", prompt: 3000}}, ServerCounts{Cached: 2000, Prompt: 4000, PromptKnown: true}},
+		}, map[string]float64{"a": 2000}, map[string]float64{"a": 500}},
+		{"a request the engine counted before it finished is credited later", []step{
+			{[]finish{known("a", 1000)}, ServerCounts{Cached: 900, Prompt: 2000, PromptKnown: true}},
+			{[]finish{known("a", 1000)}, ServerCounts{PromptKnown: true}},
+		}, map[string]float64{"a": 900}, map[string]float64{"a": 900}},
+		// Within the window, the replica's share of the prompt tokens is
+		// its share of the hits, whoever hit more.
+		{"other traffic in the window shares the hits by prompt tokens", []step{
+			{[]finish{known("a", 1000)}, ServerCounts{Cached: 500, Prompt: 1000, PromptKnown: true}},
+			{nil, ServerCounts{Cached: 700, Prompt: 1000, PromptKnown: true}},
+		}, map[string]float64{"a": 600}, map[string]float64{"a": 600}},
+		// Without a prompt counter the share cannot be known: the replica
+		// takes every hit of the interval (the documented limitation), but
+		// still leaves unknown theoretical tokens off the efficiency.
+		{"without a prompt counter, every hit of the interval", []step{
+			{[]finish{known("a", 1000), {w: "a", prompt: 1000}}, ServerCounts{Cached: 1000}},
+		}, map[string]float64{"a": 1000}, map[string]float64{"a": 500}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New(prometheus.NewRegistry())
+			c.SetTarget("srv", "m", "chat", "vllm", "server_metrics")
+			for _, st := range tt.steps {
+				for _, f := range st.finished {
+					c.Sent(f.w, "srv", time.Time{}, time.Time{})
+					c.Finished(&replay.Result{Workload: f.w, Target: "srv", Outcome: replay.OutcomeSuccess,
+						TraceInputLength: f.prompt - 10, PromptTokens: f.prompt, PromptKnown: true, TheoreticalKnown: f.theoKnown})
+				}
+				c.AddServerCounts("srv", st.engine)
+			}
+			for w, want := range tt.wantCached {
+				if got := testutil.ToFloat64(c.cachedTokens.WithLabelValues(w, "srv")); math.Abs(got-want) > 1e-9 {
+					t.Errorf("workload %s: cached tokens %v, want %v", w, got, want)
+				}
+			}
+			for w, want := range tt.wantReported {
+				if got := testutil.ToFloat64(c.reportedCached.WithLabelValues(w, "srv")); math.Abs(got-want) > 1e-9 {
+					t.Errorf("workload %s: reported cached tokens %v, want %v", w, got, want)
+				}
+			}
+		})
 	}
 }

@@ -14,6 +14,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/prometheus/promql"
+	"github.com/prometheus/prometheus/storage"
 )
 
 // TestAlertScenarios proves the cache alerts' state on real exporter
@@ -68,14 +71,26 @@ const (
 	// rateWindow is the contrast's window: a median "after" the change is
 	// taken once the window has moved past it.
 	rateWindow = 5 * time.Minute
+	// engineDowntime: how long the restarted engine is away (rule time);
+	// requests sent meanwhile fail to connect.
+	engineDowntime = time.Minute
+	// recoverWithin: after a transient (flush, engine restart), the
+	// efficiency must be back at or above the alert's threshold this long
+	// after the change, and stay there.
+	recoverWithin = 15 * time.Minute
 )
 
 // alertScenario is one run: an emulator started with emulate flags, and
-// optionally one POST /emulator/cache at alertChangeAt.
+// optionally one change at alertChangeAt: a POST /emulator/cache, or an
+// engine restart.
 type alertScenario struct {
 	name    string
 	emulate []string // emulator flags beyond the common ones
 	change  string   // JSON body of POST /emulator/cache; "" for none
+	// restart: at alertChangeAt the emulator is killed (SIGKILL, as a
+	// crash), and engineDowntime later a new one starts on the same
+	// address with an empty cache.
+	restart bool
 	span    time.Duration
 	check   func(t *testing.T, r *scenarioResult)
 }
@@ -83,7 +98,8 @@ type alertScenario struct {
 // scenarioResult is what a scenario recorded and the rules made of it.
 type scenarioResult struct {
 	steps    []ruleStep
-	changeAt time.Duration // rule time of the change; -1 without one
+	changeAt time.Duration      // rule time of the change; -1 without one
+	outcomes map[string]float64 // kvload_requests_total by outcome at the last scrape
 	// From the rule files as they are.
 	effThreshold, contrastThreshold float64
 	hitHold, contrastHold           time.Duration
@@ -98,7 +114,9 @@ func TestAlertScenarios(t *testing.T) {
 	if _, err := os.Stat(trace); err != nil {
 		t.Fatalf("the alert scenarios replay the shared conversation trace, which is missing: %v", err)
 	}
-	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", t.TempDir())
+	bin := t.TempDir()
+	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", bin)
+	promtool := binary(t, "PROMTOOL_BIN", filepath.Join(root, "tools"), "github.com/prometheus/prometheus/cmd/promtool", bin)
 	files := ruleFiles(root)
 
 	effThr, hitHold, err := alertThreshold(files, hitRegression, efficiencyRule)
@@ -144,7 +162,18 @@ func TestAlertScenarios(t *testing.T) {
 		{name: "flush", change: `{"flush": true}`, span: 35 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			r.neverFiring(t, hitRegression)
 			r.neverActive(t, contrastLost)
-			r.logDip(t)
+			r.dipsAndRecovers(t)
+			r.whatIf(t, r.efficiencyWhatIf())
+		}},
+		{name: "engine restart", restart: true, span: 35 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+			// The engine was away: requests failed to connect.
+			t.Logf("requests by outcome at the end: %v", r.outcomes)
+			if r.outcomes["connection_error"] == 0 {
+				t.Errorf("no request failed to connect while the engine was down: %v", r.outcomes)
+			}
+			r.neverFiring(t, hitRegression)
+			r.neverActive(t, contrastLost)
+			r.dipsAndRecovers(t)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
 		{name: "silent target, cache disabled", emulate: silent, change: `{"enabled": false}`, span: 27 * time.Minute,
@@ -177,7 +206,7 @@ func TestAlertScenarios(t *testing.T) {
 	}
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
-			r := runAlertScenario(t, kvload, trace, files, sc)
+			r := runAlertScenario(t, kvload, promtool, trace, files, sc)
 			r.effThreshold, r.contrastThreshold, r.hitHold, r.contrastHold = effThr, conThr, hitHold, conHold
 			r.logTimeline(t)
 			sc.check(t, r)
@@ -186,8 +215,9 @@ func TestAlertScenarios(t *testing.T) {
 }
 
 // runAlertScenario starts the emulator and the exporter, records span of
-// rule time (applying the change on the way) and evaluates the rules.
-func runAlertScenario(t *testing.T, kvload, trace string, files []string, sc alertScenario) *scenarioResult {
+// rule time (applying the change on the way), evaluates the rules and has
+// promtool cross-check the alerts' states.
+func runAlertScenario(t *testing.T, kvload, promtool, trace string, files []string, sc alertScenario) *scenarioResult {
 	t.Helper()
 	dir := t.TempDir()
 	emuAddr := freeAddr(t)
@@ -196,6 +226,7 @@ func runAlertScenario(t *testing.T, kvload, trace string, files []string, sc ale
 	args := append([]string{"emulate", "--listen", emuAddr, "--model", e2eModel, "--inter-token", "1ms"}, sc.emulate...)
 	emu := startProcess(t, dir, "emulator", kvload, args...)
 	waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
+	emuDone := emu.done // nil while the engine is down for a restart
 
 	// What a new user writes for a vLLM target: nothing about the cache,
 	// whose block size and capacity are read from vllm:cache_config_info.
@@ -235,6 +266,16 @@ workloads:
 			}
 			res.changeAt = at
 		}
+		if sc.restart && res.changeAt < 0 && at >= alertChangeAt {
+			emuDone = nil
+			emu.kill()
+			res.changeAt = at
+		}
+		if sc.restart && emuDone == nil && at >= res.changeAt+engineDowntime {
+			emu = startProcess(t, dir, "emulator-restarted", kvload, args...)
+			waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
+			emuDone = emu.done
+		}
 		if at >= sc.span {
 			break
 		}
@@ -242,7 +283,7 @@ workloads:
 		case <-tick.C:
 		case <-exp.done:
 			t.Fatalf("exporter exited: %v", exp.err)
-		case <-emu.done:
+		case <-emuDone:
 			t.Fatalf("emulator exited: %v", emu.err)
 		}
 	}
@@ -252,7 +293,31 @@ workloads:
 		t.Fatal(err)
 	}
 	res.steps = steps
+	if res.outcomes, err = outcomes(ctx, rec.db, rec.ruleTime(rec.scrapes-1)); err != nil {
+		t.Fatal(err)
+	}
+	crossCheckWithPromtool(t, promtool, dir, files, rec.db, steps)
 	return res
+}
+
+// outcomes reads kvload_requests_total by outcome at rule time at.
+func outcomes(ctx context.Context, st storage.Queryable, at time.Duration) (map[string]float64, error) {
+	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1_000_000, Timeout: time.Minute})
+	q, err := engine.NewInstantQuery(ctx, st, nil, `sum by (outcome) (kvload_requests_total)`, ruleEpoch.Add(at))
+	if err != nil {
+		return nil, fmt.Errorf("outcomes: %w", err)
+	}
+	defer q.Close()
+	res := q.Exec(ctx)
+	v, err := res.Vector()
+	if err != nil {
+		return nil, fmt.Errorf("outcomes: %w", err)
+	}
+	out := map[string]float64{}
+	for _, s := range v {
+		out[s.Metric.Get("outcome")] = s.F
+	}
+	return out, nil
 }
 
 func postCache(ctx context.Context, emu, body string) error {
@@ -463,9 +528,37 @@ func (r *scenarioResult) since(at time.Duration) string {
 	return "+" + d.String()
 }
 
-// logDip reports the flush's dip: the lowest efficiency after the change
-// and how long it stayed below the alert's threshold.
-func (r *scenarioResult) logDip(t *testing.T) {
+// dipsAndRecovers: a transient (flush, engine restart) makes the efficiency
+// dip below the lowest it read in the healthy minutes before the change,
+// and it is back at or above the alert's threshold recoverWithin after the
+// change, for the rest of the run. It logs the dip: the lowest efficiency
+// after the change and how long it stayed below the threshold.
+func (r *scenarioResult) dipsAndRecovers(t *testing.T) {
+	t.Helper()
+	if r.changeAt < 0 {
+		t.Fatal("no change applied")
+	}
+	healthy := math.Inf(1)
+	for _, s := range r.steps {
+		if s.at >= rateWindow && s.at < r.changeAt && !math.IsNaN(s.efficiency) {
+			healthy = min(healthy, s.efficiency)
+		}
+	}
+	low := r.logDip(t)
+	if !(low < healthy) {
+		t.Errorf("no dip: the lowest efficiency after the change, %.3f, is not below the healthy minimum %.3f", low, healthy)
+	}
+	for _, s := range r.steps {
+		if s.at >= r.changeAt+recoverWithin && (math.IsNaN(s.efficiency) || s.efficiency < r.effThreshold) {
+			t.Errorf("efficiency %s at %v (%s), want at or above %g from %s on", num(s.efficiency), s.at, r.since(s.at),
+				r.effThreshold, r.since(r.changeAt+recoverWithin))
+		}
+	}
+}
+
+// logDip reports the dip after the change: the lowest efficiency and how
+// long it stayed below the alert's threshold; it returns the lowest.
+func (r *scenarioResult) logDip(t *testing.T) float64 {
 	t.Helper()
 	low, lowAt := math.Inf(1), time.Duration(0)
 	var below time.Duration
@@ -485,8 +578,9 @@ func (r *scenarioResult) logDip(t *testing.T) {
 			lastBelow = s.at
 		}
 	}
-	t.Logf("flush at %v: minimum efficiency %.3f at %v; below %g for %v (from %v to %v)",
+	t.Logf("change at %v: minimum efficiency %.3f at %v; below %g for %v (from %v to %v)",
 		r.changeAt, low, lowAt, r.effThreshold, below, firstBelow, lastBelow)
+	return low
 }
 
 // logContrast reports the TTFT contrast's median before and after the

@@ -34,8 +34,6 @@ const (
 	e2eWorkload = "e2e"
 	e2eTarget   = "emulated"
 	e2eModel    = "kvload-emulated"
-	// The alert's threshold on workload_target:kvload_cache_efficiency:ratio_rate5m.
-	efficiencyThreshold = 0.5
 )
 
 func TestPrometheusEndToEnd(t *testing.T) {
@@ -48,23 +46,29 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", dir)
 	prometheus := binary(t, "PROMETHEUS_BIN", filepath.Join(root, "tools"), "github.com/prometheus/prometheus/cmd/prometheus", dir)
 	promtool := binary(t, "PROMTOOL_BIN", filepath.Join(root, "tools"), "github.com/prometheus/prometheus/cmd/promtool", dir)
+	// The cache alert's threshold, as the rule file has it.
+	effThreshold, _, err := alertThreshold(ruleFiles(root), hitRegression, efficiencyRule)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// The engine emulator, with fast token timing so traffic is steady.
 	emuAddr := freeAddr(t)
 	emu := startProcess(t, dir, "emulator", kvload, "emulate", "--listen", emuAddr, "--model", e2eModel,
-		"--block-size", "16", "--overhead", "1ms", "--inter-token", "1ms")
+		"--overhead", "1ms", "--inter-token", "1ms")
 	waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
 
 	sglangAddr := sglangStub(t, "http://"+emuAddr+"/metrics")
 
 	// The exporter: the bundled conversation trace, 4x as fast as recorded.
+	// Nothing about the cache: block size and capacity are read from the
+	// engine (auto), as for a new user.
 	trace := filepath.Join(root, "examples", "traces", "conversation_head1000.jsonl")
 	cfg := fmt.Sprintf(`targets:
   - name: %s
     url: http://%s
     model: %s
     dialect: vllm
-    cache: {block_size: 16}
 workloads:
   - name: %s
     trace: %s
@@ -134,8 +138,15 @@ rule_files:
 		pollChecks(t, prom, qs, 3*time.Minute)
 	})
 
+	t.Run("cache layout read from the engine", func(t *testing.T) {
+		// vllm:cache_config_info: the emulator's default vLLM block.
+		sel := fmt.Sprintf(`{target=%q}`, e2eTarget)
+		waitValue(t, prom, "kvload_target_cache_block_size_tokens"+sel, func(v float64) bool { return v == 16 }, time.Minute, "block size 16 read from the engine")
+		waitValue(t, prom, "kvload_target_cache_capacity_known"+sel, func(v float64) bool { return v == 1 }, time.Minute, "capacity read from the engine")
+	})
+
 	t.Run("cache regression", func(t *testing.T) {
-		checkCacheRegression(t, prom, "http://"+emuAddr)
+		checkCacheRegression(t, prom, "http://"+emuAddr, effThreshold)
 	})
 	t.Logf("end-to-end test took %v", time.Since(begin).Round(time.Second))
 }
@@ -233,8 +244,9 @@ func pollChecks(t *testing.T, prom *promAPI, checks []check, within time.Duratio
 
 // checkCacheRegression switches the emulator's prefix cache off at run
 // time and waits for the cache-efficiency recording rule to fall below the
-// KvloadCacheHitRegression threshold and the alert to go pending.
-func checkCacheRegression(t *testing.T, prom *promAPI, emu string) {
+// KvloadCacheHitRegression threshold (read from the rule file) and the
+// alert to go pending.
+func checkCacheRegression(t *testing.T, prom *promAPI, emu string, efficiencyThreshold float64) {
 	eff := fmt.Sprintf(`workload_target:kvload_cache_efficiency:ratio_rate5m{workload=%q,target=%q}`, e2eWorkload, e2eTarget)
 	theo := fmt.Sprintf(`workload_target:kvload_cache_theoretical_hit:ratio_rate5m{workload=%q,target=%q}`, e2eWorkload, e2eTarget)
 
@@ -264,7 +276,7 @@ func checkCacheRegression(t *testing.T, prom *promAPI, emu string) {
 	off := time.Now()
 
 	after := waitValue(t, prom, eff, func(v float64) bool { return v < efficiencyThreshold }, 6*time.Minute, "efficiency below the threshold")
-	t.Logf("after disabling the cache: efficiency %.3f (< %.1f) after %v", after, efficiencyThreshold, time.Since(off).Round(time.Second))
+	t.Logf("after disabling the cache: efficiency %.3f (< %g) after %v", after, efficiencyThreshold, time.Since(off).Round(time.Second))
 
 	alert := fmt.Sprintf(`ALERTS{alertname="KvloadCacheHitRegression",alertstate="pending",workload=%q,target=%q}`, e2eWorkload, e2eTarget)
 	waitValue(t, prom, alert, func(v float64) bool { return v == 1 }, 2*time.Minute, "KvloadCacheHitRegression pending")
@@ -428,9 +440,19 @@ func freeAddr(t *testing.T) string {
 
 // process is a long-lived child process; done is closed when it exits.
 type process struct {
-	name string
-	done chan struct{}
-	err  error // valid after done is closed
+	name   string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	err    error // valid after done is closed
+	killed bool  // by kill: its exit is expected
+}
+
+// kill ends the process at once (SIGKILL), as a crash or an OOM kill
+// would, and waits until it has exited.
+func (p *process) kill() {
+	p.killed = true
+	_ = p.cmd.Process.Kill()
+	<-p.done
 }
 
 // startProcess runs a long-lived process with its output in dir/name.log;
@@ -450,12 +472,14 @@ func startProcess(t *testing.T, dir, name, bin string, args ...string) *process 
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	p := &process{name: name, done: make(chan struct{})}
+	p := &process{name: name, cmd: cmd, done: make(chan struct{})}
 	go func() { p.err = cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
 		select {
 		case <-p.done:
-			t.Errorf("%s exited early: %v", name, p.err)
+			if !p.killed {
+				t.Errorf("%s exited early: %v", name, p.err)
+			}
 		default:
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			select {

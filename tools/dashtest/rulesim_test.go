@@ -120,6 +120,15 @@ type ruleStep struct {
 	efficiency float64       // NaN when absent
 	contrast   float64       // NaN when absent
 	states     map[string]rules.AlertState
+	// firing: every alert of the rule files firing at this step, any
+	// workload and target, with its labels (alertname included) and
+	// annotations, for the cross-check by promtool.
+	firing []firingAlert
+}
+
+// firingAlert is one firing alert instance.
+type firingAlert struct {
+	Labels, Annotations labels.Labels
 }
 
 // state is an alert's state at a step, "inactive" when not active.
@@ -173,11 +182,13 @@ func evaluateRules(ctx context.Context, files []string, st storage.Storage, last
 		groups = append(groups, g)
 	}
 	watched := map[string]*rules.AlertingRule{}
+	var alerting []*rules.AlertingRule
 	for _, g := range groups {
 		for _, r := range g.Rules() {
 			if a, ok := r.(*rules.AlertingRule); ok {
 				// Nothing to restore from: a fresh start, as promtool does.
 				a.SetRestored(true)
+				alerting = append(alerting, a)
 				if slices.Contains(alerts, a.Name()) {
 					watched[a.Name()] = a
 				}
@@ -232,6 +243,13 @@ func evaluateRules(ctx context.Context, files []string, st storage.Storage, last
 		}
 		if s.contrast, err = query(contrastRule, ts); err != nil {
 			return nil, err
+		}
+		for _, a := range alerting {
+			for _, al := range a.ActiveAlerts() {
+				if al.State == rules.StateFiring {
+					s.firing = append(s.firing, firingAlert{Labels: al.Labels.Copy(), Annotations: al.Annotations.Copy()})
+				}
+			}
 		}
 		for name, a := range watched {
 			for _, al := range a.ActiveAlerts() {
