@@ -385,6 +385,11 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	cache.TraceBlock = w.BlockSize
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	gate := &gatedObserver{c: d.coll, fails: newFailureLog(logger)}
+	if t.API == string(replay.APIChat) && !rb.tokenIDs {
+		// A chat template wraps the built prompt: learn its size.
+		rb.template = &templateOverhead{logger: logger}
+		gate.template = rb.template
+	}
 	wl, err := replay.NewWorkload(replay.WorkloadConfig{
 		Name:         w.Name,
 		Target:       t.Name,

@@ -108,6 +108,10 @@ type requestBuilder struct {
 	prompts *synth.PromptBuilder
 	// tokenIDs sends token-id prompts, built with the target's tokenizer.
 	tokenIDs bool
+	// template, on chat, is the room the server's chat template takes,
+	// left off the end of built prompts; nil on completions, whose prompt
+	// the server takes as it is.
+	template *templateOverhead
 }
 
 // Build implements replay.RequestBuilder.
@@ -126,10 +130,15 @@ func (b *requestBuilder) Build(rec *synth.Record, _ int, ns uint64) (replay.Requ
 		req.Prompt = *rec.TextInput
 	case b.tokenIDs:
 		req.PromptTokenIDs, err = b.prompts.AppendTokenIDs(nil, rec, ns, uint64(rec.Line))
+		req.BuiltTokens = len(req.PromptTokenIDs)
 	default:
+		n := rec.ISL()
+		if b.template != nil {
+			n = max(n-b.template.get(), 1)
+		}
 		var text []byte
-		text, err = b.prompts.AppendText(make([]byte, 0, rec.ISL()*8), rec, ns, uint64(rec.Line))
-		req.Prompt = string(text)
+		text, err = b.prompts.AppendTextPrefix(make([]byte, 0, n*8), rec, ns, uint64(rec.Line), n)
+		req.Prompt, req.BuiltTokens = string(text), n
 	}
 	return req, err
 }
@@ -139,10 +148,11 @@ func (b *requestBuilder) Build(rec *synth.Record, _ int, ns uint64) (replay.Requ
 // has in flight finish, but must not recreate those series. close waits
 // for a call under way, so that none lands after the series are deleted.
 type gatedObserver struct {
-	c      *collector.Collector
-	fails  *failureLog // nil: failures are only counted
-	mu     sync.RWMutex
-	closed bool
+	c        *collector.Collector
+	fails    *failureLog       // nil: failures are only counted
+	template *templateOverhead // nil: nothing to learn
+	mu       sync.RWMutex
+	closed   bool
 }
 
 // close stops forwarding; when it returns no call is forwarding any more.
@@ -175,6 +185,9 @@ func (g *gatedObserver) Finished(r *replay.Result) {
 	if g.open() {
 		defer g.done()
 		g.c.Finished(r)
+		if g.template != nil {
+			g.template.observe(r)
+		}
 		if g.fails != nil {
 			g.fails.finished(r)
 		}

@@ -65,6 +65,10 @@ type Request struct {
 	Payload        json.RawMessage   // a whole request body sent verbatim
 	Extra          json.RawMessage   // the row's extra: merged into the body last
 	MaxTokens      int               // exact output length wanted; 0 = none given
+	// BuiltTokens is the length, in the builder's tokens, of a prompt the
+	// exporter built (Prompt or PromptTokenIDs); 0 when the row carried
+	// its own (Messages, Payload, text input).
+	BuiltTokens int
 }
 
 // Result is the measurement of one finished request.
@@ -89,6 +93,9 @@ type Result struct {
 	CachedKnown     bool // false when the server said nothing (absent is not zero)
 
 	TraceInputLength int     // the row's input_length (the trace's prompt tokens)
+	// PromptBuiltTokens is Request.BuiltTokens: what the exporter built,
+	// which the server's prompt_tokens exceeds by its template.
+	PromptBuiltTokens int
 	TraceHashIDs     []int64 // the row's hash ids, within TraceNamespace
 	TraceNamespace   uint64  // hash-id namespace of the pass (loop: fresh changes it)
 

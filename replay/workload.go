@@ -534,12 +534,13 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 		}
 	} else {
 		res = &Result{
-			Workload:         w.cfg.Name,
-			Target:           w.cfg.Target,
-			Scheduled:        scheduled,
-			TraceInputLength: rec.ISL(),
-			TraceHashIDs:     rec.HashIDs,
-			TraceNamespace:   it.Namespace,
+			Workload:          w.cfg.Name,
+			Target:            w.cfg.Target,
+			Scheduled:         scheduled,
+			TraceInputLength:  rec.ISL(),
+			TraceHashIDs:      rec.HashIDs,
+			TraceNamespace:    it.Namespace,
+			PromptBuiltTokens: req.BuiltTokens,
 		}
 		res.Sent = w.clock.Now()
 		w.obs.Sent(w.cfg.Name, w.cfg.Target, scheduled, res.Sent)

@@ -145,6 +145,36 @@ func (b *PromptBuilder) AppendText(dst []byte, rec *Record, ns, rowKey uint64) (
 	return dst, nil
 }
 
+// AppendTextPrefix is AppendText cut to its first n tokens (1 ≤ n ≤
+// input_length): the room a chat template takes is left off the end, so
+// that the prompt the server counts has the trace's length and every block
+// keeps its text (a shorter block is a prefix of the whole one).
+func (b *PromptBuilder) AppendTextPrefix(dst []byte, rec *Record, ns, rowKey uint64, n int) ([]byte, error) {
+	last, err := b.blockSizes(rec)
+	if err != nil {
+		return dst, err
+	}
+	if n < 1 || n > rec.ISL() {
+		return dst, fmt.Errorf("prompt: prefix of %d tokens of a %d-token prompt", n, rec.ISL())
+	}
+	dst = grow(dst, n*b.avgWord)
+	if len(rec.HashIDs) == 0 {
+		return appendWordsText(dst, b.rowKey(ns, rowKey), n), nil
+	}
+	for i, h := range rec.HashIDs {
+		k := b.blockSize
+		if i == len(rec.HashIDs)-1 {
+			k = last
+		}
+		k = min(k, n)
+		dst = b.appendBlockText(dst, ns, h, k)
+		if n -= k; n == 0 {
+			break
+		}
+	}
+	return dst, nil
+}
+
 // AppendTokenIDs is AppendText as token ids of the builder's tokenizer, for
 // sending prompt_format token_ids; decoding them gives AppendText's text.
 func (b *PromptBuilder) AppendTokenIDs(dst []int, rec *Record, ns, rowKey uint64) ([]int, error) {

@@ -435,3 +435,35 @@ func TestEveryTracePromptTokenizes(t *testing.T) {
 		}
 	}
 }
+
+// TestPromptTextPrefix: a prompt cut to its first n tokens is n words and a
+// byte prefix of the whole prompt, across block boundaries and for rows
+// without hash ids; n outside 1..input_length is refused.
+func TestPromptTextPrefix(t *testing.T) {
+	const B = 16
+	b := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7})
+	for _, rec := range []*Record{
+		{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}},
+		{InputLength: Ptr(2 * B), HashIDs: []int64{1, 2}},
+		{InputLength: Ptr(40)},
+	} {
+		full, err := b.AppendText(nil, rec, 3, 11)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{1, B - 1, B, B + 1, rec.ISL() - 1, rec.ISL()} {
+			p, err := b.AppendTextPrefix(nil, rec, 3, 11, n)
+			if err != nil {
+				t.Fatalf("isl %d, n %d: %v", rec.ISL(), n, err)
+			}
+			if got := wordCount(p); got != n || !bytes.HasPrefix(full, p) || (n == rec.ISL()) != bytes.Equal(full, p) {
+				t.Errorf("isl %d, n %d: %d words, prefix %v", rec.ISL(), n, got, bytes.HasPrefix(full, p))
+			}
+		}
+		for _, n := range []int{0, -1, rec.ISL() + 1} {
+			if _, err := b.AppendTextPrefix(nil, rec, 3, 11, n); err == nil {
+				t.Errorf("isl %d: a prefix of %d tokens accepted", rec.ISL(), n)
+			}
+		}
+	}
+}
