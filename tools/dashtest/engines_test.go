@@ -346,3 +346,58 @@ func waitLog(t *testing.T, p *process, path, want string, within time.Duration) 
 		}
 	}
 }
+
+// TestRealEngineChatPromptLength: on chat, the server's Llama-3 template
+// wraps every prompt in a dozen tokens of its own, a tenth of a 100-token
+// prompt. The exporter learns that from the first answer and leaves it
+// room: over 30 short prompts (100 to 390 tokens, sent one at a time) the
+// server counts the trace's tokens within 1 %.
+func TestRealEngineChatPromptLength(t *testing.T) {
+	root := repoRoot(t)
+	server := engineBinary(t, "LLAMA_SERVER_BIN")
+	modelFile := engineBinary(t, "TINY_MODEL")
+	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", t.TempDir())
+	dir := t.TempDir()
+	var trace strings.Builder
+	const rows = 30
+	for i := range rows {
+		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": %d, "output_length": 4}`+"\n", 300*i, 100+10*i)
+	}
+	writeFile(t, filepath.Join(dir, "short.jsonl"), trace.String())
+
+	serverAddr := freeAddr(t)
+	host, port, _ := strings.Cut(serverAddr, ":")
+	srv := startProcess(t, dir, "llama-server", server, "-m", modelFile, "--host", host, "--port", port, "--metrics", "-t", "2")
+	waitHTTP(t, srv, "http://"+serverAddr+"/health", 2*time.Minute)
+	writeFile(t, filepath.Join(dir, "kvload.yml"), fmt.Sprintf(`targets:
+  - name: llama
+    url: http://%s
+    model: tiny
+    dialect: llamacpp
+workloads:
+  - name: short
+    trace: short.jsonl
+    targets: [llama]
+    loop: once
+`, serverAddr))
+	expAddr := freeAddr(t)
+	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"), "--web.listen-address="+expAddr)
+	waitHTTP(t, exp, "http://"+expAddr+"/-/ready", time.Minute)
+	waitLog(t, exp, filepath.Join(dir, "exporter.log"), "replay finished", 10*time.Minute)
+
+	e := scrapeFamilies(t, "http://"+expAddr+"/metrics")
+	ok := sumLabel(e, "kvload_requests_total", "outcome", "success")
+	prompt := familySum(e, "kvload_prompt_tokens_total")
+	trc := familySum(e, "kvload_trace_prompt_tokens_total")
+	t.Logf("chat: %.0f requests, the server counted %.0f prompt tokens for %.0f in the trace (%.4f)", ok, prompt, trc, prompt/trc)
+	if ok != rows {
+		t.Fatalf("%.0f of %d requests succeeded", ok, rows)
+	}
+	if r := prompt / trc; r < 0.99 || r > 1.01 {
+		t.Errorf("chat prompt / trace tokens %.4f, want within [0.99, 1.01]", r)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "exporter.log"))
+	if !strings.Contains(string(b), "chat template overhead learnt") {
+		t.Errorf("the exporter did not log the template it learnt:\n%s", tail(filepath.Join(dir, "exporter.log"), 20))
+	}
+}
