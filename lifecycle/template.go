@@ -17,18 +17,23 @@ const maxTemplateTokens = 1024
 // templateOverhead learns, per (workload, target), how many tokens the
 // server's chat template adds to a prompt of one user message, from the
 // usage of answered requests, so that later prompts leave that room and
-// the server counts the trace's input_length. The sample of the shortest
-// prompt seen is kept: a tokenizer that differs slightly from the server's
-// adds an error that grows with length, the template does not.
+// the server counts the trace's input_length. A template adds the same
+// count to every prompt, so two answers for prompts of different lengths
+// must agree (within a token, where the words meet the template) before
+// the size is used: a server whose prompt_tokens is not the prompt's
+// length plus a constant (a tokenizer unlike the builder's, a stub that
+// reports a fixed figure) teaches nothing, and prompts stay as built.
 type templateOverhead struct {
 	logger log.Logger
 
-	mu       sync.Mutex
-	tokens   int // learnt overhead
-	shortest int // built length of the prompt it was learnt from; 0 before any
+	mu     sync.Mutex
+	tokens int  // the size in use
+	known  bool // tokens is confirmed
+	// The last answer's sample and its prompt's built length.
+	sample, built int
 }
 
-// get returns the overhead learnt so far (0 before the first answer).
+// get returns the size in use (0 until two answers agree).
 func (o *templateOverhead) get() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -46,13 +51,28 @@ func (o *templateOverhead) observe(r *replay.Result) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.shortest != 0 && r.PromptBuiltTokens > o.shortest {
+	if o.known {
 		return
 	}
-	changed := sample != o.tokens || o.shortest == 0
-	o.tokens, o.shortest = sample, r.PromptBuiltTokens
-	if changed && o.logger != nil {
-		level.Info(o.logger).Log("msg", "chat template overhead learnt from the server's prompt_tokens; chat prompts leave it room",
-			"tokens", sample, "from_prompt_tokens", r.PromptBuiltTokens)
+	prev, prevBuilt := o.sample, o.built
+	o.sample, o.built = sample, r.PromptBuiltTokens
+	if prevBuilt == 0 || prevBuilt == r.PromptBuiltTokens || abs(sample-prev) > 1 {
+		return
 	}
+	// The shorter prompt's sample: any tokenizer error grows with length.
+	if prevBuilt < r.PromptBuiltTokens {
+		sample = prev
+	}
+	o.tokens, o.known = sample, true
+	if o.logger != nil {
+		level.Info(o.logger).Log("msg", "chat template overhead learnt from the server's prompt_tokens; chat prompts leave it room",
+			"tokens", sample)
+	}
+}
+
+func abs(n int) int {
+	if n < 0 {
+		return -n
+	}
+	return n
 }

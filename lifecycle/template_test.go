@@ -15,9 +15,10 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
-// TestTemplateOverhead: the chat template's size is learnt from the
-// shortest answered prompt; failures, unknown usage, rows the exporter did
-// not build and absurd differences teach nothing.
+// TestTemplateOverhead: the chat template's size is used once two answers
+// for prompts of different lengths agree on it (within a token), taken from
+// the shorter prompt; failures, unknown usage, rows the exporter did not
+// build, absurd differences and figures that do not agree teach nothing.
 func TestTemplateOverhead(t *testing.T) {
 	ok := func(built, prompt int) *replay.Result {
 		return &replay.Result{Outcome: replay.OutcomeSuccess, PromptKnown: true, PromptTokens: prompt, PromptBuiltTokens: built}
@@ -32,15 +33,19 @@ func TestTemplateOverhead(t *testing.T) {
 		want    int
 	}{
 		{"nothing yet", nil, 0},
-		{"one answer", []*replay.Result{ok(1000, 1012)}, 12},
-		{"the shortest prompt wins", []*replay.Result{ok(1000, 1020), ok(100, 112), ok(5000, 5090)}, 12},
-		{"a later shorter one replaces it", []*replay.Result{ok(1000, 1020), ok(50, 62)}, 12},
-		{"equal lengths: the latest", []*replay.Result{ok(100, 113), ok(100, 112)}, 12},
-		{"failed", []*replay.Result{failed}, 0},
-		{"no usage", []*replay.Result{unknown}, 0},
-		{"not built by the exporter", []*replay.Result{ok(0, 500)}, 0},
-		{"server counted fewer", []*replay.Result{ok(100, 90)}, 0},
-		{"absurd", []*replay.Result{ok(100, 100+maxTemplateTokens+1)}, 0},
+		{"one answer is not enough", []*replay.Result{ok(1000, 1012)}, 0},
+		{"two agree", []*replay.Result{ok(1000, 1012), ok(100, 112)}, 12},
+		{"within a token: the shorter prompt's", []*replay.Result{ok(1000, 1013), ok(100, 112)}, 12},
+		{"within a token, the other order", []*replay.Result{ok(100, 112), ok(1000, 1013)}, 12},
+		{"the same length twice proves nothing", []*replay.Result{ok(100, 112), ok(100, 112)}, 0},
+		{"a constant figure never agrees", []*replay.Result{ok(100, 500), ok(200, 500), ok(300, 500)}, 0},
+		{"disagreement then agreement", []*replay.Result{ok(100, 150), ok(200, 212), ok(300, 312)}, 12},
+		{"kept once known", []*replay.Result{ok(100, 112), ok(200, 212), ok(300, 330), ok(400, 430)}, 12},
+		{"failed", []*replay.Result{failed, ok(200, 220)}, 0},
+		{"no usage", []*replay.Result{unknown, ok(200, 220)}, 0},
+		{"not built by the exporter", []*replay.Result{ok(0, 500), ok(200, 220)}, 0},
+		{"server counted fewer", []*replay.Result{ok(100, 90), ok(200, 190)}, 0},
+		{"absurd", []*replay.Result{ok(100, 100+maxTemplateTokens+1), ok(200, 200+maxTemplateTokens+1)}, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var o templateOverhead
@@ -55,9 +60,9 @@ func TestTemplateOverhead(t *testing.T) {
 }
 
 // TestChatTemplateLearnt: against a chat server whose template adds 7
-// tokens, the first answer teaches the exporter the template's size, and
-// every later prompt is counted by the server at exactly the trace's
-// input_length.
+// tokens, the first two answers teach the exporter the template's size,
+// and every later prompt is counted by the server at exactly the trace's
+// input_length, as far as its last block allows.
 func TestChatTemplateLearnt(t *testing.T) {
 	t.Parallel()
 	const template = 7
@@ -83,10 +88,18 @@ func TestChatTemplateLearnt(t *testing.T) {
 
 	dir := t.TempDir()
 	var trace strings.Builder
-	const rows, isl = 6, 40
+	// The last row's last block is 3 tokens: only 2 of the template's 7
+	// are taken from it, so that a token of its own stays.
+	const rows = 7
+	isl := func(i int) int {
+		if i == rows-1 {
+			return 2*16 + 3
+		}
+		return 40 + i
+	}
 	for i := range rows {
 		// 100 ms apart, so that each answer is back before the next row.
-		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": [%d, %d, %d]}`+"\n", 100*i, isl, 3*i, 3*i+1, 3*i+2)
+		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": [%d, %d, %d]}`+"\n", 100*i, isl(i), 3*i, 3*i+1, 3*i+2)
 	}
 	writeConfig(t, filepath.Join(dir, "trace.jsonl"), trace.String())
 	path := filepath.Join(dir, "kvload.yml")
@@ -106,12 +119,16 @@ workloads:
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	if counted[0] != isl+template {
-		t.Errorf("the first prompt counted %d tokens, want %d: nothing is known before the first answer", counted[0], isl+template)
-	}
-	for i, n := range counted[1:] {
-		if n != isl {
-			t.Errorf("prompt %d counted %d tokens, want the trace's %d (all: %v)", i+2, n, isl, counted)
+	for i, n := range counted {
+		want := isl(i)
+		switch {
+		case i < 2:
+			want += template // before two answers agreed
+		case i == rows-1:
+			want += template - 2
+		}
+		if n != want {
+			t.Errorf("prompt %d counted %d tokens, want %d (all: %v)", i+1, n, want, counted)
 		}
 	}
 	if !strings.Contains(logs.String(), "chat template overhead learnt") || !strings.Contains(logs.String(), fmt.Sprintf("tokens=%d", template)) {

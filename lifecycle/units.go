@@ -134,7 +134,14 @@ func (b *requestBuilder) Build(rec *synth.Record, _ int, ns uint64) (replay.Requ
 	default:
 		n := rec.ISL()
 		if b.template != nil {
-			n = max(n-b.template.get(), 1)
+			// The room is taken from the last block only, and a token of it
+			// stays: earlier blocks are shared with other rows, and the
+			// last one is what keeps the prompt its own.
+			last, lerr := b.prompts.LastBlockTokens(rec)
+			if lerr != nil {
+				return req, lerr
+			}
+			n -= min(b.template.get(), last-1)
 		}
 		var text []byte
 		text, err = b.prompts.AppendTextPrefix(make([]byte, 0, n*8), rec, ns, uint64(rec.Line), n)

@@ -145,6 +145,12 @@ func (b *PromptBuilder) AppendText(dst []byte, rec *Record, ns, rowKey uint64) (
 	return dst, nil
 }
 
+// LastBlockTokens is the length of rec's last block: its whole prompt
+// without hash ids.
+func (b *PromptBuilder) LastBlockTokens(rec *Record) (int, error) {
+	return b.blockSizes(rec)
+}
+
 // AppendTextPrefix is AppendText cut to its first n tokens (1 ≤ n ≤
 // input_length): the room a chat template takes is left off the end, so
 // that the prompt the server counts has the trace's length and every block
