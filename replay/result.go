@@ -92,12 +92,12 @@ type Result struct {
 	CachedTokens    int  // cached prompt tokens the server reported
 	CachedKnown     bool // false when the server said nothing (absent is not zero)
 
-	TraceInputLength int     // the row's input_length (the trace's prompt tokens)
+	TraceInputLength int // the row's input_length (the trace's prompt tokens)
 	// PromptBuiltTokens is Request.BuiltTokens: what the exporter built,
 	// which the server's prompt_tokens exceeds by its template.
 	PromptBuiltTokens int
-	TraceHashIDs     []int64 // the row's hash ids, within TraceNamespace
-	TraceNamespace   uint64  // hash-id namespace of the pass (loop: fresh changes it)
+	TraceHashIDs      []int64 // the row's hash ids, within TraceNamespace
+	TraceNamespace    uint64  // hash-id namespace of the pass (loop: fresh changes it)
 
 	// TheoreticalCachedTokens is what an ideal cache would have served for
 	// this request (see CacheModel); TheoreticalKnown is false without a
