@@ -46,13 +46,16 @@ type Config struct {
 
 // Target is one inference server (or an emulated one).
 type Target struct {
-	Name             string                       `yaml:"name"`
-	URL              string                       `yaml:"url,omitempty"`
-	Model            string                       `yaml:"model,omitempty"`
-	API              string                       `yaml:"api,omitempty"`
-	Dialect          string                       `yaml:"dialect,omitempty"`
-	PromptFormat     string                       `yaml:"prompt_format,omitempty"`
-	Tokenizer        string                       `yaml:"tokenizer,omitempty"`
+	Name         string `yaml:"name"`
+	URL          string `yaml:"url,omitempty"`
+	Model        string `yaml:"model,omitempty"`
+	API          string `yaml:"api,omitempty"`
+	Dialect      string `yaml:"dialect,omitempty"`
+	PromptFormat string `yaml:"prompt_format,omitempty"`
+	Tokenizer    string `yaml:"tokenizer,omitempty"`
+	// tokenizerSet: the file named a tokenizer (before defaults), which
+	// only token-id prompts use.
+	tokenizerSet     bool
 	RequestTimeout   Duration                     `yaml:"request_timeout,omitempty"`
 	HTTPClientConfig *promconfig.HTTPClientConfig `yaml:"http_client_config,omitempty"`
 	ExtraBody        map[string]any               `yaml:"extra_body,omitempty"`
@@ -288,6 +291,7 @@ func (c *Config) applyDefaults() {
 		}
 		t.Dialect = orDefault(t.Dialect, DefaultDialect)
 		t.PromptFormat = orDefault(t.PromptFormat, DefaultPromptFormat)
+		t.tokenizerSet = t.tokenizerSet || t.Tokenizer != ""
 		t.Tokenizer = orDefault(t.Tokenizer, DefaultTokenizer)
 		if t.RequestTimeout == 0 {
 			t.RequestTimeout = DefaultRequestTimeout
@@ -487,6 +491,11 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	oneOf(t.PromptFormat, p+".prompt_format", bad, "text", "token_ids")
 	if t.PromptFormat == "token_ids" && t.API != "completions" {
 		bad(p+".prompt_format", "token_ids needs api: completions")
+	}
+	if t.tokenizerSet && t.PromptFormat != "token_ids" {
+		// Text prompts are words that are one token each in every
+		// supported tokenizer: a tokenizer there would change nothing.
+		bad(p+".tokenizer", "is used only with prompt_format: token_ids (text prompts need none)")
 	}
 	if t.RequestTimeout <= 0 {
 		bad(p+".request_timeout", "must be positive")
