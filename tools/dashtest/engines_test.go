@@ -211,36 +211,18 @@ workloads:
 	}
 }
 
-// sumLabel adds up name's series whose label has value.
+// sumLabel adds up name's series whose label has value: a counter's value,
+// a histogram's sum of observations.
 func sumLabel(fams map[string]*dto.MetricFamily, name, label, value string) float64 {
 	var sum float64
 	for _, m := range fams[name].GetMetric() {
 		for _, l := range m.GetLabel() {
 			if l.GetName() == label && l.GetValue() == value {
-				sum += m.GetCounter().GetValue()
+				sum += m.GetCounter().GetValue() + m.GetHistogram().GetSampleSum()
 			}
 		}
 	}
 	return sum
-}
-
-// histSumBy adds up the sums of name's histogram series whose label has
-// value.
-func histSumBy(fams map[string]*dto.MetricFamily, name, label, value string) float64 {
-	var sum float64
-	for _, m := range fams[name].GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == label && l.GetValue() == value {
-				sum += m.GetHistogram().GetSampleSum()
-			}
-		}
-	}
-	return sum
-}
-
-// counterBy adds up name's counter series whose label has value.
-func counterBy(fams map[string]*dto.MetricFamily, name, label, value string) float64 {
-	return sumLabel(fams, name, label, value)
 }
 
 // TestRealEngineOllama replays the same stretch against Ollama, which
@@ -311,8 +293,8 @@ workloads:
 	}
 	perToken := map[string]float64{}
 	for _, class := range []string{"none", "partial", "most"} {
-		n := counterBy(e, "kvload_cache_class_trace_prompt_tokens_total", "cache_class", class)
-		perToken[class] = histSumBy(e, "kvload_cache_class_time_to_first_token_seconds", "cache_class", class) / n
+		n := sumLabel(e, "kvload_cache_class_trace_prompt_tokens_total", "cache_class", class)
+		perToken[class] = sumLabel(e, "kvload_cache_class_time_to_first_token_seconds", "cache_class", class) / n
 		t.Logf("class %-7s: %.0f trace prompt tokens, TTFT %.1f µs per token", class, n, 1e6*perToken[class])
 	}
 	contrast := perToken["most"] / perToken["none"]
