@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
 )
 
 // TestBadReloadKeepsRunning: a reload of input that cannot be applied (the
@@ -51,7 +53,7 @@ func TestBadReloadKeepsRunning(t *testing.T) {
 			t.Parallel()
 			srv := newFakeServer(t)
 			dir := t.TempDir()
-			steady, err := os.ReadFile(steadyTrace(t, dir))
+			steady, err := os.ReadFile(testconfig.SteadyTrace(t, dir))
 			if err != nil {
 				t.Fatal(err)
 			}

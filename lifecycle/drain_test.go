@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
 )
 
 // TestShutdownDrains: the shutdown stops dispatching and lets the requests
@@ -109,22 +110,6 @@ func TestShutdownDrains(t *testing.T) {
 			}
 		})
 	}
-}
-
-// steadyTrace writes a trace of rows every 20 ms: replayed with loop:
-// repeat, a request leaves every 20 ms for as long as the workload runs.
-func steadyTrace(t *testing.T, dir string) string {
-	t.Helper()
-	path := filepath.Join(dir, "steady.jsonl")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for i := range 50 {
-		fmt.Fprintf(f, `{"timestamp": %d, "input_length": 20, "output_length": 1, "hash_ids": [%d, %d]}`+"\n", i*20, 2*i+1, 2*i+2)
-	}
-	return path
 }
 
 // bigTrace writes a trace of rows rows, to make a (re)load take time:
@@ -275,7 +260,7 @@ func TestShutdownRacesReload(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
 			srv := slowServer(t)
-			steady := steadyTrace(t, dir)
+			steady := testconfig.SteadyTrace(t, dir)
 			path := filepath.Join(dir, "kvload.yml")
 			writeConfig(t, path, raceConfig(srv.URL, "a", steady, ""))
 			held, release := make(chan struct{}, 1), make(chan struct{})
@@ -321,7 +306,7 @@ func TestShutdownDuringFirstLoad(t *testing.T) {
 	dir := t.TempDir()
 	srv := newFakeServer(t)
 	path := filepath.Join(dir, "kvload.yml")
-	writeConfig(t, path, raceConfig(srv.URL, "a", steadyTrace(t, dir), bigTrace(t, dir, 20_000)))
+	writeConfig(t, path, raceConfig(srv.URL, "a", testconfig.SteadyTrace(t, dir), bigTrace(t, dir, 20_000)))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	held := make(chan struct{}, 1)

@@ -10,24 +10,9 @@ import (
 	"time"
 
 	"github.com/go-kit/log"
-)
 
-// watchConfig is a valid configuration whose target model tells which
-// version of the file was applied.
-func watchConfig(srvURL, trace, model string) string {
-	return fmt.Sprintf(`targets:
-  - name: t
-    url: %s
-    model: %s
-    dialect: vllm
-workloads:
-  - name: w
-    trace: %s
-    targets: [t]
-    block_size: 16
-    loop: once
-`, srvURL, model, trace)
-}
+	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
+)
 
 // watching is a daemon reloading on file changes, with its log.
 func watching(t *testing.T, path string) (*started, *logBuffer) {
@@ -63,7 +48,7 @@ func TestWatchCoalescesWrites(t *testing.T) {
 	srv := newFakeServer(t)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
 	trace := fixture(t, "future.jsonl")
-	writeConfig(t, path, watchConfig(srv.URL, trace, "m-initial"))
+	writeConfig(t, path, testconfig.WatchConfig(srv.URL, trace, "m-initial"))
 	d, logs := watching(t, path)
 	if model, applied := appliedModel(d, logs); model != "m-initial" || applied != 1 {
 		t.Fatalf("at start: model %q, %d applied", model, applied)
@@ -77,7 +62,7 @@ func TestWatchCoalescesWrites(t *testing.T) {
 		if i > 0 {
 			<-tick.C
 		}
-		content := watchConfig(srv.URL, trace, fmt.Sprintf("m-%d", i))
+		content := testconfig.WatchConfig(srv.URL, trace, fmt.Sprintf("m-%d", i))
 		half := strings.Index(content, "workloads:") // targets only: invalid
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
 		if err != nil {
@@ -126,7 +111,7 @@ func TestWatchSymlinkSwap(t *testing.T) {
 		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		writeConfig(t, filepath.Join(dir, name, "kvload.yml"), watchConfig(srv.URL, "trace.jsonl", model))
+		writeConfig(t, filepath.Join(dir, name, "kvload.yml"), testconfig.WatchConfig(srv.URL, "trace.jsonl", model))
 		writeConfig(t, filepath.Join(dir, name, "trace.jsonl"), string(trace))
 	}
 	symlink := func(old, new string) {

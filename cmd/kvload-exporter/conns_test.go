@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
 )
 
 // openFDs counts the file descriptors of process pid.
@@ -37,7 +39,7 @@ func TestDaemonIdleConnections(t *testing.T) {
 	)
 	srv := newFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	writeConfig(t, path, watchConfig(srv.URL, fixture(t, "future.jsonl"), "m"))
+	writeConfig(t, path, testconfig.WatchConfig(srv.URL, fixture(t, "future.jsonl"), "m"))
 	p := startProcessEnv(t, []string{fmt.Sprintf("%s=%d", nofileEnv, limit)},
 		"--config.file="+path, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=1s")
 	p.waitListening(t)

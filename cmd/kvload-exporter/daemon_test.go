@@ -32,6 +32,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
 )
 
 var updateDaemon = flag.Bool("update-daemon", false, "rewrite the daemon golden files")
@@ -617,23 +619,6 @@ func TestDaemonReloadEndpoint(t *testing.T) {
 	}
 }
 
-// watchConfig is a valid configuration whose target model tells which
-// version of the file was applied.
-func watchConfig(srvURL, trace, model string) string {
-	return fmt.Sprintf(`targets:
-  - name: t
-    url: %s
-    model: %s
-    dialect: vllm
-workloads:
-  - name: w
-    trace: %s
-    targets: [t]
-    block_size: 16
-    loop: once
-`, srvURL, model, trace)
-}
-
 // TestDaemonSIGTERMDrains is the wiring of the drain in a real process:
 // --shutdown.drain-timeout reaches the lifecycle, requests held past it are
 // counted as canceled in the final log line, and the exit code is 0. The
@@ -644,7 +629,7 @@ func TestDaemonSIGTERMDrains(t *testing.T) {
 	const want = "requests_success=0 requests_http_error=0 requests_stream_error=0 requests_timeout=0 requests_connection_error=0 requests_canceled=3 requests_in_flight=0"
 	srv := newFakeServer(t, func(f *fakeServer) { f.release = make(chan struct{}) })
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	writeConfig(t, path, watchConfig(srv.URL, fixture(t, "held.jsonl"), "m"))
+	writeConfig(t, path, testconfig.WatchConfig(srv.URL, fixture(t, "held.jsonl"), "m"))
 	p := startProcess(t, "--config.file="+path, "--web.listen-address=127.0.0.1:0",
 		"--shutdown.drain-timeout=200ms", "--log.level=debug")
 	p.waitListening(t)

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
 )
 
 // process is the program re-executed as a child, as main runs it.
@@ -78,22 +80,6 @@ func (p *process) signal(t *testing.T, sig os.Signal) {
 	}
 }
 
-// steadyTrace writes a trace of rows every 20 ms: replayed with loop:
-// repeat, a request leaves every 20 ms for as long as the workload runs.
-func steadyTrace(t *testing.T, dir string) string {
-	t.Helper()
-	path := filepath.Join(dir, "steady.jsonl")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for i := range 50 {
-		fmt.Fprintf(f, `{"timestamp": %d, "input_length": 20, "output_length": 1, "hash_ids": [%d, %d]}`+"\n", i*20, 2*i+1, 2*i+2)
-	}
-	return path
-}
-
 // steadyConfig replays the steady trace for ever against srvURL/model.
 func steadyConfig(srvURL, model, steady string) string {
 	return fmt.Sprintf(`targets:
@@ -157,7 +143,7 @@ func TestDaemonSignalsReachLifecycle(t *testing.T) {
 					return 0, ""
 				}
 			})
-			steady := steadyTrace(t, dir)
+			steady := testconfig.SteadyTrace(t, dir)
 			path := filepath.Join(dir, "kvload.yml")
 			writeConfig(t, path, steadyConfig(srv.URL, "a", steady))
 			p := startProcess(t, "--config.file="+path, "--web.listen-address=127.0.0.1:0",

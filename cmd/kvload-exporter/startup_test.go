@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
 )
 
 // TestDaemonBindsBeforeSending: with its listen address already taken, the
@@ -22,7 +24,7 @@ func TestDaemonBindsBeforeSending(t *testing.T) {
 	t.Cleanup(func() { taken.Close() })
 	srv := newFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	writeConfig(t, path, watchConfig(srv.URL, fixture(t, "tiny.jsonl"), "m"))
+	writeConfig(t, path, testconfig.WatchConfig(srv.URL, fixture(t, "tiny.jsonl"), "m"))
 
 	var stderr syncBuffer
 	exit := make(chan int, 1)

@@ -103,6 +103,31 @@ func writeLines(t *testing.T, src, dst string, from, to int) {
 	writeFile(t, dst, b.String())
 }
 
+// startLlamaServer runs the real llama-server on the model with its
+// defaults, plus /metrics and two threads (the exporter waits on the
+// network most of the time), and returns its address once it is healthy.
+func startLlamaServer(t *testing.T, dir, server, modelFile string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	host, port, _ := strings.Cut(addr, ":")
+	srv := startProcess(t, dir, "llama-server", server, "-m", modelFile, "--host", host, "--port", port, "--metrics", "-t", "2")
+	waitHTTP(t, srv, "http://"+addr+"/health", 2*time.Minute)
+	return addr
+}
+
+// replayOnce writes cfg as dir/kvload.yml, runs the exporter on it and
+// returns its address once its single pass is over: every row sent and
+// finished, or dropped.
+func replayOnce(t *testing.T, dir, kvload, cfg string, within time.Duration) string {
+	t.Helper()
+	writeFile(t, filepath.Join(dir, "kvload.yml"), cfg)
+	addr := freeAddr(t)
+	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"), "--web.listen-address="+addr)
+	waitHTTP(t, exp, "http://"+addr+"/-/ready", time.Minute)
+	waitLog(t, exp, filepath.Join(dir, "exporter.log"), "replay finished", within)
+	return addr
+}
+
 // TestRealEngineLlamaServer replays a prefix-sharing stretch of the shared
 // synthetic trace once against a real llama-server, configured as a new
 // user would (dialect llamacpp, nothing about its cache), and checks the
@@ -116,12 +141,7 @@ func TestRealEngineLlamaServer(t *testing.T) {
 	writeLines(t, filepath.Join(root, "..", "shared", "traces", "synthetic_trace.jsonl"),
 		filepath.Join(dir, "slice.jsonl"), engineSliceFrom, engineSliceTo)
 
-	// Two threads: the exporter waits on the network most of the time.
-	serverAddr := freeAddr(t)
-	host, port, _ := strings.Cut(serverAddr, ":")
-	srv := startProcess(t, dir, "llama-server", server, "-m", modelFile, "--host", host, "--port", port,
-		"--metrics", "-t", "2")
-	waitHTTP(t, srv, "http://"+serverAddr+"/health", 2*time.Minute)
+	serverAddr := startLlamaServer(t, dir, server, modelFile)
 
 	cfg := fmt.Sprintf(`targets:
   - name: llama
@@ -136,15 +156,7 @@ workloads:
     synthesis: {speedup_ratio: 2, max_isl: %d, max_osl: 8}
     loop: once
 `, serverAddr, engineMaxISL)
-	writeFile(t, filepath.Join(dir, "kvload.yml"), cfg)
-	expAddr := freeAddr(t)
-	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"),
-		"--web.listen-address="+expAddr)
-	waitHTTP(t, exp, "http://"+expAddr+"/-/ready", time.Minute)
-
-	// The pass is over when its rows are all accounted for: every row is
-	// sent and finishes, or is dropped.
-	waitLog(t, exp, filepath.Join(dir, "exporter.log"), "replay finished", 15*time.Minute)
+	expAddr := replayOnce(t, dir, kvload, cfg, 15*time.Minute)
 	e := scrapeFamilies(t, "http://"+expAddr+"/metrics")
 	s := scrapeFamilies(t, "http://"+serverAddr+"/metrics")
 
@@ -270,12 +282,7 @@ workloads:
     synthesis: {max_isl: %d, max_osl: 8}
     loop: once
 `, addr, engineMaxISL)
-	writeFile(t, filepath.Join(dir, "kvload.yml"), cfg)
-	expAddr := freeAddr(t)
-	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"),
-		"--web.listen-address="+expAddr)
-	waitHTTP(t, exp, "http://"+expAddr+"/-/ready", time.Minute)
-	waitLog(t, exp, filepath.Join(dir, "exporter.log"), "replay finished", 20*time.Minute)
+	expAddr := replayOnce(t, dir, kvload, cfg, 20*time.Minute)
 
 	e := scrapeFamilies(t, "http://"+expAddr+"/metrics")
 	ok := sumLabel(e, "kvload_requests_total", "outcome", "success")
@@ -354,11 +361,8 @@ func TestRealEngineChatPromptLength(t *testing.T) {
 	}
 	writeFile(t, filepath.Join(dir, "short.jsonl"), trace.String())
 
-	serverAddr := freeAddr(t)
-	host, port, _ := strings.Cut(serverAddr, ":")
-	srv := startProcess(t, dir, "llama-server", server, "-m", modelFile, "--host", host, "--port", port, "--metrics", "-t", "2")
-	waitHTTP(t, srv, "http://"+serverAddr+"/health", 2*time.Minute)
-	writeFile(t, filepath.Join(dir, "kvload.yml"), fmt.Sprintf(`targets:
+	serverAddr := startLlamaServer(t, dir, server, modelFile)
+	expAddr := replayOnce(t, dir, kvload, fmt.Sprintf(`targets:
   - name: llama
     url: http://%s
     model: tiny
@@ -368,11 +372,7 @@ workloads:
     trace: short.jsonl
     targets: [llama]
     loop: once
-`, serverAddr))
-	expAddr := freeAddr(t)
-	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"), "--web.listen-address="+expAddr)
-	waitHTTP(t, exp, "http://"+expAddr+"/-/ready", time.Minute)
-	waitLog(t, exp, filepath.Join(dir, "exporter.log"), "replay finished", 10*time.Minute)
+`, serverAddr), 10*time.Minute)
 
 	e := scrapeFamilies(t, "http://"+expAddr+"/metrics")
 	ok := sumLabel(e, "kvload_requests_total", "outcome", "success")
