@@ -132,20 +132,13 @@ func (b *requestBuilder) Build(rec *synth.Record, _ int, ns uint64) (replay.Requ
 		req.PromptTokenIDs, err = b.prompts.AppendTokenIDs(nil, rec, ns, uint64(rec.Line))
 		req.BuiltTokens = len(req.PromptTokenIDs)
 	default:
-		n := rec.ISL()
+		room := 0
 		if b.template != nil {
-			// The room is taken from the last block only, and a token of it
-			// stays: earlier blocks are shared with other rows, and the
-			// last one is what keeps the prompt its own.
-			last, lerr := b.prompts.LastBlockTokens(rec)
-			if lerr != nil {
-				return req, lerr
-			}
-			n -= min(b.template.get(), last-1)
+			room = b.template.get()
 		}
 		var text []byte
-		text, err = b.prompts.AppendTextPrefix(make([]byte, 0, n*8), rec, ns, uint64(rec.Line), n)
-		req.Prompt, req.BuiltTokens = string(text), n
+		text, req.BuiltTokens, err = b.prompts.AppendTextRoom(make([]byte, 0, rec.ISL()*8), rec, ns, uint64(rec.Line), room)
+		req.Prompt = string(text)
 	}
 	return req, err
 }

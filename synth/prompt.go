@@ -127,58 +127,34 @@ func (b *PromptBuilder) blockSizes(rec *Record) (int, error) {
 // built from rec's hash ids in namespace ns. A row without hash ids gets text
 // of its own, keyed by rowKey, which the caller keeps unique per row.
 func (b *PromptBuilder) AppendText(dst []byte, rec *Record, ns, rowKey uint64) ([]byte, error) {
-	last, err := b.blockSizes(rec)
-	if err != nil {
-		return dst, err
-	}
-	dst = grow(dst, rec.ISL()*b.avgWord)
-	if len(rec.HashIDs) == 0 {
-		return appendWordsText(dst, b.rowKey(ns, rowKey), last), nil
-	}
-	for i, h := range rec.HashIDs {
-		n := b.blockSize
-		if i == len(rec.HashIDs)-1 {
-			n = last
-		}
-		dst = b.appendBlockText(dst, ns, h, n)
-	}
-	return dst, nil
+	dst, _, err := b.AppendTextRoom(dst, rec, ns, rowKey, 0)
+	return dst, err
 }
 
-// LastBlockTokens is the length of rec's last block: its whole prompt
-// without hash ids.
-func (b *PromptBuilder) LastBlockTokens(rec *Record) (int, error) {
-	return b.blockSizes(rec)
-}
-
-// AppendTextPrefix is AppendText cut to its first n tokens (1 ≤ n ≤
-// input_length): the room a chat template takes is left off the end, so
-// that the prompt the server counts has the trace's length and every block
-// keeps its text (a shorter block is a prefix of the whole one).
-func (b *PromptBuilder) AppendTextPrefix(dst []byte, rec *Record, ns, rowKey uint64, n int) ([]byte, error) {
+// AppendTextRoom is AppendText leaving room for up to room tokens that the
+// server adds (a chat template), and returns how many tokens it built. The
+// room comes off the end of the last block only, and a token of that block
+// stays: earlier blocks are shared with other rows, the last one keeps the
+// prompt its own, and a shorter block is a prefix of the whole one.
+func (b *PromptBuilder) AppendTextRoom(dst []byte, rec *Record, ns, rowKey uint64, room int) ([]byte, int, error) {
 	last, err := b.blockSizes(rec)
 	if err != nil {
-		return dst, err
+		return dst, 0, err
 	}
-	if n < 1 || n > rec.ISL() {
-		return dst, fmt.Errorf("prompt: prefix of %d tokens of a %d-token prompt", n, rec.ISL())
-	}
+	cut := min(max(room, 0), last-1)
+	n := rec.ISL() - cut
 	dst = grow(dst, n*b.avgWord)
 	if len(rec.HashIDs) == 0 {
-		return appendWordsText(dst, b.rowKey(ns, rowKey), n), nil
+		return appendWordsText(dst, b.rowKey(ns, rowKey), last-cut), n, nil
 	}
 	for i, h := range rec.HashIDs {
 		k := b.blockSize
 		if i == len(rec.HashIDs)-1 {
-			k = last
+			k = last - cut
 		}
-		k = min(k, n)
 		dst = b.appendBlockText(dst, ns, h, k)
-		if n -= k; n == 0 {
-			break
-		}
 	}
-	return dst, nil
+	return dst, n, nil
 }
 
 // AppendTokenIDs is AppendText as token ids of the builder's tokenizer, for

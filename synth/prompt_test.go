@@ -436,34 +436,34 @@ func TestEveryTracePromptTokenizes(t *testing.T) {
 	}
 }
 
-// TestPromptTextPrefix: a prompt cut to its first n tokens is n words and a
-// byte prefix of the whole prompt, across block boundaries and for rows
-// without hash ids; n outside 1..input_length is refused.
-func TestPromptTextPrefix(t *testing.T) {
+// TestPromptTextRoom: room for a server's template comes off the end of
+// the last block, which keeps a token: the prompt is the built count of
+// words and a byte prefix of the whole prompt.
+func TestPromptTextRoom(t *testing.T) {
 	const B = 16
 	b := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7})
-	for _, rec := range []*Record{
-		{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}},
-		{InputLength: Ptr(2 * B), HashIDs: []int64{1, 2}},
-		{InputLength: Ptr(40)},
+	for _, tt := range []struct {
+		rec        *Record
+		room, want int
+	}{
+		{&Record{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 0, 3*B + 5},
+		{&Record{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 3, 3*B + 2},
+		{&Record{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 20, 3*B + 1}, // a token of the last block stays
+		{&Record{InputLength: Ptr(2 * B), HashIDs: []int64{1, 2}}, 7, 2*B - 7},
+		{&Record{InputLength: Ptr(40)}, 12, 28},
+		{&Record{InputLength: Ptr(40)}, 100, 1},
+		{&Record{InputLength: Ptr(40)}, -5, 40},
 	} {
-		full, err := b.AppendText(nil, rec, 3, 11)
+		full, err := b.AppendText(nil, tt.rec, 3, 11)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, n := range []int{1, B - 1, B, B + 1, rec.ISL() - 1, rec.ISL()} {
-			p, err := b.AppendTextPrefix(nil, rec, 3, 11, n)
-			if err != nil {
-				t.Fatalf("isl %d, n %d: %v", rec.ISL(), n, err)
-			}
-			if got := wordCount(p); got != n || !bytes.HasPrefix(full, p) || (n == rec.ISL()) != bytes.Equal(full, p) {
-				t.Errorf("isl %d, n %d: %d words, prefix %v", rec.ISL(), n, got, bytes.HasPrefix(full, p))
-			}
+		p, n, err := b.AppendTextRoom(nil, tt.rec, 3, 11, tt.room)
+		if err != nil {
+			t.Fatalf("isl %d, room %d: %v", tt.rec.ISL(), tt.room, err)
 		}
-		for _, n := range []int{0, -1, rec.ISL() + 1} {
-			if _, err := b.AppendTextPrefix(nil, rec, 3, 11, n); err == nil {
-				t.Errorf("isl %d: a prefix of %d tokens accepted", rec.ISL(), n)
-			}
+		if n != tt.want || wordCount(p) != n || !bytes.HasPrefix(full, p) {
+			t.Errorf("isl %d, room %d: built %d (%d words, prefix %v), want %d", tt.rec.ISL(), tt.room, n, wordCount(p), bytes.HasPrefix(full, p), tt.want)
 		}
 	}
 }
