@@ -163,9 +163,9 @@ $(TINY_MODEL): | $(LLAMA_SERVER)
 	  $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/src/gguf-py $(TOKENIZER_VERSION) $@
 
 ## test-engines: the exporter against the real llama-server (counters checked against its own) and Ollama (reports nothing).
-test-engines: build engines
+test-engines: build engines $(PROMTOOL)
 	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) LLAMA_SERVER_BIN=$(LLAMA_SERVER) OLLAMA_BIN=$(OLLAMA) TINY_MODEL=$(TINY_MODEL) \
-	  $(GO) test -count=1 -timeout 20m -v -run '^TestRealEngine' ./dashtest
+	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) $(GO) test -count=1 -timeout 30m -v -run '^TestRealEngine' ./dashtest
 
 lint: fmt-check vet staticcheck
 

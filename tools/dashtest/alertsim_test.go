@@ -34,8 +34,6 @@ const (
 	// alertCompression is F: rule seconds per real second, also the
 	// replay's speedup_ratio, so that rule time is the trace's time.
 	alertCompression = 30
-	// alertEvalInterval: one rule evaluation per scrape.
-	alertEvalInterval = 30 * time.Second
 	// alertChangeAt: when a scenario breaks (or flushes) the cache.
 	alertChangeAt = 10 * time.Minute
 	// alertMaxISL keeps the emulator's tokenizer (it tokenizes every
@@ -98,6 +96,7 @@ type alertScenario struct {
 // scenarioResult is what a scenario recorded and the rules made of it.
 type scenarioResult struct {
 	steps    []ruleStep
+	interval time.Duration      // between rule evaluations (one per scrape)
 	changeAt time.Duration      // rule time of the change; -1 without one
 	outcomes map[string]float64 // kvload_requests_total by outcome at the last scrape
 	// From the rule files as they are.
@@ -226,7 +225,6 @@ func runAlertScenario(t *testing.T, kvload, promtool, trace string, files []stri
 	args := append([]string{"emulate", "--listen", emuAddr, "--model", e2eModel, "--inter-token", "1ms"}, sc.emulate...)
 	emu := startProcess(t, dir, "emulator", kvload, args...)
 	waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
-	emuDone := emu.done // nil while the engine is down for a restart
 
 	// What a new user writes for a vLLM target: nothing about the cache,
 	// whose block size and capacity are read from vllm:cache_config_info.
@@ -249,55 +247,81 @@ workloads:
 		"--web.listen-address="+expAddr)
 	waitHTTP(t, exp, "http://"+expAddr+"/-/ready", time.Minute)
 
-	ctx := t.Context()
 	rec := newRecorder(t, expAddr, alertCompression)
 	res := &scenarioResult{changeAt: -1}
-	// The ticker is the sampling clock: scrape i is stored at i × F.
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		if err := rec.scrape(ctx); err != nil {
-			t.Fatal(err)
-		}
-		at := rec.ruleTime(rec.scrapes - 1)
+	engine := emu // nil while the engine is down for a restart
+	recordScenario(t, rec, exp, sc.span, func(at time.Duration) *process {
 		if sc.change != "" && res.changeAt < 0 && at >= alertChangeAt {
-			if err := postCache(ctx, "http://"+emuAddr, sc.change); err != nil {
+			if err := postCache(t.Context(), "http://"+emuAddr, sc.change); err != nil {
 				t.Fatal(err)
 			}
 			res.changeAt = at
 		}
 		if sc.restart && res.changeAt < 0 && at >= alertChangeAt {
-			emuDone = nil
+			engine = nil
 			emu.kill()
 			res.changeAt = at
 		}
-		if sc.restart && emuDone == nil && at >= res.changeAt+engineDowntime {
-			emu = startProcess(t, dir, "emulator-restarted", kvload, args...)
-			waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
-			emuDone = emu.done
+		if sc.restart && engine == nil && at >= res.changeAt+engineDowntime {
+			engine = startProcess(t, dir, "emulator-restarted", kvload, args...)
+			waitHTTP(t, engine, "http://"+emuAddr+"/metrics", time.Minute)
 		}
-		if at >= sc.span {
-			break
+		return engine
+	})
+	evaluateScenario(t, res, rec, promtool, dir, files, alertWorkload, alertTarget)
+	return res
+}
+
+// recordScenario scrapes the exporter every real second, storing scrape i
+// at rule time i × F, until rule time span. step runs at each scrape's
+// rule time (a scenario's changes happen there) and returns the engine's
+// process, or nil while it is away on purpose: either exiting otherwise
+// fails the test.
+func recordScenario(t *testing.T, rec *recorder, exp *process, span time.Duration, step func(at time.Duration) *process) {
+	t.Helper()
+	// The ticker is the sampling clock.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		if err := rec.scrape(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		at := rec.ruleTime(rec.scrapes - 1)
+		engine := step(at)
+		if at >= span {
+			return
+		}
+		var engineDone chan struct{} // nil blocks: no engine to watch
+		if engine != nil {
+			engineDone = engine.done
 		}
 		select {
 		case <-tick.C:
 		case <-exp.done:
 			t.Fatalf("exporter exited: %v", exp.err)
-		case <-emuDone:
-			t.Fatalf("emulator exited: %v", emu.err)
+		case <-engineDone:
+			t.Fatalf("%s exited: %v", engine.name, engine.err)
 		}
 	}
-	steps, err := evaluateRules(ctx, files, rec.db, rec.ruleTime(rec.scrapes-1), alertEvalInterval,
-		alertWorkload, alertTarget, []string{hitRegression, contrastLost})
+}
+
+// evaluateScenario evaluates the rule files over what rec stored, one
+// evaluation per scrape, into res (steps and the final outcomes), and has
+// promtool cross-check the alerts' states.
+func evaluateScenario(t *testing.T, res *scenarioResult, rec *recorder, promtool, dir string, files []string, workload, target string) {
+	t.Helper()
+	ctx := t.Context()
+	res.interval = rec.ruleTime(1)
+	last := rec.ruleTime(rec.scrapes - 1)
+	steps, err := evaluateRules(ctx, files, rec.db, last, res.interval, workload, target, []string{hitRegression, contrastLost})
 	if err != nil {
 		t.Fatal(err)
 	}
 	res.steps = steps
-	if res.outcomes, err = outcomes(ctx, rec.db, rec.ruleTime(rec.scrapes-1)); err != nil {
+	if res.outcomes, err = outcomes(ctx, rec.db, last); err != nil {
 		t.Fatal(err)
 	}
-	crossCheckWithPromtool(t, promtool, dir, files, rec.db, steps)
-	return res
+	crossCheckWithPromtool(t, promtool, dir, files, rec.db, steps, res.interval)
 }
 
 // outcomes reads kvload_requests_total by outcome at rule time at.
@@ -571,7 +595,7 @@ func (r *scenarioResult) logDip(t *testing.T) float64 {
 			low, lowAt = s.efficiency, s.at
 		}
 		if s.efficiency < r.effThreshold {
-			below += alertEvalInterval
+			below += r.interval
 			if firstBelow < 0 {
 				firstBelow = s.at
 			}
@@ -587,24 +611,37 @@ func (r *scenarioResult) logDip(t *testing.T) float64 {
 // change (or over the two halves of a run without one).
 func (r *scenarioResult) logContrast(t *testing.T) {
 	t.Helper()
-	split := r.changeAt
-	if split < 0 {
-		split = alertChangeAt
-	}
-	var before, after []float64
+	before, after := r.contrastAround()
+	split := r.split()
+	t.Logf("TTFT contrast (alert above %g): median %.3f up to %v, %.3f from %v",
+		r.contrastThreshold, before, split, after, split+rateWindow)
+}
+
+// contrastAround is the TTFT contrast's median up to the change, and from
+// a window past it on (NaN where there is none).
+func (r *scenarioResult) contrastAround() (before, after float64) {
+	split := r.split()
+	var b, a []float64
 	for _, s := range r.steps {
 		if math.IsNaN(s.contrast) {
 			continue
 		}
 		switch {
 		case s.at <= split:
-			before = append(before, s.contrast)
+			b = append(b, s.contrast)
 		case s.at >= split+rateWindow:
-			after = append(after, s.contrast) // the window past the change
+			a = append(a, s.contrast) // the window past the change
 		}
 	}
-	t.Logf("TTFT contrast (alert above %g): median %.3f up to %v (%d steps), %.3f from %v (%d steps)",
-		r.contrastThreshold, median(before), split, len(before), median(after), split+rateWindow, len(after))
+	return median(b), median(a)
+}
+
+// split is the change's rule time, or alertChangeAt without one.
+func (r *scenarioResult) split() time.Duration {
+	if r.changeAt < 0 {
+		return alertChangeAt
+	}
+	return r.changeAt
 }
 
 func median(v []float64) float64 {

@@ -447,11 +447,11 @@ type process struct {
 	killed bool  // by kill: its exit is expected
 }
 
-// kill ends the process at once (SIGKILL), as a crash or an OOM kill
-// would, and waits until it has exited.
+// kill ends the process and its own children at once (SIGKILL), as a
+// crash or an OOM kill would, and waits until it has exited.
 func (p *process) kill() {
 	p.killed = true
-	_ = p.cmd.Process.Kill()
+	killGroup(p.cmd)
 	<-p.done
 }
 
@@ -460,6 +460,13 @@ func (p *process) kill() {
 // tail is printed if the test failed.
 func startProcess(t *testing.T, dir, name, bin string, args ...string) *process {
 	t.Helper()
+	return startProcessEnv(t, dir, name, nil, bin, args...)
+}
+
+// startProcessEnv is startProcess with env added to the test's own
+// environment.
+func startProcessEnv(t *testing.T, dir, name string, env []string, bin string, args ...string) *process {
+	t.Helper()
 	logPath := filepath.Join(dir, name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -467,6 +474,9 @@ func startProcess(t *testing.T, dir, name, bin string, args ...string) *process 
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
@@ -485,7 +495,7 @@ func startProcess(t *testing.T, dir, name, bin string, args ...string) *process 
 			select {
 			case <-p.done:
 			case <-time.After(15 * time.Second):
-				_ = cmd.Process.Kill()
+				killGroup(cmd)
 				<-p.done
 			}
 		}

@@ -12,7 +12,6 @@ import (
 	"math"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -103,27 +102,35 @@ func writeLines(t *testing.T, src, dst string, from, to int) {
 	writeFile(t, dst, b.String())
 }
 
-// startLlamaServer runs the real llama-server on the model with its
-// defaults, plus /metrics and two threads (the exporter waits on the
-// network most of the time), and returns its address once it is healthy.
-func startLlamaServer(t *testing.T, dir, server, modelFile string) string {
+// startLlamaServer runs the real llama-server on the model at addr with
+// its defaults, plus /metrics, two threads (the exporter waits on the
+// network most of the time) and any extra flags, and returns it once it
+// is healthy.
+func startLlamaServer(t *testing.T, dir, name, server, modelFile, addr string, extra ...string) *process {
 	t.Helper()
-	addr := freeAddr(t)
 	host, port, _ := strings.Cut(addr, ":")
-	srv := startProcess(t, dir, "llama-server", server, "-m", modelFile, "--host", host, "--port", port, "--metrics", "-t", "2")
+	args := append([]string{"-m", modelFile, "--host", host, "--port", port, "--metrics", "-t", "2"}, extra...)
+	srv := startProcess(t, dir, name, server, args...)
 	waitHTTP(t, srv, "http://"+addr+"/health", 2*time.Minute)
-	return addr
+	return srv
 }
 
-// replayOnce writes cfg as dir/kvload.yml, runs the exporter on it and
-// returns its address once its single pass is over: every row sent and
-// finished, or dropped.
-func replayOnce(t *testing.T, dir, kvload, cfg string, within time.Duration) string {
+// startExporter writes cfg as dir/kvload.yml and runs the exporter on it;
+// it returns the exporter's address once it is ready.
+func startExporter(t *testing.T, dir, kvload, cfg string) (string, *process) {
 	t.Helper()
 	writeFile(t, filepath.Join(dir, "kvload.yml"), cfg)
 	addr := freeAddr(t)
 	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"), "--web.listen-address="+addr)
 	waitHTTP(t, exp, "http://"+addr+"/-/ready", time.Minute)
+	return addr, exp
+}
+
+// replayOnce runs the exporter on cfg and returns its address once its
+// single pass is over: every row sent and finished, or dropped.
+func replayOnce(t *testing.T, dir, kvload, cfg string, within time.Duration) string {
+	t.Helper()
+	addr, exp := startExporter(t, dir, kvload, cfg)
 	waitLog(t, exp, filepath.Join(dir, "exporter.log"), "replay finished", within)
 	return addr
 }
@@ -141,7 +148,8 @@ func TestRealEngineLlamaServer(t *testing.T) {
 	writeLines(t, filepath.Join(root, "..", "shared", "traces", "synthetic_trace.jsonl"),
 		filepath.Join(dir, "slice.jsonl"), engineSliceFrom, engineSliceTo)
 
-	serverAddr := startLlamaServer(t, dir, server, modelFile)
+	serverAddr := freeAddr(t)
+	startLlamaServer(t, dir, "llama-server", server, modelFile, serverAddr)
 
 	cfg := fmt.Sprintf(`targets:
   - name: llama
@@ -237,92 +245,6 @@ func sumLabel(fams map[string]*dto.MetricFamily, name, label, value string) floa
 	return sum
 }
 
-// TestRealEngineOllama replays the same stretch against Ollama, which
-// reports no cached tokens anywhere: every request must count as not
-// reported, the efficiency must not exist, and the TTFT-by-cache-class
-// signal, which needs nothing from the server, must show the working
-// cache (per prompt token, prompts an ideal cache would mostly serve reach
-// their first token far sooner than prompts it would not).
-func TestRealEngineOllama(t *testing.T) {
-	root := repoRoot(t)
-	ollama := engineBinary(t, "OLLAMA_BIN")
-	modelFile := engineBinary(t, "TINY_MODEL")
-	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", t.TempDir())
-	dir := t.TempDir()
-	// The first 350 lines of the stretch (113 rows of at most engineMaxISL
-	// tokens over 87 s), as fast as recorded: Ollama prefills one prompt
-	// at a time, and a queue at the server would blur the classes.
-	writeLines(t, filepath.Join(root, "..", "shared", "traces", "synthetic_trace.jsonl"),
-		filepath.Join(dir, "slice.jsonl"), engineSliceFrom, engineSliceFrom+349)
-
-	addr := freeAddr(t)
-	home := filepath.Join(dir, "home")
-	if err := os.MkdirAll(home, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	env := []string{"HOME=" + home, "OLLAMA_NO_CLOUD=1", "OLLAMA_HOST=" + addr, "OLLAMA_MODELS=" + filepath.Join(dir, "models")}
-	srv := startProcessEnv(t, dir, "ollama", env, ollama, "serve")
-	waitHTTP(t, srv, "http://"+addr+"/api/version", 2*time.Minute)
-	writeFile(t, filepath.Join(dir, "Modelfile"), "FROM "+modelFile+"\n")
-	create := exec.CommandContext(t.Context(), ollama, "create", "tiny", "-f", filepath.Join(dir, "Modelfile"))
-	create.Env = append(os.Environ(), env...)
-	if out, err := create.CombinedOutput(); err != nil {
-		t.Fatalf("ollama create: %v\n%s", err, out)
-	}
-
-	cfg := fmt.Sprintf(`targets:
-  - name: ollama
-    url: http://%s
-    model: tiny
-    dialect: ollama
-workloads:
-  - name: slice
-    trace: slice.jsonl
-    targets: [ollama]
-    synthesis: {max_isl: %d, max_osl: 8}
-    loop: once
-`, addr, engineMaxISL)
-	expAddr := replayOnce(t, dir, kvload, cfg, 20*time.Minute)
-
-	e := scrapeFamilies(t, "http://"+expAddr+"/metrics")
-	ok := sumLabel(e, "kvload_requests_total", "outcome", "success")
-	failed := familySum(e, "kvload_requests_total") - ok
-	unreported := familySum(e, "kvload_cache_unreported_requests_total")
-	reportedPrompt := familySum(e, "kvload_cache_reported_prompt_tokens_total")
-	t.Logf("exporter: %.0f ok, %.0f failed, %.0f not reporting cached tokens; prompt %.0f (trace %.0f)", ok, failed, unreported,
-		familySum(e, "kvload_prompt_tokens_total"), familySum(e, "kvload_trace_prompt_tokens_total"))
-	if ok == 0 || failed != 0 {
-		t.Fatalf("%.0f requests succeeded, %.0f failed: want all to succeed", ok, failed)
-	}
-	if unreported != ok || reportedPrompt != 0 {
-		t.Errorf("%.0f of %.0f requests counted as not reported, %.0f prompt tokens on the reported side: Ollama reports no cached tokens",
-			unreported, ok, reportedPrompt)
-	}
-	perToken := map[string]float64{}
-	for _, class := range []string{"none", "partial", "most"} {
-		n := sumLabel(e, "kvload_cache_class_trace_prompt_tokens_total", "cache_class", class)
-		perToken[class] = sumLabel(e, "kvload_cache_class_time_to_first_token_seconds", "cache_class", class) / n
-		t.Logf("class %-7s: %.0f trace prompt tokens, TTFT %.1f µs per token", class, n, 1e6*perToken[class])
-	}
-	contrast := perToken["most"] / perToken["none"]
-	t.Logf("TTFT contrast most/none %.3f (KvloadCacheTTFTContrastLost fires above 0.5)", contrast)
-	if math.IsNaN(contrast) || contrast > 0.5 {
-		t.Errorf("TTFT contrast %.3f, want at most 0.5 on a working cache", contrast)
-	}
-}
-
-// startProcessEnv is startProcess with extra environment.
-func startProcessEnv(t *testing.T, dir, name string, env []string, bin string, args ...string) *process {
-	t.Helper()
-	// The environment is the test's for its duration (t.Setenv), so the
-	// child inherits it.
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
-	return startProcess(t, dir, name, bin, args...)
-}
-
 // waitLog polls a process's log until it holds want.
 func waitLog(t *testing.T, p *process, path, want string, within time.Duration) {
 	t.Helper()
@@ -361,7 +283,8 @@ func TestRealEngineChatPromptLength(t *testing.T) {
 	}
 	writeFile(t, filepath.Join(dir, "short.jsonl"), trace.String())
 
-	serverAddr := startLlamaServer(t, dir, server, modelFile)
+	serverAddr := freeAddr(t)
+	startLlamaServer(t, dir, "llama-server", server, modelFile, serverAddr)
 	expAddr := replayOnce(t, dir, kvload, fmt.Sprintf(`targets:
   - name: llama
     url: http://%s

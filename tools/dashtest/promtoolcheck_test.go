@@ -244,14 +244,14 @@ func promtoolTestRules(ctx context.Context, promtool, path string) error {
 
 // crossCheckWithPromtool writes the promtool test of a scenario's
 // recording into dir (kept as the test's artefact) and runs it.
-func crossCheckWithPromtool(t *testing.T, promtool, dir string, files []string, st storage.Queryable, steps []ruleStep) {
+func crossCheckWithPromtool(t *testing.T, promtool, dir string, files []string, st storage.Queryable, steps []ruleStep, interval time.Duration) {
 	t.Helper()
 	if len(steps) == 0 {
 		t.Fatal("no rule evaluation to cross-check")
 	}
 	path := filepath.Join(dir, "promtool-crosscheck.yml")
 	last := steps[len(steps)-1].at
-	if err := writePromtoolTest(t.Context(), path, files, st, steps, last, alertEvalInterval); err != nil {
+	if err := writePromtoolTest(t.Context(), path, files, st, steps, last, interval); err != nil {
 		t.Fatal(err)
 	}
 	if err := promtoolTestRules(t.Context(), promtool, path); err != nil {
@@ -286,6 +286,7 @@ func TestPromtoolCrossCheck(t *testing.T) {
         expr: job:toy_up:min > 5
 `)
 	files := []string{rulesPath}
+	const toyInterval = 30 * time.Second
 	db, err := teststorage.NewWithError()
 	if err != nil {
 		t.Fatal(err)
@@ -295,7 +296,7 @@ func TestPromtoolCrossCheck(t *testing.T) {
 	// job="b" appears at 1m and stays 1.
 	app := db.Appender(t.Context())
 	for i := range 13 {
-		ts := ruleEpoch.Add(time.Duration(i) * alertEvalInterval).UnixMilli()
+		ts := ruleEpoch.Add(time.Duration(i) * toyInterval).UnixMilli()
 		a := 1.0
 		if i >= 4 {
 			a = 0
@@ -312,8 +313,8 @@ func TestPromtoolCrossCheck(t *testing.T) {
 	if err := app.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	last := 12 * alertEvalInterval
-	steps, err := evaluateRules(t.Context(), files, db, last, alertEvalInterval, "none", "none", []string{"ToyDown"})
+	last := 12 * toyInterval
+	steps, err := evaluateRules(t.Context(), files, db, last, toyInterval, "none", "none", []string{"ToyDown"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +364,7 @@ func TestPromtoolCrossCheck(t *testing.T) {
 				tt.alter(mine)
 			}
 			path := filepath.Join(t.TempDir(), "check.yml")
-			if err := writePromtoolTest(t.Context(), path, files, db, mine, last, alertEvalInterval); err != nil {
+			if err := writePromtoolTest(t.Context(), path, files, db, mine, last, toyInterval); err != nil {
 				t.Fatal(err)
 			}
 			err := promtoolTestRules(t.Context(), promtool, path)

@@ -1,0 +1,213 @@
+package dashtest
+
+// The cache alerts on real engines. The engines serve the trace at its own
+// pace, and the recording is time-compressed as in the alert scenarios
+// (alertsim_test.go, rulesim_test.go): scrape i is stored at rule time
+// i × F, the rule files are evaluated over it and promtool cross-checks
+// the alerts' states. The alerts read ratios of rates, which F does not
+// change; the one absolute rate, the contrast's 0.01 requests/s per cache
+// class, becomes 0.01 × F real requests/s.
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	// engineCompression is F for the real engines.
+	engineCompression = 10
+	// engineChangeAt: when a real engine is restarted with its cache
+	// defeated (rule time; one real minute).
+	engineChangeAt = 10 * time.Minute
+	// engineAfterChange: how long a scenario records after the change,
+	// past the 15 minutes a page may take.
+	engineAfterChange = 17 * time.Minute
+)
+
+// TestRealEngineCacheRegression: a deploy restarts llama-server with its
+// prompt cache off (--no-cache-prompt), as a bad flag or image would. The
+// exporter, configured as a new user would (dialect llamacpp, chat, nothing
+// about the cache), keeps replaying the sharing stretch; the cache alert
+// must stay quiet while the cache works and page after the restart.
+func TestRealEngineCacheRegression(t *testing.T) {
+	root := repoRoot(t)
+	server := engineBinary(t, "LLAMA_SERVER_BIN")
+	modelFile := engineBinary(t, "TINY_MODEL")
+	bin := t.TempDir()
+	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", bin)
+	promtool := binary(t, "PROMTOOL_BIN", filepath.Join(root, "tools"), "github.com/prometheus/prometheus/cmd/promtool", bin)
+	files := ruleFiles(root)
+	res := newEngineScenario(t, files)
+	dir := t.TempDir()
+	writeLines(t, filepath.Join(root, "..", "shared", "traces", "synthetic_trace.jsonl"),
+		filepath.Join(dir, "slice.jsonl"), engineSliceFrom, engineSliceTo)
+
+	addr := freeAddr(t)
+	srv := startLlamaServer(t, dir, "llama-server", server, modelFile, addr)
+	expAddr, exp := startExporter(t, dir, kvload, fmt.Sprintf(`targets:
+  - name: llama
+    url: http://%s
+    model: tiny
+    dialect: llamacpp
+workloads:
+  - name: slice
+    trace: slice.jsonl
+    targets: [llama]
+    synthesis: {speedup_ratio: 2, max_isl: %d, max_osl: 8}
+`, addr, engineMaxISL))
+
+	rec := newRecorder(t, expAddr, engineCompression)
+	engine := srv
+	recordScenario(t, rec, exp, engineChangeAt+engineAfterChange, func(at time.Duration) *process {
+		if res.changeAt < 0 && at >= engineChangeAt {
+			srv.kill()
+			engine = startLlamaServer(t, dir, "llama-server-nocache", server, modelFile, addr, "--no-cache-prompt")
+			res.changeAt = at
+		}
+		return engine
+	})
+	evaluateScenario(t, res, rec, promtool, dir, files, "slice", "llama")
+	res.logTimeline(t)
+	t.Logf("requests by outcome at the end: %v", res.outcomes)
+	res.firesAfterChange(t, hitRegression)
+	res.neverActive(t, contrastLost)
+	res.whatIf(t, res.efficiencyWhatIf())
+}
+
+// TestRealEngineOllama: Ollama reports no cached tokens anywhere, so every
+// request counts as not reported, there is no efficiency, and only the
+// TTFT-by-cache-class signal, which needs nothing from the server, can
+// tell the cache works. It must separate the classes on a healthy Ollama
+// (per prompt token, prompts an ideal cache would mostly serve reach their
+// first token far sooner than prompts it would not) without an alert.
+// Then Ollama is restarted with OLLAMA_KEEP_ALIVE=0, a common setting to
+// free memory between requests, which unloads the model, and its cache,
+// after every request: the classes converge and the contrast alert pages.
+func TestRealEngineOllama(t *testing.T) {
+	root := repoRoot(t)
+	ollama := engineBinary(t, "OLLAMA_BIN")
+	modelFile := engineBinary(t, "TINY_MODEL")
+	bin := t.TempDir()
+	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", bin)
+	promtool := binary(t, "PROMTOOL_BIN", filepath.Join(root, "tools"), "github.com/prometheus/prometheus/cmd/promtool", bin)
+	files := ruleFiles(root)
+	res := newEngineScenario(t, files)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "pairs.jsonl"), pairsTrace(60))
+	addr := freeAddr(t)
+	env := []string{"HOME=" + filepath.Join(dir, "home"), "OLLAMA_NO_CLOUD=1", "OLLAMA_HOST=" + addr, "OLLAMA_MODELS=" + filepath.Join(dir, "models")}
+	if err := os.MkdirAll(filepath.Join(dir, "home"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := startOllama(t, dir, "ollama", ollama, addr, env)
+	writeFile(t, filepath.Join(dir, "Modelfile"), "FROM "+modelFile+"\n")
+	create := exec.CommandContext(t.Context(), ollama, "create", "tiny", "-f", filepath.Join(dir, "Modelfile"))
+	create.Env = append(os.Environ(), env...)
+	if out, err := create.CombinedOutput(); err != nil {
+		t.Fatalf("ollama create: %v\n%s", err, out)
+	}
+
+	expAddr, exp := startExporter(t, dir, kvload, fmt.Sprintf(`targets:
+  - name: ollama
+    url: http://%s
+    model: tiny
+    dialect: ollama
+workloads:
+  - name: pairs
+    trace: pairs.jsonl
+    targets: [ollama]
+    synthesis: {max_osl: 8}
+`, addr))
+
+	rec := newRecorder(t, expAddr, engineCompression)
+	engine := srv
+	recordScenario(t, rec, exp, engineChangeAt+engineAfterChange, func(at time.Duration) *process {
+		if res.changeAt < 0 && at >= engineChangeAt {
+			srv.kill()
+			engine = startOllama(t, dir, "ollama-keepalive0", ollama, addr, append(env, "OLLAMA_KEEP_ALIVE=0"))
+			res.changeAt = at
+		}
+		return engine
+	})
+	evaluateScenario(t, res, rec, promtool, dir, files, "pairs", "ollama")
+	res.logTimeline(t)
+	res.logContrast(t)
+	res.whatIf(t, res.contrastWhatIf())
+
+	e := scrapeFamilies(t, "http://"+expAddr+"/metrics")
+	ok := sumLabel(e, "kvload_requests_total", "outcome", "success")
+	unreported := familySum(e, "kvload_cache_unreported_requests_total")
+	reportedPrompt := familySum(e, "kvload_cache_reported_prompt_tokens_total")
+	t.Logf("requests by outcome at the end: %v; %.0f not reporting cached tokens", res.outcomes, unreported)
+	if ok == 0 || unreported != ok || reportedPrompt != 0 {
+		t.Errorf("%.0f of %.0f successful requests counted as not reported, %.0f prompt tokens on the reported side: Ollama reports no cached tokens",
+			unreported, ok, reportedPrompt)
+	}
+	res.efficiencyAbsent(t)
+	res.neverActive(t, hitRegression)
+	// Healthy: after the first window, no contrast alert; the contrast
+	// itself well below the threshold.
+	for _, s := range res.steps {
+		if s.at >= rateWindow && s.at < res.changeAt && s.state(contrastLost) != "inactive" {
+			t.Errorf("%s %s at %v on a healthy Ollama", contrastLost, s.state(contrastLost), s.at)
+			break
+		}
+	}
+	before, after := res.contrastAround()
+	if math.IsNaN(before) || before > res.contrastThreshold {
+		t.Errorf("TTFT contrast median %.3f before the change, want at most %g on a working cache", before, res.contrastThreshold)
+	}
+	if math.IsNaN(after) || after <= res.contrastThreshold {
+		t.Errorf("TTFT contrast median %.3f once the cache is defeated, want above %g", after, res.contrastThreshold)
+	}
+	res.firesAfterChange(t, contrastLost)
+}
+
+// pairsTrace is n rows, one every 2 s, of 2,112 prompt tokens each, in
+// pairs: a row with a new prefix of four 512-token blocks (cache class
+// none), then one with the same prefix (class most, 97 % cacheable). Its
+// classes have equal lengths, so a cache that serves nothing gives them
+// equal TTFT per token even when requests queue; and each class runs at
+// 0.25 requests/s, 0.025 at F = 10, above the contrast's 0.01. Ollama keeps
+// one slot, the last prompt it ran: it serves the second row of a pair
+// from it, as a longer trace interleaving conversations would not show as
+// reliably.
+func pairsTrace(n int) string {
+	var b strings.Builder
+	for i := range n {
+		p := 5 * (i / 2)
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 2112, "output_length": 8, "hash_ids": [%d, %d, %d, %d, %d]}`+"\n",
+			2000*i, p, p+1, p+2, p+3, p+4+i%2*1000000)
+	}
+	return b.String()
+}
+
+// newEngineScenario is a scenario without its change yet, with the cache
+// alerts' thresholds and holds as the rule files have them.
+func newEngineScenario(t *testing.T, files []string) *scenarioResult {
+	t.Helper()
+	res := &scenarioResult{changeAt: -1}
+	var err error
+	if res.effThreshold, res.hitHold, err = alertThreshold(files, hitRegression, efficiencyRule); err != nil {
+		t.Fatal(err)
+	}
+	if res.contrastThreshold, res.contrastHold, err = alertThreshold(files, contrastLost, contrastRule); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// startOllama runs `ollama serve` at addr with env and returns it once it
+// answers.
+func startOllama(t *testing.T, dir, name, ollama, addr string, env []string) *process {
+	t.Helper()
+	srv := startProcessEnv(t, dir, name, env, ollama, "serve")
+	waitHTTP(t, srv, "http://"+addr+"/api/version", 2*time.Minute)
+	return srv
+}
