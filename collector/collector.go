@@ -59,6 +59,7 @@ type Collector struct {
 	blockSize      *prometheus.GaugeVec
 	capacityKnown  *prometheus.GaugeVec
 	preambleTokens *prometheus.GaugeVec
+	tokenizeRatio  *prometheus.GaugeVec
 	serverErrors   *prometheus.CounterVec // by target and reason
 	reloadOK       prometheus.Gauge
 	reloadTime     prometheus.Gauge
@@ -200,6 +201,7 @@ func New(reg prometheus.Registerer) *Collector {
 		blockSize:      targetGauge("target_cache_block_size_tokens", "Tokens per KV block of the target's theoretical model."),
 		capacityKnown:  targetGauge("target_cache_capacity_known", "1 when the target's cache size was configured or read from it, 0 when unknown (the model is then unbounded)."),
 		preambleTokens: targetGauge("target_cache_preamble_tokens", "Tokens the target reports as cached for prompts that share nothing (a BOS, a chat header), learned from its answers and left out of the observed hit rate."),
+		tokenizeRatio:  targetGauge("target_tokenize_ratio", "Tokens the target's tokenize endpoint counts in a prompt the exporter built, over the tokens the exporter built it of (1 when the server's tokenizer counts prompts as the exporter does); checked when the target is configured, absent where the engine has no tokenize endpoint or it did not answer."),
 		serverErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "server_metrics_errors_total",
 			Help: "Scrapes of a target's own cached-token counter (observed: server_metrics) not credited, by reason: scrape (unreadable), not_finite, negative, too_large, jump."},
 			[]string{"target", "reason"}),
@@ -212,7 +214,7 @@ func New(reg prometheus.Registerer) *Collector {
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
-		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.serverErrors)
+		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio, c.serverErrors)
 	return c
 }
 
@@ -306,10 +308,21 @@ func (c *Collector) SetTargetCache(target string, blocks, blockSize int, known b
 	c.capacityKnown.WithLabelValues(target).Set(v)
 }
 
+// SetTokenizeRatio publishes a target's tokenize check: the server's token
+// count over the exporter's for one built prompt; ok false (no endpoint,
+// no answer) removes the series.
+func (c *Collector) SetTokenizeRatio(target string, ratio float64, ok bool) {
+	if !ok {
+		c.tokenizeRatio.DeleteLabelValues(target)
+		return
+	}
+	c.tokenizeRatio.WithLabelValues(target).Set(ratio)
+}
+
 // ForgetTarget deletes a removed target's series.
 func (c *Collector) ForgetTarget(target string) {
 	l := prometheus.Labels{"target": target}
-	for _, v := range []*prometheus.GaugeVec{c.targetInfo, c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens} {
+	for _, v := range []*prometheus.GaugeVec{c.targetInfo, c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio} {
 		v.DeletePartialMatch(l)
 	}
 	c.serverErrors.DeletePartialMatch(l)

@@ -44,8 +44,14 @@ type completionRequest struct {
 }
 
 type tokenizeRequest struct {
-	Model               string              `json:"model"`
-	Prompt              json.RawMessage     `json:"prompt"`
+	Model  string          `json:"model"`
+	Prompt json.RawMessage `json:"prompt"`
+	// Content is llama.cpp's form of the prompt (a string).
+	Content json.RawMessage `json:"content"`
+	// AddSpecialTokens (vLLM, SGLang; default true) and AddSpecial
+	// (llama.cpp; default false) say whether the BOS is added.
+	AddSpecialTokens    *bool               `json:"add_special_tokens"`
+	AddSpecial          *bool               `json:"add_special"`
 	Messages            []synth.ChatMessage `json:"messages"`
 	AddGenerationPrompt *bool               `json:"add_generation_prompt"`
 	ReturnTokenStrs     bool                `json:"return_token_strs"`

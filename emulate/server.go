@@ -525,10 +525,18 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	} else {
+		prompt, special := req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens
+		if req.Prompt == nil && req.Content != nil {
+			prompt, special = req.Content, req.AddSpecial != nil && *req.AddSpecial
+		}
 		var apiErr *apiError
-		if tokens, apiErr = e.parsePrompt(req.Prompt); apiErr != nil {
+		if tokens, apiErr = e.parsePrompt(prompt); apiErr != nil {
 			writeError(w, apiErr)
 			return
+		}
+		// Text without special tokens: the BOS encodeText added goes.
+		if !special && e.cfg.BOS && len(tokens) > 0 && tokens[0] == bosToken && isTextPrompt(prompt) {
+			tokens = tokens[1:]
 		}
 	}
 	resp := tokenizeResponse{Count: len(tokens), MaxModelLen: e.cfg.MaxModelLen, Tokens: tokens}
@@ -541,6 +549,11 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		resp.TokenStrs = strs
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// isTextPrompt tells a text prompt (a string or strings) from token ids.
+func isTextPrompt(raw json.RawMessage) bool {
+	return json.Unmarshal(raw, new(string)) == nil || json.Unmarshal(raw, new([]string)) == nil
 }
 
 func (e *Engine) handleDetokenize(w http.ResponseWriter, r *http.Request) {

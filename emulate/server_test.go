@@ -473,3 +473,34 @@ func TestTimingModel(t *testing.T) {
 		t.Fatalf("TTFT sum %v, want 0.058", sum)
 	}
 }
+
+// With Config.BOS, /tokenize adds the BOS as each engine does by default
+// (vLLM and SGLang's add_special_tokens true, llama.cpp's add_special
+// false) and leaves it out when asked; token ids are never touched.
+func TestTokenizeSpecialTokens(t *testing.T) {
+	_, srv := newTestServer(t, Config{BOS: true})
+	no, yes := false, true
+	tests := []struct {
+		name    string
+		body    map[string]any
+		wantBOS bool
+		count   int
+	}{
+		{"vllm default", map[string]any{"prompt": " alpha beta"}, true, 3},
+		{"vllm without", map[string]any{"prompt": " alpha beta", "add_special_tokens": no}, false, 2},
+		{"vllm with", map[string]any{"prompt": " alpha beta", "add_special_tokens": yes}, true, 3},
+		{"strings without", map[string]any{"prompt": []string{" alpha beta"}, "add_special_tokens": no}, false, 2},
+		{"llama.cpp default", map[string]any{"content": " alpha beta"}, false, 2},
+		{"llama.cpp with", map[string]any{"content": " alpha beta", "add_special": yes}, true, 3},
+		{"ids untouched", map[string]any{"prompt": []int{bosToken, 5}, "add_special_tokens": no}, true, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var tok tokenizeResponse
+			postDecode(t, srv.URL+"/tokenize", tt.body, http.StatusOK, &tok)
+			if tok.Count != tt.count || (len(tok.Tokens) > 0 && tok.Tokens[0] == bosToken) != tt.wantBOS {
+				t.Fatalf("tokens %v, want %d with BOS %v", tok.Tokens, tt.count, tt.wantBOS)
+			}
+		})
+	}
+}

@@ -69,13 +69,18 @@ func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 			mu.Unlock()
 			continue
 		}
-		wg.Add(1)
+		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			tc := d.settleCache(ctx, t, fp)
 			mu.Lock()
 			next[t.Name] = tc
 			mu.Unlock()
+		}()
+		// The same moment and bound suit the tokenizer check.
+		go func() {
+			defer wg.Done()
+			d.checkTokenizer(ctx, t)
 		}()
 	}
 	wg.Wait()

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -211,6 +212,12 @@ workloads:
 		t.Errorf("prompt / trace tokens %.4f, want within [0.99, 1.01]", r)
 	}
 
+	// The exporter's words are one token each in the Llama-3 vocabulary:
+	// the server's own tokenizer must count a built prompt as built.
+	if r := sumLabel(e, "kvload_target_tokenize_ratio", "target", "llama"); r != 1 {
+		t.Errorf("kvload_target_tokenize_ratio %v, want 1 (the server's /tokenize counting a built prompt)", r)
+	}
+
 	rCached := familySum(e, "kvload_cache_reported_cached_prompt_tokens_total")
 	rPrompt := familySum(e, "kvload_cache_reported_prompt_tokens_total")
 	rTheo := familySum(e, "kvload_cache_reported_theoretical_cached_prompt_tokens_total")
@@ -231,14 +238,14 @@ workloads:
 	}
 }
 
-// sumLabel adds up name's series whose label has value: a counter's value,
-// a histogram's sum of observations.
+// sumLabel adds up name's series whose label has value: a counter's or a
+// gauge's value, a histogram's sum of observations.
 func sumLabel(fams map[string]*dto.MetricFamily, name, label, value string) float64 {
 	var sum float64
 	for _, m := range fams[name].GetMetric() {
 		for _, l := range m.GetLabel() {
 			if l.GetName() == label && l.GetValue() == value {
-				sum += m.GetCounter().GetValue() + m.GetHistogram().GetSampleSum()
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetHistogram().GetSampleSum()
 			}
 		}
 	}
@@ -311,5 +318,78 @@ workloads:
 	b, _ := os.ReadFile(filepath.Join(dir, "exporter.log"))
 	if !strings.Contains(string(b), "chat template overhead learnt") {
 		t.Errorf("the exporter did not log the template it learnt:\n%s", tail(filepath.Join(dir, "exporter.log"), 20))
+	}
+}
+
+// TestRealEngineLlamaCppExample runs examples/llamacpp.yml as it is, but
+// for the server's address and model name, against llama-server started
+// with the context and slots its comment gives, and --metrics: every request must
+// succeed and report its cached tokens, the server's tokenizer must count
+// the exporter's prompts as built, and the exporter's counters must equal
+// the server's.
+func TestRealEngineLlamaCppExample(t *testing.T) {
+	root := repoRoot(t)
+	server := engineBinary(t, "LLAMA_SERVER_BIN")
+	modelFile := engineBinary(t, "TINY_MODEL")
+	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", t.TempDir())
+	dir := t.TempDir()
+	example, err := os.ReadFile(filepath.Join(root, "examples", "llamacpp.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const exampleURL, exampleModel = "http://localhost:8080", "Qwen/Qwen3-0.6B"
+	if !strings.Contains(string(example), "url: "+exampleURL) || !strings.Contains(string(example), "model: "+exampleModel) {
+		t.Fatalf("examples/llamacpp.yml no longer has url: %s and model: %s; update this test", exampleURL, exampleModel)
+	}
+	// The trace path is relative to the configuration file.
+	if err := os.MkdirAll(filepath.Join(dir, "traces"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	trace, err := os.ReadFile(filepath.Join(root, "examples", "traces", "conversation_head1000.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "traces", "conversation_head1000.jsonl"), string(trace))
+
+	addr := freeAddr(t)
+	flags := regexp.MustCompile(`-c (\d+) -np (\d+)`).FindStringSubmatch(string(example))
+	if flags == nil {
+		t.Fatal("examples/llamacpp.yml's comment no longer gives llama-server's -c and -np; update this test")
+	}
+	startLlamaServer(t, dir, "llama-server", server, modelFile, addr, "-c", flags[1], "-np", flags[2], "--alias", "tiny")
+	cfg := strings.NewReplacer("url: "+exampleURL, "url: http://"+addr, "model: "+exampleModel, "model: tiny").Replace(string(example))
+	expAddr, exp := startExporter(t, dir, kvload, cfg)
+
+	// The first requests of the example's replay: the tiny model on CPU
+	// serves its 256-token answers one at a time, a few per minute.
+	const want = 10
+	deadline := time.Now().Add(5 * time.Minute) // a hang guard only
+	var e map[string]*dto.MetricFamily
+	for {
+		e = scrapeFamilies(t, "http://"+expAddr+"/metrics")
+		if familySum(e, "kvload_requests_total") >= want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d requests finished in 5 minutes:\n%s", want, tail(filepath.Join(dir, "exporter.log"), 20))
+		}
+		select {
+		case <-exp.done:
+			t.Fatalf("exporter exited: %v", exp.err)
+		case <-time.After(time.Second): // polling interval
+		}
+	}
+	ok := sumLabel(e, "kvload_requests_total", "outcome", "success")
+	total := familySum(e, "kvload_requests_total")
+	unreported := familySum(e, "kvload_cache_unreported_requests_total")
+	t.Logf("%.0f of %.0f requests succeeded, %.0f without a cached count; tokenize ratio %v; observed %.4f, theoretical %.4f",
+		ok, total, unreported, sumLabel(e, "kvload_target_tokenize_ratio", "target", "llamacpp"),
+		familySum(e, "kvload_cache_reported_cached_prompt_tokens_total")/familySum(e, "kvload_cache_reported_prompt_tokens_total"),
+		familySum(e, "kvload_cache_reported_theoretical_cached_prompt_tokens_total")/familySum(e, "kvload_cache_reported_trace_prompt_tokens_total"))
+	if ok != total || unreported != 0 {
+		t.Errorf("%.0f of %.0f requests succeeded, %.0f without a cached-token count: want all, all reporting", ok, total, unreported)
+	}
+	if r := sumLabel(e, "kvload_target_tokenize_ratio", "target", "llamacpp"); r != 1 {
+		t.Errorf("kvload_target_tokenize_ratio %v, want 1", r)
 	}
 }

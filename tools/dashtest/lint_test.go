@@ -75,6 +75,7 @@ var contract = map[string]metric{
 	"kvload_target_cache_block_size_tokens":                        {gauge, targetOnly},
 	"kvload_target_cache_capacity_known":                           {gauge, targetOnly},
 	"kvload_target_cache_preamble_tokens":                          {gauge, targetOnly},
+	"kvload_target_tokenize_ratio":                                 {gauge, targetOnly},
 	"kvload_server_metrics_errors_total":                           {counter, targetOnly},
 
 	"vllm:prefix_cache_hits_total":    {counter, engine},

@@ -1,0 +1,109 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/go-kit/log"
+	"github.com/go-kit/log/level"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tokencheck"
+)
+
+const (
+	// tokenizeCheckTokens is the length of the prompt checked: one trace
+	// block, so that a ratio of a few percent is tens of tokens.
+	tokenizeCheckTokens = 512
+	// tokenizeWarnRatio: a server counting the exporter's prompts more than
+	// 2 % off gets a warning.
+	tokenizeWarnRatio = 0.02
+)
+
+// checkTokenizer has target t's own tokenizer, through its tokenize
+// endpoint, count a prompt built as every prompt is, and logs and exports
+// the ratio of its count to the built one, warning when it is more than 2 %
+// off: the server then receives prompts of another length than the trace
+// asks for. With token-id prompts it also compares the ids: a tokenizer:
+// unlike the server's sends ids that mean other text. Engines without an
+// endpoint, or that do not answer within discoverTimeout, are logged and
+// not checked.
+func (d *Daemon) checkTokenizer(ctx context.Context, t *config.Target) {
+	dialect := replay.Dialect(t.Dialect)
+	logger := log.With(d.logger, "target", t.Name)
+	if !tokencheck.Has(dialect) {
+		d.coll.SetTokenizeRatio(t.Name, 0, false)
+		level.Debug(logger).Log("msg", "prompt length not checked: the engine has no tokenize endpoint", "dialect", dialect)
+		return
+	}
+	res, err := d.tokenizeCheck(ctx, t)
+	if err != nil {
+		d.coll.SetTokenizeRatio(t.Name, 0, false)
+		level.Info(logger).Log("msg", "prompt length not checked: the target's tokenize endpoint did not answer", "err", err)
+		return
+	}
+	ratio := float64(res.server) / float64(res.built)
+	d.coll.SetTokenizeRatio(t.Name, ratio, true)
+	kv := []any{"built_tokens", res.built, "server_tokens", res.server, "ratio", fmt.Sprintf("%.4f", ratio)}
+	switch {
+	case math.Abs(ratio-1) > tokenizeWarnRatio:
+		level.Warn(logger).Log(append([]any{"msg", "the target's tokenizer counts the exporter's prompts more than 2 % off: its prompt lengths (and its cache model's blocks) will be off by that ratio",
+			"what_to_do", "prompts are built of words that are one token each in the o200k, cl100k, Qwen3 and Llama-3 vocabularies; for another vocabulary set prompt_format: token_ids and tokenizer: the server's tokenizer.json"}, kv...)...)
+	case res.mismatched > 0:
+		level.Warn(logger).Log(append([]any{"msg", "tokenizer: does not match the target's: the token ids sent stand for other text on the server",
+			"tokenizer", t.Tokenizer, "mismatched_ids", res.mismatched, "what_to_do", "set tokenizer: to the server's tokenizer.json"}, kv...)...)
+	default:
+		level.Info(logger).Log(append([]any{"msg", "prompt length checked against the target's tokenizer"}, kv...)...)
+	}
+}
+
+// tokenizeResult is one check: the tokens built, the server's count, and
+// with token-id prompts how many of the server's ids differ from the
+// exporter's tokenizer's.
+type tokenizeResult struct {
+	built, server, mismatched int
+}
+
+func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeResult, error) {
+	b, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: tokenizeCheckTokens})
+	if err != nil {
+		return tokenizeResult{}, err
+	}
+	text := string(b.AppendBlockText(nil, 0, 0, tokenizeCheckTokens))
+	client, err := targetHTTPClient(t, "kvload_tokenize_check")
+	if err != nil {
+		return tokenizeResult{}, fmt.Errorf("target %s: tokenize client: %w", t.Name, err)
+	}
+	defer client.CloseIdleConnections()
+	cctx, cancel := context.WithTimeout(ctx, discoverTimeout)
+	defer cancel()
+	ids, err := tokencheck.Tokenize(cctx, client, d.targetBaseURL(t), replay.Dialect(t.Dialect), t.Model, text)
+	if err != nil {
+		return tokenizeResult{}, err
+	}
+	if len(ids) == 0 {
+		return tokenizeResult{}, errors.New("the tokenize endpoint answered no tokens for a non-empty prompt")
+	}
+	res := tokenizeResult{built: tokenizeCheckTokens, server: len(ids)}
+	if t.PromptFormat != replay.PromptFormatTokenIDs {
+		return res, nil
+	}
+	tok, err := synth.LoadTokenizer(t.Tokenizer)
+	if err != nil {
+		return tokenizeResult{}, fmt.Errorf("tokenizer: %w", err)
+	}
+	mine, err := tok.Encode(text)
+	if err != nil {
+		return tokenizeResult{}, fmt.Errorf("tokenizer %s: %w", t.Tokenizer, err)
+	}
+	for i := range max(len(mine), len(ids)) {
+		if i >= len(mine) || i >= len(ids) || mine[i] != ids[i] {
+			res.mismatched++
+		}
+	}
+	return res, nil
+}
