@@ -217,7 +217,7 @@ func targetConfig(t *config.Target, url string) replay.TargetConfig {
 		Model:            t.Model,
 		API:              replay.API(t.API),
 		Dialect:          replay.Dialect(t.Dialect),
-		PromptFormat:     t.PromptFormat,
+		PromptFormat:     replay.PromptFormat(t.PromptFormat),
 		RequestTimeout:   time.Duration(t.RequestTimeout),
 		HTTPClientConfig: *t.HTTPClientConfig,
 		ExtraBody:        t.ExtraBody,
