@@ -530,7 +530,7 @@ func (d *Daemon) publishTargets(cfg *config.Config) {
 	seen := map[string]bool{}
 	targets := make([]Target, 0, len(cfg.Targets))
 	for _, t := range cfg.Targets {
-		d.coll.SetTarget(t.Name, t.Model, t.API, t.Dialect, t.Cache.Observed)
+		d.coll.SetTarget(t.Name, t.Model, replay.API(t.API), replay.Dialect(t.Dialect), collector.Observed(t.Cache.Observed))
 		seen[t.Name] = true
 		tc := d.caches[t.Name]
 		targets = append(targets, Target{Name: t.Name, Model: t.Model, API: t.API, Dialect: t.Dialect,

@@ -84,7 +84,7 @@ func newServerScraper(t *config.Target, url string) (*collector.ServerScraper, e
 	if err != nil {
 		return nil, fmt.Errorf("target %s: server metrics client: %w", t.Name, err)
 	}
-	return &collector.ServerScraper{Target: t.Name, URL: url, Dialect: t.Dialect, Client: client, Interval: serverScrapeInterval}, nil
+	return &collector.ServerScraper{Target: t.Name, URL: url, Dialect: replay.Dialect(t.Dialect), Client: client, Interval: serverScrapeInterval}, nil
 }
 
 // targetHTTPClient is a client with t's http_client_config for what the
