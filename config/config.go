@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,7 +25,9 @@ import (
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
@@ -46,13 +49,13 @@ type Config struct {
 
 // Target is one inference server (or an emulated one).
 type Target struct {
-	Name         string `yaml:"name"`
-	URL          string `yaml:"url,omitempty"`
-	Model        string `yaml:"model,omitempty"`
-	API          string `yaml:"api,omitempty"`
-	Dialect      string `yaml:"dialect,omitempty"`
-	PromptFormat string `yaml:"prompt_format,omitempty"`
-	Tokenizer    string `yaml:"tokenizer,omitempty"`
+	Name         string              `yaml:"name"`
+	URL          string              `yaml:"url,omitempty"`
+	Model        string              `yaml:"model,omitempty"`
+	API          replay.API          `yaml:"api,omitempty"`
+	Dialect      replay.Dialect      `yaml:"dialect,omitempty"`
+	PromptFormat replay.PromptFormat `yaml:"prompt_format,omitempty"`
+	Tokenizer    string              `yaml:"tokenizer,omitempty"`
 	// tokenizerSet: the file named a tokenizer (before defaults), which
 	// only token-id prompts use.
 	tokenizerSet     bool
@@ -68,10 +71,10 @@ type Target struct {
 type Cache struct {
 	// BlockSize and CapacityBlocks are "auto" unless given: read from the
 	// target where its engine exposes them (see package kvcapacity).
-	BlockSize      AutoInt `yaml:"block_size,omitempty"`
-	CapacityBlocks AutoInt `yaml:"capacity_blocks,omitempty"`
-	Observed       string  `yaml:"observed,omitempty"`
-	MetricsURL     string  `yaml:"metrics_url,omitempty"`
+	BlockSize      AutoInt            `yaml:"block_size,omitempty"`
+	CapacityBlocks AutoInt            `yaml:"capacity_blocks,omitempty"`
+	Observed       collector.Observed `yaml:"observed,omitempty"`
+	MetricsURL     string             `yaml:"metrics_url,omitempty"`
 }
 
 // AutoInt is a whole number, or "auto" for a value the exporter reads from
@@ -115,15 +118,15 @@ func (a AutoInt) IsZero() bool { return a.Auto() }
 
 // Workload is one trace replayed against one or more targets.
 type Workload struct {
-	Name         string    `yaml:"name"`
-	Trace        string    `yaml:"trace"`
-	Targets      []string  `yaml:"targets"`
-	BlockSize    int       `yaml:"block_size,omitempty"`
-	Seed         uint64    `yaml:"seed,omitempty"`
-	Synthesis    Synthesis `yaml:"synthesis,omitempty"`
-	Loop         string    `yaml:"loop,omitempty"`
-	MaxInFlight  int       `yaml:"max_in_flight,omitempty"`
-	OnSaturation string    `yaml:"on_saturation,omitempty"`
+	Name         string                  `yaml:"name"`
+	Trace        string                  `yaml:"trace"`
+	Targets      []string                `yaml:"targets"`
+	BlockSize    int                     `yaml:"block_size,omitempty"`
+	Seed         uint64                  `yaml:"seed,omitempty"`
+	Synthesis    Synthesis               `yaml:"synthesis,omitempty"`
+	Loop         replay.LoopMode         `yaml:"loop,omitempty"`
+	MaxInFlight  int                     `yaml:"max_in_flight,omitempty"`
+	OnSaturation replay.SaturationPolicy `yaml:"on_saturation,omitempty"`
 	// MaxQueueLag: with on_saturation: queue, how late a row waiting for a
 	// slot may still be sent; later it is dropped (reason max_lag). 0 is
 	// replay.DefaultMaxQueueLag.
@@ -167,16 +170,16 @@ type Shard struct {
 
 // Defaults of the contract.
 const (
-	DefaultAPI            = "chat"
-	DefaultDialect        = "openai"
-	DefaultPromptFormat   = "text"
+	DefaultAPI            = replay.APIChat
+	DefaultDialect        = replay.DialectOpenAI
+	DefaultPromptFormat   = replay.PromptFormatText
 	DefaultTokenizer      = "o200k_base"
 	DefaultRequestTimeout = Duration(10 * time.Minute)
-	DefaultObserved       = "usage"
+	DefaultObserved       = collector.ObservedUsage
 	DefaultTraceBlockSize = 512
-	DefaultLoop           = "fresh"
+	DefaultLoop           = replay.LoopFresh
 	DefaultMaxInFlight    = 64
-	DefaultOnSaturation   = "drop"
+	DefaultOnSaturation   = replay.SaturationDrop
 )
 
 // Load reads, defaults and validates a configuration file. Its error lists
@@ -249,7 +252,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 				if strings.Contains(e, "not found in type") {
 					continue // already reported with its path
 				}
-				problems = append(problems, errors.New(walk.locate(e)))
+				problems = append(problems, errors.New(walk.locate(plainTypes(e))))
 			}
 		}
 		if len(problems) > 0 {
@@ -287,7 +290,7 @@ func (c *Config) applyDefaults() {
 		t := &c.Targets[i]
 		t.API = orDefault(t.API, DefaultAPI)
 		if t.Emulate != nil {
-			t.Dialect = orDefault(t.Dialect, "vllm") // the emulator speaks vLLM
+			t.Dialect = orDefault(t.Dialect, replay.DialectVLLM) // the emulator speaks vLLM
 		}
 		t.Dialect = orDefault(t.Dialect, DefaultDialect)
 		t.PromptFormat = orDefault(t.PromptFormat, DefaultPromptFormat)
@@ -297,7 +300,7 @@ func (c *Config) applyDefaults() {
 			t.RequestTimeout = DefaultRequestTimeout
 		}
 		t.Cache.Observed = orDefault(t.Cache.Observed, DefaultObserved)
-		if t.Cache.Observed == "server_metrics" && t.Cache.MetricsURL == "" && t.URL != "" {
+		if t.Cache.Observed == collector.ObservedServerMetrics && t.Cache.MetricsURL == "" && t.URL != "" {
 			t.Cache.MetricsURL = strings.TrimSuffix(t.URL, "/") + "/metrics"
 		}
 		if t.Emulate != nil && t.Model == "" {
@@ -332,7 +335,7 @@ func (c *Config) applyDefaults() {
 	}
 }
 
-func orDefault(v, d string) string {
+func orDefault[T ~string](v, d T) T {
 	if v == "" {
 		return d
 	}
@@ -486,13 +489,13 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 		r, _ := utf8.DecodeRuneInString(t.Model[i:])
 		bad(p+".model", "%q holds control character %U", t.Model, r)
 	}
-	oneOf(t.API, p+".api", bad, "chat", "completions")
-	oneOf(t.Dialect, p+".dialect", bad, "vllm", "sglang", "trtllm", "dynamo", "llamacpp", "ollama", "openai")
-	oneOf(t.PromptFormat, p+".prompt_format", bad, "text", "token_ids")
-	if t.PromptFormat == "token_ids" && t.API != "completions" {
+	oneOf(t.API, p+".api", bad, replay.APIs[:])
+	oneOf(t.Dialect, p+".dialect", bad, replay.Dialects[:])
+	oneOf(t.PromptFormat, p+".prompt_format", bad, replay.PromptFormats[:])
+	if t.PromptFormat == replay.PromptFormatTokenIDs && t.API != replay.APICompletions {
 		bad(p+".prompt_format", "token_ids needs api: completions")
 	}
-	if t.tokenizerSet && t.PromptFormat != "token_ids" {
+	if t.tokenizerSet && t.PromptFormat != replay.PromptFormatTokenIDs {
 		// Text prompts are words that are one token each in every
 		// supported tokenizer: a tokenizer there would change nothing.
 		bad(p+".tokenizer", "is used only with prompt_format: token_ids (text prompts need none)")
@@ -509,18 +512,17 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	if !t.Cache.CapacityBlocks.Auto() && t.Cache.CapacityBlocks.N < 0 {
 		bad(p+".cache.capacity_blocks", "must be auto or ≥ 0 (0 is infinite), got %d", t.Cache.CapacityBlocks.N)
 	}
-	oneOf(t.Cache.Observed, p+".cache.observed", bad, "usage", "server_metrics", "none")
+	oneOf(t.Cache.Observed, p+".cache.observed", bad, collector.ObservedSources[:])
 	if t.Cache.MetricsURL != "" {
 		validateURL(t.Cache.MetricsURL, p+".cache.metrics_url", bad)
 	}
-	if t.Cache.Observed == "server_metrics" {
+	if t.Cache.Observed == collector.ObservedServerMetrics {
 		if t.Cache.MetricsURL == "" && t.Emulate == nil {
 			bad(p+".cache.metrics_url", "is required with observed: server_metrics")
 		}
-		switch t.Dialect {
-		case "vllm", "sglang", "trtllm", "dynamo", "llamacpp":
-		default:
-			bad(p+".cache.observed", "server_metrics needs a dialect whose server counts cached tokens (vllm, sglang, trtllm, dynamo, llamacpp), got %q", t.Dialect)
+		if _, ok := collector.ServerCacheMetric[t.Dialect]; !ok {
+			bad(p+".cache.observed", "server_metrics needs a dialect whose server counts cached tokens (%s), got %q",
+				joinValues(serverCountedDialects()), t.Dialect)
 		}
 	}
 }
@@ -549,12 +551,12 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 			bad(path, "%s", msg)
 		}
 	}
-	oneOf(w.Loop, p+".loop", bad, "fresh", "repeat", "once")
+	oneOf(w.Loop, p+".loop", bad, replay.LoopModes[:])
 	if w.MaxInFlight < 1 {
 		bad(p+".max_in_flight", "must be at least 1, got %d", w.MaxInFlight)
 	}
-	oneOf(w.OnSaturation, p+".on_saturation", bad, "drop", "queue")
-	if w.MaxQueueLag != 0 && w.OnSaturation != "queue" {
+	oneOf(w.OnSaturation, p+".on_saturation", bad, replay.SaturationPolicies[:])
+	if w.MaxQueueLag != 0 && w.OnSaturation != replay.SaturationQueue {
 		bad(p+".max_queue_lag", "applies only with on_saturation: queue")
 	}
 	if w.Shard.Count < 1 {
@@ -596,11 +598,29 @@ func validateURL(raw, path string, bad func(string, string, ...any)) {
 	}
 }
 
-func oneOf(v, path string, bad func(string, string, ...any), allowed ...string) {
-	for _, a := range allowed {
-		if v == a {
-			return
+func oneOf[T ~string](v T, path string, bad func(string, string, ...any), allowed []T) {
+	if !slices.Contains(allowed, v) {
+		bad(path, "%q is not one of %s", v, joinValues(allowed))
+	}
+}
+
+// joinValues lists a closed set's values for a message: "a, b, c".
+func joinValues[T ~string](values []T) string {
+	s := make([]string, len(values))
+	for i, v := range values {
+		s[i] = string(v)
+	}
+	return strings.Join(s, ", ")
+}
+
+// serverCountedDialects are the dialects whose server counts cached tokens
+// in its metrics (collector.ServerCacheMetric), in replay.Dialects' order.
+func serverCountedDialects() []replay.Dialect {
+	var out []replay.Dialect
+	for _, d := range replay.Dialects {
+		if _, ok := collector.ServerCacheMetric[d]; ok {
+			out = append(out, d)
 		}
 	}
-	bad(path, "%q is not one of %s", v, strings.Join(allowed, ", "))
+	return out
 }

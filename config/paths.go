@@ -233,6 +233,41 @@ func (w *keyWalk) locate(msg string) string {
 	return fmt.Sprintf("%s: %s (line %d)", path, msg[len(m[0]):], line)
 }
 
+// stringTypes holds the Go names of the schema's named string types
+// (replay.LoopMode, collector.Observed, ...), found by walking the schema's
+// own structs.
+var stringTypes = func() map[string]bool {
+	names := map[string]bool{}
+	own := reflect.TypeOf(Config{}).PkgPath()
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+			t = t.Elem()
+		}
+		switch {
+		case t.Kind() == reflect.String && t.PkgPath() != "":
+			names[t.String()] = true
+		case t.Kind() == reflect.Struct && t.PkgPath() == own:
+			for _, ft := range yamlFields(t) {
+				walk(ft)
+			}
+		}
+	}
+	walk(reflect.TypeOf(Config{}))
+	return names
+}()
+
+// plainTypes rewrites yaml.v3's "cannot unmarshal !!map into
+// replay.LoopMode" as "... into string": the YAML holds a plain string,
+// and the Go name means nothing to its author.
+func plainTypes(msg string) string {
+	i := strings.LastIndex(msg, " into ")
+	if i >= 0 && stringTypes[msg[i+len(" into "):]] {
+		return msg[:i] + " into string"
+	}
+	return msg
+}
+
 // fingerprints renders each entry of targets and workloads canonically:
 // comments, quoting and layout do not matter, values do.
 func fingerprints(root *yaml.Node) map[string]string {

@@ -89,14 +89,14 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) t
 	tc := targetCache{fingerprint: fp, params: replay.CacheParams{
 		ServerBlock:    t.Cache.BlockSize.N,
 		CapacityBlocks: t.Cache.CapacityBlocks.N,
-		Granularity:    dialectGranularity(replay.Dialect(t.Dialect)),
+		Granularity:    dialectGranularity(t.Dialect),
 	}, known: !t.Cache.CapacityBlocks.Auto(), note: "configured"}
 	if !t.Cache.BlockSize.Auto() && !t.Cache.CapacityBlocks.Auto() {
 		return tc
 	}
 	layout, err := discoverLayout(ctx, t, d.targetBaseURL(t))
 	if t.Cache.BlockSize.Auto() {
-		tc.params.ServerBlock = dialectBlockSize(replay.Dialect(t.Dialect))
+		tc.params.ServerBlock = dialectBlockSize(t.Dialect)
 		if err == nil {
 			tc.params.ServerBlock = layout.BlockSize
 		}
@@ -121,7 +121,7 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) t
 // discoverTimeout. Its error wraps kvcapacity.ErrNotExposed when t's engine
 // does not say.
 func discoverLayout(ctx context.Context, t *config.Target, url string) (kvcapacity.Layout, error) {
-	if !kvcapacity.Exposed(replay.Dialect(t.Dialect)) {
+	if !kvcapacity.Exposed(t.Dialect) {
 		return kvcapacity.Layout{}, kvcapacity.ErrNotExposed
 	}
 	client, err := targetHTTPClient(t, "kvload_cache_discovery")
@@ -131,7 +131,7 @@ func discoverLayout(ctx context.Context, t *config.Target, url string) (kvcapaci
 	defer client.CloseIdleConnections()
 	dctx, cancel := context.WithTimeout(ctx, discoverTimeout)
 	defer cancel()
-	layout, err := kvcapacity.Discover(dctx, client, url, replay.Dialect(t.Dialect))
+	layout, err := kvcapacity.Discover(dctx, client, url, t.Dialect)
 	if err != nil {
 		return layout, fmt.Errorf("target %s: cache discovery: %w", t.Name, err)
 	}

@@ -220,7 +220,7 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 	}
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
-		if t.PromptFormat == "token_ids" {
+		if t.PromptFormat == replay.PromptFormatTokenIDs {
 			if _, err := synth.LoadTokenizer(t.Tokenizer); err != nil {
 				errs = append(errs, fmt.Errorf("target %s: tokenizer: %w", t.Name, err))
 			}
@@ -338,7 +338,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		shard = *d.shard
 	}
 	rb := &requestBuilder{prompts: wd.builder}
-	if t.PromptFormat == "token_ids" {
+	if t.PromptFormat == replay.PromptFormatTokenIDs {
 		rb.tokenIDs = true
 		tok := tokenizers[t.Tokenizer]
 		if tok == nil {
@@ -363,7 +363,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	}
 	// The plan is the trace's, shared; the pacer is this unit's cursor.
 	pacer, err := wd.trace.plan.NewPacer(replay.PacerOptions{
-		Loop:          replay.LoopMode(w.Loop),
+		Loop:          w.Loop,
 		Shard:         replay.Shard{Index: shard.Index, Count: shard.Count},
 		OnceNamespace: onceNS,
 	})
@@ -372,7 +372,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		return nil, err
 	}
 	var start time.Time // once: from the top, now
-	if w.Loop != "once" {
+	if w.Loop != replay.LoopOnce {
 		// Looping workloads keep the pass grid anchored in wall-clock time.
 		offset, err := pacer.SeekTime(now.Sub(d.anchor))
 		if err != nil {
@@ -385,7 +385,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	cache.TraceBlock = w.BlockSize
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	gate := &gatedObserver{c: d.coll, fails: newFailureLog(logger)}
-	if t.API == string(replay.APIChat) && !rb.tokenIDs {
+	if t.API == replay.APIChat && !rb.tokenIDs {
 		// A chat template wraps the built prompt: learn its size.
 		rb.template = &templateOverhead{logger: logger}
 		gate.template = rb.template
@@ -394,7 +394,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		Name:         w.Name,
 		Target:       t.Name,
 		MaxInFlight:  w.MaxInFlight,
-		OnSaturation: replay.SaturationPolicy(w.OnSaturation),
+		OnSaturation: w.OnSaturation,
 		MaxQueueLag:  time.Duration(w.MaxQueueLag),
 		Start:        start,
 		Cache:        replay.NewCacheModel(pacer, cache),
@@ -416,7 +416,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		defer close(u.done)
 		if err := wl.Run(ctx); err != nil {
 			level.Error(logger).Log("msg", "replay stopped", "err", err)
-		} else if w.Loop == "once" && !u.stopping.Load() {
+		} else if w.Loop == replay.LoopOnce && !u.stopping.Load() {
 			// Run returned by itself: the single pass is sent and drained.
 			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", wd.rows())
 		}
@@ -512,7 +512,7 @@ func (d *Daemon) applyEmulators(unitCtx context.Context, cfg *config.Config) err
 // with loop: fresh, or returns "".
 func freshWorkloadOf(cfg *config.Config, target string) string {
 	for _, w := range cfg.Workloads {
-		if w.Loop == "fresh" && slices.Contains(w.Targets, target) {
+		if w.Loop == replay.LoopFresh && slices.Contains(w.Targets, target) {
 			return w.Name
 		}
 	}
@@ -530,10 +530,10 @@ func (d *Daemon) publishTargets(cfg *config.Config) {
 	seen := map[string]bool{}
 	targets := make([]Target, 0, len(cfg.Targets))
 	for _, t := range cfg.Targets {
-		d.coll.SetTarget(t.Name, t.Model, replay.API(t.API), replay.Dialect(t.Dialect), collector.Observed(t.Cache.Observed))
+		d.coll.SetTarget(t.Name, t.Model, t.API, t.Dialect, t.Cache.Observed)
 		seen[t.Name] = true
 		tc := d.caches[t.Name]
-		targets = append(targets, Target{Name: t.Name, Model: t.Model, API: t.API, Dialect: t.Dialect,
+		targets = append(targets, Target{Name: t.Name, Model: t.Model, API: string(t.API), Dialect: string(t.Dialect),
 			BlockSize: tc.params.ServerBlock, CapacityBlocks: tc.params.CapacityBlocks, CapacityKnown: tc.known, CacheNote: tc.note})
 	}
 	if d.cfg != nil {

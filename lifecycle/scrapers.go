@@ -31,7 +31,7 @@ type scraping struct {
 func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) error {
 	want := map[string]*config.Target{}
 	for i := range cfg.Targets {
-		if t := &cfg.Targets[i]; t.Cache.Observed == "server_metrics" {
+		if t := &cfg.Targets[i]; t.Cache.Observed == collector.ObservedServerMetrics {
 			want[t.Name] = t
 		}
 	}
@@ -84,7 +84,7 @@ func newServerScraper(t *config.Target, url string) (*collector.ServerScraper, e
 	if err != nil {
 		return nil, fmt.Errorf("target %s: server metrics client: %w", t.Name, err)
 	}
-	return &collector.ServerScraper{Target: t.Name, URL: url, Dialect: replay.Dialect(t.Dialect), Client: client, Interval: serverScrapeInterval}, nil
+	return &collector.ServerScraper{Target: t.Name, URL: url, Dialect: t.Dialect, Client: client, Interval: serverScrapeInterval}, nil
 }
 
 // targetHTTPClient is a client with t's http_client_config for what the
