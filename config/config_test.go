@@ -299,3 +299,68 @@ func TestValidateModelCharacters(t *testing.T) {
 		t.Errorf("Parse with emulate.model: %v", err)
 	}
 }
+
+// TestClosedSets: each closed-set key takes every value of the contract and
+// rejects any other, naming them all; a non-scalar is a type error told as
+// YAML's string, not as the Go type.
+func TestClosedSets(t *testing.T) {
+	tests := []struct {
+		key           string
+		target, wl    string // the key and its companions, "%s" for the value
+		valid         []string
+		got           func(*Config) string
+		invalid, want string
+	}{
+		{"api", "api: %s", "", []string{"chat", "completions"},
+			func(c *Config) string { return string(c.Targets[0].API) },
+			"chat-completions", `targets[0].api: "chat-completions" is not one of chat, completions`},
+		{"dialect", "dialect: %s", "", []string{"vllm", "sglang", "trtllm", "dynamo", "llamacpp", "ollama", "openai"},
+			func(c *Config) string { return string(c.Targets[0].Dialect) },
+			"tgi", `targets[0].dialect: "tgi" is not one of vllm, sglang, trtllm, dynamo, llamacpp, ollama, openai`},
+		{"prompt_format", "api: completions, prompt_format: %s", "", []string{"text", "token_ids"},
+			func(c *Config) string { return string(c.Targets[0].PromptFormat) },
+			"ids", `targets[0].prompt_format: "ids" is not one of text, token_ids`},
+		{"cache.observed", "dialect: vllm, cache: {observed: %s}", "", []string{"usage", "server_metrics", "none"},
+			func(c *Config) string { return string(c.Targets[0].Cache.Observed) },
+			"maybe", `targets[0].cache.observed: "maybe" is not one of usage, server_metrics, none`},
+		{"loop", "", "loop: %s", []string{"fresh", "repeat", "once"},
+			func(c *Config) string { return string(c.Workloads[0].Loop) },
+			"forever", `workloads[0].loop: "forever" is not one of fresh, repeat, once`},
+		{"on_saturation", "", "on_saturation: %s", []string{"drop", "queue"},
+			func(c *Config) string { return string(c.Workloads[0].OnSaturation) },
+			"block", `workloads[0].on_saturation: "block" is not one of drop, queue`},
+	}
+	for _, tt := range tests {
+		parse := func(v string) (*Config, error) {
+			extra := func(tmpl string) string {
+				if tmpl == "" {
+					return ""
+				}
+				return ", " + fmt.Sprintf(tmpl, v)
+			}
+			return Parse([]byte("targets:\n  - {name: t, url: 'http://t:8000', model: m"+extra(tt.target)+"}\n"+
+				"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]"+extra(tt.wl)+"}\n"), "")
+		}
+		for _, v := range tt.valid {
+			t.Run(tt.key+"/"+v, func(t *testing.T) {
+				cfg, err := parse(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := tt.got(cfg); got != v {
+					t.Errorf("%s = %q, want %q", tt.key, got, v)
+				}
+			})
+		}
+		t.Run(tt.key+"/"+tt.invalid, func(t *testing.T) {
+			if _, err := parse(tt.invalid); err == nil || err.Error() != tt.want {
+				t.Errorf("Parse: %v\nwant %s", err, tt.want)
+			}
+		})
+		t.Run(tt.key+"/mapping", func(t *testing.T) {
+			if _, err := parse("{x: 1}"); err == nil || !strings.Contains(err.Error(), "cannot unmarshal !!map into string") {
+				t.Errorf("Parse: %v, want a type error into string", err)
+			}
+		})
+	}
+}
