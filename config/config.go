@@ -26,7 +26,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
-	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
@@ -39,8 +38,8 @@ type Config struct {
 	// dir is the directory of the file, against which trace paths resolve;
 	// file is the file's path as given, when known.
 	dir, file string
-	// traceLines is the line of each workload's trace key, for errors.
-	traceLines map[int]int
+	// keyLines is the line of each key, by YAML path, for errors.
+	keyLines map[string]int
 	// fingerprints holds a canonical form of each target's and workload's
 	// YAML ("target/NAME", "workload/NAME"), secrets included, to tell
 	// what a reload changed; it is never printed.
@@ -63,7 +62,42 @@ type Target struct {
 	HTTPClientConfig *promconfig.HTTPClientConfig `yaml:"http_client_config,omitempty"`
 	ExtraBody        map[string]any               `yaml:"extra_body,omitempty"`
 	Cache            Cache                        `yaml:"cache,omitempty"`
-	Emulate          *emulate.Config              `yaml:"emulate,omitempty"`
+	Emulate          *Emulate                     `yaml:"emulate,omitempty"`
+}
+
+// Emulate is a target's emulated engine: the keys of package emulate's
+// Config, which the daemon converts it to, declared here so that the schema
+// does not depend on the emulator. The daemon checks the engine's name.
+type Emulate struct {
+	Model              string        `yaml:"model"`
+	MaxModelLen        int           `yaml:"max_model_len"`
+	MaxBodyBytes       int64         `yaml:"max_body_bytes"`
+	Engine             string        `yaml:"engine"`
+	BlockSize          int           `yaml:"block_size"`
+	CapacityBlocks     int           `yaml:"capacity_blocks"`
+	Slots              int           `yaml:"slots"`
+	BOS                bool          `yaml:"bos"`
+	DisablePrefixCache bool          `yaml:"disable_prefix_cache"`
+	OmitCachedTokens   bool          `yaml:"omit_cached_tokens"`
+	MaxRunning         int           `yaml:"max_running"`
+	Overhead           time.Duration `yaml:"overhead"`
+	PrefillPerToken    time.Duration `yaml:"prefill_per_token"`
+	InterToken         time.Duration `yaml:"inter_token"`
+	Faults             EmulateFaults `yaml:"faults"`
+	Seed               uint64        `yaml:"seed"`
+}
+
+// EmulateFaults are the keys of emulate.Faults, field for field, so that
+// one converts to the other.
+type EmulateFaults struct {
+	Error500            float64       `yaml:"error_500"`
+	Error429            float64       `yaml:"error_429"`
+	Disconnect          float64       `yaml:"disconnect"`
+	Malformed           float64       `yaml:"malformed"`
+	Hang                float64       `yaml:"hang"`
+	SlowFirstToken      float64       `yaml:"slow_first_token"`
+	SlowFirstTokenDelay time.Duration `yaml:"slow_first_token_delay"`
+	AfterTokens         int           `yaml:"after_tokens"`
 }
 
 // Cache describes the target's KV prefix cache, for the theoretical model
@@ -224,7 +258,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 	}
 	if root.Kind != 0 {
 		walk := walkKeys(&root, reflect.TypeOf(cfg))
-		cfg.traceLines = walk.traceLines()
+		cfg.keyLines = walk.lines
 		var problems []error
 		for _, u := range walk.unknown {
 			problems = append(problems, errors.New(u))
@@ -303,8 +337,9 @@ func (c *Config) applyDefaults() {
 		if t.Cache.Observed == collector.ObservedServerMetrics && t.Cache.MetricsURL == "" && t.URL != "" {
 			t.Cache.MetricsURL = strings.TrimSuffix(t.URL, "/") + "/metrics"
 		}
-		if t.Emulate != nil && t.Model == "" {
-			t.Model = orDefault(t.Emulate.Model, emulate.DefaultModel)
+		if t.Emulate != nil {
+			// Still empty, it is the daemon's to name after the engine's default.
+			t.Model = orDefault(t.Model, t.Emulate.Model)
 		}
 		if t.HTTPClientConfig == nil {
 			d := promconfig.DefaultHTTPClientConfig
@@ -366,7 +401,7 @@ func (c *Config) TraceError(w *Workload, err error) error {
 	for i := range c.Workloads {
 		if &c.Workloads[i] == w {
 			where = fmt.Sprintf("workloads[%d].trace", i)
-			if line := c.traceLines[i]; line > 0 {
+			if line := c.keyLines[where]; line > 0 {
 				where += fmt.Sprintf(" (line %d)", line)
 			}
 		}
@@ -386,6 +421,20 @@ func (c *Config) TraceError(w *Workload, err error) error {
 			dir = abs
 		}
 		msg += fmt.Sprintf(" (a relative trace path resolves against the configuration file's directory, %s)", dir)
+	}
+	return &Error{msg: msg, err: err}
+}
+
+// KeyError is err, a problem found after loading with the value at path
+// ("targets[0].emulate.engine"), told as Load tells its own: file, path,
+// reason, line. It wraps err.
+func (c *Config) KeyError(path string, err error) error {
+	msg := path + ": " + err.Error()
+	if line := c.keyLines[path]; line > 0 {
+		msg += fmt.Sprintf(" (line %d)", line)
+	}
+	if c.file != "" {
+		msg = c.file + ": " + msg
 	}
 	return &Error{msg: msg, err: err}
 }
@@ -477,7 +526,9 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 		validateURL(t.URL, p+".url", bad)
 	}
 	if t.Model == "" {
-		bad(p+".model", "is required")
+		if t.Emulate == nil { // an emulated engine serves its default model
+			bad(p+".model", "is required")
+		}
 	} else if !utf8.ValidString(t.Model) {
 		bad(p+".model", "%q is not valid UTF-8", t.Model)
 	} else if i := strings.IndexFunc(t.Model, func(r rune) bool {

@@ -28,8 +28,10 @@ func TestLoadGood(t *testing.T) {
 	if got := string(a.HTTPClientConfig.Authorization.Credentials); got != "s3cr3t-token" {
 		t.Errorf("credentials = %q", got)
 	}
+	// An emulated target needs no model: the daemon names it after the
+	// engine's default.
 	demo, _ := cfg.Target("demo")
-	if demo.Emulate == nil || demo.Model != "kvload-emulated" {
+	if demo.Emulate == nil || demo.Model != "" {
 		t.Errorf("emulated target: %+v", demo)
 	}
 	w := &cfg.Workloads[0]
@@ -360,6 +362,33 @@ func TestClosedSets(t *testing.T) {
 		t.Run(tt.key+"/mapping", func(t *testing.T) {
 			if _, err := parse("{x: 1}"); err == nil || !strings.Contains(err.Error(), "cannot unmarshal !!map into string") {
 				t.Errorf("Parse: %v, want a type error into string", err)
+			}
+		})
+	}
+}
+
+// TestEmulateBlock: the emulate block is strict YAML like the rest, its
+// problems named by path and line; the engine's name is the daemon's to
+// check.
+func TestEmulateBlock(t *testing.T) {
+	tests := []struct {
+		name, block, want string // want "" means valid
+	}{
+		{"unknown key", "engin: sglang", `targets[0].emulate: unknown key "engin" (line 4); did you mean "engine"?`},
+		{"unknown fault", "faults: {error500: 1}", `targets[0].emulate.faults: unknown key "error500" (line 4); did you mean "error_500"?`},
+		{"not a duration", "overhead: soon", "targets[0].emulate.overhead: cannot unmarshal !!str `soon` into time.Duration (line 4)"},
+		{"not a string", "engine: [vllm]", "targets[0].emulate.engine: cannot unmarshal !!seq into string (line 4)"},
+		{"any engine name", "engine: tgi", ""}, // lifecycle's TestEmulateConfig has every key
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte("targets:\n  - name: t\n    emulate:\n      "+tt.block+"\n"+
+				"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"), "")
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("Parse: %v, want no problem", err)
+			case tt.want != "" && (err == nil || err.Error() != tt.want):
+				t.Errorf("Parse: %v\nwant %s", err, tt.want)
 			}
 		})
 	}

@@ -20,6 +20,7 @@ import (
 type keyWalk struct {
 	unknown []string       // "path: unknown key ..." problems, in file order
 	paths   map[int]string // line → path of the value on that line
+	lines   map[string]int // path of each known key → its line
 	// shared marks lines holding several keys (a flow mapping such as
 	// "{a: 1, b: x}"): their path is the keys' parent, since yaml.v3 names
 	// only the line.
@@ -27,7 +28,7 @@ type keyWalk struct {
 }
 
 func walkKeys(root *yaml.Node, t reflect.Type) *keyWalk {
-	w := &keyWalk{paths: map[int]string{}, shared: map[int]bool{}}
+	w := &keyWalk{paths: map[int]string{}, lines: map[string]int{}, shared: map[int]bool{}}
 	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
 		root = root.Content[0]
 	}
@@ -60,6 +61,7 @@ func (w *keyWalk) walk(n *yaml.Node, t reflect.Type, path string) {
 				continue
 			}
 			w.setPath(k.Line, child)
+			w.lines[child] = k.Line
 			w.walk(v, ft, child)
 		}
 	case n.Kind == yaml.SequenceNode && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
@@ -143,18 +145,6 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 			name = strings.ToLower(f.Name)
 		}
 		out[name] = f.Type
-	}
-	return out
-}
-
-// traceLines is the line of each workloads[i].trace key.
-func (w *keyWalk) traceLines() map[int]int {
-	out := map[int]int{}
-	for line, path := range w.paths {
-		var i int
-		if n, _ := fmt.Sscanf(path, "workloads[%d].trace", &i); n == 1 && path == fmt.Sprintf("workloads[%d].trace", i) {
-			out[i] = line
-		}
 	}
 	return out
 }

@@ -6,6 +6,7 @@ package lifecycle
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -204,6 +205,21 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 		return nil, nil, nil, err
 	}
 	var errs []error
+	// What only the emulator knows of an emulated target: its default
+	// model (which the target's requests and labels name) and the engine
+	// names it takes.
+	for i := range cfg.Targets {
+		t := &cfg.Targets[i]
+		if t.Emulate == nil {
+			continue
+		}
+		if t.Model == "" {
+			t.Model = emulate.DefaultModel
+		}
+		if _, err := emulateConfig(t); err != nil {
+			errs = append(errs, cfg.KeyError(fmt.Sprintf("targets[%d].emulate.engine", i), err))
+		}
+	}
 	loaded := map[string]*workloadData{}
 	traces := prev.next()
 	for i := range cfg.Workloads {
@@ -468,9 +484,9 @@ func (d *Daemon) applyEmulators(unitCtx context.Context, cfg *config.Config) err
 		if t.Emulate == nil || d.emulators[t.Name] != nil {
 			continue
 		}
-		ecfg := *t.Emulate
-		if ecfg.Model == "" {
-			ecfg.Model = t.Model
+		ecfg, err := emulateConfig(t)
+		if err != nil {
+			return fmt.Errorf("target %s: emulate: %w", t.Name, err)
 		}
 		eng, err := emulate.New(ecfg)
 		if err != nil {
@@ -500,12 +516,40 @@ func (d *Daemon) applyEmulators(unitCtx context.Context, cfg *config.Config) err
 		level.Info(d.logger).Log("msg", "emulated engine started", "target", t.Name, "url", "http://"+l.Addr().String())
 		// A llama.cpp engine holds one prompt per slot: bounded whatever its
 		// capacity_blocks (which it does not take).
-		unbounded := t.Emulate.CapacityBlocks == 0 && t.Emulate.Engine != emulate.PersonalityLlamaCpp
+		unbounded := ecfg.CapacityBlocks == 0 && ecfg.Engine != emulate.PersonalityLlamaCpp
 		if w := freshWorkloadOf(cfg, t.Name); unbounded && w != "" {
 			level.Warn(d.logger).Log("msg", "the emulated engine's prefix cache is unbounded and a workload sends it new prompts every pass: its memory grows every pass; set emulate.capacity_blocks for long runs", "target", t.Name, "workload", w)
 		}
 	}
 	return nil
+}
+
+// emulateConfig converts t's emulate block for the emulator; an engine name
+// the emulator does not know is its only error.
+func emulateConfig(t *config.Target) (emulate.Config, error) {
+	e := t.Emulate
+	engine, err := emulate.ParsePersonality(e.Engine)
+	if err != nil {
+		return emulate.Config{}, err
+	}
+	return emulate.Config{
+		Model:              cmp.Or(e.Model, t.Model),
+		MaxModelLen:        e.MaxModelLen,
+		MaxBodyBytes:       e.MaxBodyBytes,
+		Engine:             engine,
+		BlockSize:          e.BlockSize,
+		CapacityBlocks:     e.CapacityBlocks,
+		Slots:              e.Slots,
+		BOS:                e.BOS,
+		DisablePrefixCache: e.DisablePrefixCache,
+		OmitCachedTokens:   e.OmitCachedTokens,
+		MaxRunning:         e.MaxRunning,
+		Overhead:           e.Overhead,
+		PrefillPerToken:    e.PrefillPerToken,
+		InterToken:         e.InterToken,
+		Faults:             emulate.Faults(e.Faults),
+		Seed:               e.Seed,
+	}, nil
 }
 
 // freshWorkloadOf names a workload that replays forever against target
