@@ -68,7 +68,7 @@ type Collector struct {
 	// its configuration changes) that a successful response carried no
 	// cached-token count, with the target's dialect, to tell the user
 	// what to switch on.
-	NotifyUnreported func(target, dialect string)
+	NotifyUnreported func(target string, dialect replay.Dialect)
 
 	now      func() time.Time
 	mu       sync.Mutex
@@ -79,9 +79,9 @@ type Collector struct {
 
 // targetState is what the collector keeps of one target.
 type targetState struct {
-	dialect  string
-	observed string // usage | server_metrics | none
-	notified bool   // NotifyUnreported was called
+	dialect  replay.Dialect
+	observed Observed
+	notified bool // NotifyUnreported was called
 	inFlight int
 	// pending holds, with observed: server_metrics, the prompt tokens each
 	// workload's successful requests had since the last scrape: the share
@@ -273,12 +273,25 @@ func (c *Collector) ForgetWorkload(workload string) {
 	c.mu.Unlock()
 }
 
+// Observed is where a target's observed cached tokens come from
+// (target.cache.observed).
+type Observed string
+
+// The sources of observed cached tokens.
+const (
+	ObservedUsage         Observed = "usage"          // each response's usage
+	ObservedServerMetrics Observed = "server_metrics" // the engine's own counter (AddServerCached)
+	ObservedNone          Observed = "none"
+)
+
+// ObservedSources lists every source.
+var ObservedSources = [...]Observed{ObservedUsage, ObservedServerMetrics, ObservedNone}
+
 // SetTarget publishes a target's info series, replacing an older one, and
-// says where its observed cached tokens come from: "usage" (each response),
-// "server_metrics" (AddServerCached) or "none".
-func (c *Collector) SetTarget(target, model, api, dialect, observed string) {
+// says where its observed cached tokens come from.
+func (c *Collector) SetTarget(target, model string, api replay.API, dialect replay.Dialect, observed Observed) {
 	c.targetInfo.DeletePartialMatch(prometheus.Labels{"target": target})
-	c.targetInfo.WithLabelValues(target, model, api, dialect).Set(1)
+	c.targetInfo.WithLabelValues(target, model, string(api), string(dialect)).Set(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old := c.targets[target]
@@ -464,17 +477,17 @@ func (c *Collector) Finished(r *replay.Result) {
 	// One lock for the live summary and the server-metrics shares.
 	c.mu.Lock()
 	st := c.targets[t]
-	mode, dialect := "usage", ""
+	mode, dialect := ObservedUsage, replay.Dialect("")
 	if st != nil {
 		mode, dialect = st.observed, st.dialect
 		st.inFlight = max(st.inFlight-1, 0)
 	}
-	usageCached := r.CachedKnown && mode == "usage"
+	usageCached := r.CachedKnown && mode == ObservedUsage
 	// The request counts on both sides of the efficiency ratio only when
 	// both are known: its cached tokens and its theoretical ones.
-	reported := success && r.TheoreticalKnown && (usageCached || mode == "server_metrics")
+	reported := success && r.TheoreticalKnown && (usageCached || mode == ObservedServerMetrics)
 	notify := false
-	if success && !usageCached && mode == "usage" && st != nil && !st.notified {
+	if success && !usageCached && mode == ObservedUsage && st != nil && !st.notified {
 		st.notified, notify = true, c.NotifyUnreported != nil
 	}
 	preamble := 0
@@ -488,7 +501,7 @@ func (c *Collector) Finished(r *replay.Result) {
 		}
 	}
 	c.recordLocked(r, usageCached, reported, preamble)
-	if success && mode == "server_metrics" && st != nil {
+	if success && mode == ObservedServerMetrics && st != nil {
 		// In the engine's units where the response says them.
 		prompt := float64(r.TraceInputLength)
 		if r.PromptKnown {
@@ -529,7 +542,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	if usageCached {
 		c.cachedTokens.WithLabelValues(w, t).Add(float64(r.CachedTokens))
 	}
-	if !usageCached && mode != "server_metrics" {
+	if !usageCached && mode != ObservedServerMetrics {
 		c.unreported.WithLabelValues(w, t).Inc()
 	}
 	if !r.TheoreticalKnown {

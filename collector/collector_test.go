@@ -176,7 +176,7 @@ func TestUnknownIsNotZero(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	c := New(reg)
 	var told []string
-	c.NotifyUnreported = func(target, dialect string) { told = append(told, target+"/"+dialect) }
+	c.NotifyUnreported = func(target string, dialect replay.Dialect) { told = append(told, target+"/"+string(dialect)) }
 	c.SetTarget("a", "m", "chat", "vllm", "usage")
 	c.Start("w", "a")
 	res := func(known bool) *replay.Result {

@@ -20,14 +20,14 @@ import (
 // ServerCacheMetric names, per dialect, the server's own counter of prompt
 // tokens served from its prefix cache (engines doc §A). The first name
 // present in a scrape is used; histogram metrics count by their sum.
-var ServerCacheMetric = map[string][]string{
-	"vllm":   {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total"},
-	"sglang": {"sglang:cached_tokens_total", "sglang:cached_tokens"},
-	"trtllm": {"trtllm_prompt_cached_tokens_total", "trtllm_prompt_cache_hit_tokens_total"},
-	"dynamo": {"dynamo_frontend_cached_tokens"},
+var ServerCacheMetric = map[replay.Dialect][]string{
+	replay.DialectVLLM:   {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total"},
+	replay.DialectSGLang: {"sglang:cached_tokens_total", "sglang:cached_tokens"},
+	replay.DialectTRTLLM: {"trtllm_prompt_cached_tokens_total", "trtllm_prompt_cache_hit_tokens_total"},
+	replay.DialectDynamo: {"dynamo_frontend_cached_tokens"},
 	// llama-server with --metrics, in builds that count cached prompt
 	// tokens (older ones have no prefix-cache counter at all).
-	"llamacpp": {"llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_cached"},
+	replay.DialectLlamaCpp: {"llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_cached"},
 }
 
 // ServerPromptMetric names, per dialect, the server's counter of the prompt
@@ -36,14 +36,14 @@ var ServerCacheMetric = map[string][]string{
 // the cached tokens, which the cached-token counter then adds back.
 // TensorRT-LLM's /metrics is JSON and Dynamo's frontend has no such
 // counter: for them the share cannot be known (docs/cache-model.md).
-var ServerPromptMetric = map[string]struct {
+var ServerPromptMetric = map[replay.Dialect]struct {
 	Names          []string
 	ExcludesCached bool
 }{
-	"vllm":   {Names: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries", "vllm:prompt_tokens_total"}},
-	"sglang": {Names: []string{"sglang:prompt_tokens_total"}},
+	replay.DialectVLLM:   {Names: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries", "vllm:prompt_tokens_total"}},
+	replay.DialectSGLang: {Names: []string{"sglang:prompt_tokens_total"}},
 	// llama-server: prompt_tokens_total counts only the tokens it computed.
-	"llamacpp": {Names: []string{"llamacpp:prompt_tokens_total"}, ExcludesCached: true},
+	replay.DialectLlamaCpp: {Names: []string{"llamacpp:prompt_tokens_total"}, ExcludesCached: true},
 }
 
 // maxMetricsBytes bounds one scrape of a server's /metrics.
@@ -54,7 +54,7 @@ const maxMetricsBytes = 32 << 20
 type ServerScraper struct {
 	Target   string
 	URL      string
-	Dialect  string
+	Dialect  replay.Dialect
 	Client   *http.Client
 	Interval time.Duration
 
@@ -247,7 +247,7 @@ func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
 
 // cachedTokens sums the dialect's cached-token metric over all its series
 // (every model and engine label of the server).
-func cachedTokens(mfs map[string]*dto.MetricFamily, dialect, target string) (float64, error) {
+func cachedTokens(mfs map[string]*dto.MetricFamily, dialect replay.Dialect, target string) (float64, error) {
 	if v, ok := sumFirst(mfs, ServerCacheMetric[dialect]); ok {
 		return v, nil
 	}

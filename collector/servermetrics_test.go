@@ -41,7 +41,7 @@ func TestServerScraperDialects(t *testing.T) {
 			}))
 			defer srv.Close()
 			dialect, _, _ := strings.Cut(tt.dialect, " ")
-			s := &ServerScraper{Target: "t", URL: srv.URL, Dialect: dialect, Client: srv.Client()}
+			s := &ServerScraper{Target: "t", URL: srv.URL, Dialect: replay.Dialect(dialect), Client: srv.Client()}
 			got, err := s.read(context.Background())
 			if err != nil {
 				t.Fatal(err)

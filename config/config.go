@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,7 +25,8 @@ import (
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
@@ -36,8 +38,8 @@ type Config struct {
 	// dir is the directory of the file, against which trace paths resolve;
 	// file is the file's path as given, when known.
 	dir, file string
-	// traceLines is the line of each workload's trace key, for errors.
-	traceLines map[int]int
+	// keyLines is the line of each key, by YAML path, for errors.
+	keyLines map[string]int
 	// fingerprints holds a canonical form of each target's and workload's
 	// YAML ("target/NAME", "workload/NAME"), secrets included, to tell
 	// what a reload changed; it is never printed.
@@ -46,13 +48,13 @@ type Config struct {
 
 // Target is one inference server (or an emulated one).
 type Target struct {
-	Name         string `yaml:"name"`
-	URL          string `yaml:"url,omitempty"`
-	Model        string `yaml:"model,omitempty"`
-	API          string `yaml:"api,omitempty"`
-	Dialect      string `yaml:"dialect,omitempty"`
-	PromptFormat string `yaml:"prompt_format,omitempty"`
-	Tokenizer    string `yaml:"tokenizer,omitempty"`
+	Name         string              `yaml:"name"`
+	URL          string              `yaml:"url,omitempty"`
+	Model        string              `yaml:"model,omitempty"`
+	API          replay.API          `yaml:"api,omitempty"`
+	Dialect      replay.Dialect      `yaml:"dialect,omitempty"`
+	PromptFormat replay.PromptFormat `yaml:"prompt_format,omitempty"`
+	Tokenizer    string              `yaml:"tokenizer,omitempty"`
 	// tokenizerSet: the file named a tokenizer (before defaults), which
 	// only token-id prompts use.
 	tokenizerSet     bool
@@ -60,7 +62,42 @@ type Target struct {
 	HTTPClientConfig *promconfig.HTTPClientConfig `yaml:"http_client_config,omitempty"`
 	ExtraBody        map[string]any               `yaml:"extra_body,omitempty"`
 	Cache            Cache                        `yaml:"cache,omitempty"`
-	Emulate          *emulate.Config              `yaml:"emulate,omitempty"`
+	Emulate          *Emulate                     `yaml:"emulate,omitempty"`
+}
+
+// Emulate is a target's emulated engine: the keys of package emulate's
+// Config, which the daemon converts it to, declared here so that the schema
+// does not depend on the emulator. The daemon checks the engine's name.
+type Emulate struct {
+	Model              string        `yaml:"model"`
+	MaxModelLen        int           `yaml:"max_model_len"`
+	MaxBodyBytes       int64         `yaml:"max_body_bytes"`
+	Engine             string        `yaml:"engine"`
+	BlockSize          int           `yaml:"block_size"`
+	CapacityBlocks     int           `yaml:"capacity_blocks"`
+	Slots              int           `yaml:"slots"`
+	BOS                bool          `yaml:"bos"`
+	DisablePrefixCache bool          `yaml:"disable_prefix_cache"`
+	OmitCachedTokens   bool          `yaml:"omit_cached_tokens"`
+	MaxRunning         int           `yaml:"max_running"`
+	Overhead           time.Duration `yaml:"overhead"`
+	PrefillPerToken    time.Duration `yaml:"prefill_per_token"`
+	InterToken         time.Duration `yaml:"inter_token"`
+	Faults             EmulateFaults `yaml:"faults"`
+	Seed               uint64        `yaml:"seed"`
+}
+
+// EmulateFaults are the keys of emulate.Faults, field for field, so that
+// one converts to the other.
+type EmulateFaults struct {
+	Error500            float64       `yaml:"error_500"`
+	Error429            float64       `yaml:"error_429"`
+	Disconnect          float64       `yaml:"disconnect"`
+	Malformed           float64       `yaml:"malformed"`
+	Hang                float64       `yaml:"hang"`
+	SlowFirstToken      float64       `yaml:"slow_first_token"`
+	SlowFirstTokenDelay time.Duration `yaml:"slow_first_token_delay"`
+	AfterTokens         int           `yaml:"after_tokens"`
 }
 
 // Cache describes the target's KV prefix cache, for the theoretical model
@@ -68,10 +105,10 @@ type Target struct {
 type Cache struct {
 	// BlockSize and CapacityBlocks are "auto" unless given: read from the
 	// target where its engine exposes them (see package kvcapacity).
-	BlockSize      AutoInt `yaml:"block_size,omitempty"`
-	CapacityBlocks AutoInt `yaml:"capacity_blocks,omitempty"`
-	Observed       string  `yaml:"observed,omitempty"`
-	MetricsURL     string  `yaml:"metrics_url,omitempty"`
+	BlockSize      AutoInt            `yaml:"block_size,omitempty"`
+	CapacityBlocks AutoInt            `yaml:"capacity_blocks,omitempty"`
+	Observed       collector.Observed `yaml:"observed,omitempty"`
+	MetricsURL     string             `yaml:"metrics_url,omitempty"`
 }
 
 // AutoInt is a whole number, or "auto" for a value the exporter reads from
@@ -115,15 +152,15 @@ func (a AutoInt) IsZero() bool { return a.Auto() }
 
 // Workload is one trace replayed against one or more targets.
 type Workload struct {
-	Name         string    `yaml:"name"`
-	Trace        string    `yaml:"trace"`
-	Targets      []string  `yaml:"targets"`
-	BlockSize    int       `yaml:"block_size,omitempty"`
-	Seed         uint64    `yaml:"seed,omitempty"`
-	Synthesis    Synthesis `yaml:"synthesis,omitempty"`
-	Loop         string    `yaml:"loop,omitempty"`
-	MaxInFlight  int       `yaml:"max_in_flight,omitempty"`
-	OnSaturation string    `yaml:"on_saturation,omitempty"`
+	Name         string                  `yaml:"name"`
+	Trace        string                  `yaml:"trace"`
+	Targets      []string                `yaml:"targets"`
+	BlockSize    int                     `yaml:"block_size,omitempty"`
+	Seed         uint64                  `yaml:"seed,omitempty"`
+	Synthesis    Synthesis               `yaml:"synthesis,omitempty"`
+	Loop         replay.LoopMode         `yaml:"loop,omitempty"`
+	MaxInFlight  int                     `yaml:"max_in_flight,omitempty"`
+	OnSaturation replay.SaturationPolicy `yaml:"on_saturation,omitempty"`
 	// MaxQueueLag: with on_saturation: queue, how late a row waiting for a
 	// slot may still be sent; later it is dropped (reason max_lag). 0 is
 	// replay.DefaultMaxQueueLag.
@@ -167,16 +204,16 @@ type Shard struct {
 
 // Defaults of the contract.
 const (
-	DefaultAPI            = "chat"
-	DefaultDialect        = "openai"
-	DefaultPromptFormat   = "text"
+	DefaultAPI            = replay.APIChat
+	DefaultDialect        = replay.DialectOpenAI
+	DefaultPromptFormat   = replay.PromptFormatText
 	DefaultTokenizer      = "o200k_base"
 	DefaultRequestTimeout = Duration(10 * time.Minute)
-	DefaultObserved       = "usage"
+	DefaultObserved       = collector.ObservedUsage
 	DefaultTraceBlockSize = 512
-	DefaultLoop           = "fresh"
+	DefaultLoop           = replay.LoopFresh
 	DefaultMaxInFlight    = 64
-	DefaultOnSaturation   = "drop"
+	DefaultOnSaturation   = replay.SaturationDrop
 )
 
 // Load reads, defaults and validates a configuration file. Its error lists
@@ -221,7 +258,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 	}
 	if root.Kind != 0 {
 		walk := walkKeys(&root, reflect.TypeOf(cfg))
-		cfg.traceLines = walk.traceLines()
+		cfg.keyLines = walk.lines
 		var problems []error
 		for _, u := range walk.unknown {
 			problems = append(problems, errors.New(u))
@@ -249,7 +286,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 				if strings.Contains(e, "not found in type") {
 					continue // already reported with its path
 				}
-				problems = append(problems, errors.New(walk.locate(e)))
+				problems = append(problems, errors.New(walk.locate(plainTypes(e))))
 			}
 		}
 		if len(problems) > 0 {
@@ -287,7 +324,7 @@ func (c *Config) applyDefaults() {
 		t := &c.Targets[i]
 		t.API = orDefault(t.API, DefaultAPI)
 		if t.Emulate != nil {
-			t.Dialect = orDefault(t.Dialect, "vllm") // the emulator speaks vLLM
+			t.Dialect = orDefault(t.Dialect, replay.DialectVLLM) // the emulator speaks vLLM
 		}
 		t.Dialect = orDefault(t.Dialect, DefaultDialect)
 		t.PromptFormat = orDefault(t.PromptFormat, DefaultPromptFormat)
@@ -297,11 +334,12 @@ func (c *Config) applyDefaults() {
 			t.RequestTimeout = DefaultRequestTimeout
 		}
 		t.Cache.Observed = orDefault(t.Cache.Observed, DefaultObserved)
-		if t.Cache.Observed == "server_metrics" && t.Cache.MetricsURL == "" && t.URL != "" {
+		if t.Cache.Observed == collector.ObservedServerMetrics && t.Cache.MetricsURL == "" && t.URL != "" {
 			t.Cache.MetricsURL = strings.TrimSuffix(t.URL, "/") + "/metrics"
 		}
-		if t.Emulate != nil && t.Model == "" {
-			t.Model = orDefault(t.Emulate.Model, emulate.DefaultModel)
+		if t.Emulate != nil {
+			// Still empty, it is the daemon's to name after the engine's default.
+			t.Model = orDefault(t.Model, t.Emulate.Model)
 		}
 		if t.HTTPClientConfig == nil {
 			d := promconfig.DefaultHTTPClientConfig
@@ -332,7 +370,7 @@ func (c *Config) applyDefaults() {
 	}
 }
 
-func orDefault(v, d string) string {
+func orDefault[T ~string](v, d T) T {
 	if v == "" {
 		return d
 	}
@@ -363,7 +401,7 @@ func (c *Config) TraceError(w *Workload, err error) error {
 	for i := range c.Workloads {
 		if &c.Workloads[i] == w {
 			where = fmt.Sprintf("workloads[%d].trace", i)
-			if line := c.traceLines[i]; line > 0 {
+			if line := c.keyLines[where]; line > 0 {
 				where += fmt.Sprintf(" (line %d)", line)
 			}
 		}
@@ -383,6 +421,20 @@ func (c *Config) TraceError(w *Workload, err error) error {
 			dir = abs
 		}
 		msg += fmt.Sprintf(" (a relative trace path resolves against the configuration file's directory, %s)", dir)
+	}
+	return &Error{msg: msg, err: err}
+}
+
+// KeyError is err, a problem found after loading with the value at path
+// ("targets[0].emulate.engine"), told as Load tells its own: file, path,
+// reason, line. It wraps err.
+func (c *Config) KeyError(path string, err error) error {
+	msg := path + ": " + err.Error()
+	if line := c.keyLines[path]; line > 0 {
+		msg += fmt.Sprintf(" (line %d)", line)
+	}
+	if c.file != "" {
+		msg = c.file + ": " + msg
 	}
 	return &Error{msg: msg, err: err}
 }
@@ -474,7 +526,9 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 		validateURL(t.URL, p+".url", bad)
 	}
 	if t.Model == "" {
-		bad(p+".model", "is required")
+		if t.Emulate == nil { // an emulated engine serves its default model
+			bad(p+".model", "is required")
+		}
 	} else if !utf8.ValidString(t.Model) {
 		bad(p+".model", "%q is not valid UTF-8", t.Model)
 	} else if i := strings.IndexFunc(t.Model, func(r rune) bool {
@@ -486,13 +540,13 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 		r, _ := utf8.DecodeRuneInString(t.Model[i:])
 		bad(p+".model", "%q holds control character %U", t.Model, r)
 	}
-	oneOf(t.API, p+".api", bad, "chat", "completions")
-	oneOf(t.Dialect, p+".dialect", bad, "vllm", "sglang", "trtllm", "dynamo", "llamacpp", "ollama", "openai")
-	oneOf(t.PromptFormat, p+".prompt_format", bad, "text", "token_ids")
-	if t.PromptFormat == "token_ids" && t.API != "completions" {
+	oneOf(t.API, p+".api", bad, replay.APIs[:])
+	oneOf(t.Dialect, p+".dialect", bad, replay.Dialects[:])
+	oneOf(t.PromptFormat, p+".prompt_format", bad, replay.PromptFormats[:])
+	if t.PromptFormat == replay.PromptFormatTokenIDs && t.API != replay.APICompletions {
 		bad(p+".prompt_format", "token_ids needs api: completions")
 	}
-	if t.tokenizerSet && t.PromptFormat != "token_ids" {
+	if t.tokenizerSet && t.PromptFormat != replay.PromptFormatTokenIDs {
 		// Text prompts are words that are one token each in every
 		// supported tokenizer: a tokenizer there would change nothing.
 		bad(p+".tokenizer", "is used only with prompt_format: token_ids (text prompts need none)")
@@ -509,18 +563,17 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	if !t.Cache.CapacityBlocks.Auto() && t.Cache.CapacityBlocks.N < 0 {
 		bad(p+".cache.capacity_blocks", "must be auto or ≥ 0 (0 is infinite), got %d", t.Cache.CapacityBlocks.N)
 	}
-	oneOf(t.Cache.Observed, p+".cache.observed", bad, "usage", "server_metrics", "none")
+	oneOf(t.Cache.Observed, p+".cache.observed", bad, collector.ObservedSources[:])
 	if t.Cache.MetricsURL != "" {
 		validateURL(t.Cache.MetricsURL, p+".cache.metrics_url", bad)
 	}
-	if t.Cache.Observed == "server_metrics" {
+	if t.Cache.Observed == collector.ObservedServerMetrics {
 		if t.Cache.MetricsURL == "" && t.Emulate == nil {
 			bad(p+".cache.metrics_url", "is required with observed: server_metrics")
 		}
-		switch t.Dialect {
-		case "vllm", "sglang", "trtllm", "dynamo", "llamacpp":
-		default:
-			bad(p+".cache.observed", "server_metrics needs a dialect whose server counts cached tokens (vllm, sglang, trtllm, dynamo, llamacpp), got %q", t.Dialect)
+		if _, ok := collector.ServerCacheMetric[t.Dialect]; !ok {
+			bad(p+".cache.observed", "server_metrics needs a dialect whose server counts cached tokens (%s), got %q",
+				joinValues(serverCountedDialects()), t.Dialect)
 		}
 	}
 }
@@ -549,12 +602,12 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 			bad(path, "%s", msg)
 		}
 	}
-	oneOf(w.Loop, p+".loop", bad, "fresh", "repeat", "once")
+	oneOf(w.Loop, p+".loop", bad, replay.LoopModes[:])
 	if w.MaxInFlight < 1 {
 		bad(p+".max_in_flight", "must be at least 1, got %d", w.MaxInFlight)
 	}
-	oneOf(w.OnSaturation, p+".on_saturation", bad, "drop", "queue")
-	if w.MaxQueueLag != 0 && w.OnSaturation != "queue" {
+	oneOf(w.OnSaturation, p+".on_saturation", bad, replay.SaturationPolicies[:])
+	if w.MaxQueueLag != 0 && w.OnSaturation != replay.SaturationQueue {
 		bad(p+".max_queue_lag", "applies only with on_saturation: queue")
 	}
 	if w.Shard.Count < 1 {
@@ -596,11 +649,29 @@ func validateURL(raw, path string, bad func(string, string, ...any)) {
 	}
 }
 
-func oneOf(v, path string, bad func(string, string, ...any), allowed ...string) {
-	for _, a := range allowed {
-		if v == a {
-			return
+func oneOf[T ~string](v T, path string, bad func(string, string, ...any), allowed []T) {
+	if !slices.Contains(allowed, v) {
+		bad(path, "%q is not one of %s", v, joinValues(allowed))
+	}
+}
+
+// joinValues lists a closed set's values for a message: "a, b, c".
+func joinValues[T ~string](values []T) string {
+	s := make([]string, len(values))
+	for i, v := range values {
+		s[i] = string(v)
+	}
+	return strings.Join(s, ", ")
+}
+
+// serverCountedDialects are the dialects whose server counts cached tokens
+// in its metrics (collector.ServerCacheMetric), in replay.Dialects' order.
+func serverCountedDialects() []replay.Dialect {
+	var out []replay.Dialect
+	for _, d := range replay.Dialects {
+		if _, ok := collector.ServerCacheMetric[d]; ok {
+			out = append(out, d)
 		}
 	}
-	bad(path, "%q is not one of %s", v, strings.Join(allowed, ", "))
+	return out
 }

@@ -28,8 +28,10 @@ func TestLoadGood(t *testing.T) {
 	if got := string(a.HTTPClientConfig.Authorization.Credentials); got != "s3cr3t-token" {
 		t.Errorf("credentials = %q", got)
 	}
+	// An emulated target needs no model: the daemon names it after the
+	// engine's default.
 	demo, _ := cfg.Target("demo")
-	if demo.Emulate == nil || demo.Model != "kvload-emulated" {
+	if demo.Emulate == nil || demo.Model != "" {
 		t.Errorf("emulated target: %+v", demo)
 	}
 	w := &cfg.Workloads[0]
@@ -297,5 +299,97 @@ func TestValidateModelCharacters(t *testing.T) {
 		"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"), "")
 	if err == nil || !strings.Contains(err.Error(), path+`"e\x1b" holds control character U+001B`) {
 		t.Errorf("Parse with emulate.model: %v", err)
+	}
+}
+
+// TestClosedSets: each closed-set key takes every value of the contract and
+// rejects any other, naming them all; a non-scalar is a type error told as
+// YAML's string, not as the Go type.
+func TestClosedSets(t *testing.T) {
+	tests := []struct {
+		key           string
+		target, wl    string // the key and its companions, "%s" for the value
+		valid         []string
+		got           func(*Config) string
+		invalid, want string
+	}{
+		{"api", "api: %s", "", []string{"chat", "completions"},
+			func(c *Config) string { return string(c.Targets[0].API) },
+			"chat-completions", `targets[0].api: "chat-completions" is not one of chat, completions`},
+		{"dialect", "dialect: %s", "", []string{"vllm", "sglang", "trtllm", "dynamo", "llamacpp", "ollama", "openai"},
+			func(c *Config) string { return string(c.Targets[0].Dialect) },
+			"tgi", `targets[0].dialect: "tgi" is not one of vllm, sglang, trtllm, dynamo, llamacpp, ollama, openai`},
+		{"prompt_format", "api: completions, prompt_format: %s", "", []string{"text", "token_ids"},
+			func(c *Config) string { return string(c.Targets[0].PromptFormat) },
+			"ids", `targets[0].prompt_format: "ids" is not one of text, token_ids`},
+		{"cache.observed", "dialect: vllm, cache: {observed: %s}", "", []string{"usage", "server_metrics", "none"},
+			func(c *Config) string { return string(c.Targets[0].Cache.Observed) },
+			"maybe", `targets[0].cache.observed: "maybe" is not one of usage, server_metrics, none`},
+		{"loop", "", "loop: %s", []string{"fresh", "repeat", "once"},
+			func(c *Config) string { return string(c.Workloads[0].Loop) },
+			"forever", `workloads[0].loop: "forever" is not one of fresh, repeat, once`},
+		{"on_saturation", "", "on_saturation: %s", []string{"drop", "queue"},
+			func(c *Config) string { return string(c.Workloads[0].OnSaturation) },
+			"block", `workloads[0].on_saturation: "block" is not one of drop, queue`},
+	}
+	for _, tt := range tests {
+		parse := func(v string) (*Config, error) {
+			extra := func(tmpl string) string {
+				if tmpl == "" {
+					return ""
+				}
+				return ", " + fmt.Sprintf(tmpl, v)
+			}
+			return Parse([]byte("targets:\n  - {name: t, url: 'http://t:8000', model: m"+extra(tt.target)+"}\n"+
+				"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]"+extra(tt.wl)+"}\n"), "")
+		}
+		for _, v := range tt.valid {
+			t.Run(tt.key+"/"+v, func(t *testing.T) {
+				cfg, err := parse(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := tt.got(cfg); got != v {
+					t.Errorf("%s = %q, want %q", tt.key, got, v)
+				}
+			})
+		}
+		t.Run(tt.key+"/"+tt.invalid, func(t *testing.T) {
+			if _, err := parse(tt.invalid); err == nil || err.Error() != tt.want {
+				t.Errorf("Parse: %v\nwant %s", err, tt.want)
+			}
+		})
+		t.Run(tt.key+"/mapping", func(t *testing.T) {
+			if _, err := parse("{x: 1}"); err == nil || !strings.Contains(err.Error(), "cannot unmarshal !!map into string") {
+				t.Errorf("Parse: %v, want a type error into string", err)
+			}
+		})
+	}
+}
+
+// TestEmulateBlock: the emulate block is strict YAML like the rest, its
+// problems named by path and line; the engine's name is the daemon's to
+// check.
+func TestEmulateBlock(t *testing.T) {
+	tests := []struct {
+		name, block, want string // want "" means valid
+	}{
+		{"unknown key", "engin: sglang", `targets[0].emulate: unknown key "engin" (line 4); did you mean "engine"?`},
+		{"unknown fault", "faults: {error500: 1}", `targets[0].emulate.faults: unknown key "error500" (line 4); did you mean "error_500"?`},
+		{"not a duration", "overhead: soon", "targets[0].emulate.overhead: cannot unmarshal !!str `soon` into time.Duration (line 4)"},
+		{"not a string", "engine: [vllm]", "targets[0].emulate.engine: cannot unmarshal !!seq into string (line 4)"},
+		{"any engine name", "engine: tgi", ""}, // lifecycle's TestEmulateConfig has every key
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte("targets:\n  - name: t\n    emulate:\n      "+tt.block+"\n"+
+				"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"), "")
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("Parse: %v, want no problem", err)
+			case tt.want != "" && (err == nil || err.Error() != tt.want):
+				t.Errorf("Parse: %v\nwant %s", err, tt.want)
+			}
+		})
 	}
 }

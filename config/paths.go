@@ -20,6 +20,7 @@ import (
 type keyWalk struct {
 	unknown []string       // "path: unknown key ..." problems, in file order
 	paths   map[int]string // line → path of the value on that line
+	lines   map[string]int // path of each known key → its line
 	// shared marks lines holding several keys (a flow mapping such as
 	// "{a: 1, b: x}"): their path is the keys' parent, since yaml.v3 names
 	// only the line.
@@ -27,7 +28,7 @@ type keyWalk struct {
 }
 
 func walkKeys(root *yaml.Node, t reflect.Type) *keyWalk {
-	w := &keyWalk{paths: map[int]string{}, shared: map[int]bool{}}
+	w := &keyWalk{paths: map[int]string{}, lines: map[string]int{}, shared: map[int]bool{}}
 	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
 		root = root.Content[0]
 	}
@@ -60,6 +61,7 @@ func (w *keyWalk) walk(n *yaml.Node, t reflect.Type, path string) {
 				continue
 			}
 			w.setPath(k.Line, child)
+			w.lines[child] = k.Line
 			w.walk(v, ft, child)
 		}
 	case n.Kind == yaml.SequenceNode && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
@@ -147,18 +149,6 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 	return out
 }
 
-// traceLines is the line of each workloads[i].trace key.
-func (w *keyWalk) traceLines() map[int]int {
-	out := map[int]int{}
-	for line, path := range w.paths {
-		var i int
-		if n, _ := fmt.Sscanf(path, "workloads[%d].trace", &i); n == 1 && path == fmt.Sprintf("workloads[%d].trace", i) {
-			out[i] = line
-		}
-	}
-	return out
-}
-
 // closestKey is the known key nearest to key by edit distance, or "" when
 // none is close enough to be what was meant: at most a third of the
 // key's length, and at least 1, edits away. Ties go to the first in
@@ -231,6 +221,41 @@ func (w *keyWalk) locate(msg string) string {
 		return msg
 	}
 	return fmt.Sprintf("%s: %s (line %d)", path, msg[len(m[0]):], line)
+}
+
+// stringTypes holds the Go names of the schema's named string types
+// (replay.LoopMode, collector.Observed, ...), found by walking the schema's
+// own structs.
+var stringTypes = func() map[string]bool {
+	names := map[string]bool{}
+	own := reflect.TypeOf(Config{}).PkgPath()
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+			t = t.Elem()
+		}
+		switch {
+		case t.Kind() == reflect.String && t.PkgPath() != "":
+			names[t.String()] = true
+		case t.Kind() == reflect.Struct && t.PkgPath() == own:
+			for _, ft := range yamlFields(t) {
+				walk(ft)
+			}
+		}
+	}
+	walk(reflect.TypeOf(Config{}))
+	return names
+}()
+
+// plainTypes rewrites yaml.v3's "cannot unmarshal !!map into
+// replay.LoopMode" as "... into string": the YAML holds a plain string,
+// and the Go name means nothing to its author.
+func plainTypes(msg string) string {
+	i := strings.LastIndex(msg, " into ")
+	if i >= 0 && stringTypes[msg[i+len(" into "):]] {
+		return msg[:i] + " into string"
+	}
+	return msg
 }
 
 // fingerprints renders each entry of targets and workloads canonically:

@@ -41,15 +41,17 @@ var ErrNotExposed = errors.New("the engine does not expose its KV cache size")
 const maxBody = 32 << 20
 
 // Exposed tells whether Discover can read a dialect's layout.
-func Exposed(dialect string) bool { return dialect == "vllm" || dialect == "sglang" }
+func Exposed(dialect replay.Dialect) bool {
+	return dialect == replay.DialectVLLM || dialect == replay.DialectSGLang
+}
 
 // Discover asks the server at baseURL (without /v1) for its layout.
-func Discover(ctx context.Context, c *http.Client, baseURL, dialect string) (Layout, error) {
+func Discover(ctx context.Context, c *http.Client, baseURL string, dialect replay.Dialect) (Layout, error) {
 	base := strings.TrimSuffix(baseURL, "/")
 	switch dialect {
-	case "vllm":
+	case replay.DialectVLLM:
 		return fromVLLM(ctx, c, base+"/metrics")
-	case "sglang":
+	case replay.DialectSGLang:
 		return fromSGLang(ctx, c, base+"/get_server_info")
 	}
 	return Layout{}, ErrNotExposed

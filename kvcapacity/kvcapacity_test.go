@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // vLLM 0.11's line, as its /metrics prints it.
@@ -18,7 +20,7 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching=
 func TestDiscover(t *testing.T) {
 	tests := []struct {
 		name    string
-		dialect string
+		dialect replay.Dialect
 		path    string
 		body    string
 		want    Layout

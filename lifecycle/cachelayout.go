@@ -27,11 +27,11 @@ type targetCache struct {
 
 // dialectBlockSize is each engine's default KV block (page) size, used when
 // block_size is auto and the target does not say.
-func dialectBlockSize(dialect string) int {
+func dialectBlockSize(dialect replay.Dialect) int {
 	switch dialect {
-	case "sglang", "llamacpp":
+	case replay.DialectSGLang, replay.DialectLlamaCpp:
 		return 1
-	case "trtllm":
+	case replay.DialectTRTLLM:
 		return 32
 	}
 	return 16
@@ -42,9 +42,9 @@ func dialectBlockSize(dialect string) int {
 // first ISL-1 tokens: a hit can end inside a block only where a new prompt
 // is shorter than a cached one, so whole blocks are the closer model (its
 // emulation and TestE2ECacheTruthGranularity agree).
-func dialectGranularity(dialect string) replay.CacheGranularity {
+func dialectGranularity(dialect replay.Dialect) replay.CacheGranularity {
 	switch dialect {
-	case "sglang", "llamacpp":
+	case replay.DialectSGLang, replay.DialectLlamaCpp:
 		return replay.GranularityToken
 	}
 	return replay.GranularityBlock
@@ -152,20 +152,20 @@ func (d *Daemon) targetBaseURL(t *config.Target) string {
 }
 
 // unreportedAdvice says what makes a target report cached tokens.
-func unreportedAdvice(dialect string) string {
+func unreportedAdvice(dialect replay.Dialect) string {
 	switch dialect {
-	case "vllm":
+	case replay.DialectVLLM:
 		return "start vLLM with --enable-prompt-tokens-details, or set cache.observed: server_metrics"
-	case "sglang":
+	case replay.DialectSGLang:
 		return "start SGLang with --enable-cache-report, or set cache.observed: server_metrics"
-	case "trtllm", "dynamo", "llamacpp":
+	case replay.DialectTRTLLM, replay.DialectDynamo, replay.DialectLlamaCpp:
 		return "set cache.observed: server_metrics to read the engine's own counter"
 	}
 	return "the server reports no cached tokens; cache efficiency is not computed for it (the cache-class TTFT signal still works)"
 }
 
 // logUnreported is the collector's NotifyUnreported.
-func (d *Daemon) logUnreported(target, dialect string) {
+func (d *Daemon) logUnreported(target string, dialect replay.Dialect) {
 	level.Warn(d.logger).Log("msg", "responses carry no cached-token count: their requests count on neither side of the cache efficiency, shown as not reported",
 		"target", target, "what_to_do", unreportedAdvice(dialect))
 }

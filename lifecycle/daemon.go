@@ -6,6 +6,7 @@ package lifecycle
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -204,6 +205,21 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 		return nil, nil, nil, err
 	}
 	var errs []error
+	// What only the emulator knows of an emulated target: its default
+	// model (which the target's requests and labels name) and the engine
+	// names it takes.
+	for i := range cfg.Targets {
+		t := &cfg.Targets[i]
+		if t.Emulate == nil {
+			continue
+		}
+		if t.Model == "" {
+			t.Model = emulate.DefaultModel
+		}
+		if _, err := emulateConfig(t); err != nil {
+			errs = append(errs, cfg.KeyError(fmt.Sprintf("targets[%d].emulate.engine", i), err))
+		}
+	}
 	loaded := map[string]*workloadData{}
 	traces := prev.next()
 	for i := range cfg.Workloads {
@@ -220,7 +236,7 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 	}
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
-		if t.PromptFormat == "token_ids" {
+		if t.PromptFormat == replay.PromptFormatTokenIDs {
 			if _, err := synth.LoadTokenizer(t.Tokenizer); err != nil {
 				errs = append(errs, fmt.Errorf("target %s: tokenizer: %w", t.Name, err))
 			}
@@ -338,7 +354,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		shard = *d.shard
 	}
 	rb := &requestBuilder{prompts: wd.builder}
-	if t.PromptFormat == "token_ids" {
+	if t.PromptFormat == replay.PromptFormatTokenIDs {
 		rb.tokenIDs = true
 		tok := tokenizers[t.Tokenizer]
 		if tok == nil {
@@ -363,7 +379,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	}
 	// The plan is the trace's, shared; the pacer is this unit's cursor.
 	pacer, err := wd.trace.plan.NewPacer(replay.PacerOptions{
-		Loop:          replay.LoopMode(w.Loop),
+		Loop:          w.Loop,
 		Shard:         replay.Shard{Index: shard.Index, Count: shard.Count},
 		OnceNamespace: onceNS,
 	})
@@ -372,7 +388,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		return nil, err
 	}
 	var start time.Time // once: from the top, now
-	if w.Loop != "once" {
+	if w.Loop != replay.LoopOnce {
 		// Looping workloads keep the pass grid anchored in wall-clock time.
 		offset, err := pacer.SeekTime(now.Sub(d.anchor))
 		if err != nil {
@@ -385,7 +401,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	cache.TraceBlock = w.BlockSize
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	gate := &gatedObserver{c: d.coll, fails: newFailureLog(logger)}
-	if t.API == string(replay.APIChat) && !rb.tokenIDs {
+	if t.API == replay.APIChat && !rb.tokenIDs {
 		// A chat template wraps the built prompt: learn its size.
 		rb.template = &templateOverhead{logger: logger}
 		gate.template = rb.template
@@ -394,7 +410,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		Name:         w.Name,
 		Target:       t.Name,
 		MaxInFlight:  w.MaxInFlight,
-		OnSaturation: replay.SaturationPolicy(w.OnSaturation),
+		OnSaturation: w.OnSaturation,
 		MaxQueueLag:  time.Duration(w.MaxQueueLag),
 		Start:        start,
 		Cache:        replay.NewCacheModel(pacer, cache),
@@ -416,7 +432,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		defer close(u.done)
 		if err := wl.Run(ctx); err != nil {
 			level.Error(logger).Log("msg", "replay stopped", "err", err)
-		} else if w.Loop == "once" && !u.stopping.Load() {
+		} else if w.Loop == replay.LoopOnce && !u.stopping.Load() {
 			// Run returned by itself: the single pass is sent and drained.
 			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", wd.rows())
 		}
@@ -468,9 +484,9 @@ func (d *Daemon) applyEmulators(unitCtx context.Context, cfg *config.Config) err
 		if t.Emulate == nil || d.emulators[t.Name] != nil {
 			continue
 		}
-		ecfg := *t.Emulate
-		if ecfg.Model == "" {
-			ecfg.Model = t.Model
+		ecfg, err := emulateConfig(t)
+		if err != nil {
+			return fmt.Errorf("target %s: emulate: %w", t.Name, err)
 		}
 		eng, err := emulate.New(ecfg)
 		if err != nil {
@@ -500,7 +516,7 @@ func (d *Daemon) applyEmulators(unitCtx context.Context, cfg *config.Config) err
 		level.Info(d.logger).Log("msg", "emulated engine started", "target", t.Name, "url", "http://"+l.Addr().String())
 		// A llama.cpp engine holds one prompt per slot: bounded whatever its
 		// capacity_blocks (which it does not take).
-		unbounded := t.Emulate.CapacityBlocks == 0 && t.Emulate.Engine != emulate.PersonalityLlamaCpp
+		unbounded := ecfg.CapacityBlocks == 0 && ecfg.Engine != emulate.PersonalityLlamaCpp
 		if w := freshWorkloadOf(cfg, t.Name); unbounded && w != "" {
 			level.Warn(d.logger).Log("msg", "the emulated engine's prefix cache is unbounded and a workload sends it new prompts every pass: its memory grows every pass; set emulate.capacity_blocks for long runs", "target", t.Name, "workload", w)
 		}
@@ -508,11 +524,39 @@ func (d *Daemon) applyEmulators(unitCtx context.Context, cfg *config.Config) err
 	return nil
 }
 
+// emulateConfig converts t's emulate block for the emulator; an engine name
+// the emulator does not know is its only error.
+func emulateConfig(t *config.Target) (emulate.Config, error) {
+	e := t.Emulate
+	engine, err := emulate.ParsePersonality(e.Engine)
+	if err != nil {
+		return emulate.Config{}, err
+	}
+	return emulate.Config{
+		Model:              cmp.Or(e.Model, t.Model),
+		MaxModelLen:        e.MaxModelLen,
+		MaxBodyBytes:       e.MaxBodyBytes,
+		Engine:             engine,
+		BlockSize:          e.BlockSize,
+		CapacityBlocks:     e.CapacityBlocks,
+		Slots:              e.Slots,
+		BOS:                e.BOS,
+		DisablePrefixCache: e.DisablePrefixCache,
+		OmitCachedTokens:   e.OmitCachedTokens,
+		MaxRunning:         e.MaxRunning,
+		Overhead:           e.Overhead,
+		PrefillPerToken:    e.PrefillPerToken,
+		InterToken:         e.InterToken,
+		Faults:             emulate.Faults(e.Faults),
+		Seed:               e.Seed,
+	}, nil
+}
+
 // freshWorkloadOf names a workload that replays forever against target
 // with loop: fresh, or returns "".
 func freshWorkloadOf(cfg *config.Config, target string) string {
 	for _, w := range cfg.Workloads {
-		if w.Loop == "fresh" && slices.Contains(w.Targets, target) {
+		if w.Loop == replay.LoopFresh && slices.Contains(w.Targets, target) {
 			return w.Name
 		}
 	}
@@ -533,7 +577,7 @@ func (d *Daemon) publishTargets(cfg *config.Config) {
 		d.coll.SetTarget(t.Name, t.Model, t.API, t.Dialect, t.Cache.Observed)
 		seen[t.Name] = true
 		tc := d.caches[t.Name]
-		targets = append(targets, Target{Name: t.Name, Model: t.Model, API: t.API, Dialect: t.Dialect,
+		targets = append(targets, Target{Name: t.Name, Model: t.Model, API: string(t.API), Dialect: string(t.Dialect),
 			BlockSize: tc.params.ServerBlock, CapacityBlocks: tc.params.CapacityBlocks, CapacityKnown: tc.known, CacheNote: tc.note})
 	}
 	if d.cfg != nil {

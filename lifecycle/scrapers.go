@@ -31,7 +31,7 @@ type scraping struct {
 func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) error {
 	want := map[string]*config.Target{}
 	for i := range cfg.Targets {
-		if t := &cfg.Targets[i]; t.Cache.Observed == "server_metrics" {
+		if t := &cfg.Targets[i]; t.Cache.Observed == collector.ObservedServerMetrics {
 			want[t.Name] = t
 		}
 	}

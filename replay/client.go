@@ -28,9 +28,9 @@ type TargetConfig struct {
 	URL   string // base URL without /v1; may carry query parameters
 	Model string // sent as "model"; omitted when empty
 
-	API          API     // chat | completions; empty means chat
-	Dialect      Dialect // empty means openai
-	PromptFormat string  // text | token_ids; empty means text
+	API          API          // chat | completions; empty means chat
+	Dialect      Dialect      // empty means openai
+	PromptFormat PromptFormat // text | token_ids; empty means text
 
 	// RequestTimeout bounds one request from send to the end of its
 	// stream; 0 leaves it to the caller's context.

@@ -27,11 +27,21 @@ const (
 	DialectOllama   Dialect = "ollama"
 )
 
+// Dialects lists every dialect, in the order messages name them.
+var Dialects = [...]Dialect{DialectVLLM, DialectSGLang, DialectTRTLLM, DialectDynamo, DialectLlamaCpp, DialectOllama, DialectOpenAI}
+
+// PromptFormat is how a built prompt is sent: as text, or as the token ids
+// of the target's tokenizer.
+type PromptFormat string
+
 // Prompt formats of target.prompt_format.
 const (
-	PromptFormatText     = "text"
-	PromptFormatTokenIDs = "token_ids"
+	PromptFormatText     PromptFormat = "text"
+	PromptFormatTokenIDs PromptFormat = "token_ids"
 )
+
+// PromptFormats lists every prompt format.
+var PromptFormats = [...]PromptFormat{PromptFormatText, PromptFormatTokenIDs}
 
 // dialectSpec is what differs between dialects when a body is built and a
 // usage object is read.

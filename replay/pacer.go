@@ -27,6 +27,9 @@ const (
 	LoopOnce LoopMode = "once"
 )
 
+// LoopModes lists every loop mode.
+var LoopModes = [...]LoopMode{LoopFresh, LoopRepeat, LoopOnce}
+
 // degeneratePassPeriod is the pass length of a trace whose timestamps are all
 // equal (or that has a single timed row): without it a looping workload would
 // start passes back to back with no time in between.

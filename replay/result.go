@@ -55,6 +55,9 @@ const (
 	APICompletions API = "completions" // POST /v1/completions
 )
 
+// APIs lists every API.
+var APIs = [...]API{APIChat, APICompletions}
+
 // Request is what the client sends for one trace row. Exactly one of
 // Prompt, PromptTokenIDs, Messages and Payload is set.
 type Request struct {

@@ -39,6 +39,9 @@ const (
 	SaturationQueue SaturationPolicy = "queue"
 )
 
+// SaturationPolicies lists every saturation policy.
+var SaturationPolicies = [...]SaturationPolicy{SaturationDrop, SaturationQueue}
+
 // DispatchClock is the time source of a Workload, injected so that tests can
 // run a schedule without waiting for it.
 type DispatchClock interface {

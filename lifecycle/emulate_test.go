@@ -1,0 +1,99 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/emulate"
+)
+
+// loadEmulated loads, as a reload would, a configuration of one target with
+// the given emulate block (on line 3); path is the file's.
+func loadEmulated(t *testing.T, block string) (cfg *config.Config, path string, err error) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "kvload.yml")
+	data := fmt.Sprintf("targets:\n  - name: emu\n    emulate: %s\nworkloads:\n  - {name: w, trace: %s, targets: [emu], block_size: 16}\n",
+		block, fixture(t, "tiny.jsonl"))
+	cfg, _, _, err = loadConfig(context.Background(), path, []byte(data), newTraceCache())
+	return cfg, path, err
+}
+
+// TestEmulateConfig: every key of the emulator's configuration can be set
+// in a target's emulate block and reaches the emulator as it would from
+// the emulator's own YAML.
+func TestEmulateConfig(t *testing.T) {
+	// Every key, each with a value other than its zero.
+	const block = "{model: m, max_model_len: 1, max_body_bytes: 2, engine: sglang, block_size: 3, capacity_blocks: 4, slots: 5, " +
+		"bos: true, disable_prefix_cache: true, omit_cached_tokens: true, max_running: 6, overhead: 7ms, prefill_per_token: 8us, inter_token: 9ms, " +
+		"faults: {error_500: 0.1, error_429: 0.2, disconnect: 0.3, malformed: 0.4, hang: 0.05, slow_first_token: 0.6, slow_first_token_delay: 10s, after_tokens: 11}, seed: 12}"
+	var want emulate.Config
+	if err := yaml.Unmarshal([]byte(block), &want); err != nil {
+		t.Fatal(err)
+	}
+	if zero := zeroFields(reflect.ValueOf(want), "emulate.Config"); len(zero) > 0 {
+		t.Fatalf("the block leaves %v unset: give it the new keys (and config.Emulate the new fields)", zero)
+	}
+	cfg, _, err := loadEmulated(t, block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := emulateConfig(&cfg.Targets[0])
+	if err != nil || got != want {
+		t.Errorf("converted: %v\n%+v\nwant:\n%+v", err, got, want)
+	}
+}
+
+// zeroFields lists the fields of struct v, nested ones included, that hold
+// their zero value.
+func zeroFields(v reflect.Value, path string) []string {
+	var out []string
+	for i := range v.NumField() {
+		f, name := v.Field(i), path+"."+v.Type().Field(i).Name
+		switch {
+		case f.Kind() == reflect.Struct:
+			out = append(out, zeroFields(f, name)...)
+		case f.IsZero():
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// TestEmulateModelAndEngine: an emulated target without a model is named
+// after its emulate.model, else the engine's default; an engine the
+// emulator does not know fails the load, named by path and line.
+func TestEmulateModelAndEngine(t *testing.T) {
+	tests := []struct {
+		block, model, problem string // problem: %s is the file
+	}{
+		{"{}", emulate.DefaultModel, ""},
+		{"{model: m}", "m", ""},
+		{"{engine: llamacpp}", emulate.DefaultModel, ""},
+		{"{engine: tgi}", "", `%s: targets[0].emulate.engine: unknown engine "tgi" (want vllm, sglang, trtllm or llamacpp) (line 3)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.block, func(t *testing.T) {
+			cfg, path, err := loadEmulated(t, tt.block)
+			if tt.problem != "" {
+				if want := fmt.Sprintf(tt.problem, path); err == nil || err.Error() != want {
+					t.Errorf("load: %v\nwant %s", err, want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tg := &cfg.Targets[0]
+			ecfg, err := emulateConfig(tg)
+			if err != nil || tg.Model != tt.model || ecfg.Model != tt.model {
+				t.Errorf("model %q, the emulator's %q (%v), want %q", tg.Model, ecfg.Model, err, tt.model)
+			}
+		})
+	}
+}
