@@ -33,7 +33,7 @@ const (
 // endpoint, or that do not answer within discoverTimeout, are logged and
 // not checked.
 func (d *Daemon) checkTokenizer(ctx context.Context, t *config.Target) {
-	dialect := replay.Dialect(t.Dialect)
+	dialect := t.Dialect
 	logger := log.With(d.logger, "target", t.Name)
 	if !tokencheck.Has(dialect) {
 		d.coll.SetTokenizeRatio(t.Name, 0, false)
@@ -81,7 +81,7 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 	defer client.CloseIdleConnections()
 	cctx, cancel := context.WithTimeout(ctx, discoverTimeout)
 	defer cancel()
-	ids, err := tokencheck.Tokenize(cctx, client, d.targetBaseURL(t), replay.Dialect(t.Dialect), t.Model, text)
+	ids, err := tokencheck.Tokenize(cctx, client, d.targetBaseURL(t), t.Dialect, t.Model, text)
 	if err != nil {
 		return tokenizeResult{}, err
 	}

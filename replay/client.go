@@ -108,7 +108,7 @@ func NewClient(cfg TargetConfig) (*Client, error) {
 	}
 	spec, ok := specFor(dialect)
 	if !ok {
-		errs = append(errs, fmt.Errorf("dialect %q: want vllm, sglang, trtllm, dynamo, llamacpp or openai", cfg.Dialect))
+		errs = append(errs, fmt.Errorf("dialect %q: want one of %v", cfg.Dialect, Dialects))
 	}
 	c.spec = spec
 	switch cfg.PromptFormat {
