@@ -29,6 +29,7 @@ COPY emulate/ emulate/
 COPY lifecycle/ lifecycle/
 COPY replay/ replay/
 COPY synth/ synth/
+COPY tokencheck/ tokencheck/
 ARG VERSION=dev
 ARG REVISION=unknown
 ARG BRANCH=unknown

@@ -40,7 +40,10 @@ const (
 // prompt cache off (--no-cache-prompt), as a bad flag or image would. The
 // exporter, configured as a new user would (dialect llamacpp, chat, nothing
 // about the cache), keeps replaying the sharing stretch; the cache alert
-// must stay quiet while the cache works and page after the restart.
+// must stay quiet while the cache works and page after the restart. The
+// same again with the observed hits read from the server's own counter
+// (observed: server_metrics, llamacpp:prompt_tokens_cached_total), which
+// the restart resets.
 func TestRealEngineCacheRegression(t *testing.T) {
 	root := repoRoot(t)
 	server := engineBinary(t, "LLAMA_SERVER_BIN")
@@ -49,41 +52,50 @@ func TestRealEngineCacheRegression(t *testing.T) {
 	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", bin)
 	promtool := binary(t, "PROMTOOL_BIN", filepath.Join(root, "tools"), "github.com/prometheus/prometheus/cmd/promtool", bin)
 	files := ruleFiles(root)
-	res := newEngineScenario(t, files)
-	dir := t.TempDir()
-	writeLines(t, filepath.Join(root, "..", "shared", "traces", "synthetic_trace.jsonl"),
-		filepath.Join(dir, "slice.jsonl"), engineSliceFrom, engineSliceTo)
+	for _, observed := range []string{"", "server_metrics"} {
+		name := "observed usage (default)"
+		cache := ""
+		if observed != "" {
+			name, cache = "observed "+observed, "\n    cache: {observed: "+observed+"}"
+		}
+		t.Run(name, func(t *testing.T) {
+			res := newEngineScenario(t, files)
+			dir := t.TempDir()
+			writeLines(t, filepath.Join(root, "..", "shared", "traces", "synthetic_trace.jsonl"),
+				filepath.Join(dir, "slice.jsonl"), engineSliceFrom, engineSliceTo)
 
-	addr := freeAddr(t)
-	srv := startLlamaServer(t, dir, "llama-server", server, modelFile, addr)
-	expAddr, exp := startExporter(t, dir, kvload, fmt.Sprintf(`targets:
+			addr := freeAddr(t)
+			srv := startLlamaServer(t, dir, "llama-server", server, modelFile, addr)
+			expAddr, exp := startExporter(t, dir, kvload, fmt.Sprintf(`targets:
   - name: llama
     url: http://%s
     model: tiny
-    dialect: llamacpp
+    dialect: llamacpp%s
 workloads:
   - name: slice
     trace: slice.jsonl
     targets: [llama]
     synthesis: {speedup_ratio: 2, max_isl: %d, max_osl: 8}
-`, addr, engineMaxISL))
+`, addr, cache, engineMaxISL))
 
-	rec := newRecorder(t, expAddr, llamaCompression)
-	engine := srv
-	recordScenario(t, rec, exp, engineChangeAt+engineAfterChange, func(at time.Duration) *process {
-		if res.changeAt < 0 && at >= engineChangeAt {
-			srv.kill()
-			engine = startLlamaServer(t, dir, "llama-server-nocache", server, modelFile, addr, "--no-cache-prompt")
-			res.changeAt = at
-		}
-		return engine
-	})
-	evaluateScenario(t, res, rec, promtool, dir, files, "slice", "llama")
-	res.logTimeline(t)
-	t.Logf("requests by outcome at the end: %v", res.outcomes)
-	res.firesAfterChange(t, hitRegression)
-	res.neverActive(t, contrastLost)
-	res.whatIf(t, res.efficiencyWhatIf())
+			rec := newRecorder(t, expAddr, llamaCompression)
+			engine := srv
+			recordScenario(t, rec, exp, engineChangeAt+engineAfterChange, func(at time.Duration) *process {
+				if res.changeAt < 0 && at >= engineChangeAt {
+					srv.kill()
+					engine = startLlamaServer(t, dir, "llama-server-nocache", server, modelFile, addr, "--no-cache-prompt")
+					res.changeAt = at
+				}
+				return engine
+			})
+			evaluateScenario(t, res, rec, promtool, dir, files, "slice", "llama")
+			res.logTimeline(t)
+			t.Logf("requests by outcome at the end: %v", res.outcomes)
+			res.firesAfterChange(t, hitRegression)
+			res.neverActive(t, contrastLost)
+			res.whatIf(t, res.efficiencyWhatIf())
+		})
+	}
 }
 
 // TestRealEngineOllama: Ollama reports no cached tokens anywhere, so every
