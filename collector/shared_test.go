@@ -1,8 +1,13 @@
 package collector
 
 import (
+	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,3 +104,104 @@ func TestSharedGatherer(t *testing.T) {
 }
 
 var _ prometheus.Gatherer = SharedGatherer(prometheus.NewRegistry())
+
+// TestSharedResponses: requests negotiating the same response while one is
+// being made get its status, headers and body from that one run; other
+// negotiations and later requests run the handler anew; a waiter that
+// gives up returns, and a handler that panics lets its waiters go.
+func TestSharedResponses(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		if n == 1 {
+			close(started)
+			<-release
+		}
+		w.Header().Set("Content-Type", "text/test; enc="+r.Header.Get("Accept-Encoding"))
+		w.WriteHeader(http.StatusAccepted)
+		io.WriteString(w, "run "+strconv.FormatInt(n, 10))
+	})
+	s := SharedResponses(h).(*sharedResponses)
+	get := func(ctx context.Context, enc string) *httptest.ResponseRecorder {
+		req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/metrics", nil)
+		req.Header.Set("Accept-Encoding", enc)
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		return rec
+	}
+
+	const callers = 50
+	answers := make(chan *httptest.ResponseRecorder, callers)
+	var wg sync.WaitGroup
+	wg.Go(func() { answers <- get(t.Context(), "gzip") })
+	<-started
+	for range callers - 1 {
+		wg.Go(func() { answers <- get(t.Context(), "gzip") })
+	}
+	gaveUp, cancel := context.WithCancel(t.Context())
+	wg.Go(func() {
+		if rec := get(gaveUp, "gzip"); rec.Body.Len() != 0 {
+			t.Errorf("a waiter that gave up was sent %q", rec.Body.String())
+		}
+	})
+	for s.waiting.Load() != callers { // the 49 joiners and the one about to give up
+		runtime.Gosched()
+	}
+	cancel()
+	for s.waiting.Load() != callers-1 {
+		runtime.Gosched()
+	}
+	// Another negotiation is not shared: it runs the handler at once.
+	if rec := get(t.Context(), "identity"); rec.Body.String() != "run 2" || rec.Header().Get("Content-Type") != "text/test; enc=identity" {
+		t.Errorf("other negotiation: %d %q %q", rec.Code, rec.Header(), rec.Body.String())
+	}
+	close(release)
+	wg.Wait()
+	close(answers)
+	n := 0
+	for rec := range answers {
+		n++
+		if rec.Code != http.StatusAccepted || rec.Header().Get("Content-Type") != "text/test; enc=gzip" || rec.Body.String() != "run 1" {
+			t.Errorf("answer %d %q %q, want the first run's", rec.Code, rec.Header(), rec.Body.String())
+		}
+	}
+	if n != callers {
+		t.Errorf("%d answers, want %d", n, callers)
+	}
+	if rec := get(t.Context(), "gzip"); rec.Body.String() != "run 3" {
+		t.Errorf("a later request got %q, want a run of its own", rec.Body.String())
+	}
+
+	// A panicking run: its waiters get a 500, not a hang.
+	var panicked atomic.Bool
+	block := make(chan struct{})
+	p := SharedResponses(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-block
+		panic(http.ErrAbortHandler)
+	})).(*sharedResponses)
+	var pw sync.WaitGroup
+	pw.Go(func() {
+		defer func() { panicked.Store(recover() != nil) }()
+		p.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	})
+	for {
+		p.mu.Lock()
+		n := len(p.in)
+		p.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		runtime.Gosched()
+	}
+	waiter := httptest.NewRecorder()
+	pw.Go(func() { p.ServeHTTP(waiter, httptest.NewRequest(http.MethodGet, "/metrics", nil)) })
+	for p.waiting.Load() != 1 {
+		runtime.Gosched()
+	}
+	close(block)
+	pw.Wait()
+	if !panicked.Load() || waiter.Code != http.StatusInternalServerError {
+		t.Errorf("panicked %v; waiter %d, want the panic to go on and the waiter a 500", panicked.Load(), waiter.Code)
+	}
+}

@@ -63,11 +63,12 @@ type landingTarget struct {
 
 func newMux(d webDeps) *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("GET "+d.telemetryPath, promhttp.HandlerFor(d.gatherer, promhttp.HandlerOpts{
+	// Concurrent scrapes that negotiate alike share one encoded response.
+	mux.Handle("GET "+d.telemetryPath, collector.SharedResponses(promhttp.HandlerFor(d.gatherer, promhttp.HandlerOpts{
 		EnableOpenMetrics:   true, // exemplars and native histograms over protobuf/OpenMetrics
 		ErrorHandling:       promhttp.ContinueOnError,
 		MaxRequestsInFlight: metricsInFlight,
-	}))
+	})))
 	mux.HandleFunc("GET /-/healthy", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("Healthy\n"))
 	})
