@@ -15,7 +15,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -62,22 +61,7 @@ func get(ctx context.Context, c *http.Client, url string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if err != nil {
-		return nil, fmt.Errorf("GET %s: %w", req.URL.Redacted(), err)
-	}
-	if err := replay.RedirectError(resp); err != nil {
-		return nil, fmt.Errorf("GET %s: %w", req.URL.Redacted(), err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: HTTP %d", req.URL.Redacted(), resp.StatusCode)
-	}
-	return body, nil
+	return replay.ReadAnswer(c, req, maxBody)
 }
 
 func fromVLLM(ctx context.Context, c *http.Client, url string) (Layout, error) {

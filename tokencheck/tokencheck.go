@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 
@@ -89,20 +88,9 @@ func Tokenize(ctx context.Context, c *http.Client, baseURL string, d replay.Dial
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
+	b, err := replay.ReadAnswer(c, req, maxBody)
 	if err != nil {
-		return nil, fmt.Errorf("POST %s: %w", req.URL.Redacted(), err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if err != nil {
-		return nil, fmt.Errorf("POST %s: %w", req.URL.Redacted(), err)
-	}
-	if err := replay.RedirectError(resp); err != nil {
-		return nil, fmt.Errorf("POST %s: %w", req.URL.Redacted(), err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("POST %s: HTTP %d: %s", req.URL.Redacted(), resp.StatusCode, snippet(b))
+		return nil, err
 	}
 	ids, err := ParseTokens(b)
 	if err != nil {
@@ -134,7 +122,7 @@ func ParseTokens(b []byte) ([]int, error) {
 			ID *int `json:"id"`
 		}
 		if err := json.Unmarshal(raw, &piece); err != nil || piece.ID == nil {
-			return nil, fmt.Errorf("tokenize answer: token %d is %s, neither an id nor {id, piece}", i, snippet(raw))
+			return nil, fmt.Errorf("tokenize answer: token %d is %.40s, neither an id nor {id, piece}", i, raw)
 		}
 		ids[i] = *piece.ID
 	}
@@ -142,14 +130,4 @@ func ParseTokens(b []byte) ([]int, error) {
 		return nil, fmt.Errorf("tokenize answer: count %d but %d tokens", *ans.Count, len(ids))
 	}
 	return ids, nil
-}
-
-// snippet is the start of a body, for an error.
-func snippet(b []byte) string {
-	const n = 200
-	s := strings.TrimSpace(string(b))
-	if len(s) > n {
-		s = s[:n] + "…"
-	}
-	return s
 }

@@ -52,10 +52,7 @@ func TestRealEngineCacheRegression(t *testing.T) {
 	root := repoRoot(t)
 	server := engineBinary(t, "LLAMA_SERVER_BIN")
 	modelFile := engineBinary(t, "TINY_MODEL")
-	bin := t.TempDir()
-	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", bin)
-	promtool := binary(t, "PROMTOOL_BIN", filepath.Join(root, "tools"), "github.com/prometheus/prometheus/cmd/promtool", bin)
-	files := ruleFiles(root)
+	kvload, promtool, files := alertTools(t, root)
 	for _, observed := range []string{"", "server_metrics"} {
 		name := "observed usage (default)"
 		cache := ""
@@ -124,10 +121,7 @@ func TestRealEngineOllama(t *testing.T) {
 	root := repoRoot(t)
 	ollama := engineBinary(t, "OLLAMA_BIN")
 	modelFile := engineBinary(t, "TINY_MODEL")
-	bin := t.TempDir()
-	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", bin)
-	promtool := binary(t, "PROMTOOL_BIN", filepath.Join(root, "tools"), "github.com/prometheus/prometheus/cmd/promtool", bin)
-	files := ruleFiles(root)
+	kvload, promtool, files := alertTools(t, root)
 	res := newEngineScenario(t, files)
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "pairs.jsonl"), pairsTrace(60))
@@ -217,6 +211,16 @@ func pairsTrace(n int) string {
 			2000*i, p, p+1, p+2, p+3, p+4+i%2*1000000)
 	}
 	return b.String()
+}
+
+// alertTools are what an alert scenario runs and reads: the exporter,
+// promtool and both rule files.
+func alertTools(t *testing.T, root string) (kvload, promtool string, files []string) {
+	t.Helper()
+	bin := t.TempDir()
+	kvload = binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", bin)
+	promtool = binary(t, "PROMTOOL_BIN", filepath.Join(root, "tools"), "github.com/prometheus/prometheus/cmd/promtool", bin)
+	return kvload, promtool, ruleFiles(root)
 }
 
 // newEngineScenario is a scenario without its change yet, with the cache
