@@ -23,6 +23,10 @@ type targetCache struct {
 	params      replay.CacheParams // TraceBlock is the workload's, set per unit
 	known       bool               // capacity configured or read from the target
 	note        string             // how the figures were found, for the landing page
+	// chatTemplate is the target's chat template size, when its tokenize
+	// endpoint measured it (chatTemplateKnown); chat units start with it.
+	chatTemplate      int
+	chatTemplateKnown bool
 }
 
 // dialectBlockSize is each engine's default KV block (page) size, used when
@@ -57,6 +61,11 @@ func dialectGranularity(dialect replay.Dialect) replay.CacheGranularity {
 // user is told once, with the key to set.
 func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 	next := map[string]targetCache{}
+	type template struct {
+		tokens int
+		known  bool
+	}
+	templates := map[string]template{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for i := range cfg.Targets {
@@ -80,10 +89,18 @@ func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 		// The same moment and bound suit the tokenizer check.
 		go func() {
 			defer wg.Done()
-			d.checkTokenizer(ctx, t)
+			n, known := d.checkTokenizer(ctx, t)
+			mu.Lock()
+			templates[t.Name] = template{n, known}
+			mu.Unlock()
 		}()
 	}
 	wg.Wait()
+	for name, tpl := range templates {
+		tc := next[name]
+		tc.chatTemplate, tc.chatTemplateKnown = tpl.tokens, tpl.known
+		next[name] = tc
+	}
 	d.caches = next
 	for name, tc := range next {
 		d.coll.SetTargetCache(name, tc.params.CapacityBlocks, tc.params.ServerBlock, tc.known)

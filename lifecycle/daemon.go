@@ -402,8 +402,10 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	gate := &gatedObserver{c: d.coll, fails: newFailureLog(logger)}
 	if t.API == replay.APIChat && !rb.tokenIDs {
-		// A chat template wraps the built prompt: learn its size.
-		rb.template = &templateOverhead{logger: logger}
+		// A chat template wraps the built prompt: its size, measured at
+		// the (re)load where the target can say, or learnt from answers.
+		tc := d.caches[t.Name]
+		rb.template = newTemplateOverhead(logger, tc.chatTemplate, tc.chatTemplateKnown)
 		gate.template = rb.template
 	}
 	wl, err := replay.NewWorkload(replay.WorkloadConfig{

@@ -33,6 +33,16 @@ type templateOverhead struct {
 	sample, built int
 }
 
+// newTemplateOverhead starts learning, or, when the target's tokenize
+// endpoint measured the template (known), starts from that size.
+func newTemplateOverhead(logger log.Logger, tokens int, known bool) *templateOverhead {
+	o := &templateOverhead{logger: logger}
+	if known {
+		o.tokens, o.known = tokens, true
+	}
+	return o
+}
+
 // get returns the size in use (0 until two answers agree).
 func (o *templateOverhead) get() int {
 	o.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 
 	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
@@ -31,20 +32,22 @@ const (
 // asks for. With token-id prompts it also compares the ids: a tokenizer:
 // unlike the server's sends ids that mean other text. Engines without an
 // endpoint, or that do not answer within discoverTimeout, are logged and
-// not checked.
-func (d *Daemon) checkTokenizer(ctx context.Context, t *config.Target) {
+// not checked. On chat, where the endpoint renders messages, it also
+// returns the size of the target's chat template (known false otherwise),
+// so that prompts leave it room from the first request on.
+func (d *Daemon) checkTokenizer(ctx context.Context, t *config.Target) (template int, known bool) {
 	dialect := t.Dialect
 	logger := log.With(d.logger, "target", t.Name)
 	if !tokencheck.Has(dialect) {
 		d.coll.SetTokenizeRatio(t.Name, 0, false)
 		level.Debug(logger).Log("msg", "prompt length not checked: the engine has no tokenize endpoint", "dialect", dialect)
-		return
+		return 0, false
 	}
 	res, err := d.tokenizeCheck(ctx, t)
 	if err != nil {
 		d.coll.SetTokenizeRatio(t.Name, 0, false)
 		level.Info(logger).Log("msg", "prompt length not checked: the target's tokenize endpoint did not answer", "err", err)
-		return
+		return 0, false
 	}
 	ratio := float64(res.server) / float64(res.built)
 	d.coll.SetTokenizeRatio(t.Name, ratio, true)
@@ -59,6 +62,13 @@ func (d *Daemon) checkTokenizer(ctx context.Context, t *config.Target) {
 	default:
 		level.Info(logger).Log(append([]any{"msg", "prompt length checked against the target's tokenizer"}, kv...)...)
 	}
+	switch {
+	case res.templateErr != nil:
+		level.Info(logger).Log("msg", "chat template not measured through the tokenize endpoint; its size is learnt from the first answers' prompt_tokens instead", "err", res.templateErr)
+	case res.templateKnown:
+		level.Info(logger).Log("msg", "chat template overhead read from the target's tokenize endpoint; chat prompts leave it room", "tokens", res.template)
+	}
+	return res.template, res.templateKnown
 }
 
 // tokenizeResult is one check: the tokens built, the server's count, and
@@ -66,6 +76,11 @@ func (d *Daemon) checkTokenizer(ctx context.Context, t *config.Target) {
 // exporter's tokenizer's.
 type tokenizeResult struct {
 	built, server, mismatched int
+	// On chat: the server's count of the prompt as one user message, less
+	// its count of the prompt alone, when the endpoint renders messages.
+	template      int
+	templateKnown bool
+	templateErr   error
 }
 
 func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeResult, error) {
@@ -90,6 +105,9 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 	}
 	res := tokenizeResult{built: tokenizeCheckTokens, server: len(ids)}
 	if t.PromptFormat != replay.PromptFormatTokenIDs {
+		if t.API == replay.APIChat && tokencheck.HasChat(t.Dialect) {
+			res.template, res.templateKnown, res.templateErr = chatTemplate(cctx, client, d.targetBaseURL(t), t, text, len(ids))
+		}
 		return res, nil
 	}
 	tok, err := synth.LoadTokenizer(t.Tokenizer)
@@ -106,4 +124,20 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 		}
 	}
 	return res, nil
+}
+
+// chatTemplate measures the chat template: the server's count of text as a
+// chat of one user message, less plain, its count of text alone. A
+// difference out of [0, maxTemplateTokens] is an endpoint that renders
+// messages unlike the chat route, and is not used.
+func chatTemplate(ctx context.Context, c *http.Client, baseURL string, t *config.Target, text string, plain int) (int, bool, error) {
+	ids, err := tokencheck.TokenizeChat(ctx, c, baseURL, t.Dialect, t.Model, text)
+	if err != nil {
+		return 0, false, err
+	}
+	n := len(ids) - plain
+	if n < 0 || n > maxTemplateTokens {
+		return 0, false, fmt.Errorf("the chat form counts %d tokens against %d for the text alone, not a template", len(ids), plain)
+	}
+	return n, true, nil
 }

@@ -40,6 +40,9 @@ func TestTokenizeCheck(t *testing.T) {
 		idsOff     = "does not match the target's"
 		noAnswer   = "tokenize endpoint did not answer"
 		noEndpoint = "the engine has no tokenize endpoint"
+		// The chat template, measured or not.
+		tplRead = "chat template overhead read from the target's tokenize endpoint; chat prompts leave it room\" tokens=22"
+		tplNot  = "chat template not measured through the tokenize endpoint"
 	)
 	tests := []struct {
 		name   string
@@ -47,15 +50,23 @@ func TestTokenizeCheck(t *testing.T) {
 		ratio  float64 // 0: no series
 		log    string
 		quiet  []string // must not be logged
+		// On chat, the template line logged ("": neither).
+		template string
 	}{
-		{"emulator", "emulate: {inter_token: 1ms}", 1, checked, []string{lengthOff, idsOff}},
+		// The emulator's template (chat is the default api) is 22 tokens.
+		{"emulator", "emulate: {inter_token: 1ms}", 1, checked, []string{lengthOff, idsOff, tplNot}, tplRead},
 		// A BOS is the engine's: the check asks for the text alone.
-		{"emulator with a BOS", "emulate: {inter_token: 1ms, bos: true}", 1, checked, []string{lengthOff}},
-		{"token ids, the server's tokenizer", "emulate: {inter_token: 1ms}\n    prompt_format: token_ids\n    api: completions\n    tokenizer: o200k_base", 1, checked, []string{idsOff}},
-		{"token ids, another tokenizer", "emulate: {inter_token: 1ms}\n    prompt_format: token_ids\n    api: completions\n    tokenizer: cl100k_base", 1, idsOff, []string{checked}},
-		{"twice as many tokens", "url: " + doubling.URL + "\n    dialect: vllm", 2, lengthOff, []string{checked}},
-		{"llama.cpp route missing", "url: " + doubling.URL + "\n    dialect: llamacpp", 0, noAnswer, []string{checked, lengthOff}},
-		{"no endpoint", "url: " + doubling.URL + "\n    dialect: openai", 0, "", []string{checked, lengthOff, noAnswer}},
+		// and the BOS is the template's on chat: 23.
+		{"emulator with a BOS", "emulate: {inter_token: 1ms, bos: true}", 1, checked, []string{lengthOff, tplNot}, strings.Replace(tplRead, "=22", "=23", 1)},
+		{"emulator on completions", "emulate: {inter_token: 1ms}\n    api: completions", 1, checked, []string{tplRead, tplNot}, ""},
+		{"token ids, the server's tokenizer", "emulate: {inter_token: 1ms}\n    prompt_format: token_ids\n    api: completions\n    tokenizer: o200k_base", 1, checked, []string{idsOff, tplRead, tplNot}, ""},
+		{"token ids, another tokenizer", "emulate: {inter_token: 1ms}\n    prompt_format: token_ids\n    api: completions\n    tokenizer: cl100k_base", 1, idsOff, []string{checked}, ""},
+		// Its chat form (no prompt) counts nothing: not a template.
+		{"twice as many tokens", "url: " + doubling.URL + "\n    dialect: vllm", 2, lengthOff, []string{checked, tplRead}, tplNot},
+		{"llama.cpp route missing", "url: " + doubling.URL + "\n    dialect: llamacpp", 0, noAnswer, []string{checked, lengthOff, tplRead, tplNot}, ""},
+		{"no endpoint", "url: " + doubling.URL + "\n    dialect: openai", 0, "", []string{checked, lengthOff, noAnswer, tplRead, tplNot}, ""},
+		// SGLang's tokenize takes a prompt only: learnt from answers.
+		{"sglang", "url: " + doubling.URL + "\n    dialect: sglang", 0, noAnswer, []string{tplRead, tplNot}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -80,6 +91,9 @@ workloads:
 			got, n := gatherFamilies(t, s.reg).value("kvload_target_tokenize_ratio", "target", "tgt")
 			if (n > 0) != (tt.ratio > 0) || got != tt.ratio {
 				t.Errorf("kvload_target_tokenize_ratio %v (%d series), want %v", got, n, tt.ratio)
+			}
+			if tt.template != "" && !strings.Contains(logs.String(), tt.template) {
+				t.Errorf("%q not logged:\n%s", tt.template, logs.String())
 			}
 			if tt.log != "" && !strings.Contains(logs.String(), tt.log) {
 				t.Errorf("%q not logged:\n%s", tt.log, logs.String())

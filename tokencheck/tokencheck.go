@@ -70,6 +70,103 @@ func Has(d replay.Dialect) bool {
 	return ok
 }
 
+// chatMessage is one message of a chat tokenize request.
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// vllmChatBody is vLLM's chat form of /tokenize: the messages rendered by
+// the server's chat template with the assistant's header, special tokens
+// as the template writes them (vLLM's chat default), which is what
+// /v1/chat/completions counts.
+type vllmChatBody struct {
+	Model               string        `json:"model,omitempty"`
+	Messages            []chatMessage `json:"messages"`
+	AddGenerationPrompt bool          `json:"add_generation_prompt"`
+}
+
+// llamaCppTemplateBody asks llama.cpp's /apply-template for the text its
+// chat endpoint would tokenize.
+type llamaCppTemplateBody struct {
+	Messages []chatMessage `json:"messages"`
+}
+
+// llamaCppTokenizeTemplated tokenizes a rendered chat as llama.cpp's chat
+// endpoint does: special tokens added where the model asks for them, and
+// special-token text in the template read as special tokens.
+type llamaCppTokenizeTemplated struct {
+	Content      string `json:"content"`
+	AddSpecial   bool   `json:"add_special"`
+	ParseSpecial bool   `json:"parse_special"`
+}
+
+// HasChat tells whether TokenizeChat can ask a dialect's engine: vLLM's
+// /tokenize takes messages, llama.cpp renders them with /apply-template.
+// SGLang's, TensorRT-LLM's and Dynamo's tokenize routes take a prompt only.
+func HasChat(d replay.Dialect) bool {
+	return d == replay.DialectVLLM || d == replay.DialectLlamaCpp
+}
+
+// TokenizeChat returns the ids the server at baseURL makes of a chat of one
+// user message, text, as its chat completions endpoint counts them: the
+// chat template included. Its error wraps ErrNoEndpoint for a dialect
+// HasChat refuses.
+func TokenizeChat(ctx context.Context, c *http.Client, baseURL string, d replay.Dialect, model, text string) ([]int, error) {
+	msgs := []chatMessage{{Role: "user", Content: text}}
+	switch d {
+	case replay.DialectVLLM:
+		b, where, err := post(ctx, c, baseURL, "/tokenize", vllmChatBody{Model: model, Messages: msgs, AddGenerationPrompt: true})
+		if err != nil {
+			return nil, err
+		}
+		return parseAt(b, where)
+	case replay.DialectLlamaCpp:
+		b, where, err := post(ctx, c, baseURL, "/apply-template", llamaCppTemplateBody{Messages: msgs})
+		if err != nil {
+			return nil, err
+		}
+		var rendered struct {
+			Prompt *string `json:"prompt"`
+		}
+		if err := json.Unmarshal(b, &rendered); err != nil || rendered.Prompt == nil {
+			return nil, fmt.Errorf("%s: the answer has no prompt string: %.60q", where, b)
+		}
+		b, where, err = post(ctx, c, baseURL, "/tokenize", llamaCppTokenizeTemplated{Content: *rendered.Prompt, AddSpecial: true, ParseSpecial: true})
+		if err != nil {
+			return nil, err
+		}
+		return parseAt(b, where)
+	}
+	return nil, fmt.Errorf("dialect %s: chat: %w", d, ErrNoEndpoint)
+}
+
+// post sends body as JSON to baseURL+path and returns the answer's body
+// and the route, credentials redacted, for errors about the answer.
+func post(ctx context.Context, c *http.Client, baseURL, path string, body any) ([]byte, string, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, "", err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(baseURL, "/")+path, bytes.NewReader(b))
+	if err != nil {
+		return nil, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	where := "POST " + req.URL.Redacted()
+	b, err = replay.ReadAnswer(c, req, maxBody)
+	return b, where, err
+}
+
+// parseAt is ParseTokens with the route in its error.
+func parseAt(b []byte, where string) ([]int, error) {
+	ids, err := ParseTokens(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	return ids, nil
+}
+
 // Tokenize returns the ids the server at baseURL (without /v1) makes of
 // text, without special tokens where the engine allows leaving them out.
 // Its error wraps ErrNoEndpoint for a dialect without an endpoint.
@@ -78,25 +175,11 @@ func Tokenize(ctx context.Context, c *http.Client, baseURL string, d replay.Dial
 	if !ok {
 		return nil, fmt.Errorf("dialect %s: %w", d, ErrNoEndpoint)
 	}
-	body, err := json.Marshal(ep.body(model, text))
+	b, where, err := post(ctx, c, baseURL, ep.path, ep.body(model, text))
 	if err != nil {
 		return nil, err
 	}
-	url := strings.TrimSuffix(baseURL, "/") + ep.path
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	b, err := replay.ReadAnswer(c, req, maxBody)
-	if err != nil {
-		return nil, err
-	}
-	ids, err := ParseTokens(b)
-	if err != nil {
-		return nil, fmt.Errorf("POST %s: %w", req.URL.Redacted(), err)
-	}
-	return ids, nil
+	return parseAt(b, where)
 }
 
 // ParseTokens reads a tokenize answer: an object whose "tokens" is a list

@@ -122,3 +122,60 @@ func FuzzParseTokens(f *testing.F) {
 		}
 	})
 }
+
+// TestTokenizeChat: vLLM is asked for the chat form of /tokenize, llama.cpp
+// renders the messages with /apply-template and tokenizes that text as its
+// chat route does (special tokens added and parsed); other engines have no
+// chat form, and a rendering without a prompt is an error naming the route.
+func TestTokenizeChat(t *testing.T) {
+	tests := []struct {
+		dialect replay.Dialect
+		calls   []string // path and body of each request, in order
+		render  string   // /apply-template's answer
+		err     string
+	}{
+		{replay.DialectVLLM, []string{`/tokenize {"model":"m","messages":[{"role":"user","content":" a b"}],"add_generation_prompt":true}`}, "", ""},
+		{replay.DialectLlamaCpp, []string{
+			`/apply-template {"messages":[{"role":"user","content":" a b"}]}`,
+			`/tokenize {"content":"\u003cs\u003euser: a b\nassistant:","add_special":true,"parse_special":true}`,
+		}, `{"prompt": "<s>user: a b\nassistant:"}`, ""},
+		{replay.DialectLlamaCpp, []string{`/apply-template {"messages":[{"role":"user","content":" a b"}]}`}, `{"text": "x"}`, "no prompt string"},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.dialect)+tt.err, func(t *testing.T) {
+			var calls []string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				calls = append(calls, r.URL.Path+" "+string(b))
+				if r.URL.Path == "/apply-template" {
+					io.WriteString(w, tt.render)
+					return
+				}
+				io.WriteString(w, `{"tokens": [4, 5, 6]}`)
+			}))
+			defer srv.Close()
+			if !HasChat(tt.dialect) {
+				t.Fatalf("HasChat(%s) = false", tt.dialect)
+			}
+			ids, err := TokenizeChat(t.Context(), srv.Client(), srv.URL, tt.dialect, "m", " a b")
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) || !strings.Contains(err.Error(), srv.URL+"/apply-template") {
+					t.Errorf("error %v, want one naming the route and containing %q", err, tt.err)
+				}
+			} else if err != nil || !slices.Equal(ids, []int{4, 5, 6}) {
+				t.Errorf("%v, %v; want [4 5 6]", ids, err)
+			}
+			if !slices.Equal(calls, tt.calls) {
+				t.Errorf("requests:\n%s\nwant:\n%s", strings.Join(calls, "\n"), strings.Join(tt.calls, "\n"))
+			}
+		})
+	}
+	for _, d := range []replay.Dialect{replay.DialectSGLang, replay.DialectTRTLLM, replay.DialectDynamo, replay.DialectOpenAI} {
+		if HasChat(d) {
+			t.Errorf("%s has a chat tokenize form?", d)
+		}
+		if _, err := TokenizeChat(t.Context(), http.DefaultClient, "http://127.0.0.1:1", d, "m", "x"); !errors.Is(err, ErrNoEndpoint) {
+			t.Errorf("%s: %v, want ErrNoEndpoint", d, err)
+		}
+	}
+}
