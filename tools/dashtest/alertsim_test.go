@@ -203,8 +203,13 @@ func TestAlertScenarios(t *testing.T) {
 			r.whatIf(t, r.contrastWhatIf())
 		}},
 	}
+	// Two at a time (go test's -parallel is the core count): a scenario
+	// is mostly waiting for its rule time to pass, and the rule time of
+	// each scrape is its index, not the wall clock, so a slower scrape
+	// does not move the alerts' timeline.
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
 			r := runAlertScenario(t, kvload, promtool, trace, files, sc)
 			r.effThreshold, r.contrastThreshold, r.hitHold, r.contrastHold = effThr, conThr, hitHold, conHold
 			r.logTimeline(t)

@@ -274,9 +274,10 @@ func waitLog(t *testing.T, p *process, path, want string, within time.Duration) 
 
 // TestRealEngineChatPromptLength: on chat, the server's Llama-3 template
 // wraps every prompt in a dozen tokens of its own, a tenth of a 100-token
-// prompt. The exporter learns that from the first answer and leaves it
-// room: over 30 short prompts (100 to 390 tokens, sent one at a time) the
-// server counts the trace's tokens within 1 %.
+// prompt. The exporter measures it before the first request (llama.cpp's
+// /apply-template, then /tokenize as the chat route tokenizes) and leaves
+// it room: over 30 short prompts (100 to 390 tokens, sent one at a time)
+// the server counts the trace's tokens within 1 %.
 func TestRealEngineChatPromptLength(t *testing.T) {
 	root := repoRoot(t)
 	server := engineBinary(t, "LLAMA_SERVER_BIN")
@@ -316,8 +317,8 @@ workloads:
 		t.Errorf("chat prompt / trace tokens %.4f, want within [0.99, 1.01]", r)
 	}
 	b, _ := os.ReadFile(filepath.Join(dir, "exporter.log"))
-	if !strings.Contains(string(b), "chat template overhead learnt") {
-		t.Errorf("the exporter did not log the template it learnt:\n%s", tail(filepath.Join(dir, "exporter.log"), 20))
+	if !strings.Contains(string(b), "chat template overhead read from the target's tokenize endpoint") {
+		t.Errorf("the exporter did not log the template it measured:\n%s", tail(filepath.Join(dir, "exporter.log"), 20))
 	}
 }
 
