@@ -129,8 +129,8 @@ test-prometheus: build $(PROMETHEUS) $(PROMTOOL)
 # disabled, capacity cut, flush, engine restart, and a target that reports
 # no cached tokens (broken, flushed, healthy). Each scenario's alert states
 # are checked again by `promtool test rules` over the same samples, and a
-# small check proves that a wrong expectation makes promtool fail. About
-# 10 minutes; needs ../shared/traces.
+# small check proves that a wrong expectation makes promtool fail. The
+# scenarios run two at a time: about 4 minutes; needs ../shared/traces.
 test-alerts: build $(PROMTOOL)
 	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) PROMTOOL_BIN=$(abspath $(PROMTOOL)) \
 	  $(GO) test -count=1 -timeout 30m -v -run '^(TestAlertScenarios|TestPromtoolCrossCheck)$$' ./dashtest
