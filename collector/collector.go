@@ -220,8 +220,8 @@ func New(reg prometheus.Registerer) *Collector {
 
 // ServerMetricsError counts a scrape of target's cached-token counter that
 // was not credited, for reason (see ServerScraper).
-func (c *Collector) ServerMetricsError(target, reason string) {
-	c.serverErrors.WithLabelValues(target, reason).Inc()
+func (c *Collector) ServerMetricsError(target string, reason ServerMetricsErrorReason) {
+	c.serverErrors.WithLabelValues(target, string(reason)).Inc()
 }
 
 // Start creates the series of a (workload, target) at zero, so that rates
@@ -230,7 +230,7 @@ func (c *Collector) Start(workload, target string) {
 	for _, o := range replay.Outcomes {
 		c.requests.WithLabelValues(workload, target, string(o))
 	}
-	c.dropped.WithLabelValues(workload, target, replay.DropMaxInFlight)
+	c.dropped.WithLabelValues(workload, target, string(replay.DropMaxInFlight))
 	c.inFlight.WithLabelValues(workload, target)
 	for _, v := range []*prometheus.CounterVec{c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported} {
@@ -575,8 +575,8 @@ func (c *Collector) Finished(r *replay.Result) {
 }
 
 // Dropped implements replay.Observer.
-func (c *Collector) Dropped(workload, target, reason string, _ time.Time) {
-	c.dropped.WithLabelValues(workload, target, reason).Inc()
+func (c *Collector) Dropped(workload, target string, reason replay.DropReason, _ time.Time) {
+	c.dropped.WithLabelValues(workload, target, string(reason)).Inc()
 	at := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -96,7 +96,7 @@ func (s *ServerScraper) Run(ctx context.Context, c *Collector, onError func(erro
 func (s *ServerScraper) scrapeOnce(ctx context.Context, c *Collector) error {
 	r, err := s.read(ctx)
 	if err != nil {
-		c.ServerMetricsError(s.Target, "scrape")
+		c.ServerMetricsError(s.Target, ServerErrorScrape)
 		return err
 	}
 	counts, err := s.counts(r)
@@ -118,21 +118,35 @@ const (
 	maxServerIncrease = 1 << 40
 )
 
-// RejectedCount is a scraped counter value that is not credited, and why:
-// Reason is not_finite, negative, too_large or jump.
+// ServerMetricsErrorReason is why a scrape of a target's cached-token
+// counter was not credited: the reason label of
+// kvload_server_metrics_errors_total.
+type ServerMetricsErrorReason string
+
+// The reasons: the scrape failed, or its value is implausible.
+const (
+	ServerErrorScrape    ServerMetricsErrorReason = "scrape"
+	ServerErrorNotFinite ServerMetricsErrorReason = "not_finite"
+	ServerErrorNegative  ServerMetricsErrorReason = "negative"
+	ServerErrorTooLarge  ServerMetricsErrorReason = "too_large"
+	ServerErrorJump      ServerMetricsErrorReason = "jump"
+)
+
+// RejectedCount is a scraped counter value that is not credited, and why.
 type RejectedCount struct {
-	Target, Reason string
-	Value, Last    float64
+	Target      string
+	Reason      ServerMetricsErrorReason // not scrape
+	Value, Last float64
 }
 
 func (e *RejectedCount) Error() string {
 	switch e.Reason {
-	case "jump":
+	case ServerErrorJump:
 		return fmt.Sprintf("target %s: server metrics: cached-token counter jumped from %g to %g, more than %d in one scrape: not credited", e.Target, e.Last, e.Value, int64(maxServerIncrease))
-	case "too_large":
+	case ServerErrorTooLarge:
 		return fmt.Sprintf("target %s: server metrics: cached-token counter %g is above 2^53: not credited", e.Target, e.Value)
 	}
-	return fmt.Sprintf("target %s: server metrics: cached-token counter %g is %s: not credited", e.Target, e.Value, strings.ReplaceAll(e.Reason, "_", " "))
+	return fmt.Sprintf("target %s: server metrics: cached-token counter %g is %s: not credited", e.Target, e.Value, strings.ReplaceAll(string(e.Reason), "_", " "))
 }
 
 // engineRead is one read of a server's counters.
@@ -176,16 +190,16 @@ func (s *ServerScraper) counts(r engineRead) (ServerCounts, error) {
 // a *RejectedCount and leaves the baseline as it was, so that a one-off
 // glitch costs nothing once the counter reads sane again.
 func (s *ServerScraper) delta(v, start float64) (float64, error) {
-	reject := func(reason string) (float64, error) {
+	reject := func(reason ServerMetricsErrorReason) (float64, error) {
 		return 0, &RejectedCount{Target: s.Target, Reason: reason, Value: v, Last: s.last}
 	}
 	switch {
 	case math.IsNaN(v) || math.IsInf(v, 0):
-		return reject("not_finite")
+		return reject(ServerErrorNotFinite)
 	case v < 0:
-		return reject("negative")
+		return reject(ServerErrorNegative)
 	case v > maxServerCount:
-		return reject("too_large")
+		return reject(ServerErrorTooLarge)
 	}
 	var d float64
 	switch {
@@ -196,7 +210,7 @@ func (s *ServerScraper) delta(v, start float64) (float64, error) {
 		d = v - s.last
 	}
 	if d > maxServerIncrease {
-		return reject("jump")
+		return reject(ServerErrorJump)
 	}
 	s.last, s.lastStart, s.seen = v, start, true
 	return d, nil

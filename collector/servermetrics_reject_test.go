@@ -53,7 +53,7 @@ func TestServerScraperRejectsImplausible(t *testing.T) {
 			if err := s.Prime(context.Background()); err != nil {
 				t.Fatalf("baseline: %v", err)
 			}
-			errs := map[string]float64{}
+			errs := map[ServerMetricsErrorReason]float64{}
 			for i, want := range tt.want {
 				before := s.last
 				r, err := s.read(context.Background())
@@ -64,7 +64,7 @@ func TestServerScraperRejectsImplausible(t *testing.T) {
 					credit = counts.Cached
 				}
 				// And as Run would: the error counted by its reason.
-				reason := "scrape"
+				reason := ServerErrorScrape
 				if bad := (*RejectedCount)(nil); errors.As(err, &bad) {
 					reason = bad.Reason
 					if bad.Target != "t" {
@@ -81,7 +81,7 @@ func TestServerScraperRejectsImplausible(t *testing.T) {
 						t.Errorf("scrape %d (%s): credit %v, %v; want %v", i, tt.values[i+1], credit, err, w)
 					}
 				case string:
-					if err == nil || reason != w {
+					if err == nil || string(reason) != w {
 						t.Errorf("scrape %d (%s): credit %v, err %v; want rejected as %s", i, tt.values[i+1], credit, err, w)
 					}
 					if s.last != before {
@@ -90,7 +90,7 @@ func TestServerScraperRejectsImplausible(t *testing.T) {
 				}
 			}
 			for reason, n := range errs {
-				if got := testutil.ToFloat64(c.serverErrors.WithLabelValues("t", reason)); got != n {
+				if got := testutil.ToFloat64(c.serverErrors.WithLabelValues("t", string(reason))); got != n {
 					t.Errorf("kvload_server_metrics_errors_total{reason=%q} %v, want %v", reason, got, n)
 				}
 			}

@@ -33,22 +33,29 @@ const (
 	maxErrorLen = 300
 )
 
-// Health states of a (workload, target) on the landing page.
+// Health is the state of a (workload, target) on the landing page.
+type Health string
+
+// Health states.
 const (
-	HealthOK          = "ok"
-	HealthDegraded    = "degraded"
-	HealthFailing     = "failing"
-	HealthNotReported = "not reported"
+	HealthOK          Health = "ok"
+	HealthDegraded    Health = "degraded"
+	HealthFailing     Health = "failing"
+	HealthNotReported Health = "not reported"
 )
+
+// EfficiencyState is what a (workload, target)'s cache efficiency says, on
+// the landing page.
+type EfficiencyState string
 
 // Cache efficiency states.
 const (
-	EfficiencyOK          = "ok"
-	EfficiencyLow         = "low"
-	EfficiencyAbove       = "above model"
-	EfficiencyNotReported = "not reported"
-	EfficiencyNoSharing   = "nothing to share"
-	EfficiencyNoSuccess   = "no success"
+	EfficiencyOK          EfficiencyState = "ok"
+	EfficiencyLow         EfficiencyState = "low"
+	EfficiencyAbove       EfficiencyState = "above model"
+	EfficiencyNotReported EfficiencyState = "not reported"
+	EfficiencyNoSharing   EfficiencyState = "nothing to share"
+	EfficiencyNoSuccess   EfficiencyState = "no success"
 )
 
 // recent is a ring of the last finished requests of one (workload, target).
@@ -133,10 +140,12 @@ type Status struct {
 	// Efficiency is ObservedHitRate over the theoretical rate of the same
 	// reporting requests; 0 when not Reported or nothing could hit.
 	Efficiency      float64
-	EfficiencyState string        // one of the Efficiency* states
-	Window          time.Duration // span the figures cover
-	// Health is one of the Health* states; HealthReason says why.
-	Health, HealthReason string
+	EfficiencyState EfficiencyState
+
+	Window time.Duration // span the figures cover
+	// HealthReason says why Health is what it is.
+	Health       Health
+	HealthReason string
 
 	succeeded int // successful requests in the window
 }
@@ -306,7 +315,7 @@ func (c *Collector) Status() []Status {
 
 // efficiencyState judges the cache efficiency; repTheoRate is the
 // theoretical hit rate of the requests that reported their cached tokens.
-func efficiencyState(st Status, repTheoRate float64) string {
+func efficiencyState(st Status, repTheoRate float64) EfficiencyState {
 	switch {
 	case !st.Reported && st.succeeded == 0:
 		return EfficiencyNoSuccess // nothing could report
@@ -324,7 +333,7 @@ func efficiencyState(st Status, repTheoRate float64) string {
 
 // health is the state of a (workload, target) and its reason, from the
 // window's figures: the worst of errors, schedule lag and cache efficiency.
-func health(st Status, failed int, byOutcome map[replay.Outcome]int) (string, string) {
+func health(st Status, failed int, byOutcome map[replay.Outcome]int) (Health, string) {
 	if st.Requests == 0 && st.Dropped > 0 {
 		return HealthFailing, fmt.Sprintf("no request finished in the last %v, and %d scheduled requests were dropped", statusAge, st.Dropped)
 	}

@@ -29,9 +29,9 @@ func TestStatusHealth(t *testing.T) {
 	tests := []struct {
 		name       string
 		results    []*replay.Result
-		health     string
+		health     Health
 		reason     string
-		efficiency string
+		efficiency EfficiencyState
 	}{
 		{"healthy", many(10, ok(0, 500)), HealthOK, "10 requests, none failed", EfficiencyOK},
 		{"a few errors", append(many(99, ok(0, 500)), fail), HealthOK, "1 of 100 requests failed", EfficiencyOK},
@@ -85,7 +85,7 @@ func TestStatusHealth(t *testing.T) {
 		finished      int
 		drops         int
 		age           time.Duration // of the drops
-		health        string
+		health        Health
 		reason        string
 		dropsInWindow int
 	}{

@@ -194,7 +194,7 @@ func (g *gatedObserver) Finished(r *replay.Result) {
 	}
 }
 
-func (g *gatedObserver) Dropped(w, t, reason string, scheduled time.Time) {
+func (g *gatedObserver) Dropped(w, t string, reason replay.DropReason, scheduled time.Time) {
 	if g.open() {
 		defer g.done()
 		g.c.Dropped(w, t, reason, scheduled)

@@ -32,16 +32,20 @@ func (o Outcome) ServerNeverGotIt() bool {
 // Outcomes lists every outcome, for initialising metrics.
 var Outcomes = [...]Outcome{OutcomeSuccess, OutcomeHTTPError, OutcomeStreamError, OutcomeTimeout, OutcomeConnectionError, OutcomeCanceled}
 
-// Drop reasons: a scheduled request that was never sent.
+// DropReason is why a scheduled request was never sent: the reason label
+// of kvload_requests_dropped_total.
+type DropReason string
+
+// Drop reasons.
 const (
-	DropMaxInFlight = "max_in_flight"
-	DropShutdown    = "shutdown"
+	DropMaxInFlight DropReason = "max_in_flight"
+	DropShutdown    DropReason = "shutdown"
 	// DropBuildError: the row's request could not be built (for example
 	// input_length inconsistent with hash_ids), so nothing was sent.
-	DropBuildError = "build_error"
+	DropBuildError DropReason = "build_error"
 	// DropMaxLag: under on_saturation queue, the row waited for a slot
 	// longer than the queue's lag bound behind its schedule.
-	DropMaxLag = "max_lag"
+	DropMaxLag DropReason = "max_lag"
 )
 
 // DefaultMaxQueueLag bounds how late a queued row may still be sent.
@@ -148,7 +152,7 @@ type Observer interface {
 	// Finished is called once per sent request with its measurement.
 	Finished(r *Result)
 	// Dropped is called for a scheduled request that was never sent.
-	Dropped(workload, target, reason string, scheduled time.Time)
+	Dropped(workload, target string, reason DropReason, scheduled time.Time)
 	// PassCompleted is called when a workload finishes a pass over its trace.
 	PassCompleted(workload, target string, pass int)
 }

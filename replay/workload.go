@@ -584,7 +584,7 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 }
 
 // drop reports a row that was never sent; the model forgets its blocks.
-func (w *Workload) drop(it PacerItem, reason string, scheduled time.Time) {
+func (w *Workload) drop(it PacerItem, reason DropReason, scheduled time.Time) {
 	if w.cfg.Cache != nil {
 		w.cfg.Cache.Reject(it)
 	}

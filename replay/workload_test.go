@@ -163,7 +163,7 @@ type wlTestObserver struct {
 }
 
 type wlTestDrop struct {
-	reason    string
+	reason    DropReason
 	scheduled time.Time
 }
 
@@ -187,7 +187,7 @@ func (o *wlTestObserver) Finished(r *Result) {
 	o.changed.Broadcast()
 }
 
-func (o *wlTestObserver) Dropped(_, _, reason string, scheduled time.Time) {
+func (o *wlTestObserver) Dropped(_, _ string, reason DropReason, scheduled time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.dropped = append(o.dropped, wlTestDrop{reason, scheduled})
@@ -787,7 +787,7 @@ func (o *wlTestLagObserver) Finished(r *Result) {
 		o.failed++
 	}
 }
-func (o *wlTestLagObserver) Dropped(_, _, _ string, _ time.Time) {
+func (o *wlTestLagObserver) Dropped(_, _ string, _ DropReason, _ time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.dropped++

@@ -112,16 +112,22 @@ func newMux(d webDeps) *http.ServeMux {
 }
 
 // Colours of the health and efficiency states.
-var stateClass = map[string]string{
-	collector.HealthOK:            "ok",
-	collector.HealthDegraded:      "warn",
-	collector.HealthFailing:       "bad",
-	collector.HealthNotReported:   "none", // also EfficiencyNotReported
-	collector.EfficiencyLow:       "warn",
-	collector.EfficiencyAbove:     "warn",
-	collector.EfficiencyNoSharing: "none",
-	collector.EfficiencyNoSuccess: "none",
-}
+var (
+	healthClass = map[collector.Health]string{
+		collector.HealthOK:          "ok",
+		collector.HealthDegraded:    "warn",
+		collector.HealthFailing:     "bad",
+		collector.HealthNotReported: "none",
+	}
+	efficiencyClass = map[collector.EfficiencyState]string{
+		collector.EfficiencyOK:          "ok",
+		collector.EfficiencyLow:         "warn",
+		collector.EfficiencyAbove:       "warn",
+		collector.EfficiencyNotReported: "none",
+		collector.EfficiencyNoSharing:   "none",
+		collector.EfficiencyNoSuccess:   "none",
+	}
+)
 
 //go:embed landing.html
 var landingHTML string
@@ -129,12 +135,13 @@ var landingHTML string
 // landingTemplate escapes every value (html/template), so names and error
 // texts from a config file or a server cannot inject markup.
 var landingTemplate = template.Must(template.New("landing").Funcs(template.FuncMap{
-	"ms":      formatMillis,
-	"lagms":   func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + " ms" },
-	"seconds": func(d time.Duration) int { return int(d.Round(time.Second).Seconds()) },
-	"pct":     formatPercent,
-	"count":   func(f float64) string { return strconv.FormatFloat(f, 'f', 0, 64) },
-	"state":   func(s string) string { return stateClass[s] },
+	"ms":         formatMillis,
+	"lagms":      func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + " ms" },
+	"seconds":    func(d time.Duration) int { return int(d.Round(time.Second).Seconds()) },
+	"pct":        formatPercent,
+	"count":      func(f float64) string { return strconv.FormatFloat(f, 'f', 0, 64) },
+	"health":     func(h collector.Health) string { return healthClass[h] },
+	"efficiency": func(e collector.EfficiencyState) string { return efficiencyClass[e] },
 	"utc": func(t time.Time) string {
 		if t.IsZero() {
 			return "never"

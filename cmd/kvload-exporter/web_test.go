@@ -244,11 +244,15 @@ func TestConnLimiter(t *testing.T) {
 
 // TestStateClasses: every health and efficiency state has its colour.
 func TestStateClasses(t *testing.T) {
-	for _, s := range []string{collector.HealthOK, collector.HealthDegraded, collector.HealthFailing, collector.HealthNotReported,
-		collector.EfficiencyOK, collector.EfficiencyLow, collector.EfficiencyAbove, collector.EfficiencyNotReported,
+	for _, s := range []collector.Health{collector.HealthOK, collector.HealthDegraded, collector.HealthFailing, collector.HealthNotReported} {
+		if healthClass[s] == "" {
+			t.Errorf("health %q has no colour class", s)
+		}
+	}
+	for _, s := range []collector.EfficiencyState{collector.EfficiencyOK, collector.EfficiencyLow, collector.EfficiencyAbove, collector.EfficiencyNotReported,
 		collector.EfficiencyNoSharing, collector.EfficiencyNoSuccess} {
-		if stateClass[s] == "" {
-			t.Errorf("state %q has no colour class", s)
+		if efficiencyClass[s] == "" {
+			t.Errorf("efficiency state %q has no colour class", s)
 		}
 	}
 }
