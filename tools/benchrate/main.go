@@ -21,6 +21,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,9 +51,10 @@ func main() {
 		storm     = flag.Int("storm", 100, "concurrent /metrics scrapers of the extra kvload run at -storm-rate; 0 for none")
 		stormRate = flag.Int("storm-rate", 1000, "requests/s of the kvload run under a scrape storm")
 		stormGap  = flag.Duration("storm-interval", 100*time.Millisecond, "pause of each scraper between scrapes; 0 for back to back")
+		control   = flag.Bool("storm-control", true, "after the storm, the same storm on a copy of the exporter's /metrics served by another process (the machine's share of the lag)")
 	)
 	flag.Parse()
-	if err := run(*exporter, *vegetaBin, *rates, *duration, *only, *storm, *stormRate, *stormGap); err != nil {
+	if err := run(*exporter, *vegetaBin, *rates, *duration, *only, *storm, *stormRate, *stormGap, *control); err != nil {
 		fmt.Fprintln(os.Stderr, "benchrate:", err)
 		os.Exit(1)
 	}
@@ -71,9 +73,25 @@ type outcome struct {
 	sinkCPU   float64 // CPU-seconds of the sink over the run
 	lagSource string
 	scrapes   map[int]int // status code → scrapes, under a storm
+	// The exporter's /metrics as a storm's scrapers received it (gzip),
+	// at the end of a storm run, for the control run.
+	metrics *capturedResponse
 }
 
-func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, storm, stormRate int, stormGap time.Duration) error {
+// capturedResponse is one answer of /metrics, as sent.
+type capturedResponse struct {
+	header http.Header
+	body   []byte
+}
+
+func (c *capturedResponse) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	for k, v := range c.header {
+		w.Header()[k] = v
+	}
+	_, _ = w.Write(c.body)
+}
+
+func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, storm, stormRate int, stormGap time.Duration, stormControl bool) error {
 	for _, bin := range []string{exporter, vegetaBin} {
 		if _, err := os.Stat(bin); err != nil {
 			return fmt.Errorf("%w (make bench-rate builds it)", err)
@@ -121,7 +139,7 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 			return fmt.Errorf("rate %q: want a positive integer", f)
 		}
 		if only == "" || only == "kvload" {
-			o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, rate, dur, 0, 0)
+			o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, rate, dur, 0, 0, "")
 			if err != nil {
 				return err
 			}
@@ -138,13 +156,27 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 		}
 	}
 	if storm > 0 && (only == "" || only == "kvload") {
-		o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, stormRate, dur, storm, stormGap)
+		o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, stormRate, dur, storm, stormGap, "")
 		if err != nil {
 			return err
 		}
 		results = append(results, o)
 		printOutcome(o)
 		fmt.Printf("scrapes by status: %v\n", o.scrapes)
+		if stormControl && o.metrics != nil {
+			// The control: the same storm, on the same machine, served
+			// by another process with the exporter's own bytes. What it
+			// moves is the machine's share; the rest is the exporter's.
+			copySrv := httptest.NewServer(o.metrics)
+			c, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, stormRate, dur, storm, stormGap, copySrv.URL+"/metrics")
+			copySrv.Close()
+			if err != nil {
+				return err
+			}
+			results = append(results, c)
+			printOutcome(c)
+			fmt.Printf("scrapes of the copy by status: %v\n", c.scrapes)
+		}
 	}
 	fmt.Printf("\nload average after: %s\n\n", loadAvg())
 	fmt.Println("| tool | target req/s | achieved req/s | requests | dropped | p50 send lag | p99 send lag | tool CPU-s per 1,000 req | sink CPU-s per 1,000 req |")
@@ -173,10 +205,13 @@ func perK(cpu float64, n int64) float64 {
 // runKvload replays a trace of rate×dur evenly spaced rows (64-token
 // prompts, 32 output tokens) once, and reads its own lag histogram. With
 // storm > 0, that many scrapers fetch /metrics meanwhile, each pausing
-// stormGap between scrapes.
-func runKvload(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int, dur time.Duration, storm int, stormGap time.Duration) (outcome, error) {
+// stormGap between scrapes: the exporter's, or stormURL's when set.
+func runKvload(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int, dur time.Duration, storm int, stormGap time.Duration, stormURL string) (outcome, error) {
 	o := outcome{tool: "kvload", rate: rate, lagSource: "kvload_schedule_lag_seconds, classic buckets, interpolated"}
-	if storm > 0 {
+	switch {
+	case storm > 0 && stormURL != "":
+		o.tool = fmt.Sprintf("kvload, %d scrapers every %v of a copy of its /metrics served by another process", storm, stormGap)
+	case storm > 0:
 		o.tool = fmt.Sprintf("kvload, %d scrapers every %v", storm, stormGap)
 	}
 	rows := int(float64(rate) * dur.Seconds())
@@ -242,11 +277,19 @@ workloads:
 		}
 	}
 	cpu0, sink0, sys0 := procCPU(pid), procCPU(sinkPid), procSys(pid)
-	stopStorm := scrapeStorm(ctx, "http://"+web+"/metrics", storm, stormGap)
+	if stormURL == "" {
+		stormURL = "http://" + web + "/metrics"
+	}
+	stopStorm := scrapeStorm(ctx, stormURL, storm, stormGap)
 	st, err := waitSink(sinkURL, int64(rows), dur)
 	o.scrapes = stopStorm()
 	if err != nil {
 		return o, err
+	}
+	if storm > 0 {
+		if o.metrics, err = captureGzip("http://" + web + "/metrics"); err != nil {
+			return o, err
+		}
 	}
 	time.Sleep(100 * time.Millisecond) // the last streams end
 	cpu1, sink1, sys1 := procCPU(pid), procCPU(sinkPid), procSys(pid)
@@ -432,6 +475,32 @@ func achieved(st sinkStats) float64 {
 		return 0
 	}
 	return float64(st.Requests-1) / (float64(st.Last-st.First) / 1e9)
+}
+
+// captureGzip fetches url as the scrapers do (asking for gzip) and keeps
+// the answer as sent, still compressed.
+func captureGzip(url string) (*capturedResponse, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true}}).Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	h := resp.Header.Clone()
+	h.Del("Date")
+	h.Del("Content-Length")
+	return &capturedResponse{header: h, body: b}, nil
 }
 
 func get(url string) (string, error) {
