@@ -96,7 +96,8 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 	defer client.CloseIdleConnections()
 	cctx, cancel := context.WithTimeout(ctx, discoverTimeout)
 	defer cancel()
-	ids, err := tokencheck.Tokenize(cctx, client, d.targetBaseURL(t), t.Dialect, t.Model, text)
+	base := d.targetBaseURL(t)
+	ids, err := tokencheck.Tokenize(cctx, client, base, t.Dialect, t.Model, text)
 	if err != nil {
 		return tokenizeResult{}, err
 	}
@@ -106,7 +107,7 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 	res := tokenizeResult{built: tokenizeCheckTokens, server: len(ids)}
 	if t.PromptFormat != replay.PromptFormatTokenIDs {
 		if t.API == replay.APIChat && tokencheck.HasChat(t.Dialect) {
-			res.template, res.templateKnown, res.templateErr = chatTemplate(cctx, client, d.targetBaseURL(t), t, text, len(ids))
+			res.template, res.templateKnown, res.templateErr = chatTemplate(cctx, client, base, t, text, len(ids))
 		}
 		return res, nil
 	}

@@ -25,7 +25,7 @@ func TestTokenizeCheck(t *testing.T) {
 		var req struct {
 			Prompt string `json:"prompt"`
 		}
-		if r.URL.Path != "/tokenize" || json.NewDecoder(r.Body).Decode(&req) != nil {
+		if (r.URL.Path != "/tokenize" && r.URL.Path != "/v1/tokenize") || json.NewDecoder(r.Body).Decode(&req) != nil {
 			http.NotFound(w, r)
 			return
 		}
@@ -65,8 +65,9 @@ func TestTokenizeCheck(t *testing.T) {
 		{"twice as many tokens", "url: " + doubling.URL + "\n    dialect: vllm", 2, lengthOff, []string{checked, tplRead}, tplNot},
 		{"llama.cpp route missing", "url: " + doubling.URL + "\n    dialect: llamacpp", 0, noAnswer, []string{checked, lengthOff, tplRead, tplNot}, ""},
 		{"no endpoint", "url: " + doubling.URL + "\n    dialect: openai", 0, "", []string{checked, lengthOff, noAnswer, tplRead, tplNot}, ""},
-		// SGLang's tokenize takes a prompt only: learnt from answers.
-		{"sglang", "url: " + doubling.URL + "\n    dialect: sglang", 0, noAnswer, []string{tplRead, tplNot}, ""},
+		// SGLang's tokenize takes a prompt only: its length is checked,
+		// and its template is not asked for (then learnt from answers).
+		{"sglang", "url: " + doubling.URL + "\n    dialect: sglang", 2, lengthOff, []string{checked, tplRead, tplNot}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -480,43 +480,43 @@ func achieved(st sinkStats) float64 {
 // captureGzip fetches url as the scrapers do (asking for gzip) and keeps
 // the answer as sent, still compressed.
 func captureGzip(url string) (*capturedResponse, error) {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	h, b, err := fetch(&http.Client{Transport: &http.Transport{DisableCompression: true}}, url, "gzip")
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Accept-Encoding", "gzip")
-	resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true}}).Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	h := resp.Header.Clone()
 	h.Del("Date")
 	h.Del("Content-Length")
 	return &capturedResponse{header: h, body: b}, nil
 }
 
 func get(url string) (string, error) {
-	resp, err := http.Get(url)
+	_, b, err := fetch(http.DefaultClient, url, "")
+	return string(b), err
+}
+
+// fetch GETs url (with Accept-Encoding when encoding is set) and returns
+// the headers and body of a 200 answer.
+func fetch(c *http.Client, url, encoding string) (http.Header, []byte, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
-		return "", err
+		return nil, nil, err
+	}
+	if encoding != "" {
+		req.Header.Set("Accept-Encoding", encoding)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", err
+		return nil, nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
+		return nil, nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	return string(b), nil
+	return resp.Header, b, nil
 }
 
 func freeAddr() (string, error) {
