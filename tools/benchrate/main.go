@@ -1,6 +1,7 @@
 // Command benchrate runs kvload-exporter and vegeta, one after the other,
 // at the same constant request rates against the same local sink (a
-// separate process streaming 32-token OpenAI chat responses), and prints
+// separate process streaming OpenAI chat responses, 32 tokens unless
+// -tokens says otherwise), and prints
 // for each the achieved rate, the send lag percentiles and the CPU time
 // per 1,000 requests of the load tool and of the sink (make bench-rate;
 // docs/benchmarks.md holds the figures).
@@ -51,10 +52,13 @@ func main() {
 		storm     = flag.Int("storm", 100, "concurrent /metrics scrapers of the extra kvload run at -storm-rate; 0 for none")
 		stormRate = flag.Int("storm-rate", 1000, "requests/s of the kvload run under a scrape storm")
 		stormGap  = flag.Duration("storm-interval", 100*time.Millisecond, "pause of each scraper between scrapes; 0 for back to back")
+		tokens    = flag.Int("tokens", 32, "output tokens of every streamed response")
+		perWrite  = flag.Int("sink-events-per-write", 1, "SSE events the sink writes and flushes at once: 1 like a real engine, 35 for the whole 32-token stream in one write (a sink cheaper than its client)")
+		expEnv    = flag.String("exporter-env", "", "extra environment of the exporter only, comma-separated KEY=VALUE (e.g. GOGC=400)")
 		control   = flag.Bool("storm-control", true, "after the storm, the same storm on a copy of the exporter's /metrics served by another process (the machine's share of the lag)")
 	)
 	flag.Parse()
-	if err := run(*exporter, *vegetaBin, *rates, *duration, *only, *storm, *stormRate, *stormGap, *control); err != nil {
+	if err := run(*exporter, *vegetaBin, *rates, *duration, *only, *storm, *stormRate, *stormGap, *control, *perWrite, *tokens, *expEnv); err != nil {
 		fmt.Fprintln(os.Stderr, "benchrate:", err)
 		os.Exit(1)
 	}
@@ -91,7 +95,10 @@ func (c *capturedResponse) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(c.body)
 }
 
-func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, storm, stormRate int, stormGap time.Duration, stormControl bool) error {
+func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, storm, stormRate int, stormGap time.Duration, stormControl bool, perWrite, tokens int, expEnv string) error {
+	if tokens < 1 {
+		return fmt.Errorf("-tokens %d: want at least 1", tokens)
+	}
 	for _, bin := range []string{exporter, vegetaBin} {
 		if _, err := os.Stat(bin); err != nil {
 			return fmt.Errorf("%w (make bench-rate builds it)", err)
@@ -109,7 +116,7 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 	if err != nil {
 		return err
 	}
-	sinkCmd := exec.CommandContext(ctx, self, "sink")
+	sinkCmd := exec.CommandContext(ctx, self, "sink", "127.0.0.1:0", strconv.Itoa(perWrite), strconv.Itoa(tokens))
 	sinkCmd.Stderr = os.Stderr
 	out, err := sinkCmd.StdoutPipe()
 	if err != nil {
@@ -130,8 +137,19 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 	sinkAddr := strings.TrimSpace(string(line[:n]))
 	sinkURL := "http://" + sinkAddr
 
+	exp := exporterCmd{bin: exporter}
+	for _, kv := range strings.Split(expEnv, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		if !strings.Contains(kv, "=") {
+			return fmt.Errorf("-exporter-env %q: want KEY=VALUE", kv)
+		}
+		exp.env = append(exp.env, kv)
+	}
+	su := setup{exp: exp, vegeta: vegetaBin, dir: dir, sinkURL: sinkURL, sinkPid: sinkCmd.Process.Pid, dur: dur, tokens: tokens}
 	fmt.Printf("machine: %d CPUs, %s; load average %s\n", cpuCount(), cpuModel(), loadAvg())
-	fmt.Printf("sink %s (pid %d), %v per run\n\n", sinkURL, sinkCmd.Process.Pid, dur)
+	fmt.Printf("sink %s (pid %d), %d-token streams, %d SSE events per write, %v per run; exporter environment %v\n\n", sinkURL, sinkCmd.Process.Pid, tokens, perWrite, dur, exp.env)
 	var results []outcome
 	for _, f := range strings.Split(rateList, ",") {
 		rate, err := strconv.Atoi(strings.TrimSpace(f))
@@ -139,7 +157,7 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 			return fmt.Errorf("rate %q: want a positive integer", f)
 		}
 		if only == "" || only == "kvload" {
-			o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, rate, dur, 0, 0, "")
+			o, err := runKvload(ctx, su, rate, 0, 0, "")
 			if err != nil {
 				return err
 			}
@@ -147,7 +165,7 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 			printOutcome(o)
 		}
 		if only == "" || only == "vegeta" {
-			o, err := runVegeta(ctx, vegetaBin, dir, sinkURL, sinkCmd.Process.Pid, rate, dur)
+			o, err := runVegeta(ctx, su, rate)
 			if err != nil {
 				return err
 			}
@@ -156,7 +174,7 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 		}
 	}
 	if storm > 0 && (only == "" || only == "kvload") {
-		o, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, stormRate, dur, storm, stormGap, "")
+		o, err := runKvload(ctx, su, stormRate, storm, stormGap, "")
 		if err != nil {
 			return err
 		}
@@ -168,7 +186,7 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 			// by another process with the exporter's own bytes. What it
 			// moves is the machine's share; the rest is the exporter's.
 			copySrv := httptest.NewServer(o.metrics)
-			c, err := runKvload(ctx, exporter, dir, sinkURL, sinkCmd.Process.Pid, stormRate, dur, storm, stormGap, copySrv.URL+"/metrics")
+			c, err := runKvload(ctx, su, stormRate, storm, stormGap, copySrv.URL+"/metrics")
 			copySrv.Close()
 			if err != nil {
 				return err
@@ -202,11 +220,29 @@ func perK(cpu float64, n int64) float64 {
 	return cpu / float64(n) * 1000
 }
 
+// exporterCmd is the exporter binary and what its environment adds.
+type exporterCmd struct {
+	bin string
+	env []string
+}
+
+// setup is what every run shares: the tools, the sink and the load's shape.
+type setup struct {
+	exp     exporterCmd
+	vegeta  string
+	dir     string // scratch files
+	sinkURL string
+	sinkPid int
+	dur     time.Duration
+	tokens  int // output tokens of every stream
+}
+
 // runKvload replays a trace of rate×dur evenly spaced rows (64-token
-// prompts, 32 output tokens) once, and reads its own lag histogram. With
+// prompts, su.tokens output tokens) once, and reads its own lag histogram. With
 // storm > 0, that many scrapers fetch /metrics meanwhile, each pausing
 // stormGap between scrapes: the exporter's, or stormURL's when set.
-func runKvload(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int, dur time.Duration, storm int, stormGap time.Duration, stormURL string) (outcome, error) {
+func runKvload(ctx context.Context, su setup, rate, storm int, stormGap time.Duration, stormURL string) (outcome, error) {
+	exp, dir, sinkURL, sinkPid, dur := su.exp, su.dir, su.sinkURL, su.sinkPid, su.dur
 	o := outcome{tool: "kvload", rate: rate, lagSource: "kvload_schedule_lag_seconds, classic buckets, interpolated"}
 	switch {
 	case storm > 0 && stormURL != "":
@@ -218,7 +254,7 @@ func runKvload(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int,
 	trace := filepath.Join(dir, fmt.Sprintf("rate%d.jsonl", rate))
 	var b bytes.Buffer
 	for i := range rows {
-		fmt.Fprintf(&b, `{"timestamp": %.4f, "input_length": 64, "output_length": 32, "hash_ids": [%d]}`+"\n", float64(i)*1000/float64(rate), i)
+		fmt.Fprintf(&b, `{"timestamp": %.4f, "input_length": 64, "output_length": %d, "hash_ids": [%d]}`+"\n", float64(i)*1000/float64(rate), su.tokens, i)
 	}
 	if err := os.WriteFile(trace, b.Bytes(), 0o644); err != nil {
 		return o, err
@@ -253,8 +289,9 @@ workloads:
 		return o, err
 	}
 	defer logf.Close()
-	cmd := exec.CommandContext(ctx, bin, "--config.file="+cfg, "--web.listen-address="+web, "--shutdown.drain-timeout=5s")
+	cmd := exec.CommandContext(ctx, exp.bin, "--config.file="+cfg, "--web.listen-address="+web, "--shutdown.drain-timeout=5s")
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), exp.env...)
 	if err := cmd.Start(); err != nil {
 		return o, fmt.Errorf("start kvload-exporter: %w", err)
 	}
@@ -314,10 +351,11 @@ workloads:
 // like the exporter's. Its send lag is its hit's start time minus the
 // schedule: a constant rate from the first hit, aligned on the earliest
 // hit, so the lag is relative to vegeta's best-kept hit (never negative).
-func runVegeta(ctx context.Context, bin, dir, sinkURL string, sinkPid, rate int, dur time.Duration) (outcome, error) {
+func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
+	bin, dir, sinkURL, sinkPid, dur := su.vegeta, su.dir, su.sinkURL, su.sinkPid, su.dur
 	o := outcome{tool: "vegeta", rate: rate, lagSource: "result timestamp − seq/rate, aligned on the earliest"}
 	body := `{"model":"bench","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum ", 32) +
-		`"}],"max_tokens":32,"stream":true,"stream_options":{"include_usage":true}}`
+		`"}],"max_tokens":` + strconv.Itoa(su.tokens) + `,"stream":true,"stream_options":{"include_usage":true}}`
 	target, err := json.Marshal(map[string]any{
 		"method": "POST",
 		"url":    sinkURL + "/v1/chat/completions",

@@ -26,20 +26,25 @@ type sinkStats struct {
 }
 
 type sink struct {
-	stream [][]byte // the SSE events of one response, written one flush each
+	stream [][]byte // the SSE events of one response, written perWrite at a time
+
+	// perWrite is how many events go out in one write and flush: 1, as a
+	// real engine sends each token as it is made, or more for a sink that
+	// costs less than the client it serves.
+	perWrite int
 
 	mu    sync.Mutex
 	stats sinkStats
 }
 
-// newSink prepares a 32-token (or tokens-token) OpenAI chat stream shaped
+// newSink prepares a tokens-token OpenAI chat stream shaped
 // like vLLM's: a role chunk, the content chunks, a finish chunk, a usage
 // chunk and [DONE].
-func newSink(tokens int) *sink {
+func newSink(tokens, perWrite int) *sink {
 	const head = `data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1761523200,"model":"bench","choices":[{"index":0,"delta":{`
 	const tail = `},"logprobs":null,"finish_reason":null}]}` + "\n\n"
 	words := []string{" the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog"}
-	s := &sink{}
+	s := &sink{perWrite: max(perWrite, 1)}
 	s.stream = append(s.stream, []byte(head+`"role":"assistant","content":""`+tail))
 	for i := range tokens {
 		s.stream = append(s.stream, []byte(head+`"content":"`+words[i%len(words)]+`"`+tail))
@@ -77,12 +82,13 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	w.Header().Set("Content-Type", "text/event-stream")
 	rc := http.NewResponseController(w)
-	for _, ev := range s.stream {
+	for i, ev := range s.stream {
 		if _, err := w.Write(ev); err != nil {
 			return
 		}
-		// One flush per event: a real engine sends each token as it is
-		// made, so the client reads them one by one too.
+		if (i+1)%s.perWrite != 0 && i+1 < len(s.stream) {
+			continue
+		}
 		if err := rc.Flush(); err != nil {
 			return
 		}
@@ -90,10 +96,25 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // runSink serves until SIGTERM or SIGINT; it prints its address first.
+// Its arguments: [ADDR [EVENTS-PER-WRITE [TOKENS]]].
 func runSink(args []string) error {
-	addr, tokens := "127.0.0.1:0", 32
+	addr, tokens, perWrite := "127.0.0.1:0", 32, 1
 	if len(args) > 0 {
 		addr = args[0]
+	}
+	if len(args) > 1 {
+		n, err := strconv.Atoi(args[1])
+		if err != nil || n < 1 {
+			return fmt.Errorf("sink: events per write %q: want a positive integer", args[1])
+		}
+		perWrite = n
+	}
+	if len(args) > 2 {
+		n, err := strconv.Atoi(args[2])
+		if err != nil || n < 1 {
+			return fmt.Errorf("sink: tokens %q: want a positive integer", args[2])
+		}
+		tokens = n
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -102,7 +123,7 @@ func runSink(args []string) error {
 	fmt.Println(ln.Addr().String())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	srv := &http.Server{Handler: newSink(tokens), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: newSink(tokens, perWrite), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
