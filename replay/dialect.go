@@ -100,6 +100,13 @@ const (
 type bodyField struct {
 	key string
 	val []byte
+
+	// With escaped set, the value is before, then text as a JSON string,
+	// then after, written only when the body is assembled: a prompt is
+	// copied into the body once instead of into a value first.
+	escaped       bool
+	text          string
+	before, after string
 }
 
 // bodyBuilder assembles a JSON object whose members keep the order in which
@@ -110,13 +117,22 @@ type bodyBuilder struct {
 }
 
 func (b *bodyBuilder) set(key string, val []byte) {
+	b.put(bodyField{key: key, val: val})
+}
+
+// setText sets key to before + text as a JSON string + after.
+func (b *bodyBuilder) setText(key, before, text, after string) {
+	b.put(bodyField{key: key, escaped: true, before: before, text: text, after: after})
+}
+
+func (b *bodyBuilder) put(f bodyField) {
 	for i := range b.fields {
-		if b.fields[i].key == key {
-			b.fields[i].val = val
+		if b.fields[i].key == f.key {
+			b.fields[i] = f
 			return
 		}
 	}
-	b.fields = append(b.fields, bodyField{key, val})
+	b.fields = append(b.fields, f)
 }
 
 // merge sets every member of the JSON object raw (a shallow merge: raw's
@@ -157,6 +173,10 @@ func (b *bodyBuilder) bytes() []byte {
 	n := 2
 	for _, f := range b.fields {
 		n += len(f.key) + len(f.val) + 4
+		if f.escaped {
+			// Room for a few escapes, so that the usual prompt fits.
+			n += len(f.before) + len(f.text) + len(f.text)/32 + 2 + len(f.after)
+		}
 	}
 	out := make([]byte, 0, n)
 	out = append(out, '{')
@@ -166,6 +186,12 @@ func (b *bodyBuilder) bytes() []byte {
 		}
 		out = appendJSONString(out, f.key)
 		out = append(out, ':')
+		if f.escaped {
+			out = append(out, f.before...)
+			out = appendJSONString(out, f.text)
+			out = append(out, f.after...)
+			continue
+		}
 		out = append(out, f.val...)
 	}
 	return append(out, '}')
@@ -238,7 +264,7 @@ func encodeExtraBody(extra map[string]any) ([]bodyField, error) {
 			errs = append(errs, fmt.Errorf("extra_body.%s: %w", k, err))
 			continue
 		}
-		fields = append(fields, bodyField{k, b})
+		fields = append(fields, bodyField{key: k, val: b})
 	}
 	return fields, errors.Join(errs...)
 }
@@ -322,11 +348,15 @@ func (c *Client) encodeRequest(req Request) ([]byte, error) {
 			if req.PromptTokenIDs != nil {
 				return nil, errors.New("a token-id prompt needs the completions API")
 			}
-			msgs, err := encodeMessages(req)
-			if err != nil {
-				return nil, err
+			if len(req.Messages) == 0 {
+				b.setText("messages", `[{"role":"user","content":`, req.Prompt, "}]")
+			} else {
+				msgs, err := rawArray(req.Messages)
+				if err != nil {
+					return nil, fmt.Errorf("messages: %w", err)
+				}
+				b.set("messages", msgs)
 			}
-			b.set("messages", msgs)
 			if len(req.Tools) > 0 {
 				tools, err := rawArray(req.Tools)
 				if err != nil {
@@ -341,7 +371,7 @@ func (c *Client) encodeRequest(req Request) ([]byte, error) {
 			if req.PromptTokenIDs != nil {
 				b.set("prompt", encodeTokenIDs(req.PromptTokenIDs))
 			} else {
-				b.set("prompt", appendJSONString(nil, req.Prompt))
+				b.setText("prompt", "", req.Prompt, "")
 			}
 		}
 		b.set("stream", []byte(jsonTrue))
@@ -372,19 +402,6 @@ func (c *Client) encodeRequest(req Request) ([]byte, error) {
 	}
 	b.set("stream", []byte(jsonTrue))
 	return b.bytes(), nil
-}
-
-func encodeMessages(req Request) ([]byte, error) {
-	if len(req.Messages) == 0 {
-		out := append([]byte(nil), `[{"role":"user","content":`...)
-		out = appendJSONString(out, req.Prompt)
-		return append(out, "}]"...), nil
-	}
-	msgs, err := rawArray(req.Messages)
-	if err != nil {
-		return nil, fmt.Errorf("messages: %w", err)
-	}
-	return msgs, nil
 }
 
 // rawArray joins verbatim JSON values into an array, checking each is valid

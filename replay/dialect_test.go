@@ -198,3 +198,23 @@ func TestNewClientEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkEncodeRequest encodes the body of a 3,000-token prompt (about
+// the conversation trace's mean): what each request allocates in
+// proportion to its prompt.
+func BenchmarkEncodeRequest(b *testing.B) {
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog, ", 3000/10)
+	for _, api := range []API{APIChat, APICompletions} {
+		b.Run(string(api), func(b *testing.B) {
+			c := mustClient(b, TargetConfig{Model: "m", API: api, Dialect: DialectVLLM})
+			req := Request{Prompt: prompt, MaxTokens: 128}
+			b.SetBytes(int64(len(prompt)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.encodeRequest(req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
