@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
@@ -137,8 +138,11 @@ func (b *requestBuilder) Build(rec *synth.Record, _ int, ns uint64) (replay.Requ
 			room = b.template.get()
 		}
 		var text []byte
-		text, req.BuiltTokens, err = b.prompts.AppendTextRoom(make([]byte, 0, rec.ISL()*8), rec, ns, uint64(rec.Line), room)
-		req.Prompt = string(text)
+		// The builder sizes the buffer from its words' lengths.
+		text, req.BuiltTokens, err = b.prompts.AppendTextRoom(nil, rec, ns, uint64(rec.Line), room)
+		// The buffer is this request's alone and never written again, so
+		// the prompt shares it instead of copying it.
+		req.Prompt = unsafe.String(unsafe.SliceData(text), len(text))
 	}
 	return req, err
 }
