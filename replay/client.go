@@ -367,7 +367,7 @@ func (c *Client) Do(ctx context.Context, req Request, res *Result) {
 		return
 	}
 
-	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), c.limitsFor(req, len(body)), res)
+	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), c.limitsFor(req, body.size()), res)
 }
 
 const (
@@ -431,17 +431,20 @@ func mentionsLengthKey(raw []byte) bool {
 // the attempt went out on a reused connection from the idle pool and
 // failed before any byte of a response arrived, which is what a server
 // closing an idle connection at that moment looks like.
-func (c *Client) send(rctx context.Context, hc *http.Client, body []byte) (resp *http.Response, retry bool, err error) {
+func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody) (resp *http.Response, retry bool, err error) {
 	// The transport may call these from its own goroutines.
 	var reusedIdle, responded atomic.Bool
 	tctx := httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
 		GotConn:              func(i httptrace.GotConnInfo) { reusedIdle.Store(i.Reused && i.WasIdle) },
 		GotFirstResponseByte: func() { responded.Store(true) },
 	})
-	hreq, err := http.NewRequestWithContext(tctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(tctx, http.MethodPost, c.endpoint, body.reader())
 	if err != nil {
 		return nil, false, fmt.Errorf("build request: %w", err)
 	}
+	// A reader of pieces is not one whose length net/http finds itself.
+	hreq.ContentLength = int64(body.size())
+	hreq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
 	if c.user != nil {

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Dialect names the server flavour a target speaks. All of them take the
@@ -103,10 +106,57 @@ type bodyField struct {
 
 	// With escaped set, the value is before, then text as a JSON string,
 	// then after, written only when the body is assembled: a prompt is
-	// copied into the body once instead of into a value first.
+	// copied into the body once instead of into a value first, and not
+	// at all when shared is set (see requestBody).
 	escaped       bool
+	shared        bool
 	text          string
 	before, after string
+}
+
+// requestBody is a request's JSON in pieces. A long text that needs no
+// escaping (a built prompt never does) is a piece of its own that shares
+// the text's memory, so that the prompt is not copied into the body.
+type requestBody [][]byte
+
+func (r requestBody) size() int {
+	n := 0
+	for _, p := range r {
+		n += len(p)
+	}
+	return n
+}
+
+// reader reads the body from its start; each call gets its own.
+func (r requestBody) reader() io.Reader {
+	bufs := net.Buffers(slices.Clone(r))
+	return &bufs
+}
+
+// join is the body in one piece.
+func (r requestBody) join() []byte { return bytes.Join(r, nil) }
+
+// minShared is the shortest text worth a piece of its own.
+const minShared = 1024
+
+// shareable reports whether s can go into the body as it is, between
+// quotes: it is long, valid UTF-8, and has nothing appendJSONString would
+// escape.
+func shareable(s string) bool {
+	if len(s) < minShared {
+		return false
+	}
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c == '"' || c == '\\' {
+			return false
+		}
+		if c >= utf8.RuneSelf {
+			ascii = false
+		}
+	}
+	return ascii || utf8.ValidString(s)
 }
 
 // bodyBuilder assembles a JSON object whose members keep the order in which
@@ -122,7 +172,7 @@ func (b *bodyBuilder) set(key string, val []byte) {
 
 // setText sets key to before + text as a JSON string + after.
 func (b *bodyBuilder) setText(key, before, text, after string) {
-	b.put(bodyField{key: key, escaped: true, before: before, text: text, after: after})
+	b.put(bodyField{key: key, escaped: true, shared: shareable(text), before: before, text: text, after: after})
 }
 
 func (b *bodyBuilder) put(f bodyField) {
@@ -169,32 +219,48 @@ func (b *bodyBuilder) merge(raw []byte) error {
 	return nil
 }
 
-func (b *bodyBuilder) bytes() []byte {
-	n := 2
+// pieces assembles the body.
+func (b *bodyBuilder) pieces() requestBody {
+	n := 2 // the bytes copied into buf
 	for _, f := range b.fields {
 		n += len(f.key) + len(f.val) + 4
 		if f.escaped {
-			// Room for a few escapes, so that the usual prompt fits.
-			n += len(f.before) + len(f.text) + len(f.text)/32 + 2 + len(f.after)
+			n += len(f.before) + len(f.after) + 2
+			if !f.shared {
+				// Room for a few escapes, so that the usual text fits.
+				n += len(f.text) + len(f.text)/32
+			}
 		}
 	}
-	out := make([]byte, 0, n)
-	out = append(out, '{')
+	var out requestBody
+	buf := make([]byte, 0, n)
+	start := 0 // of the piece buf is making
+	buf = append(buf, '{')
 	for i, f := range b.fields {
 		if i > 0 {
-			out = append(out, ',')
+			buf = append(buf, ',')
 		}
-		out = appendJSONString(out, f.key)
-		out = append(out, ':')
-		if f.escaped {
-			out = append(out, f.before...)
-			out = appendJSONString(out, f.text)
-			out = append(out, f.after...)
+		buf = appendJSONString(buf, f.key)
+		buf = append(buf, ':')
+		if !f.escaped {
+			buf = append(buf, f.val...)
 			continue
 		}
-		out = append(out, f.val...)
+		buf = append(buf, f.before...)
+		if f.shared {
+			buf = append(buf, '"')
+			out = append(out, buf[start:len(buf):len(buf)])
+			// Read only, by the transport, while the request lives.
+			out = append(out, unsafe.Slice(unsafe.StringData(f.text), len(f.text)))
+			start = len(buf)
+			buf = append(buf, '"')
+		} else {
+			buf = appendJSONString(buf, f.text)
+		}
+		buf = append(buf, f.after...)
 	}
-	return append(out, '}')
+	buf = append(buf, '}')
+	return append(out, buf[start:])
 }
 
 // appendJSONString appends s as a JSON string. Unlike encoding/json it does
@@ -327,7 +393,7 @@ func normalizeYAML(v any) (any, error) {
 // Then the target's extra_body is merged, then the row's Extra (shallow,
 // later wins), and finally stream is set true again: the client can only
 // measure a streamed response.
-func (c *Client) encodeRequest(req Request) ([]byte, error) {
+func (c *Client) encodeRequest(req Request) (requestBody, error) {
 	var b bodyBuilder
 	b.fields = make([]bodyField, 0, 10+len(c.extra))
 	if req.Payload != nil {
@@ -401,7 +467,7 @@ func (c *Client) encodeRequest(req Request) ([]byte, error) {
 		return nil, fmt.Errorf("extra: %w", err)
 	}
 	b.set("stream", []byte(jsonTrue))
-	return b.bytes(), nil
+	return b.pieces(), nil
 }
 
 // rawArray joins verbatim JSON values into an array, checking each is valid

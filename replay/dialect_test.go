@@ -1,9 +1,12 @@
 package replay
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 func mustClient(t testing.TB, cfg TargetConfig) *Client {
@@ -91,10 +94,11 @@ func TestEncodeRequest(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := mustClient(t, TargetConfig{Model: "m", API: tt.api, Dialect: tt.dialect, ExtraBody: tt.extra})
-			got, err := c.encodeRequest(tt.req)
+			body, err := c.encodeRequest(tt.req)
 			if err != nil {
 				t.Fatalf("encodeRequest: %v", err)
 			}
+			got := body.join()
 			if string(got) != tt.want {
 				t.Errorf("body\n got %s\nwant %s", got, tt.want)
 			}
@@ -107,10 +111,11 @@ func TestEncodeRequest(t *testing.T) {
 
 func TestEncodeRequestNoModel(t *testing.T) {
 	c := mustClient(t, TargetConfig{Dialect: DialectLlamaCpp})
-	got, err := c.encodeRequest(Request{Prompt: "x"})
+	body, err := c.encodeRequest(Request{Prompt: "x"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	got := body.join()
 	if want := `{"messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}`; string(got) != want {
 		t.Errorf("got %s, want %s", got, want)
 	}
@@ -196,6 +201,75 @@ func TestNewClientEndpoint(t *testing.T) {
 		if c.endpoint != tt.want {
 			t.Errorf("%s: endpoint %s, want %s", tt.url, c.endpoint, tt.want)
 		}
+	}
+}
+
+// TestEncodeRequestSharesLongPrompt checks that a long prompt needing no
+// escapes goes into the body as it is, without a copy, and that the body
+// is the same JSON as when it is escaped into one piece.
+func TestEncodeRequestSharesLongPrompt(t *testing.T) {
+	plain := strings.Repeat("the quick brown fox ", 100) // 2,000 bytes
+	tests := []struct {
+		name   string
+		api    API
+		prompt string
+		shared bool
+	}{
+		{"chat, plain", APIChat, plain, true},
+		{"completions, plain", APICompletions, plain, true},
+		{"short", APIChat, "the quick brown fox", false},
+		{"a quote", APIChat, plain + `"`, false},
+		{"a newline", APICompletions, plain + "\n", false},
+		{"a backslash", APIChat, `\` + plain, false},
+		{"invalid UTF-8", APIChat, plain + "\xff", false},
+		{"valid UTF-8", APIChat, plain + "é", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustClient(t, TargetConfig{Model: "m", API: tt.api, Dialect: DialectVLLM, ExtraBody: map[string]any{"top_k": 1}})
+			req := Request{Prompt: tt.prompt, MaxTokens: 8, Extra: json.RawMessage(`{"seed":3}`)}
+			body, err := c.encodeRequest(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			shared := false
+			for _, p := range body {
+				if len(p) > 0 && unsafe.SliceData(p) == unsafe.StringData(tt.prompt) {
+					shared = true
+				}
+			}
+			if shared != tt.shared {
+				t.Errorf("prompt shared = %v, want %v", shared, tt.shared)
+			}
+			got := body.join()
+			if len(got) != body.size() {
+				t.Errorf("size %d, joined %d bytes", body.size(), len(got))
+			}
+			var v map[string]any
+			if err := json.Unmarshal(got, &v); err != nil {
+				t.Fatalf("body is not JSON: %v", err)
+			}
+			var text string
+			if tt.api == APIChat {
+				text = v["messages"].([]any)[0].(map[string]any)["content"].(string)
+			} else {
+				text = v["prompt"].(string)
+			}
+			want := strings.ToValidUTF8(tt.prompt, "\uFFFD")
+			if text != want {
+				t.Errorf("prompt came back as %d bytes, want %d", len(text), len(want))
+			}
+			if v["seed"] != 3.0 || v["top_k"] != 1.0 || v["stream"] != true {
+				t.Errorf("other members lost: %v", v)
+			}
+			// Each reader reads the whole body (a retry needs a second).
+			for i := range 2 {
+				b, _ := io.ReadAll(body.reader())
+				if !bytes.Equal(b, got) {
+					t.Fatalf("reader %d read %d bytes, want %d", i, len(b), len(got))
+				}
+			}
+		})
 	}
 }
 
