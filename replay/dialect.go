@@ -133,9 +133,6 @@ func (r requestBody) reader() io.Reader {
 	return &bufs
 }
 
-// join is the body in one piece.
-func (r requestBody) join() []byte { return bytes.Join(r, nil) }
-
 // minShared is the shortest text worth a piece of its own.
 const minShared = 1024
 

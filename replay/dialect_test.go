@@ -9,6 +9,9 @@ import (
 	"unsafe"
 )
 
+// join is the body in one piece.
+func (r requestBody) join() []byte { return bytes.Join(r, nil) }
+
 func mustClient(t testing.TB, cfg TargetConfig) *Client {
 	t.Helper()
 	if cfg.URL == "" {

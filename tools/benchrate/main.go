@@ -7,7 +7,7 @@
 // docs/benchmarks.md holds the figures).
 //
 //	benchrate -exporter bin/kvload-exporter -vegeta bin/vegeta -rates 1000,5000 -duration 10s
-//	benchrate sink [ADDR]   (the sink alone; benchrate starts it itself)
+//	benchrate sink [-addr ADDR] [-tokens N] [-events-per-write N]   (the sink alone; benchrate starts it itself)
 package main
 
 import (
@@ -43,25 +43,36 @@ func main() {
 		}
 		return
 	}
-	var (
-		exporter  = flag.String("exporter", "bin/kvload-exporter", "kvload-exporter binary")
-		vegetaBin = flag.String("vegeta", "bin/vegeta", "vegeta binary")
-		rates     = flag.String("rates", "1000,5000", "requests/s, comma-separated")
-		duration  = flag.Duration("duration", 10*time.Second, "length of each run")
-		only      = flag.String("only", "", "run only this tool: kvload or vegeta")
-		storm     = flag.Int("storm", 100, "concurrent /metrics scrapers of the extra kvload run at -storm-rate; 0 for none")
-		stormRate = flag.Int("storm-rate", 1000, "requests/s of the kvload run under a scrape storm")
-		stormGap  = flag.Duration("storm-interval", 100*time.Millisecond, "pause of each scraper between scrapes; 0 for back to back")
-		tokens    = flag.Int("tokens", 32, "output tokens of every streamed response")
-		perWrite  = flag.Int("sink-events-per-write", 1, "SSE events the sink writes and flushes at once: 1 like a real engine, 35 for the whole 32-token stream in one write (a sink cheaper than its client)")
-		expEnv    = flag.String("exporter-env", "", "extra environment of the exporter only, comma-separated KEY=VALUE (e.g. GOGC=400)")
-		control   = flag.Bool("storm-control", true, "after the storm, the same storm on a copy of the exporter's /metrics served by another process (the machine's share of the lag)")
-	)
+	var o options
+	flag.StringVar(&o.exporter, "exporter", "bin/kvload-exporter", "kvload-exporter binary")
+	flag.StringVar(&o.vegeta, "vegeta", "bin/vegeta", "vegeta binary")
+	flag.StringVar(&o.rates, "rates", "1000,5000", "requests/s, comma-separated")
+	flag.DurationVar(&o.dur, "duration", 10*time.Second, "length of each run")
+	flag.StringVar(&o.only, "only", "", "run only this tool: kvload or vegeta")
+	flag.IntVar(&o.storm, "storm", 100, "concurrent /metrics scrapers of the extra kvload run at -storm-rate; 0 for none")
+	flag.IntVar(&o.stormRate, "storm-rate", 1000, "requests/s of the kvload run under a scrape storm")
+	flag.DurationVar(&o.stormGap, "storm-interval", 100*time.Millisecond, "pause of each scraper between scrapes; 0 for back to back")
+	flag.BoolVar(&o.stormControl, "storm-control", true, "after the storm, the same storm on a copy of the exporter's /metrics served by another process (the machine's share of the lag)")
+	flag.IntVar(&o.stream.tokens, "tokens", 32, "output tokens of every streamed response")
+	flag.IntVar(&o.stream.perWrite, "sink-events-per-write", 1, "SSE events the sink writes and flushes at once: 1 like a real engine, 35 for the whole 32-token stream in one write (a sink cheaper than its client)")
+	flag.StringVar(&o.exporterEnv, "exporter-env", "", "extra environment of the exporter only, comma-separated KEY=VALUE (e.g. GOGC=400)")
 	flag.Parse()
-	if err := run(*exporter, *vegetaBin, *rates, *duration, *only, *storm, *stormRate, *stormGap, *control, *perWrite, *tokens, *expEnv); err != nil {
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "benchrate:", err)
 		os.Exit(1)
 	}
+}
+
+// options are benchrate's flags.
+type options struct {
+	exporter, vegeta string
+	rates, only      string
+	dur              time.Duration
+	storm, stormRate int
+	stormGap         time.Duration
+	stormControl     bool
+	stream           streamShape
+	exporterEnv      string
 }
 
 // outcome is one tool's run at one rate.
@@ -95,11 +106,31 @@ func (c *capturedResponse) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(c.body)
 }
 
-func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, storm, stormRate int, stormGap time.Duration, stormControl bool, perWrite, tokens int, expEnv string) error {
-	if tokens < 1 {
-		return fmt.Errorf("-tokens %d: want at least 1", tokens)
+func run(opt options) error {
+	// Every flag is checked before anything starts.
+	if err := opt.stream.check(); err != nil {
+		return err
 	}
-	for _, bin := range []string{exporter, vegetaBin} {
+	var rates []int
+	for _, f := range strings.Split(opt.rates, ",") {
+		rate, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || rate <= 0 {
+			return fmt.Errorf("rate %q: want a positive integer", f)
+		}
+		rates = append(rates, rate)
+	}
+	exp := exporterCmd{bin: opt.exporter}
+	for _, kv := range strings.Split(opt.exporterEnv, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		if !strings.Contains(kv, "=") {
+			return fmt.Errorf("-exporter-env %q: want KEY=VALUE", kv)
+		}
+		exp.env = append(exp.env, kv)
+	}
+	only, storm := opt.only, opt.storm
+	for _, bin := range []string{opt.exporter, opt.vegeta} {
 		if _, err := os.Stat(bin); err != nil {
 			return fmt.Errorf("%w (make bench-rate builds it)", err)
 		}
@@ -116,7 +147,7 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 	if err != nil {
 		return err
 	}
-	sinkCmd := exec.CommandContext(ctx, self, "sink", "127.0.0.1:0", strconv.Itoa(perWrite), strconv.Itoa(tokens))
+	sinkCmd := exec.CommandContext(ctx, self, append([]string{"sink"}, opt.stream.args()...)...)
 	sinkCmd.Stderr = os.Stderr
 	out, err := sinkCmd.StdoutPipe()
 	if err != nil {
@@ -137,25 +168,11 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 	sinkAddr := strings.TrimSpace(string(line[:n]))
 	sinkURL := "http://" + sinkAddr
 
-	exp := exporterCmd{bin: exporter}
-	for _, kv := range strings.Split(expEnv, ",") {
-		if kv = strings.TrimSpace(kv); kv == "" {
-			continue
-		}
-		if !strings.Contains(kv, "=") {
-			return fmt.Errorf("-exporter-env %q: want KEY=VALUE", kv)
-		}
-		exp.env = append(exp.env, kv)
-	}
-	su := setup{exp: exp, vegeta: vegetaBin, dir: dir, sinkURL: sinkURL, sinkPid: sinkCmd.Process.Pid, dur: dur, tokens: tokens}
+	su := setup{exp: exp, vegeta: opt.vegeta, dir: dir, sinkURL: sinkURL, sinkPid: sinkCmd.Process.Pid, dur: opt.dur, tokens: opt.stream.tokens}
 	fmt.Printf("machine: %d CPUs, %s; load average %s\n", cpuCount(), cpuModel(), loadAvg())
-	fmt.Printf("sink %s (pid %d), %d-token streams, %d SSE events per write, %v per run; exporter environment %v\n\n", sinkURL, sinkCmd.Process.Pid, tokens, perWrite, dur, exp.env)
+	fmt.Printf("sink %s (pid %d), %d-token streams, %d SSE events per write, %v per run; exporter environment %v\n\n", sinkURL, sinkCmd.Process.Pid, opt.stream.tokens, opt.stream.perWrite, opt.dur, exp.env)
 	var results []outcome
-	for _, f := range strings.Split(rateList, ",") {
-		rate, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || rate <= 0 {
-			return fmt.Errorf("rate %q: want a positive integer", f)
-		}
+	for _, rate := range rates {
 		if only == "" || only == "kvload" {
 			o, err := runKvload(ctx, su, rate, 0, 0, "")
 			if err != nil {
@@ -174,19 +191,19 @@ func run(exporter, vegetaBin, rateList string, dur time.Duration, only string, s
 		}
 	}
 	if storm > 0 && (only == "" || only == "kvload") {
-		o, err := runKvload(ctx, su, stormRate, storm, stormGap, "")
+		o, err := runKvload(ctx, su, opt.stormRate, storm, opt.stormGap, "")
 		if err != nil {
 			return err
 		}
 		results = append(results, o)
 		printOutcome(o)
 		fmt.Printf("scrapes by status: %v\n", o.scrapes)
-		if stormControl && o.metrics != nil {
+		if opt.stormControl && o.metrics != nil {
 			// The control: the same storm, on the same machine, served
 			// by another process with the exporter's own bytes. What it
 			// moves is the machine's share; the rest is the exporter's.
 			copySrv := httptest.NewServer(o.metrics)
-			c, err := runKvload(ctx, su, stormRate, storm, stormGap, copySrv.URL+"/metrics")
+			c, err := runKvload(ctx, su, opt.stormRate, storm, opt.stormGap, copySrv.URL+"/metrics")
 			copySrv.Close()
 			if err != nil {
 				return err

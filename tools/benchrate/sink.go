@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -37,14 +38,15 @@ type sink struct {
 	stats sinkStats
 }
 
-// newSink prepares a tokens-token OpenAI chat stream shaped
+// newSink prepares an OpenAI chat stream of shape.tokens tokens, shaped
 // like vLLM's: a role chunk, the content chunks, a finish chunk, a usage
 // chunk and [DONE].
-func newSink(tokens, perWrite int) *sink {
+func newSink(shape streamShape) *sink {
+	tokens := shape.tokens
 	const head = `data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1761523200,"model":"bench","choices":[{"index":0,"delta":{`
 	const tail = `},"logprobs":null,"finish_reason":null}]}` + "\n\n"
 	words := []string{" the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog"}
-	s := &sink{perWrite: max(perWrite, 1)}
+	s := &sink{perWrite: shape.perWrite}
 	s.stream = append(s.stream, []byte(head+`"role":"assistant","content":""`+tail))
 	for i := range tokens {
 		s.stream = append(s.stream, []byte(head+`"content":"`+words[i%len(words)]+`"`+tail))
@@ -95,35 +97,45 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// streamShape is what the sink streams: tokens content events, written
+// perWrite events at a time.
+type streamShape struct {
+	tokens, perWrite int
+}
+
+func (s streamShape) check() error {
+	if s.tokens < 1 || s.perWrite < 1 {
+		return fmt.Errorf("tokens %d, events per write %d: want both at least 1", s.tokens, s.perWrite)
+	}
+	return nil
+}
+
+// args are the sink command's flags for s.
+func (s streamShape) args() []string {
+	return []string{"-tokens", strconv.Itoa(s.tokens), "-events-per-write", strconv.Itoa(s.perWrite)}
+}
+
 // runSink serves until SIGTERM or SIGINT; it prints its address first.
-// Its arguments: [ADDR [EVENTS-PER-WRITE [TOKENS]]].
 func runSink(args []string) error {
-	addr, tokens, perWrite := "127.0.0.1:0", 32, 1
-	if len(args) > 0 {
-		addr = args[0]
+	fs := flag.NewFlagSet("sink", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:0", "listen address")
+	var shape streamShape
+	fs.IntVar(&shape.tokens, "tokens", 32, "content events (tokens) of every stream")
+	fs.IntVar(&shape.perWrite, "events-per-write", 1, "SSE events written and flushed at once")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("sink: %w", err)
 	}
-	if len(args) > 1 {
-		n, err := strconv.Atoi(args[1])
-		if err != nil || n < 1 {
-			return fmt.Errorf("sink: events per write %q: want a positive integer", args[1])
-		}
-		perWrite = n
+	if err := shape.check(); err != nil {
+		return fmt.Errorf("sink: %w", err)
 	}
-	if len(args) > 2 {
-		n, err := strconv.Atoi(args[2])
-		if err != nil || n < 1 {
-			return fmt.Errorf("sink: tokens %q: want a positive integer", args[2])
-		}
-		tokens = n
-	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("sink: %w", err)
 	}
 	fmt.Println(ln.Addr().String())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	srv := &http.Server{Handler: newSink(tokens, perWrite), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: newSink(shape), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
