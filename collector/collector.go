@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -68,7 +69,7 @@ type Collector struct {
 	// its configuration changes) that a successful response carried no
 	// cached-token count, with the target's dialect, to tell the user
 	// what to switch on.
-	NotifyUnreported func(target string, dialect replay.Dialect)
+	NotifyUnreported func(target string, dialect engine.Dialect)
 
 	now      func() time.Time
 	mu       sync.Mutex
@@ -79,8 +80,8 @@ type Collector struct {
 
 // targetState is what the collector keeps of one target.
 type targetState struct {
-	dialect  replay.Dialect
-	observed Observed
+	dialect  engine.Dialect
+	observed engine.Observed
 	notified bool // NotifyUnreported was called
 	inFlight int
 	// pending holds, with observed: server_metrics, the prompt tokens each
@@ -109,16 +110,6 @@ type serverShare struct{ all, known float64 }
 // cached and prompt tokens since the read before, this replica's prompt
 // tokens finished in that time, and the cached tokens credited to them.
 type serverRead struct{ cached, prompt, mine, credited float64 }
-
-// ServerCounts is what one read of an engine's /metrics counted since the
-// read before.
-type ServerCounts struct {
-	Cached float64 // prompt tokens served from its prefix cache
-	// Prompt is the prompt tokens it processed, cached or not; only when
-	// PromptKnown (the engine exports such a counter).
-	Prompt      float64
-	PromptKnown bool
-}
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
 type CacheClass string
@@ -220,7 +211,7 @@ func New(reg prometheus.Registerer) *Collector {
 
 // ServerMetricsError counts a scrape of target's cached-token counter that
 // was not credited, for reason (see ServerScraper).
-func (c *Collector) ServerMetricsError(target string, reason ServerMetricsErrorReason) {
+func (c *Collector) ServerMetricsError(target string, reason engine.ServerMetricsErrorReason) {
 	c.serverErrors.WithLabelValues(target, string(reason)).Inc()
 }
 
@@ -273,23 +264,9 @@ func (c *Collector) ForgetWorkload(workload string) {
 	c.mu.Unlock()
 }
 
-// Observed is where a target's observed cached tokens come from
-// (target.cache.observed).
-type Observed string
-
-// The sources of observed cached tokens.
-const (
-	ObservedUsage         Observed = "usage"          // each response's usage
-	ObservedServerMetrics Observed = "server_metrics" // the engine's own counter (AddServerCached)
-	ObservedNone          Observed = "none"
-)
-
-// ObservedSources lists every source.
-var ObservedSources = [...]Observed{ObservedUsage, ObservedServerMetrics, ObservedNone}
-
 // SetTarget publishes a target's info series, replacing an older one, and
 // says where its observed cached tokens come from.
-func (c *Collector) SetTarget(target, model string, api replay.API, dialect replay.Dialect, observed Observed) {
+func (c *Collector) SetTarget(target, model string, api replay.API, dialect engine.Dialect, observed engine.Observed) {
 	c.targetInfo.DeletePartialMatch(prometheus.Labels{"target": target})
 	c.targetInfo.WithLabelValues(target, model, string(api), string(dialect)).Set(1)
 	c.mu.Lock()
@@ -347,7 +324,7 @@ func (c *Collector) ForgetTarget(target string) {
 // AddServerCached is AddServerCounts for an engine that counts its cached
 // tokens but not its prompt tokens.
 func (c *Collector) AddServerCached(target string, delta float64) {
-	c.AddServerCounts(target, ServerCounts{Cached: delta})
+	c.AddServerCounts(target, engine.ServerCounts{Cached: delta})
 }
 
 // serverShareReads is the window over which a replica's share of an
@@ -381,7 +358,7 @@ const serverShareReads = 24
 // (kvload_cache_reported_cached_prompt_tokens_total) takes only the part
 // of requests whose theoretical cached tokens are known, as its other
 // side does.
-func (c *Collector) AddServerCounts(target string, d ServerCounts) {
+func (c *Collector) AddServerCounts(target string, d engine.ServerCounts) {
 	c.mu.Lock()
 	st := c.targets[target]
 	if st == nil {
@@ -477,17 +454,17 @@ func (c *Collector) Finished(r *replay.Result) {
 	// One lock for the live summary and the server-metrics shares.
 	c.mu.Lock()
 	st := c.targets[t]
-	mode, dialect := ObservedUsage, replay.Dialect("")
+	mode, dialect := engine.ObservedUsage, engine.Dialect("")
 	if st != nil {
 		mode, dialect = st.observed, st.dialect
 		st.inFlight = max(st.inFlight-1, 0)
 	}
-	usageCached := r.CachedKnown && mode == ObservedUsage
+	usageCached := r.CachedKnown && mode == engine.ObservedUsage
 	// The request counts on both sides of the efficiency ratio only when
 	// both are known: its cached tokens and its theoretical ones.
-	reported := success && r.TheoreticalKnown && (usageCached || mode == ObservedServerMetrics)
+	reported := success && r.TheoreticalKnown && (usageCached || mode == engine.ObservedServerMetrics)
 	notify := false
-	if success && !usageCached && mode == ObservedUsage && st != nil && !st.notified {
+	if success && !usageCached && mode == engine.ObservedUsage && st != nil && !st.notified {
 		st.notified, notify = true, c.NotifyUnreported != nil
 	}
 	preamble := 0
@@ -501,7 +478,7 @@ func (c *Collector) Finished(r *replay.Result) {
 		}
 	}
 	c.recordLocked(r, usageCached, reported, preamble)
-	if success && mode == ObservedServerMetrics && st != nil {
+	if success && mode == engine.ObservedServerMetrics && st != nil {
 		// In the engine's units where the response says them.
 		prompt := float64(r.TraceInputLength)
 		if r.PromptKnown {
@@ -542,7 +519,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	if usageCached {
 		c.cachedTokens.WithLabelValues(w, t).Add(float64(r.CachedTokens))
 	}
-	if !usageCached && mode != ObservedServerMetrics {
+	if !usageCached && mode != engine.ObservedServerMetrics {
 		c.unreported.WithLabelValues(w, t).Inc()
 	}
 	if !r.TheoreticalKnown {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -176,7 +177,7 @@ func TestUnknownIsNotZero(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	c := New(reg)
 	var told []string
-	c.NotifyUnreported = func(target string, dialect replay.Dialect) { told = append(told, target+"/"+string(dialect)) }
+	c.NotifyUnreported = func(target string, dialect engine.Dialect) { told = append(told, target+"/"+string(dialect)) }
 	c.SetTarget("a", "m", "chat", "vllm", "usage")
 	c.Start("w", "a")
 	res := func(known bool) *replay.Result {

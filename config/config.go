@@ -25,7 +25,7 @@ import (
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
@@ -52,7 +52,7 @@ type Target struct {
 	URL          string              `yaml:"url,omitempty"`
 	Model        string              `yaml:"model,omitempty"`
 	API          replay.API          `yaml:"api,omitempty"`
-	Dialect      replay.Dialect      `yaml:"dialect,omitempty"`
+	Dialect      engine.Dialect      `yaml:"dialect,omitempty"`
 	PromptFormat replay.PromptFormat `yaml:"prompt_format,omitempty"`
 	Tokenizer    string              `yaml:"tokenizer,omitempty"`
 	// tokenizerSet: the file named a tokenizer (before defaults), which
@@ -104,11 +104,11 @@ type EmulateFaults struct {
 // and for reading the observed hits.
 type Cache struct {
 	// BlockSize and CapacityBlocks are "auto" unless given: read from the
-	// target where its engine exposes them (see package kvcapacity).
-	BlockSize      AutoInt            `yaml:"block_size,omitempty"`
-	CapacityBlocks AutoInt            `yaml:"capacity_blocks,omitempty"`
-	Observed       collector.Observed `yaml:"observed,omitempty"`
-	MetricsURL     string             `yaml:"metrics_url,omitempty"`
+	// target where its engine exposes them (see package engine).
+	BlockSize      AutoInt         `yaml:"block_size,omitempty"`
+	CapacityBlocks AutoInt         `yaml:"capacity_blocks,omitempty"`
+	Observed       engine.Observed `yaml:"observed,omitempty"`
+	MetricsURL     string          `yaml:"metrics_url,omitempty"`
 }
 
 // AutoInt is a whole number, or "auto" for a value the exporter reads from
@@ -205,11 +205,11 @@ type Shard struct {
 // Defaults of the contract.
 const (
 	DefaultAPI            = replay.APIChat
-	DefaultDialect        = replay.DialectOpenAI
+	DefaultDialect        = engine.DialectOpenAI
 	DefaultPromptFormat   = replay.PromptFormatText
 	DefaultTokenizer      = "o200k_base"
 	DefaultRequestTimeout = Duration(10 * time.Minute)
-	DefaultObserved       = collector.ObservedUsage
+	DefaultObserved       = engine.ObservedUsage
 	DefaultTraceBlockSize = 512
 	DefaultLoop           = replay.LoopFresh
 	DefaultMaxInFlight    = 64
@@ -324,7 +324,7 @@ func (c *Config) applyDefaults() {
 		t := &c.Targets[i]
 		t.API = orDefault(t.API, DefaultAPI)
 		if t.Emulate != nil {
-			t.Dialect = orDefault(t.Dialect, replay.DialectVLLM) // the emulator speaks vLLM
+			t.Dialect = orDefault(t.Dialect, engine.DialectVLLM) // the emulator speaks vLLM
 		}
 		t.Dialect = orDefault(t.Dialect, DefaultDialect)
 		t.PromptFormat = orDefault(t.PromptFormat, DefaultPromptFormat)
@@ -334,7 +334,7 @@ func (c *Config) applyDefaults() {
 			t.RequestTimeout = DefaultRequestTimeout
 		}
 		t.Cache.Observed = orDefault(t.Cache.Observed, DefaultObserved)
-		if t.Cache.Observed == collector.ObservedServerMetrics && t.Cache.MetricsURL == "" && t.URL != "" {
+		if t.Cache.Observed == engine.ObservedServerMetrics && t.Cache.MetricsURL == "" && t.URL != "" {
 			t.Cache.MetricsURL = strings.TrimSuffix(t.URL, "/") + "/metrics"
 		}
 		if t.Emulate != nil {
@@ -541,7 +541,7 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 		bad(p+".model", "%q holds control character %U", t.Model, r)
 	}
 	oneOf(t.API, p+".api", bad, replay.APIs[:])
-	oneOf(t.Dialect, p+".dialect", bad, replay.Dialects[:])
+	oneOf(t.Dialect, p+".dialect", bad, engine.Dialects[:])
 	oneOf(t.PromptFormat, p+".prompt_format", bad, replay.PromptFormats[:])
 	if t.PromptFormat == replay.PromptFormatTokenIDs && t.API != replay.APICompletions {
 		bad(p+".prompt_format", "token_ids needs api: completions")
@@ -563,17 +563,17 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	if !t.Cache.CapacityBlocks.Auto() && t.Cache.CapacityBlocks.N < 0 {
 		bad(p+".cache.capacity_blocks", "must be auto or ≥ 0 (0 is infinite), got %d", t.Cache.CapacityBlocks.N)
 	}
-	oneOf(t.Cache.Observed, p+".cache.observed", bad, collector.ObservedSources[:])
+	oneOf(t.Cache.Observed, p+".cache.observed", bad, engine.ObservedSources[:])
 	if t.Cache.MetricsURL != "" {
 		validateURL(t.Cache.MetricsURL, p+".cache.metrics_url", bad)
 	}
-	if t.Cache.Observed == collector.ObservedServerMetrics {
+	if t.Cache.Observed == engine.ObservedServerMetrics {
 		if t.Cache.MetricsURL == "" && t.Emulate == nil {
 			bad(p+".cache.metrics_url", "is required with observed: server_metrics")
 		}
-		if _, ok := collector.ServerCacheMetric[t.Dialect]; !ok {
+		if !engine.For(t.Dialect).CountsCachedTokens() {
 			bad(p+".cache.observed", "server_metrics needs a dialect whose server counts cached tokens (%s), got %q",
-				joinValues(serverCountedDialects()), t.Dialect)
+				joinValues(engine.CountingCachedTokens()), t.Dialect)
 		}
 	}
 }
@@ -662,16 +662,4 @@ func joinValues[T ~string](values []T) string {
 		s[i] = string(v)
 	}
 	return strings.Join(s, ", ")
-}
-
-// serverCountedDialects are the dialects whose server counts cached tokens
-// in its metrics (collector.ServerCacheMetric), in replay.Dialects' order.
-func serverCountedDialects() []replay.Dialect {
-	var out []replay.Dialect
-	for _, d := range replay.Dialects {
-		if _, ok := collector.ServerCacheMetric[d]; ok {
-			out = append(out, d)
-		}
-	}
-	return out
 }

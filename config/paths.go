@@ -224,7 +224,7 @@ func (w *keyWalk) locate(msg string) string {
 }
 
 // stringTypes holds the Go names of the schema's named string types
-// (replay.LoopMode, collector.Observed, ...), found by walking the schema's
+// (replay.LoopMode, engine.Observed, ...), found by walking the schema's
 // own structs.
 var stringTypes = func() map[string]bool {
 	names := map[string]bool{}

@@ -10,7 +10,7 @@ import (
 	"github.com/go-kit/log/level"
 
 	"github.com/kvload-exporter/kvload-exporter/config"
-	"github.com/kvload-exporter/kvload-exporter/kvcapacity"
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -27,31 +27,6 @@ type targetCache struct {
 	// endpoint measured it (chatTemplateKnown); chat units start with it.
 	chatTemplate      int
 	chatTemplateKnown bool
-}
-
-// dialectBlockSize is each engine's default KV block (page) size, used when
-// block_size is auto and the target does not say.
-func dialectBlockSize(dialect replay.Dialect) int {
-	switch dialect {
-	case replay.DialectSGLang, replay.DialectLlamaCpp:
-		return 1
-	case replay.DialectTRTLLM:
-		return 32
-	}
-	return 16
-}
-
-// dialectGranularity is how each engine rounds a cache hit. TensorRT-LLM
-// reuses partial blocks, but it stores only the full blocks of a prompt's
-// first ISL-1 tokens: a hit can end inside a block only where a new prompt
-// is shorter than a cached one, so whole blocks are the closer model (its
-// emulation and TestE2ECacheTruthGranularity agree).
-func dialectGranularity(dialect replay.Dialect) replay.CacheGranularity {
-	switch dialect {
-	case replay.DialectSGLang, replay.DialectLlamaCpp:
-		return replay.GranularityToken
-	}
-	return replay.GranularityBlock
 }
 
 // applyCaches settles, for every target of cfg whose configuration changed,
@@ -111,14 +86,14 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) t
 	tc := targetCache{fingerprint: fp, params: replay.CacheParams{
 		ServerBlock:    t.Cache.BlockSize.N,
 		CapacityBlocks: t.Cache.CapacityBlocks.N,
-		Granularity:    dialectGranularity(t.Dialect),
+		Granularity:    engine.For(t.Dialect).Granularity,
 	}, known: !t.Cache.CapacityBlocks.Auto(), note: "configured"}
 	if !t.Cache.BlockSize.Auto() && !t.Cache.CapacityBlocks.Auto() {
 		return tc
 	}
 	layout, err := discoverLayout(ctx, t, d.targetBaseURL(t))
 	if t.Cache.BlockSize.Auto() {
-		tc.params.ServerBlock = dialectBlockSize(t.Dialect)
+		tc.params.ServerBlock = engine.For(t.Dialect).BlockSize
 		if err == nil {
 			tc.params.ServerBlock = layout.BlockSize
 		}
@@ -129,7 +104,7 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) t
 		} else {
 			tc.params.CapacityBlocks, tc.note = 0, "unknown: set cache.capacity_blocks"
 			why := "its engine does not expose it"
-			if !errors.Is(err, kvcapacity.ErrNotExposed) {
+			if !errors.Is(err, engine.ErrNotExposed) {
 				why = err.Error()
 			}
 			level.Warn(d.logger).Log("msg", "the target's KV cache size is unknown, so its theoretical model assumes an unbounded cache and cache efficiency will read low on a healthy server; set cache.capacity_blocks (and cache.block_size) for it, or reload once it answers",
@@ -140,20 +115,21 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) t
 }
 
 // discoverLayout reads the KV cache layout of t, answering at url, within
-// discoverTimeout. Its error wraps kvcapacity.ErrNotExposed when t's engine
+// discoverTimeout. Its error wraps engine.ErrNotExposed when t's engine
 // does not say.
-func discoverLayout(ctx context.Context, t *config.Target, url string) (kvcapacity.Layout, error) {
-	if !kvcapacity.Exposed(t.Dialect) {
-		return kvcapacity.Layout{}, kvcapacity.ErrNotExposed
+func discoverLayout(ctx context.Context, t *config.Target, url string) (engine.Layout, error) {
+	spec := engine.For(t.Dialect)
+	if !spec.ExposesLayout() {
+		return engine.Layout{}, engine.ErrNotExposed
 	}
 	client, err := targetHTTPClient(t, "kvload_cache_discovery")
 	if err != nil {
-		return kvcapacity.Layout{}, fmt.Errorf("target %s: cache discovery client: %w", t.Name, err)
+		return engine.Layout{}, fmt.Errorf("target %s: cache discovery client: %w", t.Name, err)
 	}
 	defer client.CloseIdleConnections()
 	dctx, cancel := context.WithTimeout(ctx, discoverTimeout)
 	defer cancel()
-	layout, err := kvcapacity.Discover(dctx, client, url, t.Dialect)
+	layout, err := spec.ReadLayout(dctx, client, url)
 	if err != nil {
 		return layout, fmt.Errorf("target %s: cache discovery: %w", t.Name, err)
 	}
@@ -168,21 +144,8 @@ func (d *Daemon) targetBaseURL(t *config.Target) string {
 	return t.URL
 }
 
-// unreportedAdvice says what makes a target report cached tokens.
-func unreportedAdvice(dialect replay.Dialect) string {
-	switch dialect {
-	case replay.DialectVLLM:
-		return "start vLLM with --enable-prompt-tokens-details, or set cache.observed: server_metrics"
-	case replay.DialectSGLang:
-		return "start SGLang with --enable-cache-report, or set cache.observed: server_metrics"
-	case replay.DialectTRTLLM, replay.DialectDynamo, replay.DialectLlamaCpp:
-		return "set cache.observed: server_metrics to read the engine's own counter"
-	}
-	return "the server reports no cached tokens; cache efficiency is not computed for it (the cache-class TTFT signal still works)"
-}
-
 // logUnreported is the collector's NotifyUnreported.
-func (d *Daemon) logUnreported(target string, dialect replay.Dialect) {
+func (d *Daemon) logUnreported(target string, dialect engine.Dialect) {
 	level.Warn(d.logger).Log("msg", "responses carry no cached-token count: their requests count on neither side of the cache efficiency, shown as not reported",
-		"target", target, "what_to_do", unreportedAdvice(dialect))
+		"target", target, "what_to_do", engine.For(dialect).UnreportedAdvice)
 }

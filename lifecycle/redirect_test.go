@@ -13,7 +13,7 @@ import (
 	promconfig "github.com/prometheus/common/config"
 
 	"github.com/kvload-exporter/kvload-exporter/config"
-	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/engine"
 )
 
 // TestTargetReadsDoNotFollowRedirects: the server-metrics scrape and the
@@ -66,8 +66,8 @@ func TestTargetReadsDoNotFollowRedirects(t *testing.T) {
 				tg := &config.Target{Name: "t-redirecting", Dialect: "vllm", HTTPClientConfig: &hc}
 
 				err := rd.read(t.Context(), tg, srv.URL)
-				if !errors.Is(err, replay.ErrRedirect) {
-					t.Fatalf("error %v, want one wrapping replay.ErrRedirect", err)
+				if !errors.Is(err, engine.ErrRedirect) {
+					t.Fatalf("error %v, want one wrapping engine.ErrRedirect", err)
 				}
 				for _, want := range []string{"t-redirecting", fmt.Sprintf("HTTP %d to %s/", status, other.URL)} {
 					if !strings.Contains(err.Error(), want) {

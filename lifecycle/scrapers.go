@@ -9,9 +9,8 @@ import (
 	"github.com/go-kit/log/level"
 	promconfig "github.com/prometheus/common/config"
 
-	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
-	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/engine"
 )
 
 // serverScrapeInterval is how often a server_metrics target's /metrics is
@@ -31,7 +30,7 @@ type scraping struct {
 func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) error {
 	want := map[string]*config.Target{}
 	for i := range cfg.Targets {
-		if t := &cfg.Targets[i]; t.Cache.Observed == collector.ObservedServerMetrics {
+		if t := &cfg.Targets[i]; t.Cache.Observed == engine.ObservedServerMetrics {
 			want[t.Name] = t
 		}
 	}
@@ -79,12 +78,12 @@ func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) erro
 }
 
 // newServerScraper is the scraper of t's counter at url.
-func newServerScraper(t *config.Target, url string) (*collector.ServerScraper, error) {
+func newServerScraper(t *config.Target, url string) (*engine.ServerScraper, error) {
 	client, err := targetHTTPClient(t, "kvload_server_metrics")
 	if err != nil {
 		return nil, fmt.Errorf("target %s: server metrics client: %w", t.Name, err)
 	}
-	return &collector.ServerScraper{Target: t.Name, URL: url, Dialect: t.Dialect, Client: client, Interval: serverScrapeInterval}, nil
+	return &engine.ServerScraper{Target: t.Name, URL: url, Dialect: t.Dialect, Client: client, Interval: serverScrapeInterval}, nil
 }
 
 // targetHTTPClient is a client with t's http_client_config for what the
@@ -95,7 +94,7 @@ func targetHTTPClient(t *config.Target, name string) (*http.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	replay.NoRedirects(c)
+	engine.NoRedirects(c)
 	return c, nil
 }
 

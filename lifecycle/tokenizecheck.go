@@ -11,9 +11,9 @@ import (
 	"github.com/go-kit/log/level"
 
 	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
-	"github.com/kvload-exporter/kvload-exporter/tokencheck"
 )
 
 const (
@@ -38,7 +38,7 @@ const (
 func (d *Daemon) checkTokenizer(ctx context.Context, t *config.Target) (template int, known bool) {
 	dialect := t.Dialect
 	logger := log.With(d.logger, "target", t.Name)
-	if !tokencheck.Has(dialect) {
+	if !engine.For(dialect).CanTokenize() {
 		d.coll.SetTokenizeRatio(t.Name, 0, false)
 		level.Debug(logger).Log("msg", "prompt length not checked: the engine has no tokenize endpoint", "dialect", dialect)
 		return 0, false
@@ -97,7 +97,7 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 	cctx, cancel := context.WithTimeout(ctx, discoverTimeout)
 	defer cancel()
 	base := d.targetBaseURL(t)
-	ids, err := tokencheck.Tokenize(cctx, client, base, t.Dialect, t.Model, text)
+	ids, err := engine.For(t.Dialect).Tokenize(cctx, client, base, t.Model, text)
 	if err != nil {
 		return tokenizeResult{}, err
 	}
@@ -106,7 +106,7 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 	}
 	res := tokenizeResult{built: tokenizeCheckTokens, server: len(ids)}
 	if t.PromptFormat != replay.PromptFormatTokenIDs {
-		if t.API == replay.APIChat && tokencheck.HasChat(t.Dialect) {
+		if t.API == replay.APIChat && engine.For(t.Dialect).CanTokenizeChat() {
 			res.template, res.templateKnown, res.templateErr = chatTemplate(cctx, client, base, t, text, len(ids))
 		}
 		return res, nil
@@ -132,7 +132,7 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 // difference out of [0, maxTemplateTokens] is an endpoint that renders
 // messages unlike the chat route, and is not used.
 func chatTemplate(ctx context.Context, c *http.Client, baseURL string, t *config.Target, text string, plain int) (int, bool, error) {
-	ids, err := tokencheck.TokenizeChat(ctx, c, baseURL, t.Dialect, t.Model, text)
+	ids, err := engine.For(t.Dialect).TokenizeChat(ctx, c, baseURL, t.Model, text)
 	if err != nil {
 		return 0, false, err
 	}

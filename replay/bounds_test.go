@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/prometheus/common/config"
 )
 
@@ -102,7 +103,7 @@ func TestClientBoundsServerBodies(t *testing.T) {
 				}
 			}
 			srv := newServer(t, h)
-			c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: DialectVLLM})
+			c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
 			var res Result
 			c.Do(context.Background(), Request{Prompt: "x"}, &res)
 			n := waitWritten(t, written)

@@ -5,21 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/synth"
-)
-
-// CacheGranularity is how an engine rounds the prefix it serves from cache.
-type CacheGranularity int
-
-const (
-	// GranularityBlock serves whole server blocks only and recomputes the
-	// last prompt token (vLLM, Dynamo, TensorRT-LLM, which stores full
-	// blocks only).
-	GranularityBlock CacheGranularity = iota
-	// GranularityToken serves any number of tokens up to the prompt's
-	// length minus one (SGLang's radix cache with pages of one token,
-	// llama.cpp's slot prefix).
-	GranularityToken
 )
 
 // CacheParams describe the server cache an ideal model stands for.
@@ -27,7 +14,7 @@ type CacheParams struct {
 	TraceBlock     int // tokens per trace hash block (512 for Mooncake)
 	ServerBlock    int // tokens per server KV block
 	CapacityBlocks int // server blocks the cache holds; 0 is unbounded
-	Granularity    CacheGranularity
+	Granularity    engine.Granularity
 }
 
 // CacheModel is the ideal prefix cache of one (workload, target): the
@@ -44,7 +31,7 @@ type CacheParams struct {
 // them since; other replicas' failures cannot be known and are not modelled.
 //
 // For one request, k is the number of its leading trace blocks in the
-// cache; with GranularityBlock the theoretical cached tokens are
+// cache; with engine.GranularityBlock the theoretical cached tokens are
 // floor(min(k·TraceBlock, inputLength−1) / ServerBlock) · ServerBlock, with
 // GranularityToken min(k·TraceBlock, inputLength−1).
 type CacheModel struct {
@@ -337,7 +324,7 @@ func (c *idealCache) unadmit(a admitted) {
 // only where the engine caches whole blocks, the partial last one too where
 // it reuses partial blocks.
 func (c *idealCache) weight(tokens int) int {
-	if c.p.Granularity == GranularityToken {
+	if c.p.Granularity == engine.GranularityToken {
 		return (tokens + c.p.ServerBlock - 1) / c.p.ServerBlock
 	}
 	return tokens / c.p.ServerBlock
@@ -348,7 +335,7 @@ func (c *idealCache) quantise(k, inputLength int) int {
 	if hit <= 0 {
 		return 0
 	}
-	if c.p.Granularity == GranularityToken {
+	if c.p.Granularity == engine.GranularityToken {
 		return hit
 	}
 	return hit / c.p.ServerBlock * c.p.ServerBlock

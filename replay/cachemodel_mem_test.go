@@ -3,6 +3,7 @@ package replay
 import (
 	"testing"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
@@ -12,15 +13,15 @@ func TestIdealCacheBounded(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		trace, server int
-		gran          CacheGranularity
+		gran          engine.Granularity
 		capacity      int
 		lastTokens    int // tokens of each request's last block
 		wantMax       int
 	}{
-		{"whole blocks", 512, 16, GranularityBlock, 640, 512, 640},
-		{"short last blocks weigh nothing", 512, 16, GranularityBlock, 640, 5, 640},
-		{"server blocks larger than trace blocks", 512, 2048, GranularityBlock, 10, 512, 40},
-		{"token granularity", 512, 1, GranularityToken, 4096, 3, 4096},
+		{"whole blocks", 512, 16, engine.GranularityBlock, 640, 512, 640},
+		{"short last blocks weigh nothing", 512, 16, engine.GranularityBlock, 640, 5, 640},
+		{"server blocks larger than trace blocks", 512, 2048, engine.GranularityBlock, 10, 512, 40},
+		{"token granularity", 512, 1, engine.GranularityToken, 4096, 3, 4096},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newIdealCache(CacheParams{TraceBlock: tc.trace, ServerBlock: tc.server, CapacityBlocks: tc.capacity, Granularity: tc.gran})
@@ -90,7 +91,7 @@ func TestCacheModelShortWarmUpSameAnswers(t *testing.T) {
 	}{
 		{"vllm blocks, fresh", CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: 4096}, LoopFresh},
 		{"vllm blocks, repeat", CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: 4096}, LoopRepeat},
-		{"sglang tokens, repeat", CacheParams{TraceBlock: 512, ServerBlock: 1, CapacityBlocks: 200000, Granularity: GranularityToken}, LoopRepeat},
+		{"sglang tokens, repeat", CacheParams{TraceBlock: 512, ServerBlock: 1, CapacityBlocks: 200000, Granularity: engine.GranularityToken}, LoopRepeat},
 		{"unbounded, fresh", CacheParams{TraceBlock: 512, ServerBlock: 16}, LoopFresh},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

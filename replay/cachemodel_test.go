@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
@@ -21,10 +22,10 @@ func TestIdealCache(t *testing.T) {
 	tests := []struct {
 		name                    string
 		trace, server, capacity int
-		gran                    CacheGranularity
+		gran                    engine.Granularity
 		reqs                    []req
 	}{
-		{"infinite, prefix reuse", 512, 16, 0, GranularityBlock, []req{
+		{"infinite, prefix reuse", 512, 16, 0, engine.GranularityBlock, []req{
 			{0, []int64{0, 1, 2}, 1300, 0},
 			{0, []int64{0, 1, 3}, 1100, 1024},    // two leading blocks seen
 			{0, []int64{0, 1, 2}, 1300, 1296},    // all seen: capped at isl−1 = 1299, floored to 16s
@@ -33,16 +34,16 @@ func TestIdealCache(t *testing.T) {
 			{0, []int64{0}, 1, 0},                // one-token prompt: isl−1 = 0
 			{0, []int64{0, 1, 2, 3}, 1600, 1584}, // k=4: min(2048, 1599) floored to 16s
 		}},
-		{"server block 1 (SGLang pages)", 512, 1, 0, GranularityBlock, []req{
+		{"server block 1 (SGLang pages)", 512, 1, 0, engine.GranularityBlock, []req{
 			{0, []int64{7, 8}, 700, 0},
 			{0, []int64{7, 8}, 700, 699},
 		}},
-		{"token granularity with 32-token blocks (TensorRT-LLM partial reuse)", 512, 32, 0, GranularityToken, []req{
+		{"token granularity with 32-token blocks (TensorRT-LLM partial reuse)", 512, 32, 0, engine.GranularityToken, []req{
 			{0, []int64{7, 8}, 700, 0},
 			{0, []int64{7, 8}, 700, 699}, // not floored to 32s
 			{0, []int64{7, 9}, 600, 512},
 		}},
-		{"LRU keeps prefixes, drops tails", 512, 16, 64, GranularityBlock, []req{
+		{"LRU keeps prefixes, drops tails", 512, 16, 64, engine.GranularityBlock, []req{
 			{0, []int64{0, 1}, 1024, 0},    // 64 server blocks: full
 			{0, []int64{0, 2}, 1024, 512},  // 0 hit; inserting 2 evicts tail 1
 			{0, []int64{0, 1}, 1024, 512},  // 1 was evicted

@@ -18,6 +18,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/prometheus/common/config"
 	"github.com/valyala/fastjson"
 )
@@ -28,9 +29,9 @@ type TargetConfig struct {
 	URL   string // base URL without /v1; may carry query parameters
 	Model string // sent as "model"; omitted when empty
 
-	API          API          // chat | completions; empty means chat
-	Dialect      Dialect      // empty means openai
-	PromptFormat PromptFormat // text | token_ids; empty means text
+	API          API            // chat | completions; empty means chat
+	Dialect      engine.Dialect // empty means openai
+	PromptFormat PromptFormat   // text | token_ids; empty means text
 
 	// RequestTimeout bounds one request from send to the end of its
 	// stream; 0 leaves it to the caller's context.
@@ -43,7 +44,7 @@ type TargetConfig struct {
 // for concurrent use; one Client serves every request to its target.
 type Client struct {
 	api      API
-	spec     dialectSpec
+	spec     *engine.Spec
 	endpoint string // without userinfo
 	user     *url.Userinfo
 	timeout  time.Duration
@@ -102,15 +103,10 @@ func NewClient(cfg TargetConfig) (*Client, error) {
 	if c.api != APIChat && c.api != APICompletions {
 		errs = append(errs, fmt.Errorf("api %q: want chat or completions", cfg.API))
 	}
-	dialect := cfg.Dialect
-	if dialect == "" {
-		dialect = DialectOpenAI
+	if cfg.Dialect != "" && !engine.Known(cfg.Dialect) {
+		errs = append(errs, fmt.Errorf("dialect %q: want one of %v", cfg.Dialect, engine.Dialects))
 	}
-	spec, ok := specFor(dialect)
-	if !ok {
-		errs = append(errs, fmt.Errorf("dialect %q: want one of %v", cfg.Dialect, Dialects))
-	}
-	c.spec = spec
+	c.spec = engine.For(cfg.Dialect)
 	switch cfg.PromptFormat {
 	case "", PromptFormatText:
 	case PromptFormatTokenIDs:
@@ -158,62 +154,9 @@ func NewClient(cfg TargetConfig) (*Client, error) {
 	}
 	// An inference endpoint has no reason to redirect, so a 3xx is
 	// reported as the http_error it is.
-	NoRedirects(c.http)
-	NoRedirects(c.fresh)
+	engine.NoRedirects(c.http)
+	engine.NoRedirects(c.fresh)
 	return c, nil
-}
-
-// NoRedirects makes c hand back a redirect as its response instead of
-// following it, whatever follow_redirects says: net/http would resend the
-// request and, to the same host on another port, its credentials. Every
-// client the exporter sends to a target with is made so (requests,
-// server-metrics scrapes, cache discovery).
-func NoRedirects(c *http.Client) { c.CheckRedirect = keepRedirect }
-
-func keepRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-
-// ErrRedirect is wrapped by RedirectError.
-var ErrRedirect = errors.New("redirect not followed")
-
-// RedirectError says where a redirect that a NoRedirects client handed
-// back pointed, wrapping ErrRedirect; it is nil when resp is no redirect.
-func RedirectError(resp *http.Response) error {
-	switch resp.StatusCode {
-	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther,
-		http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
-	default:
-		return nil
-	}
-	to := "no Location"
-	if loc, err := resp.Location(); err == nil {
-		to = loc.Redacted()
-	}
-	return fmt.Errorf("HTTP %d to %s: %w (credentials go only to the configured URL)", resp.StatusCode, to, ErrRedirect)
-}
-
-// ReadAnswer sends req with c (a NoRedirects client) and returns the body
-// of its 200 answer, at most maxBody bytes: the exporter's reads of a
-// target beside the replay (cache size, tokenize check). A redirect or
-// any other status is an error naming the method and URL, with the start
-// of the body.
-func ReadAnswer(c *http.Client, req *http.Request, maxBody int64) ([]byte, error) {
-	where := req.Method + " " + req.URL.Redacted()
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	if err := RedirectError(resp); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: HTTP %d: %.200s", where, resp.StatusCode, bytes.TrimSpace(b))
-	}
-	return b, nil
 }
 
 // setEndpoint derives the endpoint from the base URL. Userinfo is kept out
@@ -587,7 +530,7 @@ func (c *Client) fillUsage(res *Result, st *streamState) {
 		c.cachedReported.Store(true)
 	case st.cacheNKnown:
 		res.CachedTokens, res.CachedKnown = st.cacheN, true
-	case st.usageSeen && c.spec.absentCachedIsZero && c.cachedReported.Load():
+	case st.usageSeen && c.spec.AbsentCachedIsZero && c.cachedReported.Load():
 		// SGLang (and Dynamo passing its usage through) drop
 		// prompt_tokens_details when the count is 0, and also when cache
 		// reporting is off. Once this target has reported a count, the

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/prometheus/common/config"
 )
 
@@ -38,7 +39,7 @@ func TestClientDoesNotFollowRedirects(t *testing.T) {
 			hc := config.DefaultHTTPClientConfig
 			hc.Authorization = &config.Authorization{Type: "Bearer", Credentials: "tok-r3d1rect"}
 			u := strings.Replace(srv.URL, "http://", "http://alice:pa55@", 1)
-			c := mustClient(t, TargetConfig{URL: u, Dialect: DialectVLLM, HTTPClientConfig: hc})
+			c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM, HTTPClientConfig: hc})
 			var res Result
 			c.Do(context.Background(), Request{Prompt: "x"}, &res)
 			checkResult(t, &res, want{outcome: OutcomeHTTPError, status: status, errSub: fmt.Sprintf("HTTP %d: ", status)})
@@ -142,7 +143,7 @@ func TestClientReleasesBodyAfterDone(t *testing.T) {
 				_, err := io.Copy(io.Discard, conn)
 				afterStream <- err
 			})
-			c := mustClient(t, TargetConfig{URL: u, Dialect: DialectVLLM})
+			c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM})
 			var res Result
 			returned := make(chan struct{})
 			go func() {
@@ -258,7 +259,7 @@ func TestClientRetriesReusedConnection(t *testing.T) {
 					return
 				}
 			})
-			c := mustClient(t, TargetConfig{URL: u, Dialect: DialectVLLM})
+			c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM})
 			for i := range tt.requests {
 				var res Result
 				c.Do(context.Background(), Request{Prompt: "x"}, &res)
@@ -321,7 +322,7 @@ func TestClientRejectsAbsurdUsage(t *testing.T) {
 		{"cached above prompt", TargetConfig{}, Request{Prompt: "hi"},
 			`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":11}}}`,
 			"usage.prompt_tokens_details.cached_tokens 11 exceeds usage.prompt_tokens 10", 0, 0, 0, false},
-		{"cache_n above prompt", TargetConfig{Dialect: DialectLlamaCpp}, Request{Prompt: "hi"},
+		{"cache_n above prompt", TargetConfig{Dialect: engine.DialectLlamaCpp}, Request{Prompt: "hi"},
 			`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1},"timings":{"cache_n":12}}`,
 			"timings.cache_n 12 exceeds usage.prompt_tokens 10", 0, 0, 0, false},
 		{"completion far above max_tokens", TargetConfig{}, Request{Prompt: "hi", MaxTokens: 4},
@@ -366,7 +367,7 @@ func TestClientRejectsAbsurdUsage(t *testing.T) {
 			cfg := tt.cfg
 			cfg.URL = srv.URL
 			if cfg.Dialect == "" {
-				cfg.Dialect = DialectVLLM
+				cfg.Dialect = engine.DialectVLLM
 			}
 			c := mustClient(t, cfg)
 			var res Result

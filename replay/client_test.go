@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/prometheus/common/config"
 )
 
@@ -92,49 +93,49 @@ func checkResult(t *testing.T, res *Result, w want) {
 func TestClientRecordedStreams(t *testing.T) {
 	tests := []struct {
 		fixture string
-		dialect Dialect
+		dialect engine.Dialect
 		api     API
 		want    want
 	}{
-		{"vllm_chat.sse", DialectVLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"vllm_chat.sse", engine.DialectVLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 5, fromUsage: true, prompt: 1043, promptOK: true, cached: 1024, cachedOK: true}},
-		{"vllm_chat_details_null.sse", DialectVLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"vllm_chat_details_null.sse", engine.DialectVLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 2, fromUsage: true, prompt: 37, promptOK: true}},
-		{"vllm_tool_calls.sse", DialectVLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"vllm_tool_calls.sse", engine.DialectVLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 14, fromUsage: true, prompt: 210, promptOK: true, cached: 208, cachedOK: true}},
-		{"vllm_completions.sse", DialectVLLM, APICompletions, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"vllm_completions.sse", engine.DialectVLLM, APICompletions, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 3, fromUsage: true, prompt: 512, promptOK: true, cached: 496, cachedOK: true}},
-		{"sglang_chat_reasoning.sse", DialectSGLang, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"sglang_chat_reasoning.sse", engine.DialectSGLang, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 6, fromUsage: true, prompt: 96, promptOK: true}},
-		{"sglang_chat_no_details.sse", DialectSGLang, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"sglang_chat_no_details.sse", engine.DialectSGLang, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 2, fromUsage: true, prompt: 800, promptOK: true}},
-		{"sglang_chat_cached.sse", DialectSGLang, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"sglang_chat_cached.sse", engine.DialectSGLang, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 2, fromUsage: true, prompt: 1500, promptOK: true, cached: 1499, cachedOK: true}},
-		{"sglang_abort.sse", DialectSGLang, APIChat, want{outcome: OutcomeStreamError, status: 200, errSub: "finish_reason abort",
+		{"sglang_abort.sse", engine.DialectSGLang, APIChat, want{outcome: OutcomeStreamError, status: 200, errSub: "finish_reason abort",
 			content: true, output: 1}},
-		{"sglang_completions_crlf.sse", DialectSGLang, APICompletions, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"sglang_completions_crlf.sse", engine.DialectSGLang, APICompletions, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 2, fromUsage: true, prompt: 64, promptOK: true, cached: 32, cachedOK: true}},
-		{"trtllm_chat.sse", DialectTRTLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"trtllm_chat.sse", engine.DialectTRTLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 3, fromUsage: true, prompt: 300, promptOK: true, cached: 0, cachedOK: true}},
-		{"dynamo_chat.sse", DialectDynamo, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"dynamo_chat.sse", engine.DialectDynamo, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 2, fromUsage: true, prompt: 128, promptOK: true}},
-		{"dynamo_error_event.sse", DialectDynamo, APIChat, want{outcome: OutcomeStreamError, status: 200,
+		{"dynamo_error_event.sse", engine.DialectDynamo, APIChat, want{outcome: OutcomeStreamError, status: 200,
 			errSub: "error event: Stream ended before generation completed", content: true, output: 2}},
-		{"dynamo_error_data.sse", DialectDynamo, APIChat, want{outcome: OutcomeStreamError, status: 200,
+		{"dynamo_error_data.sse", engine.DialectDynamo, APIChat, want{outcome: OutcomeStreamError, status: 200,
 			errSub: "internal_server_error: worker 7587890000 disconnected", content: true, output: 1}},
-		{"llamacpp_chat.sse", DialectLlamaCpp, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"llamacpp_chat.sse", engine.DialectLlamaCpp, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 2, fromUsage: true, prompt: 24, promptOK: true, cached: 16, cachedOK: true}},
-		{"llamacpp_error.sse", DialectLlamaCpp, APIChat, want{outcome: OutcomeStreamError, status: 200,
+		{"llamacpp_error.sse", engine.DialectLlamaCpp, APIChat, want{outcome: OutcomeStreamError, status: 200,
 			errSub: "server_error: Input prompt is too big", content: true, output: 1}},
-		{"llamacpp_no_done.sse", DialectLlamaCpp, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"llamacpp_no_done.sse", engine.DialectLlamaCpp, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 1, cached: 0, cachedOK: true}},
-		{"openai_framing.sse", DialectOpenAI, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+		{"openai_framing.sse", engine.DialectOpenAI, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 2, fromUsage: true, prompt: 10, promptOK: true, cached: 0, cachedOK: true}},
-		{"truncated.sse", DialectOpenAI, APIChat, want{outcome: OutcomeStreamError, status: 200,
+		{"truncated.sse", engine.DialectOpenAI, APIChat, want{outcome: OutcomeStreamError, status: 200,
 			errSub: "stream ended without [DONE], finish_reason or usage", content: true, output: 2}},
-		{"malformed.sse", DialectOpenAI, APIChat, want{outcome: OutcomeStreamError, status: 200,
+		{"malformed.sse", engine.DialectOpenAI, APIChat, want{outcome: OutcomeStreamError, status: 200,
 			errSub: "malformed chunk", content: true, output: 1}},
-		{"flat_error.sse", DialectSGLang, APIChat, want{outcome: OutcomeStreamError, status: 200,
+		{"flat_error.sse", engine.DialectSGLang, APIChat, want{outcome: OutcomeStreamError, status: 200,
 			errSub: "BadRequestError: The request was aborted"}},
 	}
 	for _, tt := range tests {
@@ -153,14 +154,14 @@ func TestClientRecordedStreams(t *testing.T) {
 // null stays unknown.
 func TestClientAbsentCachedTokens(t *testing.T) {
 	tests := []struct {
-		dialect  Dialect
+		dialect  engine.Dialect
 		fixtures []string
 		want     []string // cached tokens per request, "?" for unknown
 	}{
-		{DialectSGLang, []string{"sglang_chat_no_details.sse", "sglang_chat_cached.sse", "sglang_chat_no_details.sse", "sglang_chat_reasoning.sse"},
+		{engine.DialectSGLang, []string{"sglang_chat_no_details.sse", "sglang_chat_cached.sse", "sglang_chat_no_details.sse", "sglang_chat_reasoning.sse"},
 			[]string{"?", "1499", "0", "0"}},
-		{DialectDynamo, []string{"dynamo_chat.sse", "vllm_chat.sse", "dynamo_chat.sse"}, []string{"?", "1024", "0"}},
-		{DialectVLLM, []string{"vllm_chat.sse", "vllm_chat_details_null.sse", "dynamo_chat.sse"}, []string{"1024", "?", "?"}},
+		{engine.DialectDynamo, []string{"dynamo_chat.sse", "vllm_chat.sse", "dynamo_chat.sse"}, []string{"?", "1024", "0"}},
+		{engine.DialectVLLM, []string{"vllm_chat.sse", "vllm_chat_details_null.sse", "dynamo_chat.sse"}, []string{"1024", "?", "?"}},
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.dialect), func(t *testing.T) {
@@ -202,7 +203,7 @@ func TestClientSendsRequest(t *testing.T) {
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	}))
 	u := strings.Replace(srv.URL, "http://", "http://alice:s3cr3t@", 1) + "/base?model=q"
-	c := mustClient(t, TargetConfig{URL: u, Model: "m", Dialect: DialectTRTLLM, API: APICompletions, PromptFormat: PromptFormatTokenIDs})
+	c := mustClient(t, TargetConfig{URL: u, Model: "m", Dialect: engine.DialectTRTLLM, API: APICompletions, PromptFormat: PromptFormatTokenIDs})
 	var res Result
 	c.Do(context.Background(), Request{PromptTokenIDs: []int{1, 2}, MaxTokens: 5}, &res)
 	checkResult(t, &res, want{outcome: OutcomeSuccess, status: 200})
@@ -242,7 +243,7 @@ func TestClientHTTPErrors(t *testing.T) {
 					w.WriteHeader(status)
 					_, _ = io.WriteString(w, b.body)
 				}))
-				c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: DialectVLLM})
+				c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
 				var res Result
 				c.Do(context.Background(), Request{Prompt: "x"}, &res)
 				wantMsg := b.want
@@ -387,7 +388,7 @@ func TestClientTransportFailures(t *testing.T) {
 			} else {
 				u = newServer(t, tt.handler(cancel)).URL
 			}
-			c := mustClient(t, TargetConfig{URL: u, Dialect: DialectVLLM, RequestTimeout: tt.timeout})
+			c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM, RequestTimeout: tt.timeout})
 			var res Result
 			c.Do(ctx, Request{Prompt: "x"}, &res)
 			w := tt.want
@@ -412,7 +413,7 @@ func TestClientEncodeFailureIsNotSent(t *testing.T) {
 	srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t.Error("a request that cannot be encoded reached the server")
 	}))
-	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: DialectVLLM})
+	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
 	var res Result
 	c.Do(context.Background(), Request{PromptTokenIDs: []int{1}}, &res)
 	checkResult(t, &res, want{outcome: OutcomeHTTPError, errSub: "encode request: a token-id prompt needs the completions API"})
@@ -421,7 +422,7 @@ func TestClientEncodeFailureIsNotSent(t *testing.T) {
 // TestClientResetsResult: a reused Result carries nothing over.
 func TestClientResetsResult(t *testing.T) {
 	srv := newServer(t, replayHandler(t, "truncated.sse"))
-	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: DialectVLLM})
+	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
 	res := Result{Workload: "w", Outcome: OutcomeSuccess, PromptKnown: true, PromptTokens: 9, CachedKnown: true, CachedTokens: 3, OutputFromUsage: true}
 	c.Do(context.Background(), Request{Prompt: "x"}, &res)
 	checkResult(t, &res, want{outcome: OutcomeStreamError, status: 200, errSub: "stream ended", content: true, output: 2})
@@ -516,7 +517,7 @@ func TestScrub(t *testing.T) {
 // client (run with -race), as a workload does.
 func TestClientConcurrentStreams(t *testing.T) {
 	srv := newServer(t, replayHandler(t, "vllm_chat.sse"))
-	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: DialectVLLM})
+	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
 	const n = 64
 	results := make([]Result, n)
 	done := make(chan struct{})

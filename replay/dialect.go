@@ -14,25 +14,6 @@ import (
 	"unsafe"
 )
 
-// Dialect names the server flavour a target speaks. All of them take the
-// OpenAI request shape; they differ in how an exact output length is asked
-// for, which extra fields they accept, and how they report cached tokens.
-type Dialect string
-
-// The dialects of the config's target.dialect.
-const (
-	DialectVLLM     Dialect = "vllm"
-	DialectSGLang   Dialect = "sglang"
-	DialectTRTLLM   Dialect = "trtllm"
-	DialectDynamo   Dialect = "dynamo"
-	DialectLlamaCpp Dialect = "llamacpp"
-	DialectOpenAI   Dialect = "openai"
-	DialectOllama   Dialect = "ollama"
-)
-
-// Dialects lists every dialect, in the order messages name them.
-var Dialects = [...]Dialect{DialectVLLM, DialectSGLang, DialectTRTLLM, DialectDynamo, DialectLlamaCpp, DialectOllama, DialectOpenAI}
-
 // PromptFormat is how a built prompt is sent: as text, or as the token ids
 // of the target's tokenizer.
 type PromptFormat string
@@ -45,53 +26,6 @@ const (
 
 // PromptFormats lists every prompt format.
 var PromptFormats = [...]PromptFormat{PromptFormatText, PromptFormatTokenIDs}
-
-// dialectSpec is what differs between dialects when a body is built and a
-// usage object is read.
-type dialectSpec struct {
-	// chatMax is the output-length field on /v1/chat/completions. OpenAI and
-	// vLLM deprecated max_tokens there in favour of max_completion_tokens;
-	// the others document max_tokens. /v1/completions always uses max_tokens.
-	chatMax string
-	// nPredict also sends llama.cpp's native n_predict, which its OpenAI
-	// routes accept beside max_tokens.
-	nPredict bool
-	// ignoreEOS and minTokens pin the output length: without them a model
-	// that emits EOS early produces fewer tokens than the trace asked for.
-	// OpenAI itself has neither; llama.cpp documents no min_tokens; TRT-LLM
-	// (which rejects unknown fields) documents both, as do vLLM, SGLang and
-	// Dynamo (root level).
-	ignoreEOS bool
-	minTokens bool
-	// absentCachedIsZero: this engine omits prompt_tokens_details when the
-	// count is zero (SGLang's --enable-cache-report, Dynamo passthrough).
-	// An absence then means zero only once the target has been seen to
-	// report cached tokens at all; see Client.cachedTokens.
-	absentCachedIsZero bool
-}
-
-func specFor(d Dialect) (dialectSpec, bool) {
-	switch d {
-	case DialectOpenAI:
-		return dialectSpec{chatMax: "max_completion_tokens"}, true
-	case DialectVLLM:
-		return dialectSpec{chatMax: "max_completion_tokens", ignoreEOS: true, minTokens: true}, true
-	case DialectSGLang:
-		return dialectSpec{chatMax: "max_tokens", ignoreEOS: true, minTokens: true, absentCachedIsZero: true}, true
-	case DialectTRTLLM:
-		return dialectSpec{chatMax: "max_tokens", ignoreEOS: true, minTokens: true}, true
-	case DialectDynamo:
-		return dialectSpec{chatMax: "max_tokens", ignoreEOS: true, minTokens: true, absentCachedIsZero: true}, true
-	case DialectLlamaCpp:
-		return dialectSpec{chatMax: "max_tokens", nPredict: true, ignoreEOS: true}, true
-	case DialectOllama:
-		// Ollama's OpenAI routes read max_tokens only: given
-		// max_completion_tokens alone, a model that never emits EOS
-		// generates until the request times out (seen with v0.17.4).
-		return dialectSpec{chatMax: "max_tokens"}, true
-	}
-	return dialectSpec{}, false
-}
 
 const (
 	jsonTrue     = "true"
@@ -442,17 +376,17 @@ func (c *Client) encodeRequest(req Request) (requestBody, error) {
 		if req.MaxTokens > 0 {
 			n := strconv.AppendInt(nil, int64(req.MaxTokens), 10)
 			if c.api == APIChat {
-				b.set(c.spec.chatMax, n)
+				b.set(c.spec.Request.ChatMaxTokens, n)
 			} else {
 				b.set("max_tokens", n)
 			}
-			if c.spec.nPredict {
+			if c.spec.Request.NPredict {
 				b.set("n_predict", n)
 			}
-			if c.spec.ignoreEOS {
+			if c.spec.Request.IgnoreEOS {
 				b.set("ignore_eos", []byte(jsonTrue))
 			}
-			if c.spec.minTokens {
+			if c.spec.Request.MinTokens {
 				b.set("min_tokens", n)
 			}
 		}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/kvload-exporter/kvload-exporter/engine"
 )
 
 // join is the body in one piece.
@@ -36,39 +38,39 @@ func TestEncodeRequest(t *testing.T) {
 	const chatMsgs = `"messages":[{"role":"user","content":"Hi <there> & \"you\"\n"}],`
 	tests := []struct {
 		name    string
-		dialect Dialect
+		dialect engine.Dialect
 		api     API
 		req     Request
 		extra   map[string]any
 		want    string
 	}{
-		{"openai chat", DialectOpenAI, APIChat, chat, nil,
+		{"openai chat", engine.DialectOpenAI, APIChat, chat, nil,
 			`{` + m + chatMsgs + so + `,"max_completion_tokens":7}`},
-		{"openai completions", DialectOpenAI, APICompletions, compl, nil,
+		{"openai completions", engine.DialectOpenAI, APICompletions, compl, nil,
 			`{` + m + `"prompt":"Once",` + so + `,"max_tokens":7}`},
-		{"vllm chat", DialectVLLM, APIChat, chat, nil,
+		{"vllm chat", engine.DialectVLLM, APIChat, chat, nil,
 			`{` + m + chatMsgs + so + `,"max_completion_tokens":7,"ignore_eos":true,"min_tokens":7}`},
-		{"vllm completions", DialectVLLM, APICompletions, compl, nil,
+		{"vllm completions", engine.DialectVLLM, APICompletions, compl, nil,
 			`{` + m + `"prompt":"Once",` + so + `,"max_tokens":7,"ignore_eos":true,"min_tokens":7}`},
-		{"vllm token ids", DialectVLLM, APICompletions, Request{PromptTokenIDs: []int{151644, 0, 42}, MaxTokens: 3}, nil,
+		{"vllm token ids", engine.DialectVLLM, APICompletions, Request{PromptTokenIDs: []int{151644, 0, 42}, MaxTokens: 3}, nil,
 			`{` + m + `"prompt":[151644,0,42],` + so + `,"max_tokens":3,"ignore_eos":true,"min_tokens":3}`},
-		{"sglang chat", DialectSGLang, APIChat, chat, nil,
+		{"sglang chat", engine.DialectSGLang, APIChat, chat, nil,
 			`{` + m + chatMsgs + so + `,"max_tokens":7,"ignore_eos":true,"min_tokens":7}`},
-		{"sglang completions", DialectSGLang, APICompletions, compl, nil,
+		{"sglang completions", engine.DialectSGLang, APICompletions, compl, nil,
 			`{` + m + `"prompt":"Once",` + so + `,"max_tokens":7,"ignore_eos":true,"min_tokens":7}`},
-		{"trtllm chat", DialectTRTLLM, APIChat, chat, nil,
+		{"trtllm chat", engine.DialectTRTLLM, APIChat, chat, nil,
 			`{` + m + chatMsgs + so + `,"max_tokens":7,"ignore_eos":true,"min_tokens":7}`},
-		{"dynamo chat", DialectDynamo, APIChat, chat, nil,
+		{"dynamo chat", engine.DialectDynamo, APIChat, chat, nil,
 			`{` + m + chatMsgs + so + `,"max_tokens":7,"ignore_eos":true,"min_tokens":7}`},
-		{"llamacpp chat", DialectLlamaCpp, APIChat, chat, nil,
+		{"llamacpp chat", engine.DialectLlamaCpp, APIChat, chat, nil,
 			`{` + m + chatMsgs + so + `,"max_tokens":7,"n_predict":7,"ignore_eos":true}`},
-		{"llamacpp completions", DialectLlamaCpp, APICompletions, compl, nil,
+		{"llamacpp completions", engine.DialectLlamaCpp, APICompletions, compl, nil,
 			`{` + m + `"prompt":"Once",` + so + `,"max_tokens":7,"n_predict":7,"ignore_eos":true}`},
-		{"ollama chat", DialectOllama, APIChat, chat, nil,
+		{"ollama chat", engine.DialectOllama, APIChat, chat, nil,
 			`{` + m + chatMsgs + so + `,"max_tokens":7}`},
-		{"no max tokens", DialectVLLM, APIChat, Request{Prompt: "x"}, nil,
+		{"no max tokens", engine.DialectVLLM, APIChat, Request{Prompt: "x"}, nil,
 			`{` + m + `"messages":[{"role":"user","content":"x"}],` + so + `}`},
-		{"messages and tools verbatim", DialectVLLM, APIChat, Request{
+		{"messages and tools verbatim", engine.DialectVLLM, APIChat, Request{
 			Messages: []json.RawMessage{
 				json.RawMessage(`{"role":"system","content":"Be brief."}`),
 				json.RawMessage(` {"role": "user", "content": "Weather?"} `),
@@ -77,21 +79,21 @@ func TestEncodeRequest(t *testing.T) {
 		}, nil,
 			`{` + m + `"messages":[{"role":"system","content":"Be brief."},{"role": "user", "content": "Weather?"}],` +
 				`"tools":[{"type":"function","function":{"name":"get_weather","parameters":{}}}],` + so + `}`},
-		{"extra_body then row extra, row wins", DialectVLLM, APIChat, Request{
+		{"extra_body then row extra, row wins", engine.DialectVLLM, APIChat, Request{
 			Prompt: "x", MaxTokens: 2,
 			Extra: json.RawMessage(`{"temperature":0.5,"cache_salt":"row","stream":false}`),
 		}, map[string]any{"cache_salt": "target", "top_k": 1, "nested": map[any]any{"a": []any{1, "b"}}},
 			`{` + m + `"messages":[{"role":"user","content":"x"}],` + so +
 				`,"max_completion_tokens":2,"ignore_eos":true,"min_tokens":2,"cache_salt":"row","nested":{"a":[1,"b"]},"top_k":1,"temperature":0.5}`},
-		{"payload verbatim, model and streaming forced", DialectTRTLLM, APIChat, Request{
+		{"payload verbatim, model and streaming forced", engine.DialectTRTLLM, APIChat, Request{
 			Payload:   json.RawMessage(`{"messages":[{"role":"user","content":"p"}],"model":"other","stream":false,"max_tokens":9,"stream_options":{"include_usage":false}}`),
 			MaxTokens: 3, // ignored: the payload carries its own length
 			Extra:     json.RawMessage(`{"max_tokens":10}`),
 		}, nil,
 			`{"messages":[{"role":"user","content":"p"}],"model":"m","stream":true,"max_tokens":10,"stream_options":{"include_usage":true}}`},
-		{"null extra", DialectOpenAI, APICompletions, Request{Prompt: "a", Extra: json.RawMessage(`null`)}, nil,
+		{"null extra", engine.DialectOpenAI, APICompletions, Request{Prompt: "a", Extra: json.RawMessage(`null`)}, nil,
 			`{` + m + `"prompt":"a",` + so + `}`},
-		{"invalid utf8 and control bytes", DialectOpenAI, APICompletions, Request{Prompt: "a\xffb\x01\t"}, nil,
+		{"invalid utf8 and control bytes", engine.DialectOpenAI, APICompletions, Request{Prompt: "a\xffb\x01\t"}, nil,
 			`{` + m + `"prompt":"a\ufffdb\u0001\t",` + so + `}`},
 	}
 	for _, tt := range tests {
@@ -113,7 +115,7 @@ func TestEncodeRequest(t *testing.T) {
 }
 
 func TestEncodeRequestNoModel(t *testing.T) {
-	c := mustClient(t, TargetConfig{Dialect: DialectLlamaCpp})
+	c := mustClient(t, TargetConfig{Dialect: engine.DialectLlamaCpp})
 	body, err := c.encodeRequest(Request{Prompt: "x"})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +144,7 @@ func TestEncodeRequestErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := mustClient(t, TargetConfig{Model: "m", API: tt.api, Dialect: DialectVLLM})
+			c := mustClient(t, TargetConfig{Model: "m", API: tt.api, Dialect: engine.DialectVLLM})
 			_, err := c.encodeRequest(tt.req)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("err = %v, want it to mention %q", err, tt.want)
@@ -229,7 +231,7 @@ func TestEncodeRequestSharesLongPrompt(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := mustClient(t, TargetConfig{Model: "m", API: tt.api, Dialect: DialectVLLM, ExtraBody: map[string]any{"top_k": 1}})
+			c := mustClient(t, TargetConfig{Model: "m", API: tt.api, Dialect: engine.DialectVLLM, ExtraBody: map[string]any{"top_k": 1}})
 			req := Request{Prompt: tt.prompt, MaxTokens: 8, Extra: json.RawMessage(`{"seed":3}`)}
 			body, err := c.encodeRequest(req)
 			if err != nil {
@@ -283,7 +285,7 @@ func BenchmarkEncodeRequest(b *testing.B) {
 	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog, ", 3000/10)
 	for _, api := range []API{APIChat, APICompletions} {
 		b.Run(string(api), func(b *testing.B) {
-			c := mustClient(b, TargetConfig{Model: "m", API: api, Dialect: DialectVLLM})
+			c := mustClient(b, TargetConfig{Model: "m", API: api, Dialect: engine.DialectVLLM})
 			req := Request{Prompt: prompt, MaxTokens: 128}
 			b.SetBytes(int64(len(prompt)))
 			b.ReportAllocs()

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/engine"
 )
 
 // TestClientServerIdleTimeout is issue 14's point 6 against a real
@@ -39,7 +41,7 @@ func TestClientServerIdleTimeout(t *testing.T) {
 	srv.Config.IdleTimeout = idle
 	srv.Start()
 	t.Cleanup(srv.Close)
-	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: DialectVLLM})
+	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
 	t.Cleanup(c.Close)
 
 	var mu sync.Mutex

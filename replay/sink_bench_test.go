@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/engine"
 )
 
 // benchSinkEnv makes the test binary a sink (see TestMain).
@@ -74,7 +76,7 @@ func BenchmarkClientStream32Sink(b *testing.B) {
 	if err != nil {
 		b.Fatalf("sink address: %v", err)
 	}
-	c := mustClient(b, TargetConfig{Name: "bench", URL: "http://" + strings.TrimSpace(addr), Model: "Qwen/Qwen3-0.6B", Dialect: DialectVLLM})
+	c := mustClient(b, TargetConfig{Name: "bench", URL: "http://" + strings.TrimSpace(addr), Model: "Qwen/Qwen3-0.6B", Dialect: engine.DialectVLLM})
 	defer c.Close()
 	var failed atomic.Int64
 	b.SetParallelism(8)

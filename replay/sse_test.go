@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/engine"
 )
 
 // pieceReader returns one piece per Read, as a socket does when each
@@ -155,7 +157,7 @@ func TestStreamTimestamps(t *testing.T) {
 	for _, e := range events {
 		pieces = append(pieces, []byte(e+"\n\n"))
 	}
-	c := mustClient(t, TargetConfig{Dialect: DialectVLLM})
+	c := mustClient(t, TargetConfig{Dialect: engine.DialectVLLM})
 	var sp streamParser
 	sp.sse.reset(&pieceReader{pieces: pieces}, tickClock())
 	sp.state.reset()
@@ -296,7 +298,7 @@ func TestStreamErrors(t *testing.T) {
 // fuzzClient is built once per fuzz run; readStream is safe for concurrent
 // use like Do.
 func newFuzzClient(f *testing.F) *Client {
-	c, err := NewClient(TargetConfig{Name: "fuzz", URL: "http://127.0.0.1:1", Dialect: DialectSGLang})
+	c, err := NewClient(TargetConfig{Name: "fuzz", URL: "http://127.0.0.1:1", Dialect: engine.DialectSGLang})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -378,7 +380,7 @@ func vllmStream(n int) [][]byte {
 func BenchmarkSSEParseChunk(b *testing.B) {
 	pieces := vllmStream(256)
 	chunks := len(pieces)
-	c := mustClient(b, TargetConfig{Dialect: DialectVLLM})
+	c := mustClient(b, TargetConfig{Dialect: engine.DialectVLLM})
 	r := &pieceReader{pieces: pieces}
 	ctx := context.Background()
 	var res Result
@@ -422,7 +424,7 @@ func BenchmarkClientStream32(b *testing.B) {
 		}
 	}))
 	defer srv.Close()
-	c := mustClient(b, TargetConfig{Name: "bench", URL: srv.URL, Model: "Qwen/Qwen3-0.6B", Dialect: DialectVLLM})
+	c := mustClient(b, TargetConfig{Name: "bench", URL: srv.URL, Model: "Qwen/Qwen3-0.6B", Dialect: engine.DialectVLLM})
 	var failed atomic.Int64
 	b.SetParallelism(8)
 	cpu0, cpuOK := processCPUSeconds()

@@ -1,4 +1,4 @@
-package collector
+package engine
 
 import (
 	"context"
@@ -13,48 +13,33 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-
-	"github.com/kvload-exporter/kvload-exporter/replay"
 )
-
-// ServerCacheMetric names, per dialect, the server's own counter of prompt
-// tokens served from its prefix cache (engines doc §A). The first name
-// present in a scrape is used; histogram metrics count by their sum.
-var ServerCacheMetric = map[replay.Dialect][]string{
-	replay.DialectVLLM:   {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total"},
-	replay.DialectSGLang: {"sglang:cached_tokens_total", "sglang:cached_tokens"},
-	replay.DialectTRTLLM: {"trtllm_prompt_cached_tokens_total", "trtllm_prompt_cache_hit_tokens_total"},
-	replay.DialectDynamo: {"dynamo_frontend_cached_tokens"},
-	// llama-server with --metrics, in builds that count cached prompt
-	// tokens (older ones have no prefix-cache counter at all).
-	replay.DialectLlamaCpp: {"llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_cached"},
-}
-
-// ServerPromptMetric names, per dialect, the server's counter of the prompt
-// tokens it processed, for this replica's share of the cached tokens (the
-// first name present is used). With excludesCached the counter leaves out
-// the cached tokens, which the cached-token counter then adds back.
-// TensorRT-LLM's /metrics is JSON and Dynamo's frontend has no such
-// counter: for them the share cannot be known (docs/cache-model.md).
-var ServerPromptMetric = map[replay.Dialect]struct {
-	Names          []string
-	ExcludesCached bool
-}{
-	replay.DialectVLLM:   {Names: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries", "vllm:prompt_tokens_total"}},
-	replay.DialectSGLang: {Names: []string{"sglang:prompt_tokens_total"}},
-	// llama-server: prompt_tokens_total counts only the tokens it computed.
-	replay.DialectLlamaCpp: {Names: []string{"llamacpp:prompt_tokens_total"}, ExcludesCached: true},
-}
 
 // maxMetricsBytes bounds one scrape of a server's /metrics.
 const maxMetricsBytes = 32 << 20
+
+// ServerCounts is what one read of an engine's /metrics counted since the
+// read before.
+type ServerCounts struct {
+	Cached float64 // prompt tokens served from its prefix cache
+	// Prompt is the prompt tokens it processed, cached or not; only when
+	// PromptKnown (the engine exports such a counter).
+	Prompt      float64
+	PromptKnown bool
+}
+
+// CountSink takes what a ServerScraper reads: the collector.
+type CountSink interface {
+	AddServerCounts(target string, c ServerCounts)
+	ServerMetricsError(target string, reason ServerMetricsErrorReason)
+}
 
 // ServerScraper reads a target's cached-token counter from its /metrics and
 // feeds the increase to the collector (observed: server_metrics).
 type ServerScraper struct {
 	Target   string
 	URL      string
-	Dialect  replay.Dialect
+	Dialect  Dialect
 	Client   *http.Client
 	Interval time.Duration
 
@@ -78,11 +63,11 @@ func (s *ServerScraper) Prime(ctx context.Context) error {
 
 // Run scrapes every Interval until ctx is done. A failed scrape is
 // reported through onError and retried at the next tick.
-func (s *ServerScraper) Run(ctx context.Context, c *Collector, onError func(error)) {
+func (s *ServerScraper) Run(ctx context.Context, c CountSink, onError func(error)) {
 	t := time.NewTicker(s.Interval)
 	defer t.Stop()
 	for {
-		if err := s.scrapeOnce(ctx, c); err != nil && ctx.Err() == nil {
+		if err := s.ScrapeOnce(ctx, c); err != nil && ctx.Err() == nil {
 			onError(err)
 		}
 		select {
@@ -93,7 +78,9 @@ func (s *ServerScraper) Run(ctx context.Context, c *Collector, onError func(erro
 	}
 }
 
-func (s *ServerScraper) scrapeOnce(ctx context.Context, c *Collector) error {
+// ScrapeOnce reads the counters once and hands the increase, or why it
+// was not credited, to c.
+func (s *ServerScraper) ScrapeOnce(ctx context.Context, c CountSink) error {
 	r, err := s.read(ctx)
 	if err != nil {
 		c.ServerMetricsError(s.Target, ServerErrorScrape)
@@ -229,7 +216,7 @@ func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
 		return engineRead{}, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
 	defer resp.Body.Close()
-	if err := replay.RedirectError(resp); err != nil {
+	if err := RedirectError(resp); err != nil {
 		return engineRead{}, fmt.Errorf("target %s: server metrics %s: %w", s.Target, req.URL.Redacted(), err)
 	}
 	if resp.StatusCode != http.StatusOK {
@@ -244,10 +231,10 @@ func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
 	if r.cached, err = cachedTokens(mfs, s.Dialect, s.Target); err != nil {
 		return engineRead{}, err
 	}
-	if pm, ok := ServerPromptMetric[s.Dialect]; ok {
-		if v, found := sumFirst(mfs, pm.Names); found {
+	if pm := For(s.Dialect).Metrics; len(pm.PromptTokens) > 0 {
+		if v, found := sumFirst(mfs, pm.PromptTokens); found {
 			r.prompt, r.promptKnown = v, true
-			if pm.ExcludesCached {
+			if pm.PromptExcludesCached {
 				r.prompt += r.cached
 			}
 		}
@@ -261,11 +248,12 @@ func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
 
 // cachedTokens sums the dialect's cached-token metric over all its series
 // (every model and engine label of the server).
-func cachedTokens(mfs map[string]*dto.MetricFamily, dialect replay.Dialect, target string) (float64, error) {
-	if v, ok := sumFirst(mfs, ServerCacheMetric[dialect]); ok {
+func cachedTokens(mfs map[string]*dto.MetricFamily, dialect Dialect, target string) (float64, error) {
+	names := For(dialect).Metrics.CachedTokens
+	if v, ok := sumFirst(mfs, names); ok {
 		return v, nil
 	}
-	return 0, fmt.Errorf("target %s: server metrics: none of %v found (is the engine's metrics switch on?)", target, ServerCacheMetric[dialect])
+	return 0, fmt.Errorf("target %s: server metrics: none of %v found (is the engine's metrics switch on?)", target, names)
 }
 
 // sumFirst sums the first of names present over all its series.

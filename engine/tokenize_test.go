@@ -1,4 +1,4 @@
-package tokencheck
+package engine
 
 import (
 	"encoding/json"
@@ -9,8 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // TestTokenizeRequests: each engine is asked on its own route, in its own
@@ -18,15 +16,15 @@ import (
 // documented shapes, ../shared/docs/engines-and-conventions.md).
 func TestTokenizeRequests(t *testing.T) {
 	tests := []struct {
-		dialect replay.Dialect
+		dialect Dialect
 		path    string
 		body    string
 	}{
-		{replay.DialectVLLM, "/tokenize", `{"model":"m","prompt":" a b","add_special_tokens":false}`},
-		{replay.DialectDynamo, "/tokenize", `{"model":"m","prompt":" a b","add_special_tokens":false}`},
-		{replay.DialectSGLang, "/v1/tokenize", `{"model":"m","prompt":" a b","add_special_tokens":false}`},
-		{replay.DialectTRTLLM, "/_internal/tokenize", `{"model":"m","prompt":" a b"}`},
-		{replay.DialectLlamaCpp, "/tokenize", `{"content":" a b","add_special":false}`},
+		{DialectVLLM, "/tokenize", `{"model":"m","prompt":" a b","add_special_tokens":false}`},
+		{DialectDynamo, "/tokenize", `{"model":"m","prompt":" a b","add_special_tokens":false}`},
+		{DialectSGLang, "/v1/tokenize", `{"model":"m","prompt":" a b","add_special_tokens":false}`},
+		{DialectTRTLLM, "/_internal/tokenize", `{"model":"m","prompt":" a b"}`},
+		{DialectLlamaCpp, "/tokenize", `{"content":" a b","add_special":false}`},
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.dialect), func(t *testing.T) {
@@ -37,7 +35,7 @@ func TestTokenizeRequests(t *testing.T) {
 				io.WriteString(w, `{"tokens": [4, 5]}`)
 			}))
 			defer srv.Close()
-			ids, err := Tokenize(t.Context(), srv.Client(), srv.URL+"/", tt.dialect, "m", " a b")
+			ids, err := For(tt.dialect).Tokenize(t.Context(), srv.Client(), srv.URL+"/", "m", " a b")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -46,11 +44,11 @@ func TestTokenizeRequests(t *testing.T) {
 			}
 		})
 	}
-	for _, d := range []replay.Dialect{replay.DialectOpenAI, replay.DialectOllama} {
-		if Has(d) {
+	for _, d := range []Dialect{DialectOpenAI, DialectOllama} {
+		if For(d).CanTokenize() {
 			t.Errorf("%s has a tokenize endpoint?", d)
 		}
-		if _, err := Tokenize(t.Context(), http.DefaultClient, "http://127.0.0.1:1", d, "m", "x"); !errors.Is(err, ErrNoEndpoint) {
+		if _, err := For(d).Tokenize(t.Context(), http.DefaultClient, "http://127.0.0.1:1", "m", "x"); !errors.Is(err, ErrNoEndpoint) {
 			t.Errorf("%s: %v, want ErrNoEndpoint", d, err)
 		}
 	}
@@ -88,8 +86,8 @@ func TestTokenizeAnswers(t *testing.T) {
 			}))
 			defer srv.Close()
 			c := srv.Client()
-			replay.NoRedirects(c)
-			ids, err := Tokenize(t.Context(), c, srv.URL, replay.DialectVLLM, "m", "x")
+			NoRedirects(c)
+			ids, err := For(DialectVLLM).Tokenize(t.Context(), c, srv.URL, "m", "x")
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) || !strings.Contains(err.Error(), srv.URL) {
 					t.Fatalf("error %v, want one naming %s and containing %q", err, srv.URL, tt.err)
@@ -129,17 +127,17 @@ func FuzzParseTokens(f *testing.F) {
 // chat form, and a rendering without a prompt is an error naming the route.
 func TestTokenizeChat(t *testing.T) {
 	tests := []struct {
-		dialect replay.Dialect
+		dialect Dialect
 		calls   []string // path and body of each request, in order
 		render  string   // /apply-template's answer
 		err     string
 	}{
-		{replay.DialectVLLM, []string{`/tokenize {"model":"m","messages":[{"role":"user","content":" a b"}],"add_generation_prompt":true}`}, "", ""},
-		{replay.DialectLlamaCpp, []string{
+		{DialectVLLM, []string{`/tokenize {"model":"m","messages":[{"role":"user","content":" a b"}],"add_generation_prompt":true}`}, "", ""},
+		{DialectLlamaCpp, []string{
 			`/apply-template {"messages":[{"role":"user","content":" a b"}]}`,
 			`/tokenize {"content":"\u003cs\u003euser: a b\nassistant:","add_special":true,"parse_special":true}`,
 		}, `{"prompt": "<s>user: a b\nassistant:"}`, ""},
-		{replay.DialectLlamaCpp, []string{`/apply-template {"messages":[{"role":"user","content":" a b"}]}`}, `{"text": "x"}`, "no prompt string"},
+		{DialectLlamaCpp, []string{`/apply-template {"messages":[{"role":"user","content":" a b"}]}`}, `{"text": "x"}`, "no prompt string"},
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.dialect)+tt.err, func(t *testing.T) {
@@ -154,10 +152,10 @@ func TestTokenizeChat(t *testing.T) {
 				io.WriteString(w, `{"tokens": [4, 5, 6]}`)
 			}))
 			defer srv.Close()
-			if !HasChat(tt.dialect) {
-				t.Fatalf("HasChat(%s) = false", tt.dialect)
+			if !For(tt.dialect).CanTokenizeChat() {
+				t.Fatalf("CanTokenizeChat(%s) = false", tt.dialect)
 			}
-			ids, err := TokenizeChat(t.Context(), srv.Client(), srv.URL, tt.dialect, "m", " a b")
+			ids, err := For(tt.dialect).TokenizeChat(t.Context(), srv.Client(), srv.URL, "m", " a b")
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) || !strings.Contains(err.Error(), srv.URL+"/apply-template") {
 					t.Errorf("error %v, want one naming the route and containing %q", err, tt.err)
@@ -170,11 +168,11 @@ func TestTokenizeChat(t *testing.T) {
 			}
 		})
 	}
-	for _, d := range []replay.Dialect{replay.DialectSGLang, replay.DialectTRTLLM, replay.DialectDynamo, replay.DialectOpenAI} {
-		if HasChat(d) {
+	for _, d := range []Dialect{DialectSGLang, DialectTRTLLM, DialectDynamo, DialectOpenAI} {
+		if For(d).CanTokenizeChat() {
 			t.Errorf("%s has a chat tokenize form?", d)
 		}
-		if _, err := TokenizeChat(t.Context(), http.DefaultClient, "http://127.0.0.1:1", d, "m", "x"); !errors.Is(err, ErrNoEndpoint) {
+		if _, err := For(d).TokenizeChat(t.Context(), http.DefaultClient, "http://127.0.0.1:1", "m", "x"); !errors.Is(err, ErrNoEndpoint) {
 			t.Errorf("%s: %v, want ErrNoEndpoint", d, err)
 		}
 	}

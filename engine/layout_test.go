@@ -1,4 +1,4 @@
-package kvcapacity
+package engine
 
 import (
 	"context"
@@ -7,8 +7,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-
-	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // vLLM 0.11's line, as its /metrics prints it.
@@ -17,10 +15,10 @@ const vllmInfo = `# HELP vllm:cache_config_info Information of the LLMEngine Cac
 vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="0.9",num_cpu_blocks="0",num_gpu_blocks="27484",prefix_caching_hash_algo="sha256"} 1.0
 `
 
-func TestDiscover(t *testing.T) {
+func TestReadLayout(t *testing.T) {
 	tests := []struct {
 		name    string
-		dialect replay.Dialect
+		dialect Dialect
 		path    string
 		body    string
 		want    Layout
@@ -45,7 +43,7 @@ func TestDiscover(t *testing.T) {
 				w.Write([]byte(tt.body))
 			}))
 			defer srv.Close()
-			got, err := Discover(context.Background(), srv.Client(), srv.URL+"/", tt.dialect)
+			got, err := For(tt.dialect).ReadLayout(context.Background(), srv.Client(), srv.URL+"/")
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("error %v, want one containing %q", err, tt.err)
@@ -53,29 +51,29 @@ func TestDiscover(t *testing.T) {
 				return
 			}
 			if err != nil || got != tt.want {
-				t.Fatalf("Discover = %+v, %v; want %+v", got, err, tt.want)
+				t.Fatalf("ReadLayout = %+v, %v; want %+v", got, err, tt.want)
 			}
 		})
 	}
 }
 
-func TestDiscoverHTTPError(t *testing.T) {
+func TestReadLayoutHTTPError(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "nope", http.StatusServiceUnavailable)
 	}))
 	defer srv.Close()
-	_, err := Discover(context.Background(), srv.Client(), srv.URL, "vllm")
+	_, err := For(DialectVLLM).ReadLayout(context.Background(), srv.Client(), srv.URL)
 	if err == nil || !strings.Contains(err.Error(), "HTTP 503") || errors.Is(err, ErrNotExposed) {
 		t.Fatalf("error %v, want HTTP 503", err)
 	}
 }
 
 // FuzzParse: no answer makes the parsers panic or return an unusable layout.
-func FuzzParse(f *testing.F) {
+func FuzzParseLayout(f *testing.F) {
 	f.Add([]byte(vllmInfo))
 	f.Add([]byte(`{"max_total_num_tokens": 10, "page_size": 0}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, parse := range []func([]byte) (Layout, error){parseVLLM, parseSGLang} {
+		for _, parse := range []func([]byte) (Layout, error){parseVLLMLayout, parseSGLangLayout} {
 			if l, err := parse(body); err == nil && (l.BlockSize < 1 || l.Blocks < 0) {
 				t.Fatalf("accepted %+v", l)
 			}

@@ -1,0 +1,65 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+)
+
+// llama.cpp's llama-server: max_tokens and its native n_predict,
+// ignore_eos but no min_tokens; its slots reuse any number of tokens of
+// the prompt they last served. With --metrics, builds that count cached
+// prompt tokens export them; prompt_tokens_total counts only the tokens it
+// computed. Its cache size is not read: its RAM prompt cache keeps far
+// more than its slots (docs/engines.md).
+var _ = register(&Spec{
+	Dialect:     DialectLlamaCpp,
+	Request:     RequestFields{ChatMaxTokens: "max_tokens", NPredict: true, IgnoreEOS: true},
+	BlockSize:   1,
+	Granularity: GranularityToken,
+	Metrics: Metrics{
+		CachedTokens:         []string{"llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_cached"},
+		PromptTokens:         []string{"llamacpp:prompt_tokens_total"},
+		PromptExcludesCached: true,
+	},
+	UnreportedAdvice: serverMetricsAdvice,
+	tokenize: &tokenizeRoute{path: "/tokenize", body: func(_, text string) any {
+		return llamaCppTokenizeBody{Content: text}
+	}},
+	tokenizeChat: llamaCppTokenizeChat,
+})
+
+type llamaCppTokenizeBody struct {
+	Content      string `json:"content"`
+	AddSpecial   bool   `json:"add_special"`
+	ParseSpecial bool   `json:"parse_special,omitempty"`
+}
+
+// llamaCppTemplateBody asks /apply-template for the text its chat endpoint
+// would tokenize.
+type llamaCppTemplateBody struct {
+	Messages []chatMessage `json:"messages"`
+}
+
+// llamaCppTokenizeChat renders the chat with /apply-template, then
+// tokenizes it as the chat endpoint does: special tokens added where the
+// model asks for them, and special-token text in the template read as
+// special tokens.
+func llamaCppTokenizeChat(ctx context.Context, c *http.Client, base, _ string, msgs []chatMessage) ([]int, error) {
+	b, where, err := post(ctx, c, base, "/apply-template", llamaCppTemplateBody{Messages: msgs})
+	if err != nil {
+		return nil, err
+	}
+	var rendered struct {
+		Prompt *string `json:"prompt"`
+	}
+	if err := json.Unmarshal(b, &rendered); err != nil || rendered.Prompt == nil {
+		return nil, fmt.Errorf("%s: the answer has no prompt string: %.60q", where, b)
+	}
+	b, where, err = post(ctx, c, base, "/tokenize", llamaCppTokenizeBody{Content: *rendered.Prompt, AddSpecial: true, ParseSpecial: true})
+	if err != nil {
+		return nil, err
+	}
+	return parseAt(b, where)
+}

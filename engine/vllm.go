@@ -1,0 +1,79 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// vLLM: max_completion_tokens on chat, ignore_eos and min_tokens; cached
+// tokens in usage with --enable-prompt-tokens-details and on /metrics;
+// 16-token blocks served whole; its cache size on /metrics.
+var _ = register(&Spec{
+	Dialect:     DialectVLLM,
+	Request:     RequestFields{ChatMaxTokens: "max_completion_tokens", IgnoreEOS: true, MinTokens: true},
+	BlockSize:   16,
+	Granularity: GranularityBlock,
+	Metrics: Metrics{
+		CachedTokens: []string{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total"},
+		PromptTokens: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries", "vllm:prompt_tokens_total"},
+	},
+	UnreportedAdvice: "start vLLM with --enable-prompt-tokens-details, or set cache.observed: server_metrics",
+	tokenize:         &tokenizeRoute{path: "/tokenize", body: openAITokenizeBody},
+	tokenizeChat:     vllmTokenizeChat,
+	readLayout: func(ctx context.Context, c *http.Client, base string) (Layout, error) {
+		body, err := get(ctx, c, base+"/metrics")
+		if err != nil {
+			return Layout{}, err
+		}
+		return parseVLLMLayout(body)
+	},
+})
+
+// vllmChatBody is vLLM's chat form of /tokenize: the messages rendered by
+// the server's chat template with the assistant's header, special tokens
+// as the template writes them (vLLM's chat default), which is what
+// /v1/chat/completions counts.
+type vllmChatBody struct {
+	Model               string        `json:"model,omitempty"`
+	Messages            []chatMessage `json:"messages"`
+	AddGenerationPrompt bool          `json:"add_generation_prompt"`
+}
+
+func vllmTokenizeChat(ctx context.Context, c *http.Client, base, model string, msgs []chatMessage) ([]int, error) {
+	b, where, err := post(ctx, c, base, "/tokenize", vllmChatBody{Model: model, Messages: msgs, AddGenerationPrompt: true})
+	if err != nil {
+		return nil, err
+	}
+	return parseAt(b, where)
+}
+
+// parseVLLMLayout reads the layout from a vLLM /metrics page: the gauge
+// vllm:cache_config_info, with the labels num_gpu_blocks and block_size.
+func parseVLLMLayout(body []byte) (Layout, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		return Layout{}, fmt.Errorf("vllm metrics: %w", err)
+	}
+	mf := mfs["vllm:cache_config_info"]
+	if mf == nil || len(mf.GetMetric()) == 0 {
+		return Layout{}, errors.New("vllm:cache_config_info not found in /metrics")
+	}
+	labels := map[string]string{}
+	for _, l := range mf.GetMetric()[0].GetLabel() {
+		labels[l.GetName()] = l.GetValue()
+	}
+	bs, err1 := strconv.Atoi(labels["block_size"])
+	blocks, err2 := strconv.Atoi(labels["num_gpu_blocks"])
+	if err := errors.Join(err1, err2); err != nil || bs < 1 || blocks < 0 {
+		return Layout{}, fmt.Errorf("vllm:cache_config_info: block_size %q, num_gpu_blocks %q are not usable", labels["block_size"], labels["num_gpu_blocks"])
+	}
+	return Layout{BlockSize: bs, Blocks: blocks, Source: "vllm:cache_config_info"}, nil
+}
