@@ -7,9 +7,9 @@ CACHE     := .cache
 DIST      := dist
 
 # Version information stamped into the binary (kvload-exporter --version and
-# kvload_exporter_build_info), as Prometheus' own builds do. Override any of
-# them: make release VERSION=1.2.0.
-VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+# kvload_exporter_build_info), as Prometheus' own builds do; the version is
+# the VERSION file's. Override any of them: make release VERSION=1.2.0.
+VERSION     ?= $(shell cat VERSION)
 REVISION    ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 BRANCH      ?= $(shell git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknown)
 BUILD_DATE  ?= $(shell date -u +%Y%m%d-%H:%M:%S)
@@ -207,7 +207,7 @@ bench-rate: build
 	cd tools && $(GO) build -o ../bin/vegeta github.com/tsenart/vegeta/v12 && $(GO) build -o ../bin/benchrate ./benchrate
 	bin/benchrate -exporter $(BIN) -vegeta bin/vegeta $(BENCH_RATE_FLAGS)
 
-## bench-scale: issue #15 goals 1-3 against a generated 2M-row trace (about 3 minutes).
+## bench-scale: start-up, memory, 50 targets and reloads against a generated 2M-row trace (about 3 minutes).
 SHARED_TRACES ?= ../shared/traces
 SCALE_ROWS    ?= 2000000
 SCALE_TRACE   := $(CACHE)/scale/conversation-$(SCALE_ROWS).jsonl
