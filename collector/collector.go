@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -218,7 +219,7 @@ func (c *Collector) ServerMetricsError(target string, reason engine.ServerMetric
 // Start creates the series of a (workload, target) at zero, so that rates
 // and ratios exist before the first request finishes.
 func (c *Collector) Start(workload, target string) {
-	for _, o := range replay.Outcomes {
+	for _, o := range openai.Outcomes {
 		c.requests.WithLabelValues(workload, target, string(o))
 	}
 	c.dropped.WithLabelValues(workload, target, string(replay.DropMaxInFlight))
@@ -266,7 +267,7 @@ func (c *Collector) ForgetWorkload(workload string) {
 
 // SetTarget publishes a target's info series, replacing an older one, and
 // says where its observed cached tokens come from.
-func (c *Collector) SetTarget(target, model string, api replay.API, dialect engine.Dialect, observed engine.Observed) {
+func (c *Collector) SetTarget(target, model string, api openai.API, dialect engine.Dialect, observed engine.Observed) {
 	c.targetInfo.DeletePartialMatch(prometheus.Labels{"target": target})
 	c.targetInfo.WithLabelValues(target, model, string(api), string(dialect)).Set(1)
 	c.mu.Lock()
@@ -449,7 +450,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	w, t := r.Workload, r.Target
 	c.inFlight.WithLabelValues(w, t).Dec()
 	c.requests.WithLabelValues(w, t, string(r.Outcome)).Inc()
-	success := r.Outcome == replay.OutcomeSuccess
+	success := r.Outcome == openai.OutcomeSuccess
 
 	// One lock for the live summary and the server-metrics shares.
 	c.mu.Lock()

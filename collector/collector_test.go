@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -30,21 +31,17 @@ func scripted(c *Collector) {
 	ok := func(sched, ttft, last time.Duration, out, prompt, cached, trace, theo int) *replay.Result {
 		sent := t0.Add(sched + 2*time.Millisecond)
 		return &replay.Result{
+			Response: openai.Response{Sent: sent, FirstToken: sent.Add(ttft), LastToken: sent.Add(last), Outcome: openai.OutcomeSuccess, HTTPStatus: 200, OutputTokens: out, OutputFromUsage: true, PromptTokens: prompt, PromptKnown: true, CachedTokens: cached, CachedKnown: true},
 			Workload: "canary", Target: "vllm-a",
-			Scheduled: t0.Add(sched), Sent: sent,
-			FirstToken: sent.Add(ttft), LastToken: sent.Add(last),
-			Outcome: replay.OutcomeSuccess, HTTPStatus: 200,
-			OutputTokens: out, OutputFromUsage: true,
-			PromptTokens: prompt, PromptKnown: true,
-			CachedTokens: cached, CachedKnown: true,
+			Scheduled:        t0.Add(sched),
 			TraceInputLength: trace, TheoreticalCachedTokens: theo, TheoreticalKnown: true,
 		}
 	}
 	results := []*replay.Result{
 		ok(0, 40*time.Millisecond, 540*time.Millisecond, 11, 1312, 0, 1300, 0),
 		ok(time.Second, 20*time.Millisecond, 220*time.Millisecond, 5, 1112, 1024, 1100, 1024),
-		{Workload: "canary", Target: "vllm-a", Scheduled: t0.Add(2 * time.Second), Sent: t0.Add(2*time.Second + time.Millisecond),
-			Outcome: replay.OutcomeHTTPError, HTTPStatus: 500, TraceInputLength: 900},
+		{
+			Response: openai.Response{Sent: t0.Add(2*time.Second + time.Millisecond), Outcome: openai.OutcomeHTTPError, HTTPStatus: 500}, Workload: "canary", Target: "vllm-a", Scheduled: t0.Add(2 * time.Second), TraceInputLength: 900},
 	}
 	for _, r := range results {
 		c.Sent(r.Workload, r.Target, r.Scheduled, r.Sent)
@@ -182,8 +179,8 @@ func TestUnknownIsNotZero(t *testing.T) {
 	c.Start("w", "a")
 	res := func(known bool) *replay.Result {
 		t0 := time.Unix(1_700_000_000, 0)
-		return &replay.Result{Workload: "w", Target: "a", Sent: t0, FirstToken: t0.Add(time.Millisecond), LastToken: t0.Add(time.Second),
-			Outcome: replay.OutcomeSuccess, PromptTokens: 1000, PromptKnown: true, CachedTokens: 512, CachedKnown: known,
+		return &replay.Result{
+			Response: openai.Response{Sent: t0, FirstToken: t0.Add(time.Millisecond), LastToken: t0.Add(time.Second), Outcome: openai.OutcomeSuccess, PromptTokens: 1000, PromptKnown: true, CachedTokens: 512, CachedKnown: known}, Workload: "w", Target: "a",
 			TraceInputLength: 1000, TheoreticalCachedTokens: 512, TheoreticalKnown: true}
 	}
 	for _, known := range []bool{false, false, true} {
@@ -223,7 +220,7 @@ func TestServerCachedCarried(t *testing.T) {
 	c.Start("w", "s")
 	t0 := time.Unix(1_700_000_000, 0)
 	done := func() {
-		c.Finished(&replay.Result{Workload: "w", Target: "s", Sent: t0, Outcome: replay.OutcomeSuccess, TraceInputLength: 100, TheoreticalKnown: true})
+		c.Finished(&replay.Result{Workload: "w", Target: "s", TraceInputLength: 100, TheoreticalKnown: true, Response: openai.Response{Sent: t0, Outcome: openai.OutcomeSuccess}})
 	}
 	c.AddServerCached("s", 50) // nothing sent: other traffic
 	c.Sent("w", "s", t0, t0)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -57,8 +58,8 @@ func TestPreambleLeftOutOfEfficiency(t *testing.T) {
 	c.SetTarget("llama", "m", "completions", "llamacpp", "usage")
 	t0 := time.Unix(1_700_000_000, 0)
 	finish := func(cached, theoretical int) {
-		r := &replay.Result{Workload: "w", Target: "llama", Sent: t0, FirstToken: t0.Add(time.Millisecond), LastToken: t0.Add(time.Second),
-			Outcome: replay.OutcomeSuccess, PromptTokens: 1001, PromptKnown: true, CachedTokens: cached, CachedKnown: true,
+		r := &replay.Result{
+			Response: openai.Response{Sent: t0, FirstToken: t0.Add(time.Millisecond), LastToken: t0.Add(time.Second), Outcome: openai.OutcomeSuccess, PromptTokens: 1001, PromptKnown: true, CachedTokens: cached, CachedKnown: true}, Workload: "w", Target: "llama",
 			TraceInputLength: 1000, TheoreticalCachedTokens: theoretical, TheoreticalKnown: true}
 		c.Start("w", "llama")
 		c.Sent("w", "llama", t0, t0)

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -40,8 +41,9 @@ func TestServerMetricsAttribution(t *testing.T) {
 		w     string
 		trace int
 	}{{"a", 3000}, {"b", 1000}} {
-		c.Finished(&replay.Result{Workload: r.w, Target: "srv", Outcome: replay.OutcomeSuccess,
-			TraceInputLength: r.trace, CachedTokens: 999, CachedKnown: true})
+		c.Finished(&replay.Result{
+			Response: openai.Response{Outcome: openai.OutcomeSuccess, CachedTokens: 999, CachedKnown: true}, Workload: r.w, Target: "srv",
+			TraceInputLength: r.trace})
 	}
 	value.Store(5800)
 	if err := s.ScrapeOnce(context.Background(), c); err != nil {
@@ -116,8 +118,9 @@ func TestServerMetricsShare(t *testing.T) {
 			for _, st := range tt.steps {
 				for _, f := range st.finished {
 					c.Sent(f.w, "srv", time.Time{}, time.Time{})
-					c.Finished(&replay.Result{Workload: f.w, Target: "srv", Outcome: replay.OutcomeSuccess,
-						TraceInputLength: f.prompt - 10, PromptTokens: f.prompt, PromptKnown: true, TheoreticalKnown: f.theoKnown})
+					c.Finished(&replay.Result{
+						Response: openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: f.prompt, PromptKnown: true}, Workload: f.w, Target: "srv",
+						TraceInputLength: f.prompt - 10, TheoreticalKnown: f.theoKnown})
 				}
 				c.AddServerCounts("srv", st.counts)
 			}

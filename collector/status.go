@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -75,7 +76,7 @@ type recent struct {
 
 type sample struct {
 	at          time.Time
-	outcome     replay.Outcome
+	outcome     openai.Outcome
 	lag         time.Duration // schedule lag
 	success     bool
 	ttft        time.Duration // 0 when unknown
@@ -118,7 +119,7 @@ type Status struct {
 	RequestsPerSec   float64 // finished requests per second over the window
 	ErrorRatio       float64
 	// Outcomes counts the window's requests by outcome, every outcome
-	// listed, in replay.Outcomes order.
+	// listed, in openai.Outcomes order.
 	Outcomes []OutcomeCount
 	// LastError is the reason of the last failed request (at most
 	// maxErrorLen bytes), at LastErrorAt; empty when none failed yet.
@@ -157,7 +158,7 @@ type wtKey struct{ workload, target string }
 // for its target (not with observed: server_metrics or none); reported,
 // whether the request counts on both sides of the efficiency ratio.
 func (c *Collector) recordLocked(r *replay.Result, usageCached, reported bool, preamble int) {
-	s := sample{at: c.now(), outcome: r.Outcome, lag: r.ScheduleLag(), success: r.Outcome == replay.OutcomeSuccess, theoretical: -1}
+	s := sample{at: c.now(), outcome: r.Outcome, lag: r.ScheduleLag(), success: r.Outcome == openai.OutcomeSuccess, theoretical: -1}
 	if s.success {
 		if d, ok := r.TTFT(); ok {
 			s.ttft = d
@@ -184,7 +185,7 @@ func (c *Collector) recordLocked(r *replay.Result, usageCached, reported bool, p
 		c.recent[k] = w
 	}
 	w.add(s)
-	if !s.success && r.Outcome != replay.OutcomeCanceled {
+	if !s.success && r.Outcome != openai.OutcomeCanceled {
 		w.lastError, w.lastErrorAt = describeFailure(r), s.at
 	}
 }
@@ -223,7 +224,7 @@ func (c *Collector) Status() []Status {
 		st := Status{Workload: k.workload, Target: k.target}
 		var ttfts, lags []time.Duration
 		var n, failed, prompt, cached, trace, theo, repTrace, repTheo int
-		byOutcome := map[replay.Outcome]int{}
+		byOutcome := map[openai.Outcome]int{}
 		oldest := now
 		for i := 0; i < w.n; i++ {
 			s := w.samples[i]
@@ -269,7 +270,7 @@ func (c *Collector) Status() []Status {
 			st.ErrorRatio = float64(failed) / float64(n)
 		}
 		st.Requests, st.succeeded = n, n-failed
-		for _, o := range replay.Outcomes {
+		for _, o := range openai.Outcomes {
 			st.Outcomes = append(st.Outcomes, OutcomeCount{string(o), byOutcome[o]})
 		}
 		st.LastError, st.LastErrorAt = w.lastError, w.lastErrorAt
@@ -333,7 +334,7 @@ func efficiencyState(st Status, repTheoRate float64) EfficiencyState {
 
 // health is the state of a (workload, target) and its reason, from the
 // window's figures: the worst of errors, schedule lag and cache efficiency.
-func health(st Status, failed int, byOutcome map[replay.Outcome]int) (Health, string) {
+func health(st Status, failed int, byOutcome map[openai.Outcome]int) (Health, string) {
 	if st.Requests == 0 && st.Dropped > 0 {
 		return HealthFailing, fmt.Sprintf("no request finished in the last %v, and %d scheduled requests were dropped", statusAge, st.Dropped)
 	}
@@ -342,9 +343,9 @@ func health(st Status, failed int, byOutcome map[replay.Outcome]int) (Health, st
 	}
 	if failed > 0 {
 		// The most frequent failure names the problem.
-		var worst replay.Outcome
-		for _, o := range replay.Outcomes {
-			if o != replay.OutcomeSuccess && byOutcome[o] > byOutcome[worst] {
+		var worst openai.Outcome
+		for _, o := range openai.Outcomes {
+			if o != openai.OutcomeSuccess && byOutcome[o] > byOutcome[worst] {
 				worst = o
 			}
 		}

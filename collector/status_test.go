@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -14,11 +15,11 @@ import (
 // the window's outcomes, schedule lag and cache efficiency.
 func TestStatusHealth(t *testing.T) {
 	ok := func(lag time.Duration, cached int) *replay.Result {
-		return &replay.Result{Outcome: replay.OutcomeSuccess, PromptTokens: 1000, PromptKnown: true,
-			CachedTokens: cached, CachedKnown: cached >= 0, TraceInputLength: 1000,
-			TheoreticalCachedTokens: 500, TheoreticalKnown: true, Scheduled: time.Unix(0, 0), Sent: time.Unix(0, 0).Add(lag)}
+		return &replay.Result{
+			Response: openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: 1000, PromptKnown: true, CachedTokens: cached, CachedKnown: cached >= 0, Sent: time.Unix(0, 0).Add(lag)}, TraceInputLength: 1000,
+			TheoreticalCachedTokens: 500, TheoreticalKnown: true, Scheduled: time.Unix(0, 0)}
 	}
-	fail := &replay.Result{Outcome: replay.OutcomeHTTPError, HTTPStatus: 503, Error: strings.Repeat("x", 1000)}
+	fail := &replay.Result{Response: openai.Response{Outcome: openai.OutcomeHTTPError, HTTPStatus: 503, Error: strings.Repeat("x", 1000)}}
 	many := func(n int, r *replay.Result) []*replay.Result {
 		out := make([]*replay.Result, n)
 		for i := range out {
@@ -74,7 +75,7 @@ func TestStatusHealth(t *testing.T) {
 			for _, o := range s.Outcomes {
 				sum += o.Count
 			}
-			if sum != len(tt.results) || len(s.Outcomes) != len(replay.Outcomes) {
+			if sum != len(tt.results) || len(s.Outcomes) != len(openai.Outcomes) {
 				t.Errorf("outcomes %v for %d requests", s.Outcomes, len(tt.results))
 			}
 		})
@@ -120,7 +121,7 @@ func TestStatusHealth(t *testing.T) {
 		c := New(prometheus.NewRegistry())
 		now := time.Unix(1000, 0)
 		c.now = func() time.Time { return now }
-		c.Finished(&replay.Result{Workload: "w", Target: "t", Outcome: replay.OutcomeSuccess})
+		c.Finished(&replay.Result{Workload: "w", Target: "t", Response: openai.Response{Outcome: openai.OutcomeSuccess}})
 		now = now.Add(2 * statusAge)
 		if s := c.Status()[0]; s.Health != HealthNotReported {
 			t.Errorf("health %q, want %q", s.Health, HealthNotReported)

@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
@@ -51,9 +52,9 @@ type Target struct {
 	Name         string              `yaml:"name"`
 	URL          string              `yaml:"url,omitempty"`
 	Model        string              `yaml:"model,omitempty"`
-	API          replay.API          `yaml:"api,omitempty"`
+	API          openai.API          `yaml:"api,omitempty"`
 	Dialect      engine.Dialect      `yaml:"dialect,omitempty"`
-	PromptFormat replay.PromptFormat `yaml:"prompt_format,omitempty"`
+	PromptFormat openai.PromptFormat `yaml:"prompt_format,omitempty"`
 	Tokenizer    string              `yaml:"tokenizer,omitempty"`
 	// tokenizerSet: the file named a tokenizer (before defaults), which
 	// only token-id prompts use.
@@ -204,9 +205,9 @@ type Shard struct {
 
 // Defaults of the contract.
 const (
-	DefaultAPI            = replay.APIChat
+	DefaultAPI            = openai.APIChat
 	DefaultDialect        = engine.DialectOpenAI
-	DefaultPromptFormat   = replay.PromptFormatText
+	DefaultPromptFormat   = openai.PromptFormatText
 	DefaultTokenizer      = "o200k_base"
 	DefaultRequestTimeout = Duration(10 * time.Minute)
 	DefaultObserved       = engine.ObservedUsage
@@ -540,13 +541,13 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 		r, _ := utf8.DecodeRuneInString(t.Model[i:])
 		bad(p+".model", "%q holds control character %U", t.Model, r)
 	}
-	oneOf(t.API, p+".api", bad, replay.APIs[:])
+	oneOf(t.API, p+".api", bad, openai.APIs[:])
 	oneOf(t.Dialect, p+".dialect", bad, engine.Dialects[:])
-	oneOf(t.PromptFormat, p+".prompt_format", bad, replay.PromptFormats[:])
-	if t.PromptFormat == replay.PromptFormatTokenIDs && t.API != replay.APICompletions {
+	oneOf(t.PromptFormat, p+".prompt_format", bad, openai.PromptFormats[:])
+	if t.PromptFormat == openai.PromptFormatTokenIDs && t.API != openai.APICompletions {
 		bad(p+".prompt_format", "token_ids needs api: completions")
 	}
-	if t.tokenizerSet && t.PromptFormat != replay.PromptFormatTokenIDs {
+	if t.tokenizerSet && t.PromptFormat != openai.PromptFormatTokenIDs {
 		// Text prompts are words that are one token each in every
 		// supported tokenizer: a tokenizer there would change nothing.
 		bad(p+".tokenizer", "is used only with prompt_format: token_ids (text prompts need none)")

@@ -25,6 +25,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
@@ -82,7 +83,7 @@ type unitKey struct{ workload, target string }
 type unit struct {
 	fingerprint string
 	workload    *replay.Workload
-	client      *replay.Client
+	client      *openai.Client
 	gate        *gatedObserver
 	plan        *replay.Plan  // the trace it replays, shared with the other units of the trace
 	done        chan struct{} // closed when Run returned
@@ -236,7 +237,7 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 	}
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
-		if t.PromptFormat == replay.PromptFormatTokenIDs {
+		if t.PromptFormat == openai.PromptFormatTokenIDs {
 			if _, err := synth.LoadTokenizer(t.Tokenizer); err != nil {
 				errs = append(errs, fmt.Errorf("target %s: tokenizer: %w", t.Name, err))
 			}
@@ -251,7 +252,7 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 		if t.Emulate != nil {
 			url = "http://127.0.0.1" // the emulator's port is not chosen yet
 		}
-		c, err := replay.NewClient(targetConfig(t, url))
+		c, err := openai.New(targetConfig(t, url))
 		if err != nil {
 			for _, line := range strings.Split(err.Error(), "\n") {
 				errs = append(errs, fmt.Errorf("%s: targets[%d].%s", path, i, line))
@@ -345,7 +346,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	if t.Emulate != nil {
 		url = d.emulatorURL(t.Name)
 	}
-	client, err := replay.NewClient(targetConfig(t, url))
+	client, err := openai.New(targetConfig(t, url))
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +355,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		shard = *d.shard
 	}
 	rb := &requestBuilder{prompts: wd.builder}
-	if t.PromptFormat == replay.PromptFormatTokenIDs {
+	if t.PromptFormat == openai.PromptFormatTokenIDs {
 		rb.tokenIDs = true
 		tok := tokenizers[t.Tokenizer]
 		if tok == nil {
@@ -401,7 +402,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	cache.TraceBlock = w.BlockSize
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	gate := &gatedObserver{c: d.coll, fails: newFailureLog(logger)}
-	if t.API == replay.APIChat && !rb.tokenIDs {
+	if t.API == openai.APIChat && !rb.tokenIDs {
 		// A chat template wraps the built prompt: its size, measured at
 		// the (re)load where the target can say, or learnt from answers.
 		tc := d.caches[t.Name]
@@ -417,7 +418,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		Start:        start,
 		Cache:        replay.NewCacheModel(pacer, cache),
 		OnBuildError: func(err error) { level.Warn(logger).Log("msg", "request not built, counted as dropped", "err", err) },
-	}, pacer, client, rb, gate)
+	}, pacer, replay.SendWith(client), rb, gate)
 	if err != nil {
 		client.Close()
 		return nil, err

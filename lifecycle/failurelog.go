@@ -10,6 +10,7 @@ import (
 	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
 
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -27,14 +28,14 @@ type failureLog struct {
 	now      func() time.Time
 
 	mu       sync.Mutex
-	counts   map[replay.Outcome]int // failures since the last line
+	counts   map[openai.Outcome]int // failures since the last line
 	lastErr  string
 	lastLine time.Time // zero: nothing logged in this failure streak yet
 	failing  bool      // a "requests failing" line went out and no success followed
 }
 
 func newFailureLog(logger log.Logger) *failureLog {
-	return &failureLog{logger: logger, interval: failureLogInterval, now: time.Now, counts: map[replay.Outcome]int{}}
+	return &failureLog{logger: logger, interval: failureLogInterval, now: time.Now, counts: map[openai.Outcome]int{}}
 }
 
 // finished records one request's outcome.
@@ -42,7 +43,7 @@ func (f *failureLog) finished(r *replay.Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.now()
-	if r.Outcome == replay.OutcomeSuccess {
+	if r.Outcome == openai.OutcomeSuccess {
 		if f.failing {
 			f.flushLocked(now, "requests failed before recovering")
 			level.Info(f.logger).Log("msg", "requests succeed again")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-kit/log"
 
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -17,7 +18,7 @@ import (
 func TestFailureLog(t *testing.T) {
 	type step struct {
 		at      time.Duration // since the start
-		outcome replay.Outcome
+		outcome openai.Outcome
 		err     string
 	}
 	tests := []struct {
@@ -25,24 +26,24 @@ func TestFailureLog(t *testing.T) {
 		steps []step
 		want  []string // log lines, with the time fields removed
 	}{
-		{"successes only", []step{{0, replay.OutcomeSuccess, ""}, {time.Second, replay.OutcomeSuccess, ""}}, nil},
+		{"successes only", []step{{0, openai.OutcomeSuccess, ""}, {time.Second, openai.OutcomeSuccess, ""}}, nil},
 		{"dead endpoint", []step{
-			{0, replay.OutcomeConnectionError, "dial tcp: connection refused"},
-			{time.Second, replay.OutcomeConnectionError, "dial tcp: connection refused"},
-			{2 * time.Second, replay.OutcomeTimeout, "request_timeout 1s expired"},
-			{31 * time.Second, replay.OutcomeConnectionError, "dial tcp: connection refused"},
-			{32 * time.Second, replay.OutcomeSuccess, ""},
-			{33 * time.Second, replay.OutcomeSuccess, ""},
+			{0, openai.OutcomeConnectionError, "dial tcp: connection refused"},
+			{time.Second, openai.OutcomeConnectionError, "dial tcp: connection refused"},
+			{2 * time.Second, openai.OutcomeTimeout, "request_timeout 1s expired"},
+			{31 * time.Second, openai.OutcomeConnectionError, "dial tcp: connection refused"},
+			{32 * time.Second, openai.OutcomeSuccess, ""},
+			{33 * time.Second, openai.OutcomeSuccess, ""},
 		}, []string{
 			`level=warn msg="requests failing" failed=1 outcomes="connection_error=1" last_error="dial tcp: connection refused"`,
 			`level=warn msg="requests failing" failed=3 outcomes="connection_error=2,timeout=1" last_error="dial tcp: connection refused" since=31s`,
 			`level=info msg="requests succeed again"`,
 		}},
 		{"failures between successes", []step{
-			{0, replay.OutcomeHTTPError, "HTTP 500: boom"},
-			{time.Second, replay.OutcomeStreamError, "malformed chunk"},
-			{2 * time.Second, replay.OutcomeSuccess, ""},
-			{3 * time.Second, replay.OutcomeHTTPError, "HTTP 429: slow down"},
+			{0, openai.OutcomeHTTPError, "HTTP 500: boom"},
+			{time.Second, openai.OutcomeStreamError, "malformed chunk"},
+			{2 * time.Second, openai.OutcomeSuccess, ""},
+			{3 * time.Second, openai.OutcomeHTTPError, "HTTP 429: slow down"},
 		}, []string{
 			`level=warn msg="requests failing" failed=1 outcomes="http_error=1" last_error="HTTP 500: boom"`,
 			`level=warn msg="requests failed before recovering" failed=1 outcomes="stream_error=1" last_error="malformed chunk" since=2s`,
@@ -59,7 +60,7 @@ func TestFailureLog(t *testing.T) {
 			f.now = func() time.Time { return now }
 			for _, s := range tt.steps {
 				now = start.Add(s.at)
-				f.finished(&replay.Result{Outcome: s.outcome, Error: s.err})
+				f.finished(&replay.Result{Response: openai.Response{Outcome: s.outcome, Error: s.err}})
 			}
 			var got []string
 			for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {

@@ -6,6 +6,7 @@ import (
 	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
 
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -52,7 +53,7 @@ func (o *templateOverhead) get() int {
 
 // observe learns from a finished request.
 func (o *templateOverhead) observe(r *replay.Result) {
-	if r.Outcome != replay.OutcomeSuccess || !r.PromptKnown || r.PromptBuiltTokens <= 0 {
+	if r.Outcome != openai.OutcomeSuccess || !r.PromptKnown || r.PromptBuiltTokens <= 0 {
 		return
 	}
 	sample := r.PromptTokens - r.PromptBuiltTokens

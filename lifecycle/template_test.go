@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-kit/log"
 
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -21,10 +22,10 @@ import (
 // build, absurd differences and figures that do not agree teach nothing.
 func TestTemplateOverhead(t *testing.T) {
 	ok := func(built, prompt int) *replay.Result {
-		return &replay.Result{Outcome: replay.OutcomeSuccess, PromptKnown: true, PromptTokens: prompt, PromptBuiltTokens: built}
+		return &replay.Result{PromptBuiltTokens: built, Response: openai.Response{Outcome: openai.OutcomeSuccess, PromptKnown: true, PromptTokens: prompt}}
 	}
 	failed := ok(100, 120)
-	failed.Outcome = replay.OutcomeHTTPError
+	failed.Outcome = openai.OutcomeHTTPError
 	unknown := ok(100, 0)
 	unknown.PromptKnown = false
 	for _, tt := range []struct {

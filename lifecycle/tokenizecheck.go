@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/engine"
-	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
@@ -105,8 +105,8 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 		return tokenizeResult{}, errors.New("the tokenize endpoint answered no tokens for a non-empty prompt")
 	}
 	res := tokenizeResult{built: tokenizeCheckTokens, server: len(ids)}
-	if t.PromptFormat != replay.PromptFormatTokenIDs {
-		if t.API == replay.APIChat && engine.For(t.Dialect).CanTokenizeChat() {
+	if t.PromptFormat != openai.PromptFormatTokenIDs {
+		if t.API == openai.APIChat && engine.For(t.Dialect).CanTokenizeChat() {
 			res.template, res.templateKnown, res.templateErr = chatTemplate(cctx, client, base, t, text, len(ids))
 		}
 		return res, nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
@@ -116,8 +117,8 @@ type requestBuilder struct {
 }
 
 // Build implements replay.RequestBuilder.
-func (b *requestBuilder) Build(rec *synth.Record, _ int, ns uint64) (replay.Request, error) {
-	req := replay.Request{Extra: rec.Extra}
+func (b *requestBuilder) Build(rec *synth.Record, _ int, ns uint64) (openai.Request, error) {
+	req := openai.Request{Extra: rec.Extra}
 	if rec.OutputLength != nil {
 		req.MaxTokens = max(*rec.OutputLength, 1) // 0 would mean "server default"
 	}
@@ -214,8 +215,8 @@ func (g *gatedObserver) PassCompleted(w, t string, pass int) {
 
 // targetConfig converts a configured target for the client; url is the
 // emulator's when the target is emulated.
-func targetConfig(t *config.Target, url string) replay.TargetConfig {
-	return replay.TargetConfig{
+func targetConfig(t *config.Target, url string) openai.TargetConfig {
+	return openai.TargetConfig{
 		Name:             t.Name,
 		URL:              url,
 		Model:            t.Model,

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
@@ -31,7 +33,7 @@ func BenchmarkDispatchClock(b *testing.B) {
 func benchDispatch(b *testing.B, rate int, clock DispatchClock) {
 	srv := wlTestSSEServer()
 	defer srv.Close()
-	client, err := NewClient(TargetConfig{Name: "bench", URL: srv.URL, Model: "m"})
+	client, err := openai.New(openai.TargetConfig{Name: "bench", URL: srv.URL, Model: "m"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -47,7 +49,7 @@ func benchDispatch(b *testing.B, rate int, clock DispatchClock) {
 		}
 	}
 	obs := &wlTestLagObserver{}
-	cpu0, cpuOK := processCPUSeconds()
+	cpu0, cpuOK := testutil.ProcessCPUSeconds()
 	b.ResetTimer()
 	for range b.N {
 		p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
@@ -55,7 +57,7 @@ func benchDispatch(b *testing.B, rate int, clock DispatchClock) {
 			b.Fatal(err)
 		}
 		w, err := NewWorkload(WorkloadConfig{Name: "bench", Target: "bench", MaxInFlight: 1024, Clock: clock},
-			p, client, wlTestPromptBuilder{}, obs)
+			p, SendWith(client), wlTestPromptBuilder{}, obs)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -64,7 +66,7 @@ func benchDispatch(b *testing.B, rate int, clock DispatchClock) {
 		}
 	}
 	b.StopTimer()
-	cpu1, cpuOK1 := processCPUSeconds()
+	cpu1, cpuOK1 := testutil.ProcessCPUSeconds()
 	slices.Sort(obs.lags)
 	pct := func(q float64) float64 {
 		if len(obs.lags) == 0 {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
@@ -16,7 +17,17 @@ import (
 // Workload presets it), FirstToken, LastToken, Outcome and the token counts.
 // It must return once ctx is done, with Outcome canceled.
 type Sender interface {
-	Do(ctx context.Context, req Request, res *Result)
+	Do(ctx context.Context, req openai.Request, res *Result)
+}
+
+// SendWith is the Sender that sends through c, an OpenAI-compatible
+// streaming client.
+func SendWith(c *openai.Client) Sender { return clientSender{c} }
+
+type clientSender struct{ c *openai.Client }
+
+func (s clientSender) Do(ctx context.Context, req openai.Request, res *Result) {
+	s.c.Do(ctx, req, &res.Response)
 }
 
 // RequestBuilder turns a trace row into a request; row is its index in the
@@ -24,7 +35,7 @@ type Sender interface {
 // drop afterwards (it is unpacked from the compact rows for this request).
 // It is called from many goroutines at once.
 type RequestBuilder interface {
-	Build(rec *synth.Record, row int, ns uint64) (Request, error)
+	Build(rec *synth.Record, row int, ns uint64) (openai.Request, error)
 }
 
 // SaturationPolicy says what happens to a due row when max_in_flight requests
@@ -549,7 +560,7 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 		w.obs.Sent(w.cfg.Name, w.cfg.Target, scheduled, res.Sent)
 		w.send.Do(ctx, req, res)
 		if res.Outcome == "" && ctx.Err() != nil {
-			res.Outcome = OutcomeCanceled
+			res.Outcome = openai.OutcomeCanceled
 		}
 	}
 

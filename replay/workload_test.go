@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
@@ -126,17 +127,17 @@ func newWLTestBuilder(recs []synth.Record) *wlTestBuilder {
 	return &wlTestBuilder{rows: len(recs), fail: map[int]bool{}}
 }
 
-func (b *wlTestBuilder) Build(rec *synth.Record, i int, ns uint64) (Request, error) {
+func (b *wlTestBuilder) Build(rec *synth.Record, i int, ns uint64) (openai.Request, error) {
 	if i < 0 || i >= b.rows {
-		return Request{}, errors.New("row is not one of the pacer's")
+		return openai.Request{}, errors.New("row is not one of the pacer's")
 	}
 	if b.fail[i] {
-		return Request{}, fmt.Errorf("row %d: inconsistent input_length", i)
+		return openai.Request{}, fmt.Errorf("row %d: inconsistent input_length", i)
 	}
-	return Request{Prompt: fmt.Sprintf("%d/%d", i, ns), MaxTokens: rec.OSL()}, nil
+	return openai.Request{Prompt: fmt.Sprintf("%d/%d", i, ns), MaxTokens: rec.OSL()}, nil
 }
 
-func wlTestRow(req Request) (row int, ns uint64) {
+func wlTestRow(req openai.Request) (row int, ns uint64) {
 	a, b, _ := strings.Cut(req.Prompt, "/")
 	r, _ := strconv.Atoi(a)
 	n, _ := strconv.ParseUint(b, 10, 64)
@@ -145,10 +146,10 @@ func wlTestRow(req Request) (row int, ns uint64) {
 
 // wlTestSender hands each request to do.
 type wlTestSender struct {
-	do func(ctx context.Context, req Request, res *Result)
+	do func(ctx context.Context, req openai.Request, res *Result)
 }
 
-func (s *wlTestSender) Do(ctx context.Context, req Request, res *Result) { s.do(ctx, req, res) }
+func (s *wlTestSender) Do(ctx context.Context, req openai.Request, res *Result) { s.do(ctx, req, res) }
 
 // wlTestObserver records everything; waitUntil blocks on a condition over
 // what it recorded.
@@ -260,7 +261,7 @@ type wlTestSessionState struct {
 	end     time.Time
 }
 
-func (g *wlTestSessionGuard) Do(ctx context.Context, req Request, res *Result) {
+func (g *wlTestSessionGuard) Do(ctx context.Context, req openai.Request, res *Result) {
 	row, ns := wlTestRow(req)
 	conv, turn := g.sessOf(row)
 	key := [2]uint64{ns, uint64(conv)}
@@ -291,7 +292,7 @@ func (g *wlTestSessionGuard) Do(ctx context.Context, req Request, res *Result) {
 	st.done++
 	st.end = g.clock.Now()
 	g.mu.Unlock()
-	res.Outcome = OutcomeSuccess
+	res.Outcome = openai.OutcomeSuccess
 	res.OutputTokens = 1
 }
 
@@ -385,10 +386,10 @@ func TestWorkloadSaturation(t *testing.T) {
 			for i := range release {
 				release[i] = make(chan struct{})
 			}
-			send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+			send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) {
 				row, _ := wlTestRow(req)
 				<-release[row]
-				res.Outcome = OutcomeSuccess
+				res.Outcome = openai.OutcomeSuccess
 			}}
 			obs := newWLTestObserver()
 			p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
@@ -462,11 +463,11 @@ func TestWorkloadSessionTiming(t *testing.T) {
 	)
 	clock := newWLTestClock(false)
 	t0 := clock.Now()
-	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+	send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) {
 		if row, _ := wlTestRow(req); row == 0 {
 			clock.Advance(200 * pacerTestTick) // the server takes 200 ms
 		}
-		res.Outcome = OutcomeSuccess
+		res.Outcome = openai.OutcomeSuccess
 	}}
 	obs := newWLTestObserver()
 	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
@@ -504,14 +505,14 @@ func TestWorkloadStopDrain(t *testing.T) {
 	recs := pacerTestTimestamps(0, 0, 10000)
 	clock := newWLTestClock(false)
 	finishB := make(chan struct{})
-	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+	send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) {
 		if row, _ := wlTestRow(req); row == 1 {
 			<-finishB
-			res.Outcome = OutcomeSuccess
+			res.Outcome = openai.OutcomeSuccess
 			return
 		}
 		<-ctx.Done() // a request that would run forever
-		res.Outcome = OutcomeCanceled
+		res.Outcome = openai.OutcomeCanceled
 	}}
 	obs := newWLTestObserver()
 	p, err := NewPacer(recs, PacerOptions{Loop: LoopFresh})
@@ -546,11 +547,11 @@ func TestWorkloadStopDrain(t *testing.T) {
 	if obs.sent != 2 {
 		t.Errorf("%d requests sent, want 2 (none after Stop)", obs.sent)
 	}
-	outcomes := map[int64]Outcome{}
+	outcomes := map[int64]openai.Outcome{}
 	for _, r := range obs.finished {
 		outcomes[r.TraceHashIDs[0]] = r.Outcome
 	}
-	if want := map[int64]Outcome{0: OutcomeCanceled, 1: OutcomeSuccess}; !maps.Equal(outcomes, want) {
+	if want := map[int64]openai.Outcome{0: openai.OutcomeCanceled, 1: openai.OutcomeSuccess}; !maps.Equal(outcomes, want) {
 		t.Errorf("outcomes %v, want %v", outcomes, want)
 	}
 	w.Stop(drain) // again: returns at once
@@ -561,7 +562,7 @@ func TestWorkloadStopDrain(t *testing.T) {
 func TestWorkloadCancel(t *testing.T) {
 	recs := pacerTestTimestamps(0, 0, 50)
 	clock := newWLTestClock(false)
-	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+	send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) {
 		<-ctx.Done() // leaves Outcome empty: the Workload must fill it in
 	}}
 	obs := newWLTestObserver()
@@ -585,7 +586,7 @@ func TestWorkloadCancel(t *testing.T) {
 		t.Fatalf("%d results, want 2", len(obs.finished))
 	}
 	for _, r := range obs.finished {
-		if r.Outcome != OutcomeCanceled {
+		if r.Outcome != openai.OutcomeCanceled {
 			t.Errorf("row %d: outcome %q, want canceled", r.TraceHashIDs[0], r.Outcome)
 		}
 	}
@@ -609,7 +610,7 @@ func TestWorkloadLoop(t *testing.T) {
 			recs := pacerTestTimestamps(0, 10, 20) // period 30 ms
 			clock := newWLTestClock(true)
 			t0 := clock.Now()
-			send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) { res.Outcome = OutcomeSuccess }}
+			send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) { res.Outcome = openai.OutcomeSuccess }}
 			obs := newWLTestObserver()
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
@@ -665,7 +666,7 @@ func TestWorkloadBuildError(t *testing.T) {
 	recs := pacerTestTimestamps(0, 10, 20)
 	clock := newWLTestClock(true)
 	t0 := clock.Now()
-	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) { res.Outcome = OutcomeSuccess }}
+	send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) { res.Outcome = openai.OutcomeSuccess }}
 	obs := newWLTestObserver()
 	build := newWLTestBuilder(recs)
 	build.fail[1] = true
@@ -783,7 +784,7 @@ func (o *wlTestLagObserver) Finished(r *Result) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.lags = append(o.lags, r.ScheduleLag())
-	if r.Outcome != OutcomeSuccess {
+	if r.Outcome != openai.OutcomeSuccess {
 		o.failed++
 	}
 }
@@ -796,19 +797,19 @@ func (o *wlTestLagObserver) PassCompleted(_, _ string, _ int) {}
 
 type wlTestPromptBuilder struct{}
 
-func (wlTestPromptBuilder) Build(rec *synth.Record, _ int, _ uint64) (Request, error) {
-	return Request{Prompt: "hello", MaxTokens: rec.OSL()}, nil
+func (wlTestPromptBuilder) Build(rec *synth.Record, _ int, _ uint64) (openai.Request, error) {
+	return openai.Request{Prompt: "hello", MaxTokens: rec.OSL()}, nil
 }
 
 // BenchmarkDispatchLag replays two seconds of evenly spaced requests per
-// iteration, on the real clock, through the Client against a local SSE
+// iteration, on the real clock, through the OpenAI client against a local SSE
 // server, and reports the schedule lag (Sent − Scheduled) percentiles.
 func BenchmarkDispatchLag(b *testing.B) {
 	for _, rate := range []int{200, 1000, 5000} {
 		b.Run(fmt.Sprintf("rps=%d", rate), func(b *testing.B) {
 			srv := wlTestSSEServer()
 			defer srv.Close()
-			client, err := NewClient(TargetConfig{Name: "bench", URL: srv.URL, Model: "m"})
+			client, err := openai.New(openai.TargetConfig{Name: "bench", URL: srv.URL, Model: "m"})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -832,7 +833,7 @@ func BenchmarkDispatchLag(b *testing.B) {
 					b.Fatal(err)
 				}
 				w, err := NewWorkload(WorkloadConfig{Name: "bench", Target: "bench", MaxInFlight: 1024},
-					p, client, wlTestPromptBuilder{}, obs)
+					p, SendWith(client), wlTestPromptBuilder{}, obs)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -863,9 +864,9 @@ func BenchmarkDispatchLag(b *testing.B) {
 func TestWorkloadStopWhileQueued(t *testing.T) {
 	recs := pacerTestTimestamps(0, 0)
 	clock := newWLTestClock(false)
-	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+	send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) {
 		<-ctx.Done()
-		res.Outcome = OutcomeCanceled
+		res.Outcome = openai.OutcomeCanceled
 	}}
 	obs := newWLTestObserver()
 	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
@@ -886,7 +887,7 @@ func TestWorkloadStopWhileQueued(t *testing.T) {
 	if want := []wlTestDrop{{DropShutdown, clock.Now()}}; !slices.Equal(obs.dropped, want) {
 		t.Errorf("dropped %v, want %v", obs.dropped, want)
 	}
-	if len(obs.finished) != 1 || obs.finished[0].Outcome != OutcomeCanceled {
+	if len(obs.finished) != 1 || obs.finished[0].Outcome != openai.OutcomeCanceled {
 		t.Errorf("finished %v, want one canceled request", obs.finished)
 	}
 	if len(obs.passes) != 0 {
@@ -905,9 +906,9 @@ func TestWorkloadQueueLagBounded(t *testing.T) {
 	}
 	recs := pacerTestTimestamps(ts...)
 	clock := newWLTestClock(true)
-	send := &wlTestSender{do: func(ctx context.Context, req Request, res *Result) {
+	send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) {
 		<-ctx.Done() // holds the only slot until the run ends
-		res.Outcome = OutcomeCanceled
+		res.Outcome = openai.OutcomeCanceled
 	}}
 	obs := newWLTestObserver()
 	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})

@@ -24,7 +24,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/lifecycle"
-	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/openai"
 )
 
 type runFlags struct {
@@ -312,7 +312,7 @@ func logDrained(logger log.Logger, g prometheus.Gatherer) {
 		}
 	}
 	kv := []any{"msg", "drained"}
-	for _, o := range replay.Outcomes {
+	for _, o := range openai.Outcomes {
 		kv = append(kv, "requests_"+string(o), byOutcome[string(o)])
 	}
 	kv = append(kv, "requests_in_flight", inFlight)

@@ -1,4 +1,4 @@
-package replay
+package openai
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 // pieceReader returns one piece per Read, as a socket does when each
@@ -167,7 +168,7 @@ func TestStreamTimestamps(t *testing.T) {
 			break
 		}
 	}
-	var res Result
+	var res Response
 	c.fillUsage(&res, &sp.state)
 	t0 := time.Unix(1_700_000_000, 0)
 	if want := t0.Add(3 * time.Second); !res.FirstToken.Equal(want) {
@@ -298,7 +299,7 @@ func TestStreamErrors(t *testing.T) {
 // fuzzClient is built once per fuzz run; readStream is safe for concurrent
 // use like Do.
 func newFuzzClient(f *testing.F) *Client {
-	c, err := NewClient(TargetConfig{Name: "fuzz", URL: "http://127.0.0.1:1", Dialect: engine.DialectSGLang})
+	c, err := New(TargetConfig{Name: "fuzz", URL: "http://127.0.0.1:1", Dialect: engine.DialectSGLang})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -322,10 +323,10 @@ func FuzzSSE(f *testing.F) {
 	c := newFuzzClient(f)
 	f.Fuzz(func(t *testing.T, body []byte, split uint8) {
 		ctx := context.Background()
-		var whole, cut Result
+		var whole, cut Response
 		c.readStream(ctx, ctx, bytes.NewReader(body), "text/event-stream", anyRequest, &whole)
 		c.readStream(ctx, ctx, &chunkReader{b: body, n: int(split) + 1}, "text/event-stream", anyRequest, &cut)
-		for _, r := range []*Result{&whole, &cut} {
+		for _, r := range []*Response{&whole, &cut} {
 			switch r.Outcome {
 			case OutcomeSuccess:
 				if r.Error != "" {
@@ -383,7 +384,7 @@ func BenchmarkSSEParseChunk(b *testing.B) {
 	c := mustClient(b, TargetConfig{Dialect: engine.DialectVLLM})
 	r := &pieceReader{pieces: pieces}
 	ctx := context.Background()
-	var res Result
+	var res Response
 	var bytesPerStream int
 	for _, p := range pieces {
 		bytesPerStream += len(p)
@@ -427,12 +428,12 @@ func BenchmarkClientStream32(b *testing.B) {
 	c := mustClient(b, TargetConfig{Name: "bench", URL: srv.URL, Model: "Qwen/Qwen3-0.6B", Dialect: engine.DialectVLLM})
 	var failed atomic.Int64
 	b.SetParallelism(8)
-	cpu0, cpuOK := processCPUSeconds()
+	cpu0, cpuOK := testutil.ProcessCPUSeconds()
 	start := time.Now()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		req := Request{Prompt: strings.Repeat("hello ", 200), MaxTokens: 32}
-		var res Result
+		var res Response
 		for pb.Next() {
 			c.Do(context.Background(), req, &res)
 			if res.Outcome != OutcomeSuccess {
@@ -446,33 +447,7 @@ func BenchmarkClientStream32(b *testing.B) {
 		b.Fatalf("%d requests failed", n)
 	}
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
-	if cpu1, ok := processCPUSeconds(); cpuOK && ok {
+	if cpu1, ok := testutil.ProcessCPUSeconds(); cpuOK && ok {
 		b.ReportMetric((cpu1-cpu0)/(float64(b.N)*32)*1e6, "cpu-s/1Mtok")
 	}
-}
-
-// processCPUSeconds reads user+system CPU time of this process from
-// /proc/self/stat (Linux; clock ticks are 100 Hz there). Reading a file
-// keeps the benchmark compiling everywhere, unlike syscall.Getrusage.
-func processCPUSeconds() (float64, bool) { return statCPUSeconds("/proc/self/stat") }
-
-func statCPUSeconds(path string) (float64, bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, false
-	}
-	utime, err1 := strconv.ParseFloat(f[11], 64)
-	stime, err2 := strconv.ParseFloat(f[12], 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
-	}
-	return (utime + stime) / 100, true
 }

@@ -1,4 +1,4 @@
-package replay
+package openai
 
 import (
 	"context"
@@ -50,7 +50,7 @@ func TestClientServerIdleTimeout(t *testing.T) {
 	for s := range senders {
 		wg.Go(func() {
 			for i := range requests {
-				var res Result
+				var res Response
 				c.Do(context.Background(), Request{Prompt: "x", MaxTokens: 1}, &res)
 				if res.Outcome != OutcomeSuccess {
 					mu.Lock()

@@ -1,4 +1,4 @@
-package replay
+package openai
 
 import (
 	"bufio"
@@ -40,7 +40,7 @@ func TestClientDoesNotFollowRedirects(t *testing.T) {
 			hc.Authorization = &config.Authorization{Type: "Bearer", Credentials: "tok-r3d1rect"}
 			u := strings.Replace(srv.URL, "http://", "http://alice:pa55@", 1)
 			c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM, HTTPClientConfig: hc})
-			var res Result
+			var res Response
 			c.Do(context.Background(), Request{Prompt: "x"}, &res)
 			checkResult(t, &res, want{outcome: OutcomeHTTPError, status: status, errSub: fmt.Sprintf("HTTP %d: ", status)})
 		})
@@ -144,7 +144,7 @@ func TestClientReleasesBodyAfterDone(t *testing.T) {
 				afterStream <- err
 			})
 			c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM})
-			var res Result
+			var res Response
 			returned := make(chan struct{})
 			go func() {
 				defer close(returned)
@@ -261,7 +261,7 @@ func TestClientRetriesReusedConnection(t *testing.T) {
 			})
 			c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM})
 			for i := range tt.requests {
-				var res Result
+				var res Response
 				c.Do(context.Background(), Request{Prompt: "x"}, &res)
 				if res.Outcome != tt.want[i] {
 					t.Errorf("request %d: %s (%s), want %s", i, res.Outcome, res.Error, tt.want[i])
@@ -287,7 +287,7 @@ func TestClientRetriesReusedConnection(t *testing.T) {
 // produce (negative, fractional, near 2^63, beyond what the request's
 // prompt or max_tokens allow, cached above prompt) makes the request a
 // stream_error naming the field and value, and none of the usage reaches
-// the Result. Counts at the edge of what is possible are accepted.
+// the Response. Counts at the edge of what is possible are accepted.
 func TestClientRejectsAbsurdUsage(t *testing.T) {
 	// LIMIT in a chunk stands for the prompt limit of the request the
 	// server received: twice its body's bytes plus promptAllowance.
@@ -370,7 +370,7 @@ func TestClientRejectsAbsurdUsage(t *testing.T) {
 				cfg.Dialect = engine.DialectVLLM
 			}
 			c := mustClient(t, cfg)
-			var res Result
+			var res Response
 			c.Do(context.Background(), tt.req, &res)
 			if tt.errSub != "" {
 				if strings.Contains(tt.chunk, "LIMIT") {

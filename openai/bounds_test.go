@@ -1,4 +1,4 @@
-package replay
+package openai
 
 import (
 	"context"
@@ -104,7 +104,7 @@ func TestClientBoundsServerBodies(t *testing.T) {
 			}
 			srv := newServer(t, h)
 			c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
-			var res Result
+			var res Response
 			c.Do(context.Background(), Request{Prompt: "x"}, &res)
 			n := waitWritten(t, written)
 			t.Logf("server wrote %d of %d bytes; Error %q", n, tt.total, res.Error)
@@ -191,7 +191,7 @@ func TestClientScrubsFileSecrets(t *testing.T) {
 						b, _ := os.ReadFile(tt.file)
 						secret = strings.TrimSpace(string(b))
 					}
-					var res Result
+					var res Response
 					c.Do(context.Background(), Request{Prompt: "x"}, &res)
 					mu.Lock()
 					got := lastAuth

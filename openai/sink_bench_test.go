@@ -1,4 +1,4 @@
-package replay
+package openai
 
 import (
 	"bufio"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 // benchSinkEnv makes the test binary a sink (see TestMain).
@@ -80,12 +81,12 @@ func BenchmarkClientStream32Sink(b *testing.B) {
 	defer c.Close()
 	var failed atomic.Int64
 	b.SetParallelism(8)
-	cpu0, ok0 := processCPUSeconds()
-	sink0, okS0 := pidCPUSeconds(cmd.Process.Pid)
+	cpu0, ok0 := testutil.ProcessCPUSeconds()
+	sink0, okS0 := testutil.PIDCPUSeconds(cmd.Process.Pid)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		req := Request{Prompt: strings.Repeat("hello ", 200), MaxTokens: 32}
-		var res Result
+		var res Response
 		for pb.Next() {
 			c.Do(context.Background(), req, &res)
 			if res.Outcome != OutcomeSuccess {
@@ -99,15 +100,10 @@ func BenchmarkClientStream32Sink(b *testing.B) {
 	}
 	tokens := float64(b.N) * 32
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
-	if cpu1, ok := processCPUSeconds(); ok0 && ok {
+	if cpu1, ok := testutil.ProcessCPUSeconds(); ok0 && ok {
 		b.ReportMetric((cpu1-cpu0)/tokens*1e6, "cpu-µs/tok")
 	}
-	if sink1, ok := pidCPUSeconds(cmd.Process.Pid); okS0 && ok {
+	if sink1, ok := testutil.PIDCPUSeconds(cmd.Process.Pid); okS0 && ok {
 		b.ReportMetric((sink1-sink0)/tokens*1e6, "sink-cpu-µs/tok")
 	}
-}
-
-// pidCPUSeconds is processCPUSeconds of another process.
-func pidCPUSeconds(pid int) (float64, bool) {
-	return statCPUSeconds(fmt.Sprintf("/proc/%d/stat", pid))
 }

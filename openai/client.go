@@ -1,4 +1,4 @@
-package replay
+package openai
 
 import (
 	"bytes"
@@ -82,7 +82,7 @@ const (
 	// doneGrace bounds the wait for the end of the body after [DONE]
 	// (see drainAfterDone): ample for a last chunk already on its way.
 	doneGrace    = 20 * time.Millisecond
-	maxErrorText = 300 // Result.Error is for logs: keep it short
+	maxErrorText = 300 // Response.Error is for logs: keep it short
 )
 
 // errRequestTimeout is the cause of the per-request deadline, telling it
@@ -94,7 +94,7 @@ var errRequestTimeout = errors.New("request timeout")
 // keeps connections alive with MaxIdleConnsPerHost 1000 (MaxIdleConns
 // 20000), enough for hundreds of concurrent streams to one target without
 // re-dialling.
-func NewClient(cfg TargetConfig) (*Client, error) {
+func New(cfg TargetConfig) (*Client, error) {
 	var errs []error
 	c := &Client{api: cfg.API, timeout: cfg.RequestTimeout}
 	if c.api == "" {
@@ -245,7 +245,7 @@ func (c *Client) Close() {
 //   - connection_error: no response was received (dial, TLS, reset).
 //     A request that failed on a reused idle connection before any byte
 //     of a response is first retried once on a new connection, with Sent
-//     taken anew; the Result is that of the retry.
+//     taken anew; the Response is that of the retry.
 //   - http_error: a non-2xx status, with the message of the error body.
 //     Redirects are not followed: a 3xx is an http_error too.
 //     A row that cannot be encoded into a body is also an http_error,
@@ -258,12 +258,8 @@ func (c *Client) Close() {
 //     body ended cleanly (EOF) after a chunk with a finish_reason or a
 //     usage object. A clean end without either is a cut-off stream:
 //     nothing says the generation completed.
-func (c *Client) Do(ctx context.Context, req Request, res *Result) {
-	res.Sent, res.FirstToken, res.LastToken = time.Time{}, time.Time{}, time.Time{}
-	res.Outcome, res.HTTPStatus, res.Error = "", 0, ""
-	res.OutputTokens, res.OutputFromUsage = 0, false
-	res.PromptTokens, res.PromptKnown = 0, false
-	res.CachedTokens, res.CachedKnown = 0, false
+func (c *Client) Do(ctx context.Context, req Request, res *Response) {
+	*res = Response{}
 
 	body, err := c.encodeRequest(req)
 	if err != nil {
@@ -407,7 +403,7 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody) (
 
 // readStream consumes a 2xx streaming body into res and decides the
 // outcome (see Do).
-func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentType string, lim usageLimits, res *Result) {
+func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentType string, lim usageLimits, res *Response) {
 	sp, _ := c.streams.Get().(*streamParser)
 	if sp == nil {
 		sp = new(streamParser)
@@ -512,7 +508,7 @@ func (c *Client) classify(ctx, rctx context.Context, otherwise Outcome) Outcome 
 }
 
 // fillUsage copies token counts from the stream into res.
-func (c *Client) fillUsage(res *Result, st *streamState) {
+func (c *Client) fillUsage(res *Response, st *streamState) {
 	res.FirstToken, res.LastToken = st.first, st.last
 	if st.usageBad {
 		res.OutputTokens = st.contentChunks
@@ -540,7 +536,7 @@ func (c *Client) fillUsage(res *Result, st *streamState) {
 	}
 }
 
-func (c *Client) setOutcome(res *Result, o Outcome, msg string) {
+func (c *Client) setOutcome(res *Response, o Outcome, msg string) {
 	res.Outcome = o
 	res.Error = c.scrub(msg)
 	if res.Error == "" {

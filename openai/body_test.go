@@ -1,4 +1,4 @@
-package replay
+package openai
 
 import (
 	"bytes"
@@ -22,7 +22,7 @@ func mustClient(t testing.TB, cfg TargetConfig) *Client {
 	if cfg.Name == "" {
 		cfg.Name = "t"
 	}
-	c, err := NewClient(cfg)
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatalf("NewClient: %v", err)
 	}
@@ -175,7 +175,7 @@ func TestNewClientValidation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := NewClient(tt.cfg)
+			c, err := New(tt.cfg)
 			if c != nil {
 				defer c.Close()
 			}

@@ -1,4 +1,4 @@
-package replay
+package openai
 
 import (
 	"bytes"
@@ -63,7 +63,7 @@ type want struct {
 	cachedOK  bool
 }
 
-func checkResult(t *testing.T, res *Result, w want) {
+func checkResult(t *testing.T, res *Response, w want) {
 	t.Helper()
 	got := want{
 		outcome: res.Outcome, status: res.HTTPStatus, errSub: w.errSub,
@@ -142,7 +142,7 @@ func TestClientRecordedStreams(t *testing.T) {
 		t.Run(tt.fixture, func(t *testing.T) {
 			srv := newServer(t, replayHandler(t, tt.fixture))
 			c := mustClient(t, TargetConfig{URL: srv.URL, Model: "m", API: tt.api, Dialect: tt.dialect, RequestTimeout: time.Minute})
-			var res Result
+			var res Response
 			c.Do(context.Background(), Request{Prompt: "hi", MaxTokens: 4}, &res)
 			checkResult(t, &res, tt.want)
 		})
@@ -179,7 +179,7 @@ func TestClientAbsentCachedTokens(t *testing.T) {
 			c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: tt.dialect})
 			for i, f := range tt.fixtures {
 				c.endpoint = srv.URL + "/" + f + "/v1/chat/completions"
-				var res Result
+				var res Response
 				c.Do(context.Background(), Request{Prompt: "x"}, &res)
 				got := "?"
 				if res.CachedKnown {
@@ -204,7 +204,7 @@ func TestClientSendsRequest(t *testing.T) {
 	}))
 	u := strings.Replace(srv.URL, "http://", "http://alice:s3cr3t@", 1) + "/base?model=q"
 	c := mustClient(t, TargetConfig{URL: u, Model: "m", Dialect: engine.DialectTRTLLM, API: APICompletions, PromptFormat: PromptFormatTokenIDs})
-	var res Result
+	var res Response
 	c.Do(context.Background(), Request{PromptTokenIDs: []int{1, 2}, MaxTokens: 5}, &res)
 	checkResult(t, &res, want{outcome: OutcomeSuccess, status: 200})
 	if want := `{"model":"m","prompt":[1,2],"stream":true,"stream_options":{"include_usage":true},"max_tokens":5,"ignore_eos":true,"min_tokens":5}`; gotBody != want {
@@ -244,7 +244,7 @@ func TestClientHTTPErrors(t *testing.T) {
 					_, _ = io.WriteString(w, b.body)
 				}))
 				c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
-				var res Result
+				var res Response
 				c.Do(context.Background(), Request{Prompt: "x"}, &res)
 				wantMsg := b.want
 				if wantMsg == "" {
@@ -389,7 +389,7 @@ func TestClientTransportFailures(t *testing.T) {
 				u = newServer(t, tt.handler(cancel)).URL
 			}
 			c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM, RequestTimeout: tt.timeout})
-			var res Result
+			var res Response
 			c.Do(ctx, Request{Prompt: "x"}, &res)
 			w := tt.want
 			if tt.status != nil {
@@ -414,25 +414,22 @@ func TestClientEncodeFailureIsNotSent(t *testing.T) {
 		t.Error("a request that cannot be encoded reached the server")
 	}))
 	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
-	var res Result
+	var res Response
 	c.Do(context.Background(), Request{PromptTokenIDs: []int{1}}, &res)
 	checkResult(t, &res, want{outcome: OutcomeHTTPError, errSub: "encode request: a token-id prompt needs the completions API"})
 }
 
-// TestClientResetsResult: a reused Result carries nothing over.
+// TestClientResetsResult: a reused Response carries nothing over.
 func TestClientResetsResult(t *testing.T) {
 	srv := newServer(t, replayHandler(t, "truncated.sse"))
 	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
-	res := Result{Workload: "w", Outcome: OutcomeSuccess, PromptKnown: true, PromptTokens: 9, CachedKnown: true, CachedTokens: 3, OutputFromUsage: true}
+	res := Response{Outcome: OutcomeSuccess, PromptKnown: true, PromptTokens: 9, CachedKnown: true, CachedTokens: 3, OutputFromUsage: true}
 	c.Do(context.Background(), Request{Prompt: "x"}, &res)
 	checkResult(t, &res, want{outcome: OutcomeStreamError, status: 200, errSub: "stream ended", content: true, output: 2})
-	if res.Workload != "w" {
-		t.Errorf("Workload changed to %q", res.Workload)
-	}
 }
 
 // TestClientKeepsSecretsOutOfErrors: neither URL userinfo nor configured
-// credentials reach Result.Error, even when a server echoes them.
+// credentials reach Response.Error, even when a server echoes them.
 func TestClientKeepsSecretsOutOfErrors(t *testing.T) {
 	const user, pass, token = "alice", "pa55-w0rd-xyz", "tok-Zq8vY2nLk"
 	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -470,7 +467,7 @@ func TestClientKeepsSecretsOutOfErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := mustClient(t, tt.cfg)
-			var res Result
+			var res Response
 			c.Do(context.Background(), Request{Prompt: "x"}, &res)
 			if res.Outcome != tt.out {
 				t.Fatalf("outcome %s (%s), want %s", res.Outcome, res.Error, tt.out)
@@ -519,7 +516,7 @@ func TestClientConcurrentStreams(t *testing.T) {
 	srv := newServer(t, replayHandler(t, "vllm_chat.sse"))
 	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM})
 	const n = 64
-	results := make([]Result, n)
+	results := make([]Response, n)
 	done := make(chan struct{})
 	for i := range results {
 		go func() {
