@@ -341,62 +341,45 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 	return errors.Join(errs...)
 }
 
+// startUnit builds the unit of workload w on target t and starts its
+// replay.
 func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]synth.Tokenizer, fp string) (*unit, error) {
-	url := t.URL
-	if t.Emulate != nil {
-		url = d.emulatorURL(t.Name)
-	}
-	client, err := openai.New(targetConfig(t, url))
+	u, err := d.newUnit(w, t, wd, tokenizers, fp)
 	if err != nil {
 		return nil, err
 	}
-	shard := w.Shard
-	if d.shard != nil {
-		shard = *d.shard
+	if !d.register(u) {
+		u.client.Close()
+		return nil, ErrShuttingDown
 	}
-	rb := &requestBuilder{prompts: wd.builder}
-	if t.PromptFormat == openai.PromptFormatTokenIDs {
-		rb.tokenIDs = true
-		tok := tokenizers[t.Tokenizer]
-		if tok == nil {
-			if tok, err = synth.LoadTokenizer(t.Tokenizer); err != nil {
-				client.Close()
-				return nil, fmt.Errorf("tokenizer: %w", err)
-			}
-			tokenizers[t.Tokenizer] = tok
+	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
+	d.coll.Start(w.Name, t.Name)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer close(u.done)
+		if err := u.workload.Run(ctx); err != nil {
+			level.Error(logger).Log("msg", "replay stopped", "err", err)
+		} else if w.Loop == replay.LoopOnce && !u.stopping.Load() {
+			// Run returned by itself: the single pass is sent and drained.
+			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", wd.rows())
 		}
-		if rb.prompts, err = synth.NewPromptBuilder(synth.PromptOptions{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes, Tokenizer: tok}); err != nil {
-			client.Close()
-			return nil, err
-		}
-	}
-	now := time.Now()
-	var onceNS uint64
-	if shard.Count == 1 {
-		// A single pass of its own: a restarted exporter must not resend
-		// prompts a warm server still holds while its model starts cold.
-		// Replicas of a sharded workload must build the same prompts.
-		onceNS = uint64(now.UnixNano())
-	}
-	// The plan is the trace's, shared; the pacer is this unit's cursor.
-	pacer, err := wd.trace.plan.NewPacer(replay.PacerOptions{
-		Loop:          w.Loop,
-		Shard:         replay.Shard{Index: shard.Index, Count: shard.Count},
-		OnceNamespace: onceNS,
-	})
+	}()
+	level.Info(logger).Log("msg", "replay started", "rows", wd.rows())
+	return u, nil
+}
+
+// newUnit assembles a unit: its request builder, its pacer over the
+// trace's shared plan, its cache model, and its client, which it closes
+// again when a later part cannot be built.
+func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]synth.Tokenizer, fp string) (_ *unit, err error) {
+	rb, err := unitRequestBuilder(w, t, wd, tokenizers)
 	if err != nil {
-		client.Close()
 		return nil, err
 	}
-	var start time.Time // once: from the top, now
-	if w.Loop != replay.LoopOnce {
-		// Looping workloads keep the pass grid anchored in wall-clock time.
-		offset, err := pacer.SeekTime(now.Sub(d.anchor))
-		if err != nil {
-			client.Close()
-			return nil, err
-		}
-		start = d.anchor.Add(offset)
+	pacer, start, err := d.unitPacer(w, wd)
+	if err != nil {
+		return nil, err
 	}
 	cache := d.caches[t.Name].params
 	cache.TraceBlock = w.BlockSize
@@ -409,6 +392,19 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		rb.template = newTemplateOverhead(logger, tc.chatTemplate, tc.chatTemplateKnown)
 		gate.template = rb.template
 	}
+	url := t.URL
+	if t.Emulate != nil {
+		url = d.emulatorURL(t.Name)
+	}
+	client, err := openai.New(targetConfig(t, url))
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			client.Close()
+		}
+	}()
 	wl, err := replay.NewWorkload(replay.WorkloadConfig{
 		Name:         w.Name,
 		Target:       t.Name,
@@ -420,28 +416,63 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		OnBuildError: func(err error) { level.Warn(logger).Log("msg", "request not built, counted as dropped", "err", err) },
 	}, pacer, replay.SendWith(client), rb, gate)
 	if err != nil {
-		client.Close()
 		return nil, err
 	}
-	u := &unit{fingerprint: fp, workload: wl, client: client, gate: gate, plan: wd.trace.plan, done: make(chan struct{})}
-	if !d.register(u) {
-		client.Close()
-		return nil, ErrShuttingDown
+	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, plan: wd.trace.plan, done: make(chan struct{})}, nil
+}
+
+// unitRequestBuilder is the request builder of workload w on target t:
+// the workload's prompts, or with token-id prompts a builder with t's
+// tokenizer (loaded once per reload into tokenizers).
+func unitRequestBuilder(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]synth.Tokenizer) (*requestBuilder, error) {
+	rb := &requestBuilder{prompts: wd.builder}
+	if t.PromptFormat != openai.PromptFormatTokenIDs {
+		return rb, nil
 	}
-	d.coll.Start(w.Name, t.Name)
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		defer close(u.done)
-		if err := wl.Run(ctx); err != nil {
-			level.Error(logger).Log("msg", "replay stopped", "err", err)
-		} else if w.Loop == replay.LoopOnce && !u.stopping.Load() {
-			// Run returned by itself: the single pass is sent and drained.
-			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", wd.rows())
+	rb.tokenIDs = true
+	tok := tokenizers[t.Tokenizer]
+	if tok == nil {
+		var err error
+		if tok, err = synth.LoadTokenizer(t.Tokenizer); err != nil {
+			return nil, fmt.Errorf("tokenizer: %w", err)
 		}
-	}()
-	level.Info(logger).Log("msg", "replay started", "rows", wd.rows())
-	return u, nil
+		tokenizers[t.Tokenizer] = tok
+	}
+	var err error
+	rb.prompts, err = synth.NewPromptBuilder(synth.PromptOptions{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes, Tokenizer: tok})
+	return rb, err
+}
+
+// unitPacer is the unit's cursor over the trace's shared plan, and the
+// time its grid starts (zero for a single pass, which starts from the top
+// now).
+func (d *Daemon) unitPacer(w *config.Workload, wd *workloadData) (*replay.Pacer, time.Time, error) {
+	shard := w.Shard
+	if d.shard != nil {
+		shard = *d.shard
+	}
+	now := time.Now()
+	var onceNS uint64
+	if shard.Count == 1 {
+		// A single pass of its own: a restarted exporter must not resend
+		// prompts a warm server still holds while its model starts cold.
+		// Replicas of a sharded workload must build the same prompts.
+		onceNS = uint64(now.UnixNano())
+	}
+	pacer, err := wd.trace.plan.NewPacer(replay.PacerOptions{
+		Loop:          w.Loop,
+		Shard:         replay.Shard{Index: shard.Index, Count: shard.Count},
+		OnceNamespace: onceNS,
+	})
+	if err != nil || w.Loop == replay.LoopOnce {
+		return pacer, time.Time{}, err
+	}
+	// Looping workloads keep the pass grid anchored in wall-clock time.
+	offset, err := pacer.SeekTime(now.Sub(d.anchor))
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return pacer, d.anchor.Add(offset), nil
 }
 
 // stopUnit stops dispatching at once, deletes the unit's series, and drains
