@@ -17,18 +17,17 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
-	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // Target is a vLLM target named name at url, serving model "m".
 func Target(name, url string) config.Target {
-	return config.Target{Name: name, URL: url, Model: "m", Dialect: replay.DialectVLLM}
+	return config.Target{Name: name, URL: url, Model: "m", Dialect: "vllm"}
 }
 
 // Workload replays trace once against targets, in 16-token blocks (the
 // block size of the project's small fixtures).
 func Workload(name, trace string, targets ...string) config.Workload {
-	return config.Workload{Name: name, Trace: trace, Targets: targets, BlockSize: 16, Loop: replay.LoopOnce}
+	return config.Workload{Name: name, Trace: trace, Targets: targets, BlockSize: 16, Loop: "once"}
 }
 
 // Config is the common case: workload "w" replays trace once against

@@ -11,10 +11,8 @@ import (
 	promconfig "github.com/prometheus/common/config"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
-	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // TestConfigRoundTrips: a configuration written by WriteConfig loads as the
@@ -29,17 +27,17 @@ func TestConfigRoundTrips(t *testing.T) {
 	WriteFile(t, trace, []byte(`{"timestamp": 0, "input_length": 20, "output_length": 1, "hash_ids": [1, 2]}`+"\n"))
 
 	cfg := Config("http://127.0.0.1:1", trace)
-	cfg.Targets[0].Cache = config.Cache{BlockSize: config.Fixed(32), Observed: collector.ObservedServerMetrics}
+	cfg.Targets[0].Cache = config.Cache{BlockSize: config.Fixed(32), Observed: "server_metrics"}
 	cfg.Targets[0].RequestTimeout = config.Duration(90 * time.Second)
 	cfg.Targets[0].ExtraBody = map[string]any{"top_k": 1}
 	cfg.Targets[0].HTTPClientConfig = &promconfig.HTTPClientConfig{FollowRedirects: true, EnableHTTP2: true}
 	ids := Target("ids", "http://127.0.0.1:2")
-	ids.API, ids.PromptFormat, ids.Dialect = replay.APICompletions, replay.PromptFormatTokenIDs, replay.DialectSGLang
+	ids.API, ids.PromptFormat, ids.Dialect = "completions", "token_ids", "sglang"
 	cfg.Targets = append(cfg.Targets, ids, config.Target{Name: "emu", Emulate: &config.Emulate{
 		CapacityBlocks: 4096, InterToken: time.Millisecond, Faults: config.EmulateFaults{Error500: 0.5, SlowFirstTokenDelay: 2 * time.Second},
 	}})
 	w := Workload("fresh", trace, "ids", "emu")
-	w.Loop, w.MaxInFlight, w.OnSaturation = replay.LoopFresh, 4, replay.SaturationQueue
+	w.Loop, w.MaxInFlight, w.OnSaturation = "fresh", 4, "queue"
 	w.MaxQueueLag = config.Duration(1500 * time.Millisecond)
 	w.Synthesis = config.Synthesis{SpeedupRatio: 20, MaxOSL: 4}
 	w.Shard = config.Shard{Index: 1, Count: 3}
@@ -103,7 +101,7 @@ func TestConfigIsValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tg, wl := cfg.Targets[0], cfg.Workloads[0]; tg.Dialect != replay.DialectVLLM || wl.Loop != replay.LoopOnce || wl.BlockSize != 16 || wl.Trace != trace {
+	if tg, wl := cfg.Targets[0], cfg.Workloads[0]; tg.Dialect != "vllm" || wl.Loop != "once" || wl.BlockSize != 16 || wl.Trace != trace {
 		t.Errorf("loaded %+v and %+v", tg, wl)
 	}
 }
