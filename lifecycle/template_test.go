@@ -104,7 +104,7 @@ func TestChatTemplateLearnt(t *testing.T) {
 		// 100 ms apart, so that each answer is back before the next row.
 		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": [%d, %d, %d]}`+"\n", 100*i, isl(i), 3*i, 3*i+1, 3*i+2)
 	}
-	daemontest.WriteFile(t, filepath.Join(dir, "trace.jsonl"), []byte(trace.String()))
+	daemontest.WriteFile(t, filepath.Join(dir, "trace.jsonl"), trace.String())
 	path := filepath.Join(dir, "kvload.yml")
 	cfg := daemontest.Config(srv.URL, "trace.jsonl")
 	cfg.Targets[0].API = "chat"

@@ -21,7 +21,7 @@ func writeTrace(t *testing.T, path string, rows, gap, base int) {
 	for i := range rows {
 		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 20, "output_length": 1, "hash_ids": [%d, %d]}`+"\n", i*gap, base+2*i, base+2*i+1)
 	}
-	daemontest.WriteFile(t, path, []byte(b.String()))
+	daemontest.WriteFile(t, path, b.String())
 }
 
 // sharedConfig: workloads a and b replay one file against two targets each;

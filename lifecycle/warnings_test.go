@@ -11,7 +11,6 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
-	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // TestUnboundedEmulatorWarning: an emulated engine whose cache has no bound,
@@ -35,7 +34,7 @@ func TestUnboundedEmulatorWarning(t *testing.T) {
 			t.Parallel()
 			path := filepath.Join(t.TempDir(), "kvload.yml")
 			w := daemontest.Workload("w", fixture(t, "tiny.jsonl"), "emu")
-			w.Loop = replay.LoopMode(tt.loop)
+			daemontest.SetString(&w.Loop, tt.loop)
 			daemontest.WriteConfig(t, path, config.Config{
 				Targets:   []config.Target{{Name: "emu", Emulate: &config.Emulate{CapacityBlocks: tt.capacity, InterToken: time.Millisecond}}},
 				Workloads: []config.Workload{w},

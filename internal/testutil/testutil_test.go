@@ -101,6 +101,13 @@ func TestWait(t *testing.T) {
 	}); msg != "the event: did not happen" {
 		t.Errorf("failed with %q", msg)
 	}
+	var log Buffer
+	log.Write([]byte("the log"))
+	if msg := failsWith(t, func(tb testing.TB) {
+		WaitShowing(fixedDeadline{tb, time.Now().Add(reportGrace)}, "the event", never, &log)
+	}); msg != "the event: did not happen:\nthe log" {
+		t.Errorf("failed with %q", msg)
+	}
 }
 
 func TestFamiliesValue(t *testing.T) {

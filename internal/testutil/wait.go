@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -74,12 +75,21 @@ func EventuallyWithin(t testing.TB, what string, ceiling time.Duration, cond fun
 // value; when the wait runs out the test fails with what.
 func Wait[T any](t testing.TB, what string, ch <-chan T) T {
 	t.Helper()
+	return WaitShowing(t, what, ch, nil)
+}
+
+// WaitShowing is Wait that shows show (a log, say) when the wait runs out.
+func WaitShowing[T any](t testing.TB, what string, ch <-chan T, show fmt.Stringer) T {
+	t.Helper()
 	timer := time.NewTimer(time.Until(deadline(t, Ceiling)))
 	defer timer.Stop()
 	select {
 	case v := <-ch:
 		return v
 	case <-timer.C:
+		if show != nil {
+			t.Fatalf("%s: did not happen:\n%s", what, show)
+		}
 		t.Fatalf("%s: did not happen", what)
 	}
 	var zero T

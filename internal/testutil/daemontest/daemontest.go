@@ -39,6 +39,11 @@ func Config(url, trace string) config.Config {
 	}
 }
 
+// SetString stores s in a field of a named string type (a dialect, an
+// api, a loop mode), for a test that holds the value as a plain string,
+// without naming the package that declares the type.
+func SetString[T ~string](field *T, s string) { *field = T(s) }
+
 // Marshal is cfg as a configuration file.
 func Marshal(t testing.TB, cfg config.Config) []byte {
 	t.Helper()
@@ -55,11 +60,12 @@ func WriteConfig(t testing.TB, path string, cfg config.Config) {
 	WriteFile(t, path, Marshal(t, cfg))
 }
 
-// WriteFile writes data to path, for the tests whose point is the text
-// itself (malformed input, comments, the bytes a reload sees).
-func WriteFile(t testing.TB, path string, data []byte) {
+// WriteFile writes data (text or bytes) to path: a trace, or a
+// configuration whose point is the text itself (malformed input, comments,
+// the bytes a reload sees).
+func WriteFile[D ~string | ~[]byte](t testing.TB, path string, data D) {
 	t.Helper()
-	if err := os.WriteFile(path, data, 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -24,7 +24,7 @@ import (
 func TestConfigRoundTrips(t *testing.T) {
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "trace.jsonl")
-	WriteFile(t, trace, []byte(`{"timestamp": 0, "input_length": 20, "output_length": 1, "hash_ids": [1, 2]}`+"\n"))
+	WriteFile(t, trace, `{"timestamp": 0, "input_length": 20, "output_length": 1, "hash_ids": [1, 2]}`+"\n")
 
 	cfg := Config("http://127.0.0.1:1", trace)
 	cfg.Targets[0].Cache = config.Cache{BlockSize: config.Fixed(32), Observed: "server_metrics"}
