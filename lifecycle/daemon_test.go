@@ -9,11 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvload-exporter/kvload-exporter/replay"
-
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // reloadConfig is the configuration of the direct reload test: three

@@ -12,10 +12,9 @@ import (
 
 	"github.com/go-kit/log"
 
-	"github.com/kvload-exporter/kvload-exporter/replay"
-
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // TestTemplateOverhead: the chat template's size is used once two answers
