@@ -2,7 +2,8 @@ package main
 
 // Acceptance tests of the daemon: the whole program (run) against local
 // OpenAI-compatible servers, driven through its config file, its HTTP
-// endpoints and, for shutdown, signals to a real process.
+// endpoints and, for shutdown, signals to a real process. Their harness is
+// harness_test.go.
 
 import (
 	"bytes"
@@ -11,13 +12,10 @@ import (
 	"flag"
 	"fmt"
 	"html/template"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,131 +29,6 @@ import (
 )
 
 var updateDaemon = flag.Bool("update-daemon", false, "rewrite the daemon golden files")
-
-// runMainEnv makes the test binary act as kvload-exporter itself, so that
-// the shutdown tests can signal a real process without building one.
-const runMainEnv = "KVLOAD_EXPORTER_TEST_RUN_MAIN"
-
-// nofileEnv, set with runMainEnv, lowers the process's file descriptor
-// limit first (the Go runtime raised it at start).
-const nofileEnv = "KVLOAD_EXPORTER_TEST_NOFILE"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(runMainEnv) == "1" {
-		if n, err := strconv.ParseUint(os.Getenv(nofileEnv), 10, 64); err == nil {
-			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: n, Max: n}); err != nil {
-				panic(err)
-			}
-		}
-		main() // exits
-	}
-	os.Exit(m.Run())
-}
-
-// listenRE finds the address exporter-toolkit logs for each listener: with
-// --web.listen-address=127.0.0.1:0 it is the port actually bound.
-var listenRE = regexp.MustCompile(`msg="Listening on" address=(127\.0\.0\.1:\d+)`)
-
-// daemonRun is the program running in this process, as main would run it.
-type daemonRun struct {
-	url    string // http://127.0.0.1:PORT
-	stderr *testutil.Buffer
-	cancel context.CancelFunc
-	exit   chan int
-	code   int
-	ended  bool
-}
-
-// startDaemon runs the daemon with args (plus a loopback listen address and
-// a short drain unless args set them) and waits until it serves HTTP. The
-// test's cleanup stops it.
-func startDaemon(t *testing.T, args ...string) *daemonRun {
-	t.Helper()
-	all := append([]string{}, args...)
-	joined := strings.Join(args, " ")
-	if !strings.Contains(joined, "--web.listen-address") {
-		all = append(all, "--web.listen-address=127.0.0.1:0")
-	}
-	if !strings.Contains(joined, "--shutdown.drain-timeout") {
-		all = append(all, "--shutdown.drain-timeout=2s")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	d := &daemonRun{stderr: &testutil.Buffer{}, cancel: cancel, exit: make(chan int, 1)}
-	go func() { d.exit <- run(ctx, all, streams{stdout: io.Discard, stderr: d.stderr}) }()
-	t.Cleanup(func() { d.stop(t) })
-	testutil.Eventually(t, "daemon listening", func() (bool, string) {
-		select {
-		case d.code = <-d.exit:
-			d.ended = true
-			t.Fatalf("daemon exited with %d before listening:\n%s", d.code, d.stderr.String())
-		default:
-		}
-		m := listenRE.FindStringSubmatch(d.stderr.String())
-		if m == nil {
-			return false, d.stderr.String()
-		}
-		d.url = "http://" + m[1]
-		return true, ""
-	})
-	return d
-}
-
-// stop ends the daemon as a signal would and returns its exit code.
-func (d *daemonRun) stop(t *testing.T) int {
-	t.Helper()
-	if d.ended {
-		return d.code
-	}
-	d.cancel()
-	d.code = testutil.WaitShowing(t, "the daemon's stop", d.exit, d.stderr)
-	d.ended = true
-	return d.code
-}
-
-func httpGet(t *testing.T, u string) (int, string) {
-	t.Helper()
-	return fetch(t, http.DefaultClient, http.MethodGet, u, nil)
-}
-
-// postReload is POST /-/reload with a deadline, so that a reload stuck on
-// a file fails the test rather than hanging it.
-func postReload(t *testing.T, base string) (int, string) {
-	t.Helper()
-	return fetch(t, &http.Client{Timeout: testutil.Ceiling}, http.MethodPost, base+"/-/reload", nil)
-}
-
-// fetch sends one bodiless request with c, with basic auth when userPass is
-// given, and returns the status and the body.
-func fetch(t *testing.T, c *http.Client, method, u string, userPass []string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, u, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(userPass) == 2 {
-		req.SetBasicAuth(userPass[0], userPass[1])
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
-}
-
-// fixture is the absolute path of a file of testdata/daemon.
-func fixture(t *testing.T, name string) string {
-	t.Helper()
-	p, err := filepath.Abs(filepath.Join("testdata", "daemon", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
 
 // goldenMetrics are the series compared with testdata/daemon/golden.prom;
 // histograms are checked by their counts only (their values are timings).

@@ -17,7 +17,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -38,76 +37,6 @@ const (
 	// (about a minute on two cores).
 	e2eHeavyDeadline = 20 * time.Minute
 )
-
-// e2eEmulatorRE finds each emulated engine's loopback URL, which the daemon
-// logs as it starts it.
-var e2eEmulatorRE = regexp.MustCompile(`msg="emulated engine started" target=(\S+) url=(http://127\.0\.0\.1:\d+)`)
-
-// e2eDaemon is the daemon running in this process.
-type e2eDaemon struct {
-	base      string            // http://127.0.0.1:PORT
-	emulators map[string]string // target → emulator base URL
-	log       *testutil.Buffer
-	cancel    context.CancelFunc
-	exit      chan int
-	stopped   bool
-}
-
-// e2eStart runs the daemon on cfg, listening on a free loopback port, and
-// waits until it serves and every emulated target of cfg has its engine.
-// The test's cleanup stops it (and fails the test on a non-zero exit).
-func e2eStart(t *testing.T, cfg string, emulated ...string) *e2eDaemon {
-	t.Helper()
-	return e2eStartFlags(t, cfg, nil, emulated...)
-}
-
-// e2eStartFlags is e2eStart with extra command-line flags.
-func e2eStartFlags(t *testing.T, cfg string, flags []string, emulated ...string) *e2eDaemon {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	d := &e2eDaemon{log: &testutil.Buffer{}, cancel: cancel, exit: make(chan int, 1), emulators: map[string]string{}}
-	args := append([]string{"--config.file=" + cfg, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=10s"}, flags...)
-	go func() { d.exit <- run(ctx, args, streams{stdout: io.Discard, stderr: d.log}) }()
-	t.Cleanup(func() { d.stop(t) })
-	testutil.EventuallyWithin(t, "daemon serving", e2eDeadline, func() (bool, string) {
-		select {
-		case code := <-d.exit:
-			d.stopped = true
-			t.Fatalf("daemon exited with %d before serving:\n%s", code, d.log.String())
-		default:
-		}
-		logged := d.log.String()
-		m := listenRE.FindStringSubmatch(logged)
-		for _, e := range e2eEmulatorRE.FindAllStringSubmatch(logged, -1) {
-			d.emulators[e[1]] = e[2]
-		}
-		for _, name := range emulated {
-			if d.emulators[name] == "" {
-				return false, logged
-			}
-		}
-		if m == nil {
-			return false, logged
-		}
-		d.base = "http://" + m[1]
-		code, _, err := e2eGet(d.base + "/-/ready")
-		return err == nil && code == http.StatusOK, fmt.Sprintf("GET /-/ready: %d %v", code, err)
-	})
-	return d
-}
-
-// stop ends the daemon as SIGTERM would; it must drain and exit 0.
-func (d *e2eDaemon) stop(t *testing.T) {
-	t.Helper()
-	if d.stopped {
-		return
-	}
-	d.stopped = true
-	d.cancel()
-	if code := testutil.WaitShowing(t, "the daemon's stop", d.exit, d.log); code != exitOK {
-		t.Errorf("daemon exited with %d:\n%s", code, d.log.String())
-	}
-}
 
 func e2eGet(u string) (int, []byte, error) {
 	resp, err := http.Get(u)

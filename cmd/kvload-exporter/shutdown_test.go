@@ -3,8 +3,6 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -15,72 +13,6 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
-
-// process is the program re-executed as a child, as main runs it.
-type process struct {
-	cmd    *exec.Cmd
-	stderr *testutil.Buffer
-	base   string        // http://127.0.0.1:PORT, once listening
-	exited chan struct{} // closed once err is set
-	err    error
-}
-
-// startProcess runs the program with args; the test's cleanup kills it if
-// it is still running.
-func startProcess(t *testing.T, args ...string) *process {
-	t.Helper()
-	return startProcessEnv(t, nil, args...)
-}
-
-// startProcessEnv is startProcess with more environment variables.
-func startProcessEnv(t *testing.T, env []string, args ...string) *process {
-	t.Helper()
-	p := &process{stderr: &testutil.Buffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(os.Args[0], args...)
-	p.cmd.Env = append(append(os.Environ(), runMainEnv+"=1"), env...)
-	p.cmd.Stderr = p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			p.cmd.Process.Kill()
-			<-p.exited
-		}
-	})
-	return p
-}
-
-// waitListening waits for the address the process bound.
-func (p *process) waitListening(t *testing.T) {
-	t.Helper()
-	testutil.Eventually(t, "process listening", func() (bool, string) {
-		select {
-		case <-p.exited:
-			t.Fatalf("exited before listening (%v):\n%s", p.err, p.stderr.String())
-		default:
-		}
-		m := listenRE.FindStringSubmatch(p.stderr.String())
-		if m == nil {
-			return false, p.stderr.String()
-		}
-		p.base = "http://" + m[1]
-		return true, ""
-	})
-}
-
-func (p *process) signal(t *testing.T, sig os.Signal) {
-	t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // steadyConfig replays the steady trace for ever against srvURL, asking
 // for model.
