@@ -3,7 +3,8 @@
 // not text), traces, and emulated engines to aim it at.
 //
 // It is apart from package testutil because it imports config and emulate:
-// the internal tests of the packages those build on could not import it.
+// testutil, importing neither, stays usable by the internal tests of the
+// packages those two build on (replay, collector, synth).
 package daemontest
 
 import (
@@ -80,20 +81,14 @@ func SteadyTrace(t testing.TB, dir string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range SteadyRows {
-		fmt.Fprintf(f, `{"timestamp": %d, "input_length": 20, "output_length": 1, "hash_ids": [%d, %d]}`+"\n", i*SteadyGapMillis, 2*i+1, 2*i+2)
+	for i := range 50 {
+		fmt.Fprintf(f, `{"timestamp": %d, "input_length": 20, "output_length": 1, "hash_ids": [%d, %d]}`+"\n", i*20, 2*i+1, 2*i+2)
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
 	return path
 }
-
-// The shape of SteadyTrace: SteadyRows rows, SteadyGapMillis apart.
-const (
-	SteadyRows      = 50
-	SteadyGapMillis = 20
-)
 
 // Emulator is an emulated engine serving on loopback, apart from any
 // daemon.
