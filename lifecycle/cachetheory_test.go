@@ -8,6 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // sharedTrace is the path of one of the project's shared traces, which sit
@@ -67,52 +71,46 @@ func TestCacheMatchesTheory(t *testing.T) {
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	writeConfig(t, filepath.Join(dir, "slice.jsonl"), slice.String())
+	daemontest.WriteFile(t, filepath.Join(dir, "slice.jsonl"), slice.Bytes())
 	path := filepath.Join(dir, "kvload.yml")
-	writeConfig(t, path, fmt.Sprintf(`targets:
-  - name: emu
-    api: completions
-    prompt_format: token_ids
-    emulate: {capacity_blocks: 0, block_size: 16}
-workloads:
-  - name: synthetic
-    trace: slice.jsonl
-    targets: [emu]
-    loop: once
-    max_in_flight: 1
-    on_saturation: queue
-    synthesis: {speedup_ratio: 1000, max_isl: %d, max_osl: 4}
-`, maxISL))
+	daemontest.WriteConfig(t, path, config.Config{
+		Targets: []config.Target{{Name: "emu", API: "completions", PromptFormat: "token_ids",
+			Emulate: &config.Emulate{CapacityBlocks: 0, BlockSize: 16}}},
+		// The trace's own block size: the default.
+		Workloads: []config.Workload{{Name: "synthetic", Trace: "slice.jsonl", Targets: []string{"emu"}, Loop: "once",
+			MaxInFlight: 1, OnSaturation: "queue",
+			Synthesis: config.Synthesis{SpeedupRatio: 1000, MaxISL: maxISL, MaxOSL: 4}}},
+	})
 	d, err := startDaemon(t, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mfs families
-	eventually(t, "one pass finished", func() (bool, string) {
-		mfs = gatherFamilies(t, d.reg)
-		done, _ := mfs.value("kvload_requests_total")
-		dropped, _ := mfs.value("kvload_requests_dropped_total")
-		loops, _ := mfs.value("kvload_trace_loops_total")
-		theo, _ := mfs.value("kvload_theoretical_cached_prompt_tokens_total", "workload", "synthetic")
+	var mfs testutil.Families
+	testutil.Eventually(t, "one pass finished", func() (bool, string) {
+		mfs = testutil.Gather(t, d.reg)
+		done, _ := mfs.Value("kvload_requests_total")
+		dropped, _ := mfs.Value("kvload_requests_dropped_total")
+		loops, _ := mfs.Value("kvload_trace_loops_total")
+		theo, _ := mfs.Value("kvload_theoretical_cached_prompt_tokens_total", "workload", "synthetic")
 		return loops == 1 && done+dropped == float64(sent) && theo > 0,
 			fmt.Sprintf("%v finished, %v dropped of %d, %v passes", done, dropped, sent, loops)
 	})
 	// The last request's counters are updated one after another.
-	eventually(t, "the last request counted", func() (bool, string) {
-		mfs = gatherFamilies(t, d.reg)
-		a, _ := mfs.value("kvload_trace_prompt_tokens_total")
-		b, _ := mfs.value("kvload_prompt_tokens_total")
+	testutil.Eventually(t, "the last request counted", func() (bool, string) {
+		mfs = testutil.Gather(t, d.reg)
+		a, _ := mfs.Value("kvload_trace_prompt_tokens_total")
+		b, _ := mfs.Value("kvload_prompt_tokens_total")
 		return a == b, fmt.Sprint(a, b)
 	})
-	if v, _ := mfs.value("kvload_requests_total", "outcome", "success"); v != float64(sent) {
+	if v, _ := mfs.Value("kvload_requests_total", "outcome", "success"); v != float64(sent) {
 		t.Errorf("%v successful requests, want %d", v, sent)
 	}
-	if v, _ := mfs.value("kvload_requests_dropped_total"); v != 0 {
+	if v, _ := mfs.Value("kvload_requests_dropped_total"); v != 0 {
 		t.Errorf("%v requests dropped, want 0", v)
 	}
-	cached, _ := mfs.value("kvload_cached_prompt_tokens_total")
-	theo, _ := mfs.value("kvload_theoretical_cached_prompt_tokens_total")
-	prompt, _ := mfs.value("kvload_trace_prompt_tokens_total")
+	cached, _ := mfs.Value("kvload_cached_prompt_tokens_total")
+	theo, _ := mfs.Value("kvload_theoretical_cached_prompt_tokens_total")
+	prompt, _ := mfs.Value("kvload_trace_prompt_tokens_total")
 	ratio := cached / theo
 	t.Logf("%d rows: cached %v, theoretical %v of %v prompt tokens: observed/theoretical %.4f", sent, cached, theo, prompt, ratio)
 	if ratio < 0.98 || ratio > 1.02 {

@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
@@ -17,25 +19,19 @@ import (
 // workloads on three targets (paths of one server), each replaying
 // future.jsonl: two rows at once, the third an hour later, so every
 // workload stands at position {0 2} for the whole test.
-func reloadConfig(srvURL, trace string, changeInFlight int, withRemove bool) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "targets:\n")
+func reloadConfig(srvURL, trace string, changeInFlight int, withRemove bool) config.Config {
 	names := []string{"keep", "change"}
 	if withRemove {
 		names = append(names, "remove")
 	}
-	for _, n := range names {
-		fmt.Fprintf(&b, "  - {name: t-%s, url: %s/%s, model: m, dialect: vllm}\n", n, srvURL, n)
-	}
-	fmt.Fprintf(&b, "workloads:\n")
-	for _, n := range names {
-		inFlight := 8
-		if n == "change" {
-			inFlight = changeInFlight
+	cfg := twoWorkloads(srvURL, trace, names...)
+	for i := range cfg.Workloads {
+		cfg.Workloads[i].MaxInFlight = 8
+		if cfg.Workloads[i].Name == "change" {
+			cfg.Workloads[i].MaxInFlight = changeInFlight
 		}
-		fmt.Fprintf(&b, "  - {name: %s, trace: %s, targets: [t-%s], block_size: 16, loop: once, max_in_flight: %d}\n", n, trace, n, inFlight)
 	}
-	return b.String()
+	return cfg
 }
 
 // TestReloadUnits reloads a real file through the owner goroutine and looks at the units themselves:
@@ -45,21 +41,21 @@ func reloadConfig(srvURL, trace string, changeInFlight int, withRemove bool) str
 // (d) an invalid file changes nothing but the reload gauge.
 func TestReloadUnits(t *testing.T) {
 	t.Parallel()
-	srv := newFakeServer(t)
+	srv := newFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
 	trace := fixture(t, "future.jsonl")
 	ctx := t.Context()
-	writeConfig(t, path, reloadConfig(srv.URL, trace, 8, true))
+	daemontest.WriteConfig(t, path, reloadConfig(srv.URL, trace, 8, true))
 	d, err := startDaemon(t, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := d.reg
 	successes := func(w string) float64 {
-		v, _ := gatherFamilies(t, reg).value("kvload_requests_total", "workload", w, "outcome", "success")
+		v, _ := testutil.Gather(t, reg).Value("kvload_requests_total", "workload", w, "outcome", "success")
 		return v
 	}
-	eventually(t, "the first two rows of every workload done", func() (bool, string) {
+	testutil.Eventually(t, "the first two rows of every workload done", func() (bool, string) {
 		k, c, r := successes("keep"), successes("change"), successes("remove")
 		return k == 2 && c == 2 && r == 2, fmt.Sprintf("keep %v, change %v, remove %v", k, c, r)
 	})
@@ -73,23 +69,25 @@ func TestReloadUnits(t *testing.T) {
 	}
 
 	// (d) An invalid file: nothing changes but the gauge.
-	writeConfig(t, path, strings.Replace(reloadConfig(srv.URL, trace, 8, true), "targets: [t-keep]", "targets: [t-nope]", 1))
+	invalid := reloadConfig(srv.URL, trace, 8, true)
+	invalid.Workloads[0].Targets = []string{"t-nope"}
+	daemontest.WriteConfig(t, path, invalid)
 	if err := d.Reload(ctx); err == nil || !strings.Contains(err.Error(), `unknown target "t-nope"`) {
 		t.Fatalf("reload of an invalid file: %v", err)
 	}
-	mfs := gatherFamilies(t, reg)
-	if v, _ := mfs.value("kvload_config_last_reload_successful"); v != 0 {
+	mfs := testutil.Gather(t, reg)
+	if v, _ := mfs.Value("kvload_config_last_reload_successful"); v != 0 {
 		t.Errorf("kvload_config_last_reload_successful %v after a bad reload, want 0", v)
 	}
 	if len(d.units) != 3 || d.units[keepKey] != keep || d.units[changeKey] != change {
 		t.Errorf("a rejected file changed the units: %v", d.units)
 	}
-	if v, _ := mfs.value("kvload_requests_total", "workload", "remove"); v != 2 {
+	if v, _ := mfs.Value("kvload_requests_total", "workload", "remove"); v != 2 {
 		t.Errorf("a rejected file reset the counters: remove has %v requests, want 2", v)
 	}
 
 	// Change "change", drop "remove", leave "keep" alone.
-	writeConfig(t, path, reloadConfig(srv.URL, trace, 4, false))
+	daemontest.WriteConfig(t, path, reloadConfig(srv.URL, trace, 4, false))
 	if err := d.Reload(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -111,26 +109,26 @@ func TestReloadUnits(t *testing.T) {
 	if got := d.units[changeKey]; got == nil || got == change || got.workload == change.workload {
 		t.Fatalf("changed workload kept its unit")
 	}
-	eventually(t, "the changed workload replayed again from the start", func() (bool, string) {
-		return srv.count("/change/v1/chat/completions") == 4 && successes("change") == 2,
-			fmt.Sprintf("server saw %d, counted %v", srv.count("/change/v1/chat/completions"), successes("change"))
+	testutil.Eventually(t, "the changed workload replayed again from the start", func() (bool, string) {
+		return srv.Count("/change/v1/chat/completions") == 4 && successes("change") == 2,
+			fmt.Sprintf("server saw %d, counted %v", srv.Count("/change/v1/chat/completions"), successes("change"))
 	})
 	if got := d.units[changeKey].workload.Position(); got != wantPos {
 		t.Errorf("restarted workload's position %+v, want %+v", got, wantPos)
 	}
-	if got := srv.count("/keep/v1/chat/completions"); got != 2 {
+	if got := srv.Count("/keep/v1/chat/completions"); got != 2 {
 		t.Errorf("unchanged workload sent %d requests in all, want 2 (it must not start over)", got)
 	}
 
 	// (c) removed: no series left with its workload or target label.
-	mfs = gatherFamilies(t, reg)
-	if s := append(mfs.seriesWith("workload", "remove"), mfs.seriesWith("target", "t-remove")...); len(s) > 0 {
+	mfs = testutil.Gather(t, reg)
+	if s := append(mfs.SeriesWith("workload", "remove"), mfs.SeriesWith("target", "t-remove")...); len(s) > 0 {
 		t.Errorf("series of the removed workload remain: %v", s)
 	}
 	if _, ok := d.units[unitKey{"remove", "t-remove"}]; ok || len(d.units) != 2 {
 		t.Errorf("units after the reload: %v", d.units)
 	}
-	if v, _ := mfs.value("kvload_config_last_reload_successful"); v != 1 {
+	if v, _ := mfs.Value("kvload_config_last_reload_successful"); v != 1 {
 		t.Errorf("kvload_config_last_reload_successful %v, want 1", v)
 	}
 }
@@ -154,23 +152,19 @@ func TestSendsTokenIDs(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	writeConfig(t, path, fmt.Sprintf(`targets:
-  - {name: ids, url: %s, model: m, api: completions, prompt_format: token_ids}
-workloads:
-  - {name: w, trace: %s, targets: [ids], block_size: 16, loop: once}
-`, srv.URL, fixture(t, "future.jsonl")))
+	cfg := config.Config{
+		Targets:   []config.Target{{Name: "ids", URL: srv.URL, Model: "m", API: "completions", PromptFormat: "token_ids"}},
+		Workloads: []config.Workload{daemontest.Workload("w", fixture(t, "future.jsonl"), "ids")},
+	}
+	daemontest.WriteConfig(t, path, cfg)
 	if _, err := startDaemon(t, path, nil); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {
 		var ids []int
-		select {
-		case p := <-prompts:
-			if err := json.Unmarshal(p, &ids); err != nil {
-				t.Fatalf("prompt %.80s…: not a list of token ids: %v", p, err)
-			}
-		case <-time.After(pollDeadline):
-			t.Fatal("no request arrived")
+		p := testutil.Wait(t, "a request", prompts)
+		if err := json.Unmarshal(p, &ids); err != nil {
+			t.Fatalf("prompt %.80s…: not a list of token ids: %v", p, err)
 		}
 		if len(ids) != 20 {
 			t.Errorf("%d token ids, want the trace's input_length 20", len(ids))

@@ -4,8 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"slices"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // TestLoopsAfterRestart: a workload whose units all start over — removed
@@ -17,20 +21,24 @@ func TestLoopsAfterRestart(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name   string
-		change func(cfg string) []string // the configurations applied in turn
+		change func(cfg config.Config) []config.Config // the configurations applied in turn
 	}{
-		{"removed then added back", func(cfg string) []string {
-			without := cfg[:strings.Index(cfg, "  - {name: w,")]
-			return []string{without, cfg}
+		{"removed then added back", func(cfg config.Config) []config.Config {
+			without := cfg
+			without.Workloads = cfg.Workloads[:1] // "other" only
+			return []config.Config{without, cfg}
 		}},
-		{"changed", func(cfg string) []string {
-			return []string{strings.Replace(cfg, "loop: repeat}", "loop: repeat, max_in_flight: 7}", 1)}
+		{"changed", func(cfg config.Config) []config.Config {
+			changed := cfg
+			changed.Workloads = slices.Clone(cfg.Workloads)
+			changed.Workloads[1].MaxInFlight = 7
+			return []config.Config{changed}
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := newFakeServer(t)
+			srv := newFakeServer(t, nil)
 			dir := t.TempDir()
 			trace := filepath.Join(dir, "short.jsonl")
 			if err := os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 20, "output_length": 1, "hash_ids": [1, 2]}
@@ -39,24 +47,23 @@ func TestLoopsAfterRestart(t *testing.T) {
 				t.Fatal(err)
 			}
 			path := filepath.Join(dir, "kvload.yml")
-			cfg := fmt.Sprintf(`targets:
-  - {name: t, url: %s, model: m, dialect: vllm}
-workloads:
-  - {name: other, trace: %s, targets: [t], block_size: 16, loop: once}
-  - {name: w, trace: %s, targets: [t], block_size: 16, loop: repeat}
-`, srv.URL, trace, trace)
-			writeConfig(t, path, cfg)
+			cfg := daemontest.Config(srv.URL, trace)
+			cfg.Workloads[0].Name = "other"
+			w := daemontest.Workload("w", trace, "t")
+			w.Loop = "repeat"
+			cfg.Workloads = append(cfg.Workloads, w)
+			daemontest.WriteConfig(t, path, cfg)
 			d, err := startDaemon(t, path, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			loops := func() float64 {
-				v, _ := gatherFamilies(t, d.reg).value("kvload_trace_loops_total", "workload", "w")
+				v, _ := testutil.Gather(t, d.reg).Value("kvload_trace_loops_total", "workload", "w")
 				return v
 			}
-			eventually(t, "passes counted", func() (bool, string) { return loops() >= 10, fmt.Sprint(loops()) })
+			testutil.Eventually(t, "passes counted", func() (bool, string) { return loops() >= 10, fmt.Sprint(loops()) })
 			for _, c := range tt.change(cfg) {
-				writeConfig(t, path, c)
+				daemontest.WriteConfig(t, path, c)
 				if err := d.Reload(t.Context()); err != nil {
 					t.Fatal(err)
 				}
@@ -65,7 +72,7 @@ workloads:
 			u := d.units[unitKey{"w", "t"}] // read after Reload answered: the owner is idle
 			// Passes are numbered on the anchored grid: three after the restart's.
 			first := u.workload.Position().Pass
-			eventually(t, "the restarted workload three passes on", func() (bool, string) {
+			testutil.Eventually(t, "the restarted workload three passes on", func() (bool, string) {
 				p := u.workload.Position()
 				return p.Pass >= first+3, fmt.Sprintf("%+v", p)
 			})

@@ -1,41 +1,24 @@
 package lifecycle
 
 import (
-	"bytes"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/go-kit/log"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
-
-// logBuffer is a log destination safe for concurrent writers and readers.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestOnceEndLogged: a loop: once workload logs one info line naming it and
 // its target when its single pass is done and drained; a workload still
 // replaying (loop: repeat) logs none.
 func TestOnceEndLogged(t *testing.T) {
 	t.Parallel()
-	srv := newFakeServer(t)
+	srv := newFakeServer(t, nil)
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "now.jsonl")
 	if err := os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [1, 2]}
@@ -44,23 +27,23 @@ func TestOnceEndLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "kvload.yml")
-	writeConfig(t, path, fmt.Sprintf(`targets:
-  - {name: t, url: %s, model: m, dialect: vllm}
-workloads:
-  - {name: once, trace: %s, targets: [t], block_size: 16, loop: once}
-  - {name: forever, trace: %s, targets: [t], block_size: 16, loop: repeat}
-`, srv.URL, trace, fixture(t, "future.jsonl")))
-	var logs logBuffer
+	forever := daemontest.Workload("forever", fixture(t, "future.jsonl"), "t")
+	forever.Loop = "repeat"
+	daemontest.WriteConfig(t, path, config.Config{
+		Targets:   []config.Target{daemontest.Target("t", srv.URL)},
+		Workloads: []config.Workload{daemontest.Workload("once", trace, "t"), forever},
+	})
+	var logs testutil.Buffer
 	d, err := startDaemon(t, path, func(o *Options) { o.Logger = log.NewLogfmtLogger(&logs) })
 	if err != nil {
 		t.Fatal(err)
 	}
 	const line = `msg="replay finished: its single pass is done and drained"`
-	eventually(t, "the end of the once workload logged", func() (bool, string) {
+	testutil.Eventually(t, "the end of the once workload logged", func() (bool, string) {
 		return strings.Contains(logs.String(), line), logs.String()
 	})
 	d.stop()
-	<-d.Done()
+	testutil.Wait(t, "the daemon stopped", d.Done())
 	var ends []string
 	for _, l := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(l, line) {

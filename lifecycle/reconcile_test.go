@@ -1,13 +1,14 @@
 package lifecycle
 
 import (
-	"fmt"
 	"net/http"
 	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // reconcileTarget is one target of a TestReloadReconcilesScrapers step.
@@ -18,25 +19,21 @@ type reconcileTarget struct {
 	scraped  bool // observed: server_metrics
 }
 
-func reconcileConfig(srvURL, trace string, targets []reconcileTarget) string {
-	var b strings.Builder
-	b.WriteString("targets:\n")
+func reconcileConfig(srvURL, trace string, targets []reconcileTarget) config.Config {
+	var cfg config.Config
 	for _, tg := range targets {
-		observed := "usage"
-		if tg.scraped {
-			observed = "server_metrics"
-		}
+		target := daemontest.Target(tg.name, srvURL+"/"+tg.name)
 		if tg.emulated {
-			fmt.Fprintf(&b, "  - {name: %s, emulate: {capacity_blocks: %d}, cache: {observed: %s}}\n", tg.name, tg.capacity, observed)
-		} else {
-			fmt.Fprintf(&b, "  - {name: %s, url: %s/%s, model: m, dialect: vllm, cache: {observed: %s}}\n", tg.name, srvURL, tg.name, observed)
+			target = config.Target{Name: tg.name, Emulate: &config.Emulate{CapacityBlocks: tg.capacity}}
 		}
+		target.Cache.Observed = "usage"
+		if tg.scraped {
+			target.Cache.Observed = "server_metrics"
+		}
+		cfg.Targets = append(cfg.Targets, target)
+		cfg.Workloads = append(cfg.Workloads, daemontest.Workload("w-"+tg.name, trace, tg.name))
 	}
-	b.WriteString("workloads:\n")
-	for _, tg := range targets {
-		fmt.Fprintf(&b, "  - {name: w-%s, trace: %s, targets: [%s], block_size: 16, loop: once}\n", tg.name, trace, tg.name)
-	}
-	return b.String()
+	return cfg
 }
 
 // TestReloadReconcilesScrapers: each reload leaves the server-metrics
@@ -48,7 +45,7 @@ func reconcileConfig(srvURL, trace string, targets []reconcileTarget) string {
 // removed.
 func TestReloadReconcilesScrapers(t *testing.T) {
 	t.Parallel()
-	srv := newFakeServer(t)
+	srv := newFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
 	trace := fixture(t, "future.jsonl")
 	steps := []struct {
@@ -76,8 +73,8 @@ func TestReloadReconcilesScrapers(t *testing.T) {
 	var prevScrapers map[string]*scraping
 	var prevEngines map[string]*emulated
 	for i, step := range steps {
-		writeConfig(t, path, reconcileConfig(srv.URL, trace, step.targets))
-		scrapesBefore := srv.count("/real/metrics")
+		daemontest.WriteConfig(t, path, reconcileConfig(srv.URL, trace, step.targets))
+		scrapesBefore := srv.Count("/real/metrics")
 		if i == 0 {
 			var err error
 			if d, err = startDaemon(t, path, nil); err != nil {
@@ -105,7 +102,7 @@ func TestReloadReconcilesScrapers(t *testing.T) {
 			t.Errorf("%s: engines of %v, want %v", step.name, got, sorted(wantEngines))
 		}
 		// A scraper started for the real target read its baseline first.
-		if _, had := prevScrapers["real"]; scrapers["real"] != nil && !had && srv.count("/real/metrics") == scrapesBefore {
+		if _, had := prevScrapers["real"]; scrapers["real"] != nil && !had && srv.Count("/real/metrics") == scrapesBefore {
 			t.Errorf("%s: the real target's new scraper never read its /metrics", step.name)
 		}
 		for name, old := range prevScrapers {

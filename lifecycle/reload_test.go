@@ -2,8 +2,10 @@ package lifecycle
 
 import (
 	"path/filepath"
-	"strings"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // TestReloadGaugeAfterRevert: the file is made invalid, then restored to
@@ -12,17 +14,19 @@ import (
 // invalid bytes again sets it back to 0.
 func TestReloadGaugeAfterRevert(t *testing.T) {
 	t.Parallel()
-	srv := newFakeServer(t)
+	srv := newFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	good := twoWorkloads(srv.URL, fixture(t, "future.jsonl"), "w")
-	bad := strings.Replace(good, "targets: [t-w]", "targets: [t-nope]", 1)
-	writeConfig(t, path, good)
+	good := daemontest.Marshal(t, twoWorkloads(srv.URL, fixture(t, "future.jsonl"), "w"))
+	badCfg := twoWorkloads(srv.URL, fixture(t, "future.jsonl"), "w")
+	badCfg.Workloads[0].Targets = []string{"t-nope"}
+	bad := daemontest.Marshal(t, badCfg)
+	daemontest.WriteFile(t, path, good)
 	d, err := startDaemon(t, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	steps := []struct {
-		write string
+		write []byte
 		want  float64
 	}{
 		{bad, 0},
@@ -31,10 +35,10 @@ func TestReloadGaugeAfterRevert(t *testing.T) {
 		{good, 1},
 	}
 	for i, s := range steps {
-		writeConfig(t, path, s.write)
+		daemontest.WriteFile(t, path, s.write)
 		// As the file watcher asks: an unchanged file is skipped.
 		d.request(t.Context(), false)
-		if v, _ := gatherFamilies(t, d.reg).value("kvload_config_last_reload_successful"); v != s.want {
+		if v, _ := testutil.Gather(t, d.reg).Value("kvload_config_last_reload_successful"); v != s.want {
 			t.Errorf("step %d: kvload_config_last_reload_successful %v, want %v", i, v, s.want)
 		}
 		if got := d.Status().ReloadOK; got != (s.want == 1) {

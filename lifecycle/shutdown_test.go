@@ -6,19 +6,20 @@ import (
 	"fmt"
 	"path/filepath"
 	"testing"
-	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
-// twoWorkloads is a configuration whose workloads each send to their own
-// path of srvURL, so that the server tells which configuration runs.
-func twoWorkloads(srvURL, trace string, names ...string) string {
-	cfg := "targets:\n"
+// twoWorkloads is a configuration whose workloads (one for each name) each
+// send to their own path of srvURL, so that the server tells which
+// configuration runs.
+func twoWorkloads(srvURL, trace string, names ...string) config.Config {
+	var cfg config.Config
 	for _, n := range names {
-		cfg += fmt.Sprintf("  - {name: t-%s, url: %s/%s, model: m, dialect: vllm}\n", n, srvURL, n)
-	}
-	cfg += "workloads:\n"
-	for _, n := range names {
-		cfg += fmt.Sprintf("  - {name: %s, trace: %s, targets: [t-%s], block_size: 16, loop: once}\n", n, trace, n)
+		cfg.Targets = append(cfg.Targets, daemontest.Target("t-"+n, srvURL+"/"+n))
+		cfg.Workloads = append(cfg.Workloads, daemontest.Workload(n, trace, "t-"+n))
 	}
 	return cfg
 }
@@ -39,10 +40,10 @@ func TestShutdownIsAState(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			srv := newFakeServer(t)
+			srv := newFakeServer(t, nil)
 			path := filepath.Join(t.TempDir(), "kvload.yml")
 			trace := fixture(t, "future.jsonl")
-			writeConfig(t, path, twoWorkloads(srv.URL, trace, "old"))
+			daemontest.WriteConfig(t, path, twoWorkloads(srv.URL, trace, "old"))
 			entered := make(chan struct{}, 1)
 			var armed bool
 			d, err := startDaemon(t, path, func(o *Options) {
@@ -58,11 +59,11 @@ func TestShutdownIsAState(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "the first configuration sending", func() (bool, string) {
-				n := srv.count("/old/v1/chat/completions")
+			testutil.Eventually(t, "the first configuration sending", func() (bool, string) {
+				n := srv.Count("/old/v1/chat/completions")
 				return n == 2, fmt.Sprint(n)
 			})
-			writeConfig(t, path, twoWorkloads(srv.URL, trace, "new"))
+			daemontest.WriteConfig(t, path, twoWorkloads(srv.URL, trace, "new"))
 
 			reloaded := make(chan error, 1)
 			if tt.during {
@@ -73,29 +74,20 @@ func TestShutdownIsAState(t *testing.T) {
 				d.stop()
 				reloaded <- d.Reload(context.Background())
 			}
-			select {
-			case err := <-reloaded:
-				if !errors.Is(err, ErrShuttingDown) {
-					t.Errorf("reload: %v, want ErrShuttingDown", err)
-				}
-			case <-time.After(pollDeadline):
-				t.Fatal("the reload never answered")
+			if err := testutil.Wait(t, "the reload's answer", reloaded); !errors.Is(err, ErrShuttingDown) {
+				t.Errorf("reload: %v, want ErrShuttingDown", err)
 			}
-			select {
-			case <-d.Done():
-			case <-time.After(pollDeadline):
-				t.Fatal("the daemon never stopped")
-			}
+			testutil.Wait(t, "the daemon stopped", d.Done())
 			if err := d.Reload(context.Background()); !errors.Is(err, ErrShuttingDown) {
 				t.Errorf("reload after the stop: %v, want ErrShuttingDown", err)
 			}
 			if d.Ready() {
 				t.Error("ready after the shutdown")
 			}
-			if n := srv.count("/new/v1/chat/completions"); n != 0 {
+			if n := srv.Count("/new/v1/chat/completions"); n != 0 {
 				t.Errorf("the configuration asked for during the shutdown sent %d requests", n)
 			}
-			if v, _ := gatherFamilies(t, d.reg).value("kvload_config_last_reload_successful"); v != 1 {
+			if v, _ := testutil.Gather(t, d.reg).Value("kvload_config_last_reload_successful"); v != 1 {
 				t.Errorf("kvload_config_last_reload_successful %v: an abandoned reload is not a failed one", v)
 			}
 		})

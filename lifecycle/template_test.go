@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-kit/log"
 
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
@@ -102,18 +104,16 @@ func TestChatTemplateLearnt(t *testing.T) {
 		// 100 ms apart, so that each answer is back before the next row.
 		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": [%d, %d, %d]}`+"\n", 100*i, isl(i), 3*i, 3*i+1, 3*i+2)
 	}
-	writeConfig(t, filepath.Join(dir, "trace.jsonl"), trace.String())
+	daemontest.WriteFile(t, filepath.Join(dir, "trace.jsonl"), trace.String())
 	path := filepath.Join(dir, "kvload.yml")
-	writeConfig(t, path, fmt.Sprintf(`targets:
-  - {name: t, url: %s, model: m, dialect: vllm, api: chat}
-workloads:
-  - {name: w, trace: trace.jsonl, targets: [t], block_size: 16, loop: once}
-`, srv.URL))
-	var logs logBuffer
+	cfg := daemontest.Config(srv.URL, "trace.jsonl")
+	cfg.Targets[0].API = "chat"
+	daemontest.WriteConfig(t, path, cfg)
+	var logs testutil.Buffer
 	if _, err := startDaemon(t, path, func(o *Options) { o.Logger = log.NewLogfmtLogger(&logs) }); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "every row answered", func() (bool, string) {
+	testutil.Eventually(t, "every row answered", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(counted) == rows, fmt.Sprint(counted)

@@ -8,8 +8,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-kit/log"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // TestTokenizeCheck: when a target is configured, its tokenize endpoint
@@ -44,9 +49,24 @@ func TestTokenizeCheck(t *testing.T) {
 		tplRead = "chat template overhead read from the target's tokenize endpoint; chat prompts leave it room\" tokens=22"
 		tplNot  = "chat template not measured through the tokenize endpoint"
 	)
+	// emu is an emulated target, changed by change.
+	emu := func(change func(*config.Target)) config.Target {
+		t := config.Target{Name: "tgt", Model: "m", Emulate: &config.Emulate{InterToken: time.Millisecond}}
+		if change != nil {
+			change(&t)
+		}
+		return t
+	}
+	// doublingAs is the doubling server as a target, changed by change (its
+	// dialect).
+	doublingAs := func(change func(*config.Target)) config.Target {
+		t := config.Target{Name: "tgt", Model: "m", URL: doubling.URL}
+		change(&t)
+		return t
+	}
 	tests := []struct {
 		name   string
-		target string
+		target config.Target
 		ratio  float64 // 0: no series
 		log    string
 		quiet  []string // must not be logged
@@ -54,42 +74,39 @@ func TestTokenizeCheck(t *testing.T) {
 		template string
 	}{
 		// The emulator's template (chat is the default api) is 22 tokens.
-		{"emulator", "emulate: {inter_token: 1ms}", 1, checked, []string{lengthOff, idsOff, tplNot}, tplRead},
+		{"emulator", emu(nil), 1, checked, []string{lengthOff, idsOff, tplNot}, tplRead},
 		// A BOS is the engine's: the check asks for the text alone.
 		// and the BOS is the template's on chat: 23.
-		{"emulator with a BOS", "emulate: {inter_token: 1ms, bos: true}", 1, checked, []string{lengthOff, tplNot}, strings.Replace(tplRead, "=22", "=23", 1)},
-		{"emulator on completions", "emulate: {inter_token: 1ms}\n    api: completions", 1, checked, []string{tplRead, tplNot}, ""},
-		{"token ids, the server's tokenizer", "emulate: {inter_token: 1ms}\n    prompt_format: token_ids\n    api: completions\n    tokenizer: o200k_base", 1, checked, []string{idsOff, tplRead, tplNot}, ""},
-		{"token ids, another tokenizer", "emulate: {inter_token: 1ms}\n    prompt_format: token_ids\n    api: completions\n    tokenizer: cl100k_base", 1, idsOff, []string{checked}, ""},
+		{"emulator with a BOS", emu(func(t *config.Target) { t.Emulate.BOS = true }), 1, checked, []string{lengthOff, tplNot}, strings.Replace(tplRead, "=22", "=23", 1)},
+		{"emulator on completions", emu(func(t *config.Target) { t.API = "completions" }), 1, checked, []string{tplRead, tplNot}, ""},
+		{"token ids, the server's tokenizer", emu(func(t *config.Target) {
+			t.PromptFormat, t.API, t.Tokenizer = "token_ids", "completions", "o200k_base"
+		}), 1, checked, []string{idsOff, tplRead, tplNot}, ""},
+		{"token ids, another tokenizer", emu(func(t *config.Target) {
+			t.PromptFormat, t.API, t.Tokenizer = "token_ids", "completions", "cl100k_base"
+		}), 1, idsOff, []string{checked}, ""},
 		// Its chat form (no prompt) counts nothing: not a template.
-		{"twice as many tokens", "url: " + doubling.URL + "\n    dialect: vllm", 2, lengthOff, []string{checked, tplRead}, tplNot},
-		{"llama.cpp route missing", "url: " + doubling.URL + "\n    dialect: llamacpp", 0, noAnswer, []string{checked, lengthOff, tplRead, tplNot}, ""},
-		{"no endpoint", "url: " + doubling.URL + "\n    dialect: openai", 0, "", []string{checked, lengthOff, noAnswer, tplRead, tplNot}, ""},
+		{"twice as many tokens", doublingAs(func(t *config.Target) { t.Dialect = "vllm" }), 2, lengthOff, []string{checked, tplRead}, tplNot},
+		{"llama.cpp route missing", doublingAs(func(t *config.Target) { t.Dialect = "llamacpp" }), 0, noAnswer, []string{checked, lengthOff, tplRead, tplNot}, ""},
+		{"no endpoint", doublingAs(func(t *config.Target) { t.Dialect = "openai" }), 0, "", []string{checked, lengthOff, noAnswer, tplRead, tplNot}, ""},
 		// SGLang's tokenize takes a prompt only: its length is checked,
 		// and its template is not asked for (then learnt from answers).
-		{"sglang", "url: " + doubling.URL + "\n    dialect: sglang", 2, lengthOff, []string{checked, tplRead, tplNot}, ""},
+		{"sglang", doublingAs(func(t *config.Target) { t.Dialect = "sglang" }), 2, lengthOff, []string{checked, tplRead, tplNot}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			path := filepath.Join(t.TempDir(), "kvload.yml")
-			writeConfig(t, path, fmt.Sprintf(`targets:
-  - name: tgt
-    model: m
-    %s
-workloads:
-  - name: w
-    trace: %s
-    targets: [tgt]
-    block_size: 16
-`, tt.target, fixture(t, "tiny.jsonl")))
-			var logs logBuffer
+			w := daemontest.Workload("w", fixture(t, "tiny.jsonl"), "tgt")
+			w.Loop = "" // the default
+			daemontest.WriteConfig(t, path, config.Config{Targets: []config.Target{tt.target}, Workloads: []config.Workload{w}})
+			var logs testutil.Buffer
 			// Start returns once targets are settled: the check is done.
 			s, err := startDaemon(t, path, func(o *Options) { o.Logger = log.NewLogfmtLogger(&logs) })
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, n := gatherFamilies(t, s.reg).value("kvload_target_tokenize_ratio", "target", "tgt")
+			got, n := testutil.Gather(t, s.reg).Value("kvload_target_tokenize_ratio", "target", "tgt")
 			if (n > 0) != (tt.ratio > 0) || got != tt.ratio {
 				t.Errorf("kvload_target_tokenize_ratio %v (%d series), want %v", got, n, tt.ratio)
 			}

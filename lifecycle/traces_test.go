@@ -7,6 +7,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // writeTrace writes rows rows, spaced gap ms apart, each with its own
@@ -17,26 +21,28 @@ func writeTrace(t *testing.T, path string, rows, gap, base int) {
 	for i := range rows {
 		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 20, "output_length": 1, "hash_ids": [%d, %d]}`+"\n", i*gap, base+2*i, base+2*i+1)
 	}
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	daemontest.WriteFile(t, path, b.String())
 }
 
 // sharedConfig: workloads a and b replay one file against two targets each;
 // c, when given, another file.
-func sharedConfig(srvURL, shared, other string, cInFlight int) string {
-	var b strings.Builder
-	b.WriteString("targets:\n")
+func sharedConfig(srvURL, shared, other string, cInFlight int) config.Config {
+	var cfg config.Config
 	for _, n := range []string{"t1", "t2", "t3"} {
-		fmt.Fprintf(&b, "  - {name: %s, url: %s/%s, model: m, dialect: vllm}\n", n, srvURL, n)
+		cfg.Targets = append(cfg.Targets, daemontest.Target(n, srvURL+"/"+n))
 	}
-	b.WriteString("workloads:\n")
-	fmt.Fprintf(&b, "  - {name: a, trace: %s, targets: [t1, t2], block_size: 16, loop: fresh, max_in_flight: 64}\n", shared)
-	fmt.Fprintf(&b, "  - {name: b, trace: %s, targets: [t1, t2], block_size: 16, loop: fresh, max_in_flight: 32, seed: 9}\n", shared)
+	fresh := func(name, trace string, inFlight int, targets ...string) config.Workload {
+		w := daemontest.Workload(name, trace, targets...)
+		w.Loop, w.MaxInFlight = "fresh", inFlight
+		return w
+	}
+	b := fresh("b", shared, 32, "t1", "t2")
+	b.Seed = 9
+	cfg.Workloads = []config.Workload{fresh("a", shared, 64, "t1", "t2"), b}
 	if other != "" {
-		fmt.Fprintf(&b, "  - {name: c, trace: %s, targets: [t3], block_size: 16, loop: fresh, max_in_flight: %d}\n", other, cInFlight)
+		cfg.Workloads = append(cfg.Workloads, fresh("c", other, cInFlight, "t3"))
 	}
-	return b.String()
+	return cfg
 }
 
 // TestTraceParsedOnce: a file used by two workloads and four units is read
@@ -46,14 +52,14 @@ func sharedConfig(srvURL, shared, other string, cInFlight int) string {
 // into anything new.
 func TestTraceParsedOnce(t *testing.T) {
 	t.Parallel()
-	srv := newFakeServer(t)
+	srv := newFakeServer(t, nil)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "kvload.yml")
 	shared, other := filepath.Join(dir, "shared.jsonl"), filepath.Join(dir, "other.jsonl")
 	// Rows an hour apart: each unit sends its first row and waits.
 	writeTrace(t, shared, 3, 3600000, 0)
 	writeTrace(t, other, 3, 3600000, 1000)
-	writeConfig(t, path, sharedConfig(srv.URL, shared, "", 0))
+	daemontest.WriteConfig(t, path, sharedConfig(srv.URL, shared, "", 0))
 	d, err := startDaemon(t, path, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +80,7 @@ func TestTraceParsedOnce(t *testing.T) {
 
 	steps := []struct {
 		what       string
-		config     string
+		config     config.Config
 		touch      func(t *testing.T) // before the reload
 		wantParses int64
 	}{
@@ -92,7 +98,7 @@ func TestTraceParsedOnce(t *testing.T) {
 		if st.touch != nil {
 			st.touch(t)
 		}
-		writeConfig(t, path, st.config)
+		daemontest.WriteConfig(t, path, st.config)
 		if err := d.Reload(ctx); err != nil {
 			t.Fatalf("%s: %v", st.what, err)
 		}
@@ -127,66 +133,69 @@ func TestTraceParsedOnce(t *testing.T) {
 // its rows keep going out, in order, across the reloads.
 func TestReloadLeavesNeighbourAlone(t *testing.T) {
 	t.Parallel()
-	srv := newFakeServer(t)
+	srv := newFakeServer(t, nil)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "kvload.yml")
 	busy, small := filepath.Join(dir, "busy.jsonl"), filepath.Join(dir, "small.jsonl")
 	writeTrace(t, busy, 500, 4, 0) // 2 s a pass, looping
 	writeTrace(t, small, 3, 3600000, 5000)
-	config := func(small string, inFlight int) string {
-		var b strings.Builder
-		fmt.Fprintf(&b, "targets:\n  - {name: tb, url: %s/tb, model: m, dialect: vllm}\n  - {name: ts, url: %s/ts, model: m, dialect: vllm}\n", srv.URL, srv.URL)
+	configure := func(small string, inFlight int) config.Config {
+		cfg := config.Config{Targets: []config.Target{daemontest.Target("tb", srv.URL+"/tb"), daemontest.Target("ts", srv.URL+"/ts")}}
+		bw := daemontest.Workload("busy", busy, "tb")
 		// Queue, not drop: only a stop or a stall of a minute could drop a row.
-		fmt.Fprintf(&b, "workloads:\n  - {name: busy, trace: %s, targets: [tb], block_size: 16, loop: fresh, max_in_flight: 1000, on_saturation: queue}\n", busy)
+		bw.Loop, bw.MaxInFlight, bw.OnSaturation = "fresh", 1000, "queue"
+		cfg.Workloads = append(cfg.Workloads, bw)
 		if small != "" {
-			fmt.Fprintf(&b, "  - {name: small, trace: %s, targets: [ts], block_size: 16, loop: once, max_in_flight: %d}\n", small, inFlight)
+			w := daemontest.Workload("small", small, "ts")
+			w.MaxInFlight = inFlight
+			cfg.Workloads = append(cfg.Workloads, w)
 		}
-		return b.String()
+		return cfg
 	}
-	writeConfig(t, path, config("", 0))
+	daemontest.WriteConfig(t, path, configure("", 0))
 	d, err := startDaemon(t, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
 	const busyPath = "/tb/v1/chat/completions"
-	eventually(t, "the busy workload under way", func() (bool, string) {
-		n := srv.count(busyPath)
+	testutil.Eventually(t, "the busy workload under way", func() (bool, string) {
+		n := srv.Count(busyPath)
 		return n >= 20, fmt.Sprintf("%d requests", n)
 	})
 	busyUnit := d.units[unitKey{"busy", "tb"}]
 	for _, st := range []struct {
 		what   string
-		config string
+		config config.Config
 	}{
-		{"add", config(small, 8)},
-		{"change", config(small, 4)},
-		{"remove", config("", 0)},
+		{"add", configure(small, 8)},
+		{"change", configure(small, 4)},
+		{"remove", configure("", 0)},
 	} {
-		before, smallBefore := srv.count(busyPath), srv.count("/ts/v1/chat/completions")
-		writeConfig(t, path, st.config)
+		before, smallBefore := srv.Count(busyPath), srv.Count("/ts/v1/chat/completions")
+		daemontest.WriteConfig(t, path, st.config)
 		if err := d.Reload(ctx); err != nil {
 			t.Fatalf("%s: %v", st.what, err)
 		}
 		if st.what != "remove" {
-			eventually(t, st.what+": the small workload's first request", func() (bool, string) {
-				n := srv.count("/ts/v1/chat/completions")
+			testutil.Eventually(t, st.what+": the small workload's first request", func() (bool, string) {
+				n := srv.Count("/ts/v1/chat/completions")
 				return n > smallBefore, fmt.Sprintf("%d requests, %d before the reload", n, smallBefore)
 			})
 		}
 		if d.units[unitKey{"busy", "tb"}] != busyUnit {
 			t.Fatalf("%s: the busy workload's unit was replaced", st.what)
 		}
-		eventually(t, st.what+": the busy workload going on", func() (bool, string) {
-			n := srv.count(busyPath)
+		testutil.Eventually(t, st.what+": the busy workload going on", func() (bool, string) {
+			n := srv.Count(busyPath)
 			return n >= before+20, fmt.Sprintf("%d requests, %d before the reload", n, before)
 		})
 	}
-	mfs := gatherFamilies(t, d.reg)
-	if v, _ := mfs.value("kvload_requests_dropped_total", "workload", "busy"); v != 0 {
+	mfs := testutil.Gather(t, d.reg)
+	if v, _ := mfs.Value("kvload_requests_dropped_total", "workload", "busy"); v != 0 {
 		t.Errorf("the busy workload dropped %v rows across the reloads, want 0", v)
 	}
-	sent, _ := mfs.value("kvload_schedule_lag_seconds", "workload", "busy")
+	sent, _ := mfs.Value("kvload_schedule_lag_seconds", "workload", "busy")
 	if sent < 80 {
 		t.Errorf("%v rows sent by the busy workload, want at least 80", sent)
 	}

@@ -1,12 +1,16 @@
 package lifecycle
 
 import (
-	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-kit/log"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // TestUnboundedEmulatorWarning: an emulated engine whose cache has no bound,
@@ -29,17 +33,13 @@ func TestUnboundedEmulatorWarning(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			path := filepath.Join(t.TempDir(), "kvload.yml")
-			writeConfig(t, path, fmt.Sprintf(`targets:
-  - name: emu
-    emulate: {capacity_blocks: %d, inter_token: 1ms}
-workloads:
-  - name: w
-    trace: %s
-    targets: [emu]
-    block_size: 16
-    loop: %s
-`, tt.capacity, fixture(t, "tiny.jsonl"), tt.loop))
-			var logs logBuffer
+			w := daemontest.Workload("w", fixture(t, "tiny.jsonl"), "emu")
+			daemontest.SetString(&w.Loop, tt.loop)
+			daemontest.WriteConfig(t, path, config.Config{
+				Targets:   []config.Target{{Name: "emu", Emulate: &config.Emulate{CapacityBlocks: tt.capacity, InterToken: time.Millisecond}}},
+				Workloads: []config.Workload{w},
+			})
+			var logs testutil.Buffer
 			// Start returns once the engines and units are started: the
 			// warning, if any, is logged by then.
 			if _, err := startDaemon(t, path, func(o *Options) { o.Logger = log.NewLogfmtLogger(&logs) }); err != nil {

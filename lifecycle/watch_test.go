@@ -11,13 +11,15 @@ import (
 
 	"github.com/go-kit/log"
 
-	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // watching is a daemon reloading on file changes, with its log.
-func watching(t *testing.T, path string) (*started, *logBuffer) {
+func watching(t *testing.T, path string) (*started, *testutil.Buffer) {
 	t.Helper()
-	var logs logBuffer
+	var logs testutil.Buffer
 	d, err := startDaemon(t, path, func(o *Options) {
 		o.Watch = true
 		o.Logger = log.NewLogfmtLogger(&logs)
@@ -30,7 +32,7 @@ func watching(t *testing.T, path string) (*started, *logBuffer) {
 
 // appliedModel is the model of the running target t, and how many
 // configurations were applied so far according to the log.
-func appliedModel(d *started, logs *logBuffer) (string, int) {
+func appliedModel(d *started, logs *testutil.Buffer) (string, int) {
 	model := ""
 	for _, tg := range d.Status().Targets {
 		if tg.Name == "t" {
@@ -40,15 +42,23 @@ func appliedModel(d *started, logs *logBuffer) (string, int) {
 	return model, strings.Count(logs.String(), `msg="configuration applied"`)
 }
 
+// watchConfig is a valid configuration whose target model tells which
+// version of the file was applied.
+func watchConfig(srvURL, trace, model string) config.Config {
+	cfg := daemontest.Config(srvURL, trace)
+	cfg.Targets[0].Model = model
+	return cfg
+}
+
 // TestWatchCoalescesWrites: ten writes of the file within a fraction of the
 // debounce, each leaving it half-written (invalid) for a moment, give
 // exactly one reload, of the last version, and no rejection.
 func TestWatchCoalescesWrites(t *testing.T) {
 	t.Parallel()
-	srv := newFakeServer(t)
+	srv := newFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
 	trace := fixture(t, "future.jsonl")
-	writeConfig(t, path, testconfig.WatchConfig(srv.URL, trace, "m-initial"))
+	daemontest.WriteConfig(t, path, watchConfig(srv.URL, trace, "m-initial"))
 	d, logs := watching(t, path)
 	if model, applied := appliedModel(d, logs); model != "m-initial" || applied != 1 {
 		t.Fatalf("at start: model %q, %d applied", model, applied)
@@ -62,7 +72,7 @@ func TestWatchCoalescesWrites(t *testing.T) {
 		if i > 0 {
 			<-tick.C
 		}
-		content := testconfig.WatchConfig(srv.URL, trace, fmt.Sprintf("m-%d", i))
+		content := string(daemontest.Marshal(t, watchConfig(srv.URL, trace, fmt.Sprintf("m-%d", i))))
 		half := strings.Index(content, "workloads:") // targets only: invalid
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
 		if err != nil {
@@ -75,7 +85,7 @@ func TestWatchCoalescesWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "the last write applied", func() (bool, string) {
+	testutil.Eventually(t, "the last write applied", func() (bool, string) {
 		model, applied := appliedModel(d, logs)
 		return model == "m-9" && applied >= 2, fmt.Sprintf("model %q, %d applied", model, applied)
 	})
@@ -90,7 +100,7 @@ func TestWatchCoalescesWrites(t *testing.T) {
 	if strings.Contains(logs.String(), "configuration rejected") {
 		t.Errorf("a half-written file was loaded:\n%s", logs)
 	}
-	if v, _ := gatherFamilies(t, d.reg).value("kvload_config_last_reload_successful"); v != 1 {
+	if v, _ := testutil.Gather(t, d.reg).Value("kvload_config_last_reload_successful"); v != 1 {
 		t.Errorf("kvload_config_last_reload_successful %v, want 1", v)
 	}
 }
@@ -100,7 +110,7 @@ func TestWatchCoalescesWrites(t *testing.T) {
 // all.
 func TestWatchSymlinkSwap(t *testing.T) {
 	t.Parallel()
-	srv := newFakeServer(t)
+	srv := newFakeServer(t, nil)
 	dir := t.TempDir()
 	trace, err := os.ReadFile(fixture(t, "future.jsonl"))
 	if err != nil {
@@ -111,8 +121,8 @@ func TestWatchSymlinkSwap(t *testing.T) {
 		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		writeConfig(t, filepath.Join(dir, name, "kvload.yml"), testconfig.WatchConfig(srv.URL, "trace.jsonl", model))
-		writeConfig(t, filepath.Join(dir, name, "trace.jsonl"), string(trace))
+		daemontest.WriteConfig(t, filepath.Join(dir, name, "kvload.yml"), watchConfig(srv.URL, "trace.jsonl", model))
+		daemontest.WriteFile(t, filepath.Join(dir, name, "trace.jsonl"), trace)
 	}
 	symlink := func(old, new string) {
 		t.Helper()
@@ -137,11 +147,11 @@ func TestWatchSymlinkSwap(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(dir, "..v1")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the swapped configuration applied", func() (bool, string) {
+	testutil.Eventually(t, "the swapped configuration applied", func() (bool, string) {
 		model, applied := appliedModel(d, logs)
 		return model == "m-v2", fmt.Sprintf("model %q, %d applied", model, applied)
 	})
-	if v, _ := gatherFamilies(t, d.reg).value("kvload_config_last_reload_successful"); v != 1 {
+	if v, _ := testutil.Gather(t, d.reg).Value("kvload_config_last_reload_successful"); v != 1 {
 		t.Errorf("kvload_config_last_reload_successful %v, want 1", v)
 	}
 }

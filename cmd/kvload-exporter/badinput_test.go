@@ -18,7 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 var updateBadInput = flag.Bool("update-badinput", false, "rewrite the testdata/badinput golden files")
@@ -291,7 +292,7 @@ func TestBadInputCheck(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			dir := brokenInput(t, c)
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.Buffer
 			code := runWithin(t, []string{"--config.file=" + filepath.Join(dir, "kvload.yml"), "--config.check"}, &stdout, &stderr)
 			if code != checkExitCode {
 				t.Errorf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", code, checkExitCode, stdout.String(), stderr.String())
@@ -313,7 +314,7 @@ func TestBadInputStart(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			dir := brokenInput(t, c)
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.Buffer
 			code := runWithin(t, []string{"--config.file=" + filepath.Join(dir, "kvload.yml"), "--web.listen-address=127.0.0.1:0"}, &stdout, &stderr)
 			if code != exitBadInput {
 				t.Errorf("exit code %d, want %d\nstderr:\n%s", code, exitBadInput, stderr.String())
@@ -347,12 +348,12 @@ func TestBadInputReload(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			skipAsRoot(t, c)
-			srv := newFakeServer(t, nil)
+			srv := testutil.NewFakeServer(t, nil)
 			dir := t.TempDir()
 			writeGoodInput(t, dir, srv.URL)
 			d := startDaemon(t, "--config.file="+filepath.Join(dir, "kvload.yml"))
-			eventually(t, "the good workload replaying", func() (bool, string) {
-				n, _ := scrape(t, d.url).value("kvload_requests_total", "workload", "w", "target", "t", "outcome", "success")
+			testutil.Eventually(t, "the good workload replaying", func() (bool, string) {
+				n, _ := testutil.Scrape(t, d.url).Value("kvload_requests_total", "workload", "w", "target", "t", "outcome", "success")
 				return n > 0, fmt.Sprint(n)
 			})
 
@@ -366,7 +367,7 @@ func TestBadInputReload(t *testing.T) {
 			if want := wantError(t, c, got, false); got != want {
 				t.Errorf("reload error differs from %s:\n got: %s\nwant: %s", goldenName(c), got, want)
 			}
-			if v, n := scrape(t, d.url).value("kvload_config_last_reload_successful"); v != 0 || n != 1 {
+			if v, n := testutil.Scrape(t, d.url).Value("kvload_config_last_reload_successful"); v != 0 || n != 1 {
 				t.Errorf("kvload_config_last_reload_successful %v (%d series), want 0", v, n)
 			}
 		})
@@ -393,20 +394,13 @@ func skipAsRoot(t *testing.T, c badCase) {
 }
 
 // runWithin runs the program like main and returns its exit code; a run
-// that has not returned after pollDeadline (a bad input accepted, or a
-// hang) fails the test.
+// that does not return (a bad input accepted, or a hang) fails the test
+// when the kit's wait runs out.
 func runWithin(t *testing.T, args []string, stdout, stderr io.Writer) int {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, streams{stdout: stdout, stderr: stderr}) }()
-	select {
-	case code := <-done:
-		return code
-	case <-time.After(pollDeadline):
-		cancel()
-		t.Fatalf("%v still running after %v: the input was accepted, or it hangs", args, pollDeadline)
-		return 0
-	}
+	return testutil.Wait(t, fmt.Sprintf("the end of %v (still running: the input was accepted, or it hangs)", args), done)
 }

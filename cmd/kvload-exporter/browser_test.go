@@ -23,6 +23,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 // chromiumBin is Debian's chromium; `make test-browser` installs it.
@@ -136,16 +138,16 @@ func TestBrowserLandingPage(t *testing.T) {
 
 	// Enough finished requests per target for every figure to be there,
 	// and a completed pass (100 rows, 5 s).
-	e2ePoll(t, "40 finished requests per target and a pass", e2eDeadline, func() (bool, string) {
-		m := e2eScrape(t, d.base)
+	testutil.EventuallyWithin(t, "40 finished requests per target and a pass", e2eDeadline, func() (bool, string) {
+		m := testutil.Scrape(t, d.base)
 		var seen []string
 		ok := true
 		for _, tn := range []string{"healthy", "failing", "flaky", "no-cached-count"} {
-			n := m.totals(tn, "canary").Finished
+			n := e2eTotalsOf(m, tn, "canary").Finished
 			seen = append(seen, fmt.Sprintf("%s %v", tn, n))
 			ok = ok && n >= 40
 		}
-		passes := m.sum("kvload_trace_loops_total", "workload", "canary")
+		passes := m.Sum("kvload_trace_loops_total", "workload", "canary")
 		seen = append(seen, fmt.Sprintf("passes %v", passes))
 		return ok && passes >= 1, strings.Join(seen, ", ")
 	})

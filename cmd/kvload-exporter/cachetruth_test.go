@@ -8,13 +8,11 @@ package main
 // requires it in the band a healthy deployment must read.
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	neturl "net/url"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -23,7 +21,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // ctRows and ctSpeedup make a pass of about 16 s: the first 500 rows of the
@@ -40,46 +41,35 @@ func ctEngine(t *testing.T, cfg emulate.Config) (string, *emulate.Engine) {
 	if raceEnabled {
 		t.Skip("whole passes at speed: too slow under -race; run by `make test-e2e`")
 	}
-	eng, err := emulate.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	url, wait, err := eng.Start(ctx, "127.0.0.1:0")
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); wait() })
-	return url, eng
+	e := daemontest.StartEmulator(t, cfg)
+	return e.URL, e.Engine
 }
 
-// ctConfig writes a configuration of one vLLM target at url and one
-// workload, as a user would write it, and returns its path.
+// ctConfigOf is a configuration of one vLLM target at url and one workload
+// replaying head.jsonl ctSpeedup times as fast, as a user would write it.
+func ctConfigOf(url, loop string) config.Config {
+	w := config.Workload{Name: "canary", Trace: "head.jsonl", Targets: []string{"vllm"},
+		Synthesis: config.Synthesis{SpeedupRatio: ctSpeedup}}
+	daemontest.SetString(&w.Loop, loop)
+	return config.Config{
+		Targets:   []config.Target{{Name: "vllm", URL: url, Model: emulate.DefaultModel, Dialect: "vllm"}},
+		Workloads: []config.Workload{w},
+	}
+}
+
+// ctConfig writes ctConfigOf and the first ctRows rows of the example
+// conversation trace, and returns the configuration's path.
 func ctConfig(t *testing.T, url, loop string) string {
 	t.Helper()
-	return ctConfigTrace(t, url, loop, e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), ctRows))
+	return ctConfigTrace(t, ctConfigOf(url, loop), e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), ctRows))
 }
 
-// ctConfigTrace is ctConfig with the trace's rows given, and synthesis
-// settings beyond the speed-up ("key: value").
-func ctConfigTrace(t *testing.T, url, loop string, trace []byte, synthesis ...string) string {
+// ctConfigTrace writes cfg and trace, as head.jsonl, into a directory of
+// their own, and returns the configuration's path.
+func ctConfigTrace(t *testing.T, cfg config.Config, trace []byte) string {
 	t.Helper()
-	synth := strings.Join(append([]string{fmt.Sprintf("speedup_ratio: %d", ctSpeedup)}, synthesis...), ", ")
-	cfg := fmt.Sprintf(`targets:
-  - name: vllm
-    url: %s
-    model: %s
-    dialect: vllm
-workloads:
-  - name: canary
-    trace: head.jsonl
-    targets: [vllm]
-    synthesis: {%s}
-    loop: %s
-`, url, emulate.DefaultModel, synth, loop)
 	dir := e2eDir(t, map[string][]byte{
-		"kvload.yml": []byte(cfg),
+		"kvload.yml": daemontest.Marshal(t, cfg),
 		"head.jsonl": trace,
 	})
 	return filepath.Join(dir, "kvload.yml")
@@ -97,14 +87,14 @@ func ctRead(t *testing.T, bases ...string) ctCounters {
 	t.Helper()
 	var c ctCounters
 	for _, base := range bases {
-		m := e2eScrape(t, base)
-		c.success += m.sum("kvload_requests_total", "outcome", "success")
-		c.unreported += m.sum("kvload_cache_unreported_requests_total")
-		c.cached += m.sum("kvload_cache_reported_cached_prompt_tokens_total")
-		c.reportedPrompt += m.sum("kvload_cache_reported_prompt_tokens_total")
-		c.reportedTheo += m.sum("kvload_cache_reported_theoretical_cached_prompt_tokens_total")
-		c.reportedTrace += m.sum("kvload_cache_reported_trace_prompt_tokens_total")
-		c.passes += m.sum("kvload_trace_loops_total")
+		m := testutil.Scrape(t, base)
+		c.success += m.Sum("kvload_requests_total", "outcome", "success")
+		c.unreported += m.Sum("kvload_cache_unreported_requests_total")
+		c.cached += m.Sum("kvload_cache_reported_cached_prompt_tokens_total")
+		c.reportedPrompt += m.Sum("kvload_cache_reported_prompt_tokens_total")
+		c.reportedTheo += m.Sum("kvload_cache_reported_theoretical_cached_prompt_tokens_total")
+		c.reportedTrace += m.Sum("kvload_cache_reported_trace_prompt_tokens_total")
+		c.passes += m.Sum("kvload_trace_loops_total")
 	}
 	return c
 }
@@ -133,7 +123,7 @@ func (c ctCounters) String() string {
 func ctNextPass(t *testing.T, from ctCounters, bases ...string) ctCounters {
 	t.Helper()
 	var c ctCounters
-	e2ePoll(t, "a pass to complete", e2eDeadline, func() (bool, string) {
+	testutil.EventuallyWithin(t, "a pass to complete", e2eDeadline, func() (bool, string) {
 		c = ctRead(t, bases...)
 		return c.passes >= from.passes+float64(len(bases)), c.String()
 	})
@@ -187,25 +177,20 @@ func TestE2ECacheTruthFleet(t *testing.T) {
 func TestE2ECacheTruthFleetServerMetrics(t *testing.T) {
 	url, eng := ctEngine(t, emulate.Config{InterToken: time.Millisecond})
 	trace := e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), ctRows)
-	cfg := ctConfigTrace(t, url, "once", trace, "max_osl: 32")
-	body, err := os.ReadFile(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	withMetrics := strings.Replace(string(body), "    dialect: vllm\n", "    dialect: vllm\n    cache: {observed: server_metrics}\n", 1)
-	if err := os.WriteFile(cfg, []byte(withMetrics), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	withMetrics := ctConfigOf(url, "once")
+	withMetrics.Workloads[0].Synthesis.MaxOSL = 32
+	withMetrics.Targets[0].Cache.Observed = "server_metrics"
+	cfg := ctConfigTrace(t, withMetrics, trace)
 	a := e2eStartFlags(t, cfg, []string{"--shard=0/2"})
 	b := e2eStartFlags(t, cfg, []string{"--shard=1/2"})
 	var both ctCounters
-	e2ePoll(t, "the pass done", e2eDeadline, func() (bool, string) {
+	testutil.EventuallyWithin(t, "the pass done", e2eDeadline, func() (bool, string) {
 		both = ctRead(t, a.base, b.base)
 		return both.success == ctRows, both.String()
 	})
 	// Then the last reads of the engine's counters (every 5 s).
 	engine := float64(eng.Stats().CacheHitTokens)
-	e2ePoll(t, "the engine's hits credited", e2eDeadline, func() (bool, string) {
+	testutil.EventuallyWithin(t, "the engine's hits credited", e2eDeadline, func() (bool, string) {
 		both = ctRead(t, a.base, b.base)
 		return both.cached >= 0.99*engine, fmt.Sprintf("credited %.0f of the engine's %.0f", both.cached, engine)
 	})
@@ -282,7 +267,9 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 				flags = append(flags, fmt.Sprintf("--capacity-blocks=%d", tt.capacity))
 			}
 			emu, url := ctEmulatorProcess(t, "127.0.0.1:0", flags...)
-			cfg := ctConfigTrace(t, url, tt.loop, trace, "max_osl: 32")
+			c := ctConfigOf(url, tt.loop)
+			c.Workloads[0].Synthesis.MaxOSL = 32
+			cfg := ctConfigTrace(t, c, trace)
 
 			first := ctExporterProcess(t, cfg)
 			from := ctRead(t, first.base)
@@ -293,7 +280,7 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 				ctBand(t, "kept running, a whole pass", to.minus(from), tt.lo, tt.hi)
 				from = to
 			}
-			e2ePoll(t, "a quarter of a pass", e2eDeadline, func() (bool, string) {
+			testutil.EventuallyWithin(t, "a quarter of a pass", e2eDeadline, func() (bool, string) {
 				c := ctRead(t, first.base)
 				return c.success-from.success >= rtRows/4, c.String()
 			})
@@ -306,8 +293,8 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 
 			second := ctExporterProcess(t, cfg)
 			if tt.capacity > 0 {
-				m := e2eScrape(t, second.base)
-				if got := m.sum("kvload_target_cache_capacity_blocks"); got != float64(tt.capacity) {
+				m := testutil.Scrape(t, second.base)
+				if got := m.Sum("kvload_target_cache_capacity_blocks"); got != float64(tt.capacity) {
 					t.Errorf("the restarted model's capacity is %v blocks, want the engine's %d", got, tt.capacity)
 				}
 			}
@@ -327,7 +314,7 @@ func ctEmulatorProcess(t *testing.T, addr string, flags ...string) (*process, st
 	t.Helper()
 	p := startProcess(t, append([]string{"emulate", "--listen=" + addr, "--model=" + emulate.DefaultModel}, flags...)...)
 	var url string
-	e2ePoll(t, "the emulator listening", e2eDeadline, func() (bool, string) {
+	testutil.EventuallyWithin(t, "the emulator listening", e2eDeadline, func() (bool, string) {
 		select {
 		case <-p.exited:
 			t.Fatalf("the emulator exited (%v):\n%s", p.err, p.stderr.String())
@@ -352,7 +339,7 @@ func ctExporterProcess(t *testing.T, cfg string) *process {
 	t.Helper()
 	p := startProcess(t, "--config.file="+cfg, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=10s")
 	p.waitListening(t)
-	e2ePoll(t, "the exporter ready", e2eDeadline, func() (bool, string) {
+	testutil.EventuallyWithin(t, "the exporter ready", e2eDeadline, func() (bool, string) {
 		code, _, err := e2eGet(p.base + "/-/ready")
 		return err == nil && code == http.StatusOK, fmt.Sprintf("GET /-/ready: %d %v\n%s", code, err, p.stderr.String())
 	})
@@ -364,13 +351,9 @@ func ctExporterProcess(t *testing.T, cfg string) *process {
 func ctStopProcess(t *testing.T, p *process) {
 	t.Helper()
 	p.signal(t, syscall.SIGTERM)
-	select {
-	case <-p.exited:
-		if p.err != nil {
-			t.Fatalf("exit after SIGTERM: %v, want status 0\n%s", p.err, p.stderr.String())
-		}
-	case <-time.After(e2eDeadline): // a guard against a hang only
-		t.Fatalf("still running %v after SIGTERM:\n%s", e2eDeadline, p.stderr.String())
+	testutil.WaitShowing(t, "the exit after SIGTERM", p.exited, p.stderr)
+	if p.err != nil {
+		t.Fatalf("exit after SIGTERM: %v, want status 0\n%s", p.err, p.stderr.String())
 	}
 }
 
@@ -380,7 +363,7 @@ func ctStopProcess(t *testing.T, p *process) {
 func TestE2ECacheTruthUnreported(t *testing.T) {
 	url, _ := ctEngine(t, emulate.Config{OmitCachedTokens: true})
 	d := e2eStart(t, ctConfig(t, url, "fresh"))
-	e2ePoll(t, "requests", e2eDeadline, func() (bool, string) {
+	testutil.EventuallyWithin(t, "requests", e2eDeadline, func() (bool, string) {
 		c := ctRead(t, d.base)
 		return c.success >= 50, c.String()
 	})
@@ -415,8 +398,8 @@ func TestE2ECacheTruthCapacity(t *testing.T) {
 	d := e2eStart(t, ctConfig(t, url, "fresh"))
 	start := ctNextPass(t, ctRead(t, d.base), d.base)
 	end := ctNextPass(t, start, d.base)
-	m := e2eScrape(t, d.base)
-	if got := m.sum("kvload_target_cache_capacity_blocks"); got != 20000 {
+	m := testutil.Scrape(t, d.base)
+	if got := m.Sum("kvload_target_cache_capacity_blocks"); got != 20000 {
 		t.Errorf("the model's capacity is %v blocks, want the engine's 20000", got)
 	}
 	ctBand(t, "20,000 blocks of 16 tokens", end.minus(start), 0.85, 1.05)
@@ -436,33 +419,14 @@ func TestE2ECacheTruthCapacityUnknown(t *testing.T) {
 		{"llamacpp", emulate.PersonalityLlamaCpp},
 	} {
 		t.Run(tt.dialect, func(t *testing.T) {
-			eng, err := emulate.New(emulate.Config{Engine: tt.engine})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			url, wait, err := eng.Start(ctx, "127.0.0.1:0")
-			if err != nil {
-				cancel()
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { cancel(); wait() })
-			cfg := fmt.Sprintf(`targets:
-  - name: engine-%s
-    url: %s
-    model: %s
-    dialect: %s
-workloads:
-  - name: canary
-    trace: head.jsonl
-    targets: [engine-%s]
-    synthesis: {max_osl: 4}
-`, tt.dialect, url, emulate.DefaultModel, tt.dialect, tt.dialect)
-			dir := e2eDir(t, map[string][]byte{
-				"kvload.yml": []byte(cfg),
-				"head.jsonl": e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), 5),
-			})
-			d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
+			url := daemontest.StartEmulator(t, emulate.Config{Engine: tt.engine}).URL
+			tg := config.Target{Name: "engine-" + tt.dialect, URL: url, Model: emulate.DefaultModel}
+			daemontest.SetString(&tg.Dialect, tt.dialect)
+			d := e2eStart(t, ctConfigTrace(t, config.Config{
+				Targets: []config.Target{tg},
+				Workloads: []config.Workload{{Name: "canary", Trace: "head.jsonl", Targets: []string{tg.Name},
+					Synthesis: config.Synthesis{MaxOSL: 4}}},
+			}, e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), 5)))
 			const notice = `msg="the target's KV cache size is unknown`
 			target := "target=engine-" + tt.dialect
 			count := func() int {
@@ -480,15 +444,15 @@ workloads:
 			if n := count(); n != 1 {
 				t.Fatalf("the notice is logged %d times at start-up, want once:\n%s", n, d.log.String())
 			}
-			m := e2eScrape(t, d.base)
-			if got := m.sum("kvload_target_cache_capacity_known"); got != 0 {
+			m := testutil.Scrape(t, d.base)
+			if got := m.Sum("kvload_target_cache_capacity_known"); got != 0 {
 				t.Errorf("kvload_target_cache_capacity_known %v, want 0", got)
 			}
 			// A reload that changes nothing says nothing new.
-			before := m.sum("kvload_config_last_reload_success_timestamp_seconds")
+			before := m.Sum("kvload_config_last_reload_success_timestamp_seconds")
 			e2ePost(t, d.base+"/-/reload", "")
-			e2ePoll(t, "the reload done", e2eDeadline, func() (bool, string) {
-				got := e2eScrape(t, d.base).sum("kvload_config_last_reload_success_timestamp_seconds")
+			testutil.EventuallyWithin(t, "the reload done", e2eDeadline, func() (bool, string) {
+				got := testutil.Scrape(t, d.base).Sum("kvload_config_last_reload_success_timestamp_seconds")
 				return got > before, fmt.Sprintf("last reload at %v, before %v", got, before)
 			})
 			if n := count(); n != 1 {
@@ -534,42 +498,18 @@ func TestE2ECacheTruthServerMetrics(t *testing.T) {
 		t.Skip("whole passes at speed: too slow under -race; run by `make test-e2e`")
 	}
 	cfgEngine := emulate.Config{Engine: emulate.PersonalityLlamaCpp, BOS: true}
-	ctx, cancel := context.WithCancel(context.Background())
-	eng, err := emulate.New(cfgEngine)
-	if err != nil {
-		t.Fatal(err)
+	eng := daemontest.StartEmulator(t, cfgEngine)
+	workload := func(name, trace string) config.Workload {
+		return config.Workload{Name: name, Trace: trace, Targets: []string{"llama"}, Synthesis: config.Synthesis{SpeedupRatio: 20},
+			Loop: "once", MaxInFlight: 4, OnSaturation: "queue"}
 	}
-	url, wait, err := eng.Start(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	cfg := config.Config{
+		Targets: []config.Target{{Name: "llama", URL: eng.URL, Model: emulate.DefaultModel, Dialect: "llamacpp",
+			Cache: config.Cache{CapacityBlocks: config.Fixed(65536), Observed: "server_metrics"}}},
+		Workloads: []config.Workload{workload("first", "head20.jsonl")},
 	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			cancel()
-			wait()
-		}
-	}()
-	workload := func(name, trace string) string {
-		return fmt.Sprintf(`  - name: %s
-    trace: %s
-    targets: [llama]
-    synthesis: {speedup_ratio: 20}
-    loop: once
-    max_in_flight: 4
-    on_saturation: queue
-`, name, trace)
-	}
-	head := fmt.Sprintf(`targets:
-  - name: llama
-    url: %s
-    model: %s
-    dialect: llamacpp
-    cache: {capacity_blocks: 65536, observed: server_metrics}
-workloads:
-`, url, emulate.DefaultModel)
 	dir := e2eDir(t, map[string][]byte{
-		"kvload.yml":   []byte(head + workload("first", "head20.jsonl")),
+		"kvload.yml":   daemontest.Marshal(t, cfg),
 		"head20.jsonl": e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), 20),
 		// Another length, so that the restarted engine's counter does not
 		// come back to the very value the scraper last saw (a reset that
@@ -579,14 +519,14 @@ workloads:
 	d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
 	credited := func(want float64) {
 		t.Helper()
-		e2ePoll(t, "the engine's hits credited", e2eDeadline, func() (bool, string) {
-			m := e2eScrape(t, d.base)
-			got := m.sum("kvload_cached_prompt_tokens_total")
-			return got == want && m.sum("kvload_requests_in_flight") == 0,
+		testutil.EventuallyWithin(t, "the engine's hits credited", e2eDeadline, func() (bool, string) {
+			m := testutil.Scrape(t, d.base)
+			got := m.Sum("kvload_cached_prompt_tokens_total")
+			return got == want && m.Sum("kvload_requests_in_flight") == 0,
 				fmt.Sprintf("credited %.0f, the engine counted %.0f", got, want)
 		})
 	}
-	e2ePoll(t, "the first pass", e2eDeadline, func() (bool, string) {
+	testutil.EventuallyWithin(t, "the first pass", e2eDeadline, func() (bool, string) {
 		c := ctRead(t, d.base)
 		return c.success == 20, c.String()
 	})
@@ -597,26 +537,12 @@ workloads:
 	credited(float64(first))
 
 	// The engine restarts on the same address: its counter starts again.
-	addr := strings.TrimPrefix(url, "http://")
-	cancel()
-	wait()
-	stopped = true
-	eng2, err := emulate.New(cfgEngine)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx2, cancel2 := context.WithCancel(context.Background())
-	_, wait2, err := eng2.Start(ctx2, addr)
-	if err != nil {
-		cancel2()
-		t.Fatal(err)
-	}
-	defer func() { cancel2(); wait2() }()
-	if err := os.WriteFile(filepath.Join(dir, "kvload.yml"), []byte(head+workload("first", "head20.jsonl")+workload("second", "head30.jsonl")), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	eng.Stop()
+	eng2 := daemontest.StartEmulatorAt(t, cfgEngine, strings.TrimPrefix(eng.URL, "http://"))
+	cfg.Workloads = append(cfg.Workloads, workload("second", "head30.jsonl"))
+	daemontest.WriteConfig(t, filepath.Join(dir, "kvload.yml"), cfg)
 	e2ePost(t, d.base+"/-/reload", "")
-	e2ePoll(t, "the second pass", e2eDeadline, func() (bool, string) {
+	testutil.EventuallyWithin(t, "the second pass", e2eDeadline, func() (bool, string) {
 		c := ctRead(t, d.base)
 		return c.success == 50, c.String()
 	})
@@ -668,7 +594,7 @@ func TestE2ECacheTruthRouter(t *testing.T) {
 				for i := range backends {
 					backends[i], _ = ctEngine(t, emulate.Config{})
 				}
-				d := e2eStart(t, ctConfigTrace(t, ctRoundRobin(t, backends), "fresh", rows))
+				d := e2eStart(t, ctConfigTrace(t, ctConfigOf(ctRoundRobin(t, backends), "fresh"), rows))
 				start := ctNextPass(t, ctRead(t, d.base), d.base)
 				end := ctNextPass(t, start, d.base)
 				d.stop(t)
@@ -718,27 +644,19 @@ func TestE2ECacheTruthPreamble(t *testing.T) {
 	for _, api := range []string{"completions", "chat"} {
 		t.Run(api, func(t *testing.T) {
 			url, eng := ctEngine(t, emulate.Config{Engine: emulate.PersonalityLlamaCpp, BOS: true})
-			cfg := fmt.Sprintf(`targets:
-  - name: llama
-    url: %s
-    model: %s
-    dialect: llamacpp
-    api: %s
-workloads:
-  - name: sparse
-    trace: sparse.jsonl
-    targets: [llama]
-    loop: once
-`, url, emulate.DefaultModel, api)
-			dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(cfg), "sparse.jsonl": ctSparseTrace(rows, 120)})
-			d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
+			target := config.Target{Name: "llama", URL: url, Model: emulate.DefaultModel, Dialect: "llamacpp"}
+			daemontest.SetString(&target.API, api)
+			d := e2eStart(t, ctConfigTrace(t, config.Config{
+				Targets:   []config.Target{target},
+				Workloads: []config.Workload{{Name: "sparse", Trace: "head.jsonl", Targets: []string{"llama"}, Loop: "once"}},
+			}, ctSparseTrace(rows, 120)))
 			var c ctCounters
-			e2ePoll(t, "the pass", e2eDeadline, func() (bool, string) {
+			testutil.EventuallyWithin(t, "the pass", e2eDeadline, func() (bool, string) {
 				c = ctRead(t, d.base)
 				return c.success == rows, c.String()
 			})
-			m := e2eScrape(t, d.base)
-			preamble := m.sum("kvload_target_cache_preamble_tokens")
+			m := testutil.Scrape(t, d.base)
+			preamble := m.Sum("kvload_target_cache_preamble_tokens")
 			d.stop(t)
 			st := eng.Stats()
 			t.Logf("%s: %v; preamble %.0f tokens; engine: %d prompt tokens, %d cached", api, c, preamble, st.PromptTokens, st.CacheHitTokens)
@@ -779,22 +697,14 @@ func TestE2ECacheTruthGranularity(t *testing.T) {
 	} {
 		t.Run(tc.dialect, func(t *testing.T) {
 			url, _ := ctEngine(t, tc.engine)
-			cfg := fmt.Sprintf(`targets:
-  - name: engine
-    url: %s
-    model: %s
-    dialect: %s
-    api: completions
-workloads:
-  - name: partial
-    trace: partial.jsonl
-    targets: [engine]
-    loop: once
-`, url, emulate.DefaultModel, tc.dialect)
-			dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(cfg), "partial.jsonl": trace})
-			d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
+			target := config.Target{Name: "engine", URL: url, Model: emulate.DefaultModel, API: "completions"}
+			daemontest.SetString(&target.Dialect, tc.dialect)
+			d := e2eStart(t, ctConfigTrace(t, config.Config{
+				Targets:   []config.Target{target},
+				Workloads: []config.Workload{{Name: "partial", Trace: "head.jsonl", Targets: []string{"engine"}, Loop: "once"}},
+			}, trace))
 			var c ctCounters
-			e2ePoll(t, "the pass", e2eDeadline, func() (bool, string) {
+			testutil.EventuallyWithin(t, "the pass", e2eDeadline, func() (bool, string) {
 				c = ctRead(t, d.base)
 				return c.success == rows, c.String()
 			})

@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // openFDs counts the file descriptors of process pid.
@@ -37,9 +38,9 @@ func TestDaemonIdleConnections(t *testing.T) {
 		limit = 512
 		idle  = 1000
 	)
-	srv := newFakeServer(t, nil)
+	srv := testutil.NewFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	writeConfig(t, path, testconfig.WatchConfig(srv.URL, fixture(t, "future.jsonl"), "m"))
+	daemontest.WriteConfig(t, path, daemontest.Config(srv.URL, fixture(t, "future.jsonl")))
 	p := startProcessEnv(t, []string{fmt.Sprintf("%s=%d", nofileEnv, limit)},
 		"--config.file="+path, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=1s")
 	p.waitListening(t)
@@ -54,7 +55,7 @@ func TestDaemonIdleConnections(t *testing.T) {
 	conns := make([]net.Conn, 0, idle)
 	var wg sync.WaitGroup
 	for i := range idle {
-		c, err := net.DialTimeout("tcp", addr, pollDeadline)
+		c, err := net.DialTimeout("tcp", addr, testutil.Ceiling)
 		if err != nil {
 			t.Fatalf("connection %d: %v", i, err)
 		}
@@ -68,7 +69,7 @@ func TestDaemonIdleConnections(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			fmt.Fprintf(c, "GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
-			c.SetReadDeadline(time.Now().Add(pollDeadline))
+			c.SetReadDeadline(time.Now().Add(testutil.Ceiling))
 			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
 				resp.Body.Close()
 			}
@@ -100,7 +101,7 @@ func TestDaemonIdleConnections(t *testing.T) {
 	for _, c := range conns {
 		c.Close()
 	}
-	eventually(t, "file descriptors back near the baseline", func() (bool, string) {
+	testutil.Eventually(t, "file descriptors back near the baseline", func() (bool, string) {
 		n := openFDs(t, pid)
 		return n <= baseline+5, fmt.Sprintf("%d open, %d before", n, baseline)
 	})

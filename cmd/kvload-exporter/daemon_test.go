@@ -2,439 +2,33 @@ package main
 
 // Acceptance tests of the daemon: the whole program (run) against local
 // OpenAI-compatible servers, driven through its config file, its HTTP
-// endpoints and, for shutdown, signals to a real process.
+// endpoints and, for shutdown, signals to a real process. Their harness is
+// harness_test.go.
 
 import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"html/template"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
-	"sort"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
-	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 var updateDaemon = flag.Bool("update-daemon", false, "rewrite the daemon golden files")
-
-// runMainEnv makes the test binary act as kvload-exporter itself, so that
-// the shutdown tests can signal a real process without building one.
-const runMainEnv = "KVLOAD_EXPORTER_TEST_RUN_MAIN"
-
-// nofileEnv, set with runMainEnv, lowers the process's file descriptor
-// limit first (the Go runtime raised it at start).
-const nofileEnv = "KVLOAD_EXPORTER_TEST_NOFILE"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(runMainEnv) == "1" {
-		if n, err := strconv.ParseUint(os.Getenv(nofileEnv), 10, 64); err == nil {
-			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: n, Max: n}); err != nil {
-				panic(err)
-			}
-		}
-		main() // exits
-	}
-	os.Exit(m.Run())
-}
-
-// pollDeadline only guards against a hang; no test asserts speed.
-const pollDeadline = 2 * time.Minute
-
-// eventually polls cond until it holds; detail says what was last seen.
-func eventually(t *testing.T, what string, cond func() (ok bool, detail string)) {
-	t.Helper()
-	deadline := time.Now().Add(pollDeadline)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %v; last seen: %s", what, pollDeadline, detail)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and concurrent readers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// listenRE finds the address exporter-toolkit logs for each listener: with
-// --web.listen-address=127.0.0.1:0 it is the port actually bound.
-var listenRE = regexp.MustCompile(`msg="Listening on" address=(127\.0\.0\.1:\d+)`)
-
-// daemonRun is the program running in this process, as main would run it.
-type daemonRun struct {
-	url    string // http://127.0.0.1:PORT
-	stderr *syncBuffer
-	cancel context.CancelFunc
-	exit   chan int
-	code   int
-	ended  bool
-}
-
-// startDaemon runs the daemon with args (plus a loopback listen address and
-// a short drain unless args set them) and waits until it serves HTTP. The
-// test's cleanup stops it.
-func startDaemon(t *testing.T, args ...string) *daemonRun {
-	t.Helper()
-	all := append([]string{}, args...)
-	joined := strings.Join(args, " ")
-	if !strings.Contains(joined, "--web.listen-address") {
-		all = append(all, "--web.listen-address=127.0.0.1:0")
-	}
-	if !strings.Contains(joined, "--shutdown.drain-timeout") {
-		all = append(all, "--shutdown.drain-timeout=2s")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	d := &daemonRun{stderr: &syncBuffer{}, cancel: cancel, exit: make(chan int, 1)}
-	go func() { d.exit <- run(ctx, all, streams{stdout: io.Discard, stderr: d.stderr}) }()
-	t.Cleanup(func() { d.stop(t) })
-	eventually(t, "daemon listening", func() (bool, string) {
-		select {
-		case d.code = <-d.exit:
-			d.ended = true
-			t.Fatalf("daemon exited with %d before listening:\n%s", d.code, d.stderr.String())
-		default:
-		}
-		m := listenRE.FindStringSubmatch(d.stderr.String())
-		if m == nil {
-			return false, d.stderr.String()
-		}
-		d.url = "http://" + m[1]
-		return true, ""
-	})
-	return d
-}
-
-// stop ends the daemon as a signal would and returns its exit code.
-func (d *daemonRun) stop(t *testing.T) int {
-	t.Helper()
-	if d.ended {
-		return d.code
-	}
-	d.cancel()
-	select {
-	case d.code = <-d.exit:
-	case <-time.After(pollDeadline):
-		t.Fatalf("daemon did not stop:\n%s", d.stderr.String())
-	}
-	d.ended = true
-	return d.code
-}
-
-// families is a parsed scrape, by metric name.
-type families map[string]*dto.MetricFamily
-
-func parseMetrics(r io.Reader) (families, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(r)
-	return families(mfs), err
-}
-
-// scrape fetches and parses /metrics (text format).
-func scrape(t *testing.T, base string) families {
-	t.Helper()
-	mfs, err := tryScrape(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mfs
-}
-
-func tryScrape(base string) (families, error) {
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
-	}
-	return parseMetrics(resp.Body)
-}
-
-// gatherer serves a parsed scrape to testutil.
-func (mfs families) gatherer() prometheus.Gatherer {
-	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
-		out := make([]*dto.MetricFamily, 0, len(mfs))
-		for _, mf := range mfs {
-			out = append(out, mf)
-		}
-		sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
-		return out, nil
-	})
-}
-
-// value sums the series of name whose labels include the given pairs; a
-// histogram contributes its sample count. n is how many series matched.
-func (mfs families) value(name string, pairs ...string) (sum float64, n int) {
-	mf := mfs[name]
-	if mf == nil {
-		return 0, 0
-	}
-	want := map[string]string{}
-	for i := 0; i+1 < len(pairs); i += 2 {
-		want[pairs[i]] = pairs[i+1]
-	}
-next:
-	for _, m := range mf.GetMetric() {
-		matched := 0
-		for _, l := range m.GetLabel() {
-			if v, ok := want[l.GetName()]; ok {
-				if v != l.GetValue() {
-					continue next
-				}
-				matched++
-			}
-		}
-		if matched != len(want) {
-			continue
-		}
-		n++
-		switch {
-		case m.Counter != nil:
-			sum += m.GetCounter().GetValue()
-		case m.Gauge != nil:
-			sum += m.GetGauge().GetValue()
-		case m.Histogram != nil:
-			sum += float64(m.GetHistogram().GetSampleCount())
-		case m.Untyped != nil:
-			sum += m.GetUntyped().GetValue()
-		}
-	}
-	return sum, n
-}
-
-func httpGet(t *testing.T, u string) (int, string) {
-	t.Helper()
-	return fetch(t, http.DefaultClient, http.MethodGet, u, nil)
-}
-
-// postReload is POST /-/reload with a deadline, so that a reload stuck on
-// a file fails the test rather than hanging it.
-func postReload(t *testing.T, base string) (int, string) {
-	t.Helper()
-	return fetch(t, &http.Client{Timeout: pollDeadline}, http.MethodPost, base+"/-/reload", nil)
-}
-
-// fetch sends one bodiless request with c, with basic auth when userPass is
-// given, and returns the status and the body.
-func fetch(t *testing.T, c *http.Client, method, u string, userPass []string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, u, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(userPass) == 2 {
-		req.SetBasicAuth(userPass[0], userPass[1])
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
-}
-
-func writeConfig(t *testing.T, path, body string) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// fixture is the absolute path of a file of testdata/daemon.
-func fixture(t *testing.T, name string) string {
-	t.Helper()
-	p, err := filepath.Abs(filepath.Join("testdata", "daemon", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// usage is what the fake server reports for one request.
-type usage struct{ prompt, completion, cached int }
-
-// fakeServer speaks OpenAI chat completions over SSE: a role chunk, one
-// content chunk per output token, a usage chunk, [DONE]. The numbers
-// depend only on the request's max tokens, never on arrival order.
-type fakeServer struct {
-	*httptest.Server
-	usage func(maxTokens int) usage
-	// release, when set, holds every request until it receives from it
-	// (one request per value sent; closing releases all) or the client
-	// goes away.
-	release chan struct{}
-	// fail, when set, may answer instead (status, body); status 0 means no.
-	fail func(r *http.Request, maxTokens int) (int, string)
-
-	mu      sync.Mutex
-	arrived map[string]int // by URL path
-	times   []time.Time    // when each request arrived
-	auth    map[string]int // Authorization headers seen
-	ended   int            // held requests whose client went away
-}
-
-func newFakeServer(t *testing.T, configure func(*fakeServer)) *fakeServer {
-	t.Helper()
-	f := &fakeServer{
-		usage:   func(n int) usage { return usage{prompt: 10 * n, completion: n} },
-		arrived: map[string]int{},
-		auth:    map[string]int{},
-	}
-	if configure != nil {
-		configure(f)
-	}
-	f.Server = httptest.NewServer(http.HandlerFunc(f.serve))
-	t.Cleanup(f.Close)
-	if f.release != nil {
-		// Runs before Close (cleanups are last in, first out), so that no
-		// handler is left waiting.
-		t.Cleanup(func() {
-			defer func() { recover() }() // already closed by the test
-			close(f.release)
-		})
-	}
-	return f
-}
-
-func (f *fakeServer) count(path string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.arrived[path]
-}
-
-// lastArrival is when the latest request arrived, and how many did.
-func (f *fakeServer) lastArrival() (time.Time, int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var last time.Time
-	for _, a := range f.times {
-		if a.After(last) {
-			last = a
-		}
-	}
-	return last, len(f.times)
-}
-
-func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		MaxTokens           int  `json:"max_tokens"`
-		MaxCompletionTokens int  `json:"max_completion_tokens"`
-		Stream              bool `json:"stream"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || !req.Stream {
-		http.Error(w, `{"error":{"message":"bad request"}}`, http.StatusBadRequest)
-		return
-	}
-	n := max(req.MaxTokens, req.MaxCompletionTokens)
-	f.mu.Lock()
-	f.arrived[r.URL.Path]++
-	f.times = append(f.times, time.Now())
-	f.auth[r.Header.Get("Authorization")]++
-	f.mu.Unlock()
-
-	if f.release != nil {
-		select {
-		case <-f.release:
-		case <-r.Context().Done():
-			f.mu.Lock()
-			f.ended++
-			f.mu.Unlock()
-			return
-		}
-	}
-	if f.fail != nil {
-		if status, body := f.fail(r, n); status != 0 {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(status)
-			io.WriteString(w, body)
-			return
-		}
-	}
-	u := f.usage(n)
-	w.Header().Set("Content-Type", "text/event-stream")
-	fl := w.(http.Flusher)
-	chunk := func(v any) {
-		b, _ := json.Marshal(v)
-		fmt.Fprintf(w, "data: %s\n\n", b)
-		fl.Flush()
-	}
-	type delta struct {
-		Role    string `json:"role,omitempty"`
-		Content string `json:"content"`
-	}
-	type choice struct {
-		Index        int     `json:"index"`
-		Delta        delta   `json:"delta"`
-		FinishReason *string `json:"finish_reason"`
-	}
-	type body struct {
-		ID      string         `json:"id"`
-		Object  string         `json:"object"`
-		Choices []choice       `json:"choices"`
-		Usage   map[string]any `json:"usage,omitempty"`
-	}
-	chunk(body{ID: "c", Object: "chat.completion.chunk", Choices: []choice{{Delta: delta{Role: "assistant"}}}})
-	stop := "stop"
-	for i := range n {
-		c := choice{Delta: delta{Content: " tok"}}
-		if i == n-1 {
-			c.FinishReason = &stop
-		}
-		chunk(body{ID: "c", Object: "chat.completion.chunk", Choices: []choice{c}})
-	}
-	chunk(body{ID: "c", Object: "chat.completion.chunk", Choices: []choice{}, Usage: map[string]any{
-		"prompt_tokens":         u.prompt,
-		"completion_tokens":     u.completion,
-		"total_tokens":          u.prompt + u.completion,
-		"prompt_tokens_details": map[string]any{"cached_tokens": u.cached},
-	}})
-	io.WriteString(w, "data: [DONE]\n\n")
-	fl.Flush()
-}
 
 // goldenMetrics are the series compared with testdata/daemon/golden.prom;
 // histograms are checked by their counts only (their values are timings).
@@ -462,38 +56,32 @@ var goldenMetrics = []string{
 // the server reports exactly those as cached.
 func TestDaemonGoldenMetrics(t *testing.T) {
 	t.Parallel()
-	byMax := map[int]usage{
-		3: {prompt: 45, completion: 3, cached: 0},
-		5: {prompt: 45, completion: 5, cached: 32},
-		7: {prompt: 25, completion: 7, cached: 0},
-		9: {prompt: 25, completion: 9, cached: 16},
+	byMax := map[int]testutil.Usage{
+		3: {Prompt: 45, Completion: 3, Cached: 0},
+		5: {Prompt: 45, Completion: 5, Cached: 32},
+		7: {Prompt: 25, Completion: 7, Cached: 0},
+		9: {Prompt: 25, Completion: 9, Cached: 16},
 	}
-	srv := newFakeServer(t, func(f *fakeServer) { f.usage = func(n int) usage { return byMax[n] } })
+	srv := testutil.NewFakeServer(t, func(f *testutil.FakeServer) { f.Usage = func(n int) testutil.Usage { return byMax[n] } })
 	cfg := filepath.Join(t.TempDir(), "kvload.yml")
-	writeConfig(t, cfg, fmt.Sprintf(`targets:
-  - name: fake
-    url: %s
-    model: fake-model
-    dialect: vllm
-workloads:
-  - name: golden
-    trace: %s
-    targets: [fake]
-    block_size: 16
-    loop: once
-`, srv.URL, fixture(t, "tiny.jsonl")))
+	target := daemontest.Target("fake", srv.URL)
+	target.Model = "fake-model"
+	daemontest.WriteConfig(t, cfg, config.Config{
+		Targets:   []config.Target{target},
+		Workloads: []config.Workload{daemontest.Workload("golden", fixture(t, "tiny.jsonl"), "fake")},
+	})
 	d := startDaemon(t, "--config.file="+cfg)
 
 	goldenPath := fixture(t, "golden.prom")
 	if *updateDaemon {
-		eventually(t, "four requests counted", func() (bool, string) {
-			mfs := scrape(t, d.url)
-			n, _ := mfs.value("kvload_theoretical_cached_prompt_tokens_total")
-			s, _ := mfs.value("kvload_requests_total", "outcome", "success")
+		testutil.Eventually(t, "four requests counted", func() (bool, string) {
+			mfs := testutil.Scrape(t, d.url)
+			n, _ := mfs.Value("kvload_theoretical_cached_prompt_tokens_total")
+			s, _ := mfs.Value("kvload_requests_total", "outcome", "success")
 			return s == 4 && n == 48, fmt.Sprint(s, n)
 		})
 		var out bytes.Buffer
-		mfs := scrape(t, d.url)
+		mfs := testutil.Scrape(t, d.url)
 		for _, name := range goldenMetrics {
 			if _, err := expfmt.MetricFamilyToText(&out, mfs[name]); err != nil {
 				t.Fatal(err)
@@ -517,15 +105,15 @@ workloads:
 		"kvload_inter_token_latency_seconds",
 		"kvload_request_duration_seconds",
 	}
-	var mfs families
-	eventually(t, "/metrics matching "+goldenPath, func() (bool, string) {
-		mfs = scrape(t, d.url)
-		err := testutil.GatherAndCompare(mfs.gatherer(), bytes.NewReader(golden), goldenMetrics...)
+	var mfs testutil.Families
+	testutil.Eventually(t, "/metrics matching "+goldenPath, func() (bool, string) {
+		mfs = testutil.Scrape(t, d.url)
+		err := promtestutil.GatherAndCompare(mfs.Gatherer(), bytes.NewReader(golden), goldenMetrics...)
 		if err != nil {
 			return false, err.Error()
 		}
 		for _, h := range histograms {
-			if n, series := mfs.value(h, "workload", "golden", "target", "fake"); n != 4 || series != 1 {
+			if n, series := mfs.Value(h, "workload", "golden", "target", "fake"); n != 4 || series != 1 {
 				var text bytes.Buffer
 				if mf := mfs[h]; mf != nil {
 					expfmt.MetricFamilyToText(&text, mf)
@@ -536,7 +124,7 @@ workloads:
 		return true, ""
 	})
 
-	if got := srv.count("/v1/chat/completions"); got != 4 {
+	if got := srv.Count("/v1/chat/completions"); got != 4 {
 		t.Errorf("the server saw %d requests, want 4", got)
 	}
 
@@ -546,7 +134,7 @@ workloads:
 			kv = append(kv, name)
 		}
 	}
-	problems, err := testutil.GatherAndLint(mfs.gatherer(), kv...)
+	problems, err := promtestutil.GatherAndLint(mfs.Gatherer(), kv...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -564,29 +152,29 @@ workloads:
 // and removes is lifecycle.TestReloadUnits.
 func TestDaemonReloadEndpoint(t *testing.T) {
 	t.Parallel()
-	srv := newFakeServer(t, nil)
+	srv := testutil.NewFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
 	trace := fixture(t, "future.jsonl")
-	good := func(workloads ...string) string {
-		var b strings.Builder
-		fmt.Fprintf(&b, "targets:\n  - {name: t, url: %s, model: m, dialect: vllm}\nworkloads:\n", srv.URL)
+	good := func(workloads ...string) config.Config {
+		cfg := config.Config{Targets: []config.Target{daemontest.Target("t", srv.URL)}}
 		for _, w := range workloads {
-			fmt.Fprintf(&b, "  - {name: %s, trace: %s, targets: [t], block_size: 16, loop: once}\n", w, trace)
+			cfg.Workloads = append(cfg.Workloads, daemontest.Workload(w, trace, "t"))
 		}
-		return b.String()
+		return cfg
 	}
-	writeConfig(t, path, good("a", "b"))
+	daemontest.WriteConfig(t, path, good("a", "b"))
 	d := startDaemon(t, "--config.file="+path)
-	eventually(t, "both workloads replaying", func() (bool, string) {
-		mfs := scrape(t, d.url)
-		a, _ := mfs.value("kvload_requests_total", "workload", "a", "outcome", "success")
-		b, _ := mfs.value("kvload_requests_total", "workload", "b", "outcome", "success")
+	testutil.Eventually(t, "both workloads replaying", func() (bool, string) {
+		mfs := testutil.Scrape(t, d.url)
+		a, _ := mfs.Value("kvload_requests_total", "workload", "a", "outcome", "success")
+		b, _ := mfs.Value("kvload_requests_total", "workload", "b", "outcome", "success")
 		return a == 2 && b == 2, fmt.Sprint(a, b)
 	})
 
-	bad := strings.Replace(good("a", "b"), "targets: [t]", "targets: [nope]", 1)
-	bad = strings.Replace(bad, "loop: once}", "loop: forever}", 1)
-	writeConfig(t, path, bad)
+	bad := good("a", "b")
+	bad.Workloads[0].Targets = []string{"nope"}
+	bad.Workloads[0].Loop = "forever"
+	daemontest.WriteConfig(t, path, bad)
 	code, body := postReload(t, d.url)
 	if code != http.StatusInternalServerError {
 		t.Errorf("POST /-/reload of a bad file: %d, want 500:\n%s", code, body)
@@ -599,19 +187,19 @@ func TestDaemonReloadEndpoint(t *testing.T) {
 			t.Errorf("reload error lacks %q:\n%s", problem, body)
 		}
 	}
-	mfs := scrape(t, d.url)
-	if v, n := mfs.value("kvload_config_last_reload_successful"); v != 0 || n != 1 {
+	mfs := testutil.Scrape(t, d.url)
+	if v, n := mfs.Value("kvload_config_last_reload_successful"); v != 0 || n != 1 {
 		t.Errorf("kvload_config_last_reload_successful %v (%d series), want 0", v, n)
 	}
 	if _, page := httpGet(t, d.url+"/"); !strings.Contains(page, "unknown target &#34;nope&#34;") {
 		t.Errorf("landing page does not show the reload problem:\n%s", page)
 	}
 
-	writeConfig(t, path, good("a"))
+	daemontest.WriteConfig(t, path, good("a"))
 	if code, body := postReload(t, d.url); code != http.StatusOK || !strings.Contains(body, "Reloaded") {
 		t.Errorf("POST /-/reload of a good file: %d %q, want 200", code, body)
 	}
-	if v, _ := scrape(t, d.url).value("kvload_config_last_reload_successful"); v != 1 {
+	if v, _ := testutil.Scrape(t, d.url).Value("kvload_config_last_reload_successful"); v != 1 {
 		t.Errorf("kvload_config_last_reload_successful %v, want 1", v)
 	}
 	if code, _ := httpGet(t, d.url+"/-/reload"); code != http.StatusMethodNotAllowed {
@@ -627,28 +215,24 @@ func TestDaemonReloadEndpoint(t *testing.T) {
 func TestDaemonSIGTERMDrains(t *testing.T) {
 	t.Parallel()
 	const want = "requests_success=0 requests_http_error=0 requests_stream_error=0 requests_timeout=0 requests_connection_error=0 requests_canceled=3 requests_in_flight=0"
-	srv := newFakeServer(t, func(f *fakeServer) { f.release = make(chan struct{}) })
+	srv := testutil.NewFakeServer(t, func(f *testutil.FakeServer) { f.Release = make(chan struct{}) })
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	writeConfig(t, path, testconfig.WatchConfig(srv.URL, fixture(t, "held.jsonl"), "m"))
+	daemontest.WriteConfig(t, path, daemontest.Config(srv.URL, fixture(t, "held.jsonl")))
 	p := startProcess(t, "--config.file="+path, "--web.listen-address=127.0.0.1:0",
 		"--shutdown.drain-timeout=200ms", "--log.level=debug")
 	p.waitListening(t)
-	eventually(t, "three requests in flight", func() (bool, string) {
-		mfs, err := tryScrape(p.base)
+	testutil.Eventually(t, "three requests in flight", func() (bool, string) {
+		mfs, err := testutil.TryScrape(p.base)
 		if err != nil {
 			return false, err.Error()
 		}
-		f, _ := mfs.value("kvload_requests_in_flight")
-		return f == 3 && srv.count("/v1/chat/completions") == 3, fmt.Sprint(f, " in flight")
+		f, _ := mfs.Value("kvload_requests_in_flight")
+		return f == 3 && srv.Count("/v1/chat/completions") == 3, fmt.Sprint(f, " in flight")
 	})
 	p.signal(t, syscall.SIGTERM)
-	select {
-	case <-p.exited:
-		if p.err != nil {
-			t.Errorf("exit: %v, want status 0\n%s", p.err, p.stderr.String())
-		}
-	case <-time.After(pollDeadline):
-		t.Fatalf("no exit after SIGTERM:\n%s", p.stderr.String())
+	testutil.Wait(t, "the exit after SIGTERM", p.exited)
+	if p.err != nil {
+		t.Errorf("exit: %v, want status 0\n%s", p.err, p.stderr.String())
 	}
 	log := p.stderr.String()
 	if !strings.Contains(log, `msg=drained `+want) {
@@ -674,8 +258,8 @@ func TestDaemonKeepsSecrets(t *testing.T) {
 		base64.StdEncoding.EncodeToString([]byte("alice:" + password)),
 		base64.StdEncoding.EncodeToString([]byte("user:" + userinfo)),
 	}
-	srv := newFakeServer(t, func(f *fakeServer) {
-		f.fail = func(r *http.Request, n int) (int, string) {
+	srv := testutil.NewFakeServer(t, func(f *testutil.FakeServer) {
+		f.Fail = func(r *http.Request, n int) (int, string) {
 			if n%2 == 1 {
 				return http.StatusUnauthorized, `{"error":{"message":"invalid credentials","type":"authentication_error"}}`
 			}
@@ -709,19 +293,17 @@ workloads:
     block_size: 16
     loop: once
 `, srv.URL, u.String(), bearer, password, fixture(t, "secrets.jsonl"))
-	writeConfig(t, path, config)
+	daemontest.WriteFile(t, path, config)
 	d := startDaemon(t, "--config.file="+path, "--log.level=debug")
-	eventually(t, "every request failed", func() (bool, string) {
-		v, _ := scrape(t, d.url).value("kvload_requests_total", "outcome", "http_error")
+	testutil.Eventually(t, "every request failed", func() (bool, string) {
+		v, _ := testutil.Scrape(t, d.url).Value("kvload_requests_total", "outcome", "http_error")
 		return v == 12, fmt.Sprint(v)
 	})
-	srv.mu.Lock()
 	for _, h := range []string{"Bearer " + bearer, "Basic " + secrets[3], "Basic " + secrets[4]} {
-		if srv.auth[h] != 4 {
-			t.Errorf("the server saw Authorization %q %d times, want 4 (the credentials are not in use)", h, srv.auth[h])
+		if n := srv.Auth(h); n != 4 {
+			t.Errorf("the server saw Authorization %q %d times, want 4 (the credentials are not in use)", h, n)
 		}
 	}
-	srv.mu.Unlock()
 
 	// Rejected reloads whose problems sit right next to the secrets.
 	var reloadBodies, landings []string
@@ -742,7 +324,7 @@ workloads:
 			want:   []string{"at most one of authorization credentials & credentials_file"},
 		},
 	} {
-		writeConfig(t, path, bad.config)
+		daemontest.WriteFile(t, path, bad.config)
 		code, body := postReload(t, d.url)
 		if code != http.StatusInternalServerError {
 			t.Errorf("POST /-/reload of a bad file: %d, want 500:\n%s", code, body)

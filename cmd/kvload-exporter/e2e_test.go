@@ -17,18 +17,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 const (
@@ -41,126 +37,6 @@ const (
 	// (about a minute on two cores).
 	e2eHeavyDeadline = 20 * time.Minute
 )
-
-// e2eLog is the daemon's stderr, written by its loggers and read by the
-// test while it runs.
-type e2eLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *e2eLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *e2eLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-var (
-	// exporter-toolkit logs the address it bound (127.0.0.1:0 picks a port).
-	e2eListenRE = regexp.MustCompile(`msg="Listening on" address=(127\.0\.0\.1:\d+)`)
-	// the daemon logs each emulated engine's loopback URL as it starts it.
-	e2eEmulatorRE = regexp.MustCompile(`msg="emulated engine started" target=(\S+) url=(http://127\.0\.0\.1:\d+)`)
-)
-
-// e2eDaemon is the daemon running in this process.
-type e2eDaemon struct {
-	base      string            // http://127.0.0.1:PORT
-	emulators map[string]string // target → emulator base URL
-	log       *e2eLog
-	cancel    context.CancelFunc
-	exit      chan int
-	stopped   bool
-}
-
-// e2eStart runs the daemon on cfg, listening on a free loopback port, and
-// waits until it serves and every emulated target of cfg has its engine.
-// The test's cleanup stops it (and fails the test on a non-zero exit).
-func e2eStart(t *testing.T, cfg string, emulated ...string) *e2eDaemon {
-	t.Helper()
-	return e2eStartFlags(t, cfg, nil, emulated...)
-}
-
-// e2eStartFlags is e2eStart with extra command-line flags.
-func e2eStartFlags(t *testing.T, cfg string, flags []string, emulated ...string) *e2eDaemon {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	d := &e2eDaemon{log: &e2eLog{}, cancel: cancel, exit: make(chan int, 1), emulators: map[string]string{}}
-	args := append([]string{"--config.file=" + cfg, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=10s"}, flags...)
-	go func() { d.exit <- run(ctx, args, streams{stdout: io.Discard, stderr: d.log}) }()
-	t.Cleanup(func() { d.stop(t) })
-	e2ePoll(t, "daemon serving", e2eDeadline, func() (bool, string) {
-		select {
-		case code := <-d.exit:
-			d.stopped = true
-			t.Fatalf("daemon exited with %d before serving:\n%s", code, d.log.String())
-		default:
-		}
-		logged := d.log.String()
-		m := e2eListenRE.FindStringSubmatch(logged)
-		for _, e := range e2eEmulatorRE.FindAllStringSubmatch(logged, -1) {
-			d.emulators[e[1]] = e[2]
-		}
-		for _, name := range emulated {
-			if d.emulators[name] == "" {
-				return false, logged
-			}
-		}
-		if m == nil {
-			return false, logged
-		}
-		d.base = "http://" + m[1]
-		code, _, err := e2eGet(d.base + "/-/ready")
-		return err == nil && code == http.StatusOK, fmt.Sprintf("GET /-/ready: %d %v", code, err)
-	})
-	return d
-}
-
-// stop ends the daemon as SIGTERM would; it must drain and exit 0.
-func (d *e2eDaemon) stop(t *testing.T) {
-	t.Helper()
-	if d.stopped {
-		return
-	}
-	d.stopped = true
-	d.cancel()
-	select {
-	case code := <-d.exit:
-		if code != exitOK {
-			t.Errorf("daemon exited with %d:\n%s", code, d.log.String())
-		}
-	case <-time.After(e2eDeadline):
-		t.Fatalf("daemon did not stop:\n%s", d.log.String())
-	}
-}
-
-// e2ePoll calls cond until it holds, at most for limit; detail is what the
-// failure shows of the last attempt. The interval grows from 10 ms to
-// 250 ms, so that a long wait does not take CPU from the engines.
-func e2ePoll(t *testing.T, what string, limit time.Duration, cond func() (ok bool, detail string)) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	interval := 10 * time.Millisecond
-	timer := time.NewTimer(interval)
-	defer timer.Stop()
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %v; last seen: %s", what, limit, detail)
-		}
-		timer.Reset(interval)
-		<-timer.C
-		interval = min(2*interval, 250*time.Millisecond)
-	}
-}
 
 func e2eGet(u string) (int, []byte, error) {
 	resp, err := http.Get(u)
@@ -186,53 +62,6 @@ func e2ePost(t *testing.T, u, body string) []byte {
 	return out
 }
 
-// e2eMetrics is one parsed scrape of /metrics.
-type e2eMetrics map[string]*dto.MetricFamily
-
-func e2eScrape(t *testing.T, base string) e2eMetrics {
-	t.Helper()
-	code, body, err := e2eGet(base + "/metrics")
-	if err != nil || code != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %v", code, err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		t.Fatalf("parsing /metrics: %v", err)
-	}
-	return e2eMetrics(mfs)
-}
-
-// sum adds up the series of name whose labels include the pairs; a
-// histogram contributes its sample count.
-func (m e2eMetrics) sum(name string, pairs ...string) float64 {
-	var total float64
-next:
-	for _, s := range m[name].GetMetric() {
-		for i := 0; i+1 < len(pairs); i += 2 {
-			found := false
-			for _, l := range s.GetLabel() {
-				if l.GetName() == pairs[i] {
-					found = l.GetValue() == pairs[i+1]
-					break
-				}
-			}
-			if !found {
-				continue next
-			}
-		}
-		switch {
-		case s.Counter != nil:
-			total += s.GetCounter().GetValue()
-		case s.Gauge != nil:
-			total += s.GetGauge().GetValue()
-		case s.Histogram != nil:
-			total += float64(s.GetHistogram().GetSampleCount())
-		}
-	}
-	return total
-}
-
 // e2eTotals are one target's exported counters, summed over workloads
 // unless a workload is given.
 type e2eTotals struct {
@@ -242,24 +71,24 @@ type e2eTotals struct {
 	TTFTCount, DurationCount, ScheduleLagSamples float64
 }
 
-func (m e2eMetrics) totals(target, workload string) e2eTotals {
+func e2eTotalsOf(m testutil.Families, target, workload string) e2eTotals {
 	l := []string{"target", target}
 	if workload != "" {
 		l = append(l, "workload", workload)
 	}
 	return e2eTotals{
-		Finished:           m.sum("kvload_requests_total", l...),
-		Success:            m.sum("kvload_requests_total", append(l, "outcome", "success")...),
-		Dropped:            m.sum("kvload_requests_dropped_total", l...),
-		InFlight:           m.sum("kvload_requests_in_flight", l...),
-		PromptTokens:       m.sum("kvload_prompt_tokens_total", l...),
-		TracePromptTokens:  m.sum("kvload_trace_prompt_tokens_total", l...),
-		CompletionTokens:   m.sum("kvload_completion_tokens_total", l...),
-		CachedTokens:       m.sum("kvload_cached_prompt_tokens_total", l...),
-		Theoretical:        m.sum("kvload_theoretical_cached_prompt_tokens_total", l...),
-		TTFTCount:          m.sum("kvload_time_to_first_token_seconds", l...),
-		DurationCount:      m.sum("kvload_request_duration_seconds", l...),
-		ScheduleLagSamples: m.sum("kvload_schedule_lag_seconds", l...),
+		Finished:           m.Sum("kvload_requests_total", l...),
+		Success:            m.Sum("kvload_requests_total", append(l, "outcome", "success")...),
+		Dropped:            m.Sum("kvload_requests_dropped_total", l...),
+		InFlight:           m.Sum("kvload_requests_in_flight", l...),
+		PromptTokens:       m.Sum("kvload_prompt_tokens_total", l...),
+		TracePromptTokens:  m.Sum("kvload_trace_prompt_tokens_total", l...),
+		CompletionTokens:   m.Sum("kvload_completion_tokens_total", l...),
+		CachedTokens:       m.Sum("kvload_cached_prompt_tokens_total", l...),
+		Theoretical:        m.Sum("kvload_theoretical_cached_prompt_tokens_total", l...),
+		TTFTCount:          m.Sum("kvload_time_to_first_token_seconds", l...),
+		DurationCount:      m.Sum("kvload_request_duration_seconds", l...),
+		ScheduleLagSamples: m.Sum("kvload_schedule_lag_seconds", l...),
 	}
 }
 
@@ -267,17 +96,17 @@ func (m e2eMetrics) totals(target, workload string) e2eTotals {
 // against every target: the pass is counted, every row finished or was
 // dropped, nothing is in flight, and a second scrape shows the same
 // counters (a request's counters are updated one after another).
-func e2eWaitPass(t *testing.T, d *e2eDaemon, limit time.Duration, workload string, rows int, targets ...string) e2eMetrics {
+func e2eWaitPass(t *testing.T, d *e2eDaemon, limit time.Duration, workload string, rows int, targets ...string) testutil.Families {
 	t.Helper()
-	var last e2eMetrics
+	var last testutil.Families
 	var lastSeen []e2eTotals
-	e2ePoll(t, fmt.Sprintf("workload %s: a pass over %d rows", workload, rows), limit, func() (bool, string) {
-		m := e2eScrape(t, d.base)
-		loops := m.sum("kvload_trace_loops_total", "workload", workload)
+	testutil.EventuallyWithin(t, fmt.Sprintf("workload %s: a pass over %d rows", workload, rows), limit, func() (bool, string) {
+		m := testutil.Scrape(t, d.base)
+		loops := m.Sum("kvload_trace_loops_total", "workload", workload)
 		var seen []e2eTotals
 		done := loops >= 1
 		for _, tn := range targets {
-			tt := m.totals(tn, workload)
+			tt := e2eTotalsOf(m, tn, workload)
 			seen = append(seen, tt)
 			done = done && tt.Finished+tt.Dropped == float64(rows) && tt.InFlight == 0
 		}
@@ -305,9 +134,9 @@ func e2eStats(t *testing.T, emulatorURL string) emulate.Stats {
 // e2eCheckTruth requires the exporter's counters for target (all
 // workloads) to equal what its emulator counted, and every request to have
 // succeeded.
-func e2eCheckTruth(t *testing.T, m e2eMetrics, target string, s emulate.Stats) e2eTotals {
+func e2eCheckTruth(t *testing.T, m testutil.Families, target string, s emulate.Stats) e2eTotals {
 	t.Helper()
-	got := m.totals(target, "")
+	got := e2eTotalsOf(m, target, "")
 	for _, c := range []struct {
 		what     string
 		exported float64
@@ -499,7 +328,7 @@ func TestE2ECacheRatio(t *testing.T) {
 		t.Fatalf("the reload restarted the emulator: its cache is on again")
 	}
 	all := e2eCheckTruth(t, m, target, s)
-	after := m.totals(target, "after")
+	after := e2eTotalsOf(m, target, "after")
 	t.Logf("cache off, %d more rows: observed cached +%.0f, theoretical +%.0f", afterRows, all.CachedTokens-before.CachedTokens, after.Theoretical)
 	if all.CachedTokens != before.CachedTokens || after.CachedTokens != 0 {
 		t.Errorf("observed cached tokens grew by %v with the cache off (the new workload's: %v), want 0",
@@ -509,7 +338,7 @@ func TestE2ECacheRatio(t *testing.T) {
 		t.Errorf("after disabling: %v of %d requests succeeded, theoretical cached tokens %v; want all, and > 0",
 			after.Success, afterRows, after.Theoretical)
 	}
-	if got := m.totals(target, "synthetic"); got.Theoretical != before.Theoretical || got.CachedTokens != before.CachedTokens {
+	if got := e2eTotalsOf(m, target, "synthetic"); got.Theoretical != before.Theoretical || got.CachedTokens != before.CachedTokens {
 		t.Errorf("the reload changed the finished workload's counters: %+v, before %+v", got, before)
 	}
 }

@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // readmeExitCodes parses the README's "Exit codes:" line into meaning →
@@ -54,7 +57,7 @@ func TestExitCodesMatchREADME(t *testing.T) {
 	dir := t.TempDir()
 	good := fixture(t, "check-good.yml")
 	badCfg := filepath.Join(dir, "bad.yml")
-	writeConfig(t, badCfg, "targets: [\n")
+	daemontest.WriteFile(t, badCfg, "targets: [\n")
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +84,7 @@ func TestExitCodesMatchREADME(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var stderr syncBuffer
+			var stderr testutil.Buffer
 			code := run(tt.ctx, tt.args, streams{stdout: io.Discard, stderr: &stderr})
 			if code != readme[tt.want] {
 				t.Errorf("exit code %d, the README says %d (%s):\n%s", code, readme[tt.want], tt.want, stderr.String())

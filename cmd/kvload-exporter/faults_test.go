@@ -26,7 +26,10 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 var outageFlag = flag.Duration("outage", 5*time.Second,
@@ -68,7 +71,7 @@ func faultTrace(t *testing.T, path string, n int, spacing time.Duration, hold bo
 	if hold {
 		row(n, time.Duration(n)*spacing+time.Hour)
 	}
-	writeConfig(t, path, b.String())
+	daemontest.WriteFile(t, path, b.String())
 }
 
 // faultTarget is an emulated engine behind the test's own HTTP server,
@@ -123,7 +126,7 @@ func (ft *faultTarget) setFaults(t *testing.T, body string) {
 // returns the settled goroutine count and live heap.
 func (ft *faultTarget) quiesce(t *testing.T) (goroutines int, heap uint64) {
 	t.Helper()
-	eventually(t, "no connection to the engine", func() (bool, string) {
+	testutil.Eventually(t, "no connection to the engine", func() (bool, string) {
 		// Closes idle server connections; re-enabled at once for later work.
 		ft.srv.Config.SetKeepAlivesEnabled(false)
 		ft.srv.Config.SetKeepAlivesEnabled(true)
@@ -141,7 +144,7 @@ func (ft *faultTarget) quiesce(t *testing.T) (goroutines int, heap uint64) {
 func settle(t *testing.T) (int, uint64) {
 	t.Helper()
 	last, same := -1, 0
-	eventually(t, "goroutine count settled", func() (bool, string) {
+	testutil.Eventually(t, "goroutine count settled", func() (bool, string) {
 		n := runtime.NumGoroutine()
 		if n == last {
 			same++
@@ -164,15 +167,15 @@ func mib(b uint64) float64 { return float64(b) / (1 << 20) }
 
 // waitDone waits until workload has finished or dropped rows rows and
 // has none in flight; with pass, until its (loop once) pass is counted too.
-func waitDone(t *testing.T, d *daemonRun, workload string, rows int, pass bool) families {
+func waitDone(t *testing.T, d *daemonRun, workload string, rows int, pass bool) testutil.Families {
 	t.Helper()
-	var mfs families
-	eventually(t, fmt.Sprintf("workload %s done with %d rows", workload, rows), func() (bool, string) {
-		mfs = scrape(t, d.url)
-		loops, _ := mfs.value("kvload_trace_loops_total", "workload", workload)
-		done, _ := mfs.value("kvload_requests_total", "workload", workload)
-		dropped, _ := mfs.value("kvload_requests_dropped_total", "workload", workload)
-		inFlight, _ := mfs.value("kvload_requests_in_flight", "workload", workload)
+	var mfs testutil.Families
+	testutil.Eventually(t, fmt.Sprintf("workload %s done with %d rows", workload, rows), func() (bool, string) {
+		mfs = testutil.Scrape(t, d.url)
+		loops, _ := mfs.Value("kvload_trace_loops_total", "workload", workload)
+		done, _ := mfs.Value("kvload_requests_total", "workload", workload)
+		dropped, _ := mfs.Value("kvload_requests_dropped_total", "workload", workload)
+		inFlight, _ := mfs.Value("kvload_requests_in_flight", "workload", workload)
 		return (!pass || loops == 1) && done+dropped == float64(rows) && inFlight == 0,
 			fmt.Sprintf("%v passes, %v finished, %v dropped, %v in flight", loops, done, dropped, inFlight)
 	})
@@ -204,21 +207,13 @@ func ended(s emulate.Stats) int64 {
 
 // faultConfig is a daemon configuration replaying one loop-once workload
 // against the engine at url.
-func faultConfig(url, workload, trace string, timeout time.Duration) string {
-	return fmt.Sprintf(`targets:
-  - name: emu
-    url: %s
-    model: `+emulate.DefaultModel+`
-    dialect: vllm
-    request_timeout: %s
-workloads:
-  - name: %s
-    trace: %s
-    targets: [emu]
-    loop: once
-    max_in_flight: 64
-    on_saturation: queue
-`, url, timeout, workload, trace)
+func faultConfig(url, workload, trace string, timeout time.Duration) config.Config {
+	return config.Config{
+		Targets: []config.Target{{Name: "emu", URL: url, Model: emulate.DefaultModel, Dialect: "vllm",
+			RequestTimeout: config.Duration(timeout)}},
+		Workloads: []config.Workload{{Name: workload, Trace: trace, Targets: []string{"emu"},
+			Loop: "once", MaxInFlight: 64, OnSaturation: "queue"}},
+	}
 }
 
 // TestFaultsMatchGroundTruth replays a trace against an engine injecting
@@ -266,7 +261,7 @@ func TestFaultsMatchGroundTruth(t *testing.T) {
 		Seed:           7,
 	})
 	path := filepath.Join(dir, "kvload.yml")
-	writeConfig(t, path, faultConfig(ft.srv.URL, "warm", "warm.jsonl", timeout))
+	daemontest.WriteConfig(t, path, faultConfig(ft.srv.URL, "warm", "warm.jsonl", timeout))
 	d := startDaemon(t, "--config.file="+path)
 
 	waitDone(t, d, "warm", rows, false)
@@ -275,31 +270,31 @@ func TestFaultsMatchGroundTruth(t *testing.T) {
 
 	ft.setFaults(t, `{"error_500": 0.05, "error_429": 0.05, "disconnect": 0.05, "malformed": 0.01, "hang": 0.01,
 		"slow_first_token": 0.05, "slow_first_token_delay": "300ms"}`)
-	writeConfig(t, path, faultConfig(ft.srv.URL, "storm", "storm.jsonl", timeout))
+	daemontest.WriteConfig(t, path, faultConfig(ft.srv.URL, "storm", "storm.jsonl", timeout))
 	if code, body := postReload(t, d.url); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
 	// Once every row is sent, stop the faults, as an operator would; the
 	// last requests (the hung ones above all) are still running.
-	eventually(t, "every storm row sent", func() (bool, string) {
-		sent, _ := scrape(t, d.url).value("kvload_schedule_lag_seconds", "workload", "storm")
+	testutil.Eventually(t, "every storm row sent", func() (bool, string) {
+		sent, _ := testutil.Scrape(t, d.url).Value("kvload_schedule_lag_seconds", "workload", "storm")
 		return sent == float64(rows), fmt.Sprint(sent)
 	})
 	ft.setFaults(t, `{}`)
 	mfs := waitDone(t, d, "storm", rows, false)
 	var truth emulate.Stats
-	eventually(t, "the engine has seen every request end", func() (bool, string) {
-		mfs = scrape(t, d.url)
+	testutil.Eventually(t, "the engine has seen every request end", func() (bool, string) {
+		mfs = testutil.Scrape(t, d.url)
 		s := ft.engine.Stats()
 		truth = statsDelta(s, before)
-		sent, _ := mfs.value("kvload_schedule_lag_seconds", "workload", "storm")
+		sent, _ := mfs.Value("kvload_schedule_lag_seconds", "workload", "storm")
 		return s.Running == 0 && s.Waiting == 0 && truth.Received == int64(sent) && ended(truth) == truth.Received,
 			fmt.Sprintf("exporter sent %v; engine %+v", sent, truth)
 	})
 
 	w := []string{"workload", "storm"}
 	get := func(name string, pairs ...string) float64 {
-		v, _ := mfs.value(name, append(append([]string{}, w...), pairs...)...)
+		v, _ := mfs.Value(name, append(append([]string{}, w...), pairs...)...)
 		return v
 	}
 	outcome := func(o string) float64 { return get("kvload_requests_total", "outcome", o) }
@@ -360,7 +355,7 @@ func TestFaultsMatchGroundTruth(t *testing.T) {
 	// whatever its requests left behind would still be here.
 	var goroutines int
 	var heap uint64
-	eventually(t, "goroutines and heap back to the baseline", func() (bool, string) {
+	testutil.Eventually(t, "goroutines and heap back to the baseline", func() (bool, string) {
 		goroutines, heap = ft.quiesce(t)
 		return goroutines <= baseGoroutines+goroutineSlack && heap <= baseHeap+heapSlack,
 			fmt.Sprintf("goroutines %d (baseline %d), heap %.1f MiB (baseline %.1f MiB)", goroutines, baseGoroutines, mib(heap), mib(baseHeap))
@@ -370,12 +365,12 @@ func TestFaultsMatchGroundTruth(t *testing.T) {
 
 	// After the storm: the exporter serves, and a clean workload succeeds
 	// throughout.
-	writeConfig(t, path, faultConfig(ft.srv.URL, "calm", "calm.jsonl", timeout))
+	daemontest.WriteConfig(t, path, faultConfig(ft.srv.URL, "calm", "calm.jsonl", timeout))
 	if code, body := postReload(t, d.url); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
 	mfs = waitDone(t, d, "calm", calmRows, true)
-	if v, _ := mfs.value("kvload_requests_total", "workload", "calm", "outcome", "success"); v != calmRows {
+	if v, _ := mfs.Value("kvload_requests_total", "workload", "calm", "outcome", "success"); v != calmRows {
 		t.Errorf("after the faults stopped: %v of %d requests succeeded", v, calmRows)
 	}
 	if code, _ := httpGet(t, d.url+"/-/healthy"); code != http.StatusOK {
@@ -458,20 +453,21 @@ func TestEndpointLoss(t *testing.T) {
 	stopFirst, _ := serve(l)
 
 	path := filepath.Join(dir, "kvload.yml")
-	writeConfig(t, path, fmt.Sprintf(`targets:
-  - {name: emu, url: http://%s, model: %s, dialect: vllm, request_timeout: 5s}
-workloads:
-  - {name: steady, trace: steady.jsonl, targets: [emu], loop: repeat, max_in_flight: %d, on_saturation: drop}
-`, addr, emulate.DefaultModel, maxInFlight))
+	daemontest.WriteConfig(t, path, config.Config{
+		Targets: []config.Target{{Name: "emu", URL: "http://" + addr, Model: emulate.DefaultModel, Dialect: "vllm",
+			RequestTimeout: config.Duration(5 * time.Second)}},
+		Workloads: []config.Workload{{Name: "steady", Trace: "steady.jsonl", Targets: []string{"emu"},
+			Loop: "repeat", MaxInFlight: maxInFlight, OnSaturation: "drop"}},
+	})
 	d := startDaemon(t, "--config.file="+path)
 
-	count := func(mfs families, o string) float64 {
-		v, _ := mfs.value("kvload_requests_total", "outcome", o)
+	count := func(mfs testutil.Families, o string) float64 {
+		v, _ := mfs.Value("kvload_requests_total", "outcome", o)
 		return v
 	}
-	var mfs families
-	eventually(t, "successes before the outage", func() (bool, string) {
-		mfs = scrape(t, d.url)
+	var mfs testutil.Families
+	testutil.Eventually(t, "successes before the outage", func() (bool, string) {
+		mfs = testutil.Scrape(t, d.url)
 		n := count(mfs, "success")
 		return n >= warmup, fmt.Sprint(n)
 	})
@@ -483,13 +479,13 @@ workloads:
 	// has returned, an upper bound on the rows due before it.
 	closed := time.Now()
 	stopFirst()
-	atClose := scrape(t, d.url)
+	atClose := testutil.Scrape(t, d.url)
 	maxDuring := maxGoroutines(outage - time.Since(closed))
-	atEnd := scrape(t, d.url)
+	atEnd := testutil.Scrape(t, d.url)
 	window := time.Since(closed)
 
 	var l2 net.Listener
-	eventually(t, "listening again on "+addr, func() (bool, string) {
+	testutil.Eventually(t, "listening again on "+addr, func() (bool, string) {
 		l2, err = net.Listen("tcp", addr)
 		return err == nil, fmt.Sprint(err)
 	})
@@ -499,15 +495,15 @@ workloads:
 	// Recovery as /metrics shows it, polled every 10ms; the first arrival
 	// at the target tells the exporter's delay from the target's.
 	var recovery time.Duration
-	eventually(t, "a success after the outage", func() (bool, string) {
-		mfs = scrape(t, d.url)
+	testutil.Eventually(t, "a success after the outage", func() (bool, string) {
+		mfs = testutil.Scrape(t, d.url)
 		n := count(mfs, "success")
 		recovery = time.Since(relisten)
 		return n > successAtEnd, fmt.Sprint(n)
 	})
 	atRecovery := mfs
-	eventually(t, "successes after the outage", func() (bool, string) {
-		mfs = scrape(t, d.url)
+	testutil.Eventually(t, "successes after the outage", func() (bool, string) {
+		mfs = testutil.Scrape(t, d.url)
 		n := count(mfs, "success")
 		return n >= successAtEnd+warmup, fmt.Sprint(n)
 	})
@@ -516,8 +512,8 @@ workloads:
 	delta := func(o string) float64 { return count(atEnd, o) - count(atClose, o) }
 	connErrors := delta("connection_error")
 	others := delta("http_error") + delta("stream_error") + delta("timeout") + delta("canceled")
-	droppedV, _ := atEnd.value("kvload_requests_dropped_total")
-	droppedV0, _ := atClose.value("kvload_requests_dropped_total")
+	droppedV, _ := atEnd.Value("kvload_requests_dropped_total")
+	droppedV0, _ := atClose.Value("kvload_requests_dropped_total")
 	dropped := droppedV - droppedV0
 	due := float64(window / spacing)
 	if delta("success") > maxInFlight {

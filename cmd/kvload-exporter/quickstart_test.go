@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 // quickstartSpeedup replays the quickstart faster than shipped, so that three
@@ -71,10 +73,10 @@ func TestE2EQuickstartHitRate(t *testing.T) {
 	// flight balancing out.
 	at := func(passes float64) e2eTotals {
 		var tt e2eTotals
-		e2ePoll(t, fmt.Sprintf("%v passes of the quickstart", passes), e2eHeavyDeadline, func() (bool, string) {
-			m := e2eScrape(t, d.base)
-			done := m.sum("kvload_trace_loops_total", "workload", workload)
-			tt = m.totals(target, workload)
+		testutil.EventuallyWithin(t, fmt.Sprintf("%v passes of the quickstart", passes), e2eHeavyDeadline, func() (bool, string) {
+			m := testutil.Scrape(t, d.base)
+			done := m.Sum("kvload_trace_loops_total", "workload", workload)
+			tt = e2eTotalsOf(m, target, workload)
 			return done >= passes, fmt.Sprintf("%v passes, %+v", done, tt)
 		})
 		return tt

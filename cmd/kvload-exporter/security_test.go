@@ -34,6 +34,10 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/net/html"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // testPKI is a throw-away CA and a server certificate it signed for
@@ -94,17 +98,11 @@ func newTestPKI(t *testing.T) testPKI {
 }
 
 // emulatedOnly is a configuration that needs no outside server.
-func emulatedOnly(t *testing.T) string {
-	return fmt.Sprintf(`targets:
-  - name: demo
-    emulate: {inter_token: 1ms}
-workloads:
-  - name: w
-    trace: %s
-    targets: [demo]
-    block_size: 16
-    loop: once
-`, fixture(t, "tiny.jsonl"))
+func emulatedOnly(t *testing.T) config.Config {
+	return config.Config{
+		Targets:   []config.Target{{Name: "demo", Emulate: &config.Emulate{InterToken: time.Millisecond}}},
+		Workloads: []config.Workload{daemontest.Workload("w", fixture(t, "tiny.jsonl"), "demo")},
+	}
 }
 
 // TestSecurityWebConfig runs the daemon with --web.config.file (TLS and
@@ -120,10 +118,10 @@ func TestSecurityWebConfig(t *testing.T) {
 	}
 	dir := t.TempDir()
 	webConfig := filepath.Join(dir, "web.yml")
-	writeConfig(t, webConfig, fmt.Sprintf("tls_server_config:\n  cert_file: %s\n  key_file: %s\nbasic_auth_users:\n  %s: %s\n",
+	daemontest.WriteFile(t, webConfig, fmt.Sprintf("tls_server_config:\n  cert_file: %s\n  key_file: %s\nbasic_auth_users:\n  %s: %s\n",
 		pki.certFile, pki.keyFile, user, hash))
 	cfg := filepath.Join(dir, "kvload.yml")
-	writeConfig(t, cfg, emulatedOnly(t))
+	daemontest.WriteConfig(t, cfg, emulatedOnly(t))
 	d := startDaemon(t, "--config.file="+cfg, "--web.config.file="+webConfig, "--log.level=debug")
 	addr := strings.TrimPrefix(d.url, "http://")
 	base := "https://" + addr
@@ -162,7 +160,7 @@ func TestSecurityWebConfig(t *testing.T) {
 		}
 	})
 
-	eventually(t, "the replay finished", func() (bool, string) {
+	testutil.Eventually(t, "the replay finished", func() (bool, string) {
 		code, body := authGet(t, trusting, base+"/metrics", user, password)
 		return code == 200 && strings.Contains(body, `kvload_requests_total{outcome="success",target="demo",workload="w"} 4`), body
 	})
@@ -262,9 +260,9 @@ func TestSecuritySecretsFromFiles(t *testing.T) {
 
 	dir := t.TempDir()
 	tokenFile, passwordFile := filepath.Join(dir, "token"), filepath.Join(dir, "password")
-	writeConfig(t, tokenFile, token+"\n")
-	writeConfig(t, passwordFile, password+"\n")
-	srv := newFakeServer(t, func(f *fakeServer) { f.fail = echoCredential })
+	daemontest.WriteFile(t, tokenFile, token+"\n")
+	daemontest.WriteFile(t, passwordFile, password+"\n")
+	srv := testutil.NewFakeServer(t, func(f *testutil.FakeServer) { f.Fail = echoCredential })
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -296,7 +294,7 @@ workloads:
     block_size: 16
     loop: once
 `, srv.URL, deadURL, tokenFile, passwordFile, fixture(t, "secrets.jsonl"))
-	writeConfig(t, path, good)
+	daemontest.WriteFile(t, path, good)
 
 	// --config.check of the good file, then of each bad one below.
 	var checkOutputs []string
@@ -311,19 +309,17 @@ workloads:
 	check(exitOK)
 
 	d := startDaemon(t, "--config.file="+path, "--log.level=debug")
-	eventually(t, "every request failed", func() (bool, string) {
-		mfs := scrape(t, d.url)
-		h, _ := mfs.value("kvload_requests_total", "outcome", "http_error")
-		c, _ := mfs.value("kvload_requests_total", "target", "dead", "outcome", "connection_error")
+	testutil.Eventually(t, "every request failed", func() (bool, string) {
+		mfs := testutil.Scrape(t, d.url)
+		h, _ := mfs.Value("kvload_requests_total", "outcome", "http_error")
+		c, _ := mfs.Value("kvload_requests_total", "target", "dead", "outcome", "connection_error")
 		return h == 8 && c == 4, fmt.Sprint(h, c)
 	})
-	srv.mu.Lock()
 	for _, h := range []string{"Bearer " + token, "Basic " + basic} {
-		if srv.auth[h] != 4 {
-			t.Errorf("the server saw Authorization %q %d times, want 4: the credential files are not in use", h, srv.auth[h])
+		if n := srv.Auth(h); n != 4 {
+			t.Errorf("the server saw Authorization %q %d times, want 4: the credential files are not in use", h, n)
 		}
 	}
-	srv.mu.Unlock()
 
 	// Mistakes that point at the secret files: their contents must not be
 	// quoted in the problems.
@@ -338,7 +334,7 @@ workloads:
 	}
 	var reloadBodies, landings []string
 	for _, b := range bad {
-		writeConfig(t, path, b.config)
+		daemontest.WriteFile(t, path, b.config)
 		check(exitBadInput)
 		code, body := postReload(t, d.url)
 		if code != http.StatusInternalServerError || !strings.Contains(body, b.want) {
@@ -428,30 +424,25 @@ func TestSecurityLandingEscapes(t *testing.T) {
 		fileName    = `kv"><img src=x onerror=alert(4)>.yml`
 		badName     = `<script>alert(5)</script>`
 	)
-	srv := newFakeServer(t, func(f *fakeServer) {
-		f.fail = func(*http.Request, int) (int, string) { return http.StatusInternalServerError, errorBody }
+	srv := testutil.NewFakeServer(t, func(f *testutil.FakeServer) {
+		f.Fail = func(*http.Request, int) (int, string) { return http.StatusInternalServerError, errorBody }
 	})
 	path := filepath.Join(t.TempDir(), fileName)
-	good := fmt.Sprintf(`targets:
-  - name: failing
-    url: %s
-    model: '%s'
-  - name: demo
-    model: '%s'
-    emulate: {inter_token: 1ms}
-workloads:
-  - name: w
-    trace: %s
-    targets: [failing, demo]
-    block_size: 16
-    loop: once
-`, srv.URL, scriptModel, attrModel, fixture(t, "tiny.jsonl"))
-	writeConfig(t, path, good)
+	good := func() config.Config {
+		return config.Config{
+			Targets: []config.Target{
+				{Name: "failing", URL: srv.URL, Model: scriptModel},
+				{Name: "demo", Model: attrModel, Emulate: &config.Emulate{InterToken: time.Millisecond}},
+			},
+			Workloads: []config.Workload{daemontest.Workload("w", fixture(t, "tiny.jsonl"), "failing", "demo")},
+		}
+	}
+	daemontest.WriteConfig(t, path, good())
 	d := startDaemon(t, "--config.file="+path)
-	eventually(t, "both targets replayed", func() (bool, string) {
-		mfs := scrape(t, d.url)
-		e, _ := mfs.value("kvload_requests_total", "target", "failing", "outcome", "http_error")
-		s, _ := mfs.value("kvload_requests_total", "target", "demo", "outcome", "success")
+	testutil.Eventually(t, "both targets replayed", func() (bool, string) {
+		mfs := testutil.Scrape(t, d.url)
+		e, _ := mfs.Value("kvload_requests_total", "target", "failing", "outcome", "http_error")
+		s, _ := mfs.Value("kvload_requests_total", "target", "demo", "outcome", "success")
 		return e == 4 && s == 4, fmt.Sprint(e, s)
 	})
 	if log := d.stderr.String(); !strings.Contains(log, errorBody) {
@@ -460,9 +451,10 @@ workloads:
 	_, page := httpGet(t, d.url+"/")
 
 	// A rejected reload whose problems quote odd names back.
-	bad := strings.Replace(good, "name: w", "name: '"+badName+"'", 1)
-	bad = strings.Replace(bad, "targets: [failing, demo]", "targets: [failing, '"+badName+"']", 1)
-	writeConfig(t, path, bad)
+	bad := good()
+	bad.Workloads[0].Name = badName
+	bad.Workloads[0].Targets = []string{"failing", badName}
+	daemontest.WriteConfig(t, path, bad)
 	if code, body := postReload(t, d.url); code != http.StatusInternalServerError || !strings.Contains(body, badName) {
 		t.Errorf("POST /-/reload: %d, want 500 quoting %q:\n%s", code, badName, body)
 	}
@@ -506,7 +498,7 @@ func floodRequest(t *testing.T, addr, method, path string, chunked bool, total i
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(pollDeadline))
+	conn.SetDeadline(time.Now().Add(testutil.Ceiling))
 	framing := fmt.Sprintf("Content-Length: %d", total)
 	if chunked {
 		framing = "Transfer-Encoding: chunked"
@@ -595,23 +587,19 @@ func TestSecurityBoundedBodies(t *testing.T) {
 	t.Cleanup(bigEvent.Close)
 
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	writeConfig(t, path, fmt.Sprintf(`targets:
-  - {name: big-error, url: %s, model: m}
-  - {name: big-event, url: %s, model: m}
-  - name: demo
-    emulate: {inter_token: 1ms, max_body_bytes: 1048576}
-workloads:
-  - name: w
-    trace: %s
-    targets: [big-error, big-event, demo]
-    block_size: 16
-    loop: once
-`, bigError.URL, bigEvent.URL, fixture(t, "secrets.jsonl")))
+	daemontest.WriteConfig(t, path, config.Config{
+		Targets: []config.Target{
+			{Name: "big-error", URL: bigError.URL, Model: "m"},
+			{Name: "big-event", URL: bigEvent.URL, Model: "m"},
+			{Name: "demo", Emulate: &config.Emulate{InterToken: time.Millisecond, MaxBodyBytes: 1 << 20}},
+		},
+		Workloads: []config.Workload{daemontest.Workload("w", fixture(t, "secrets.jsonl"), "big-error", "big-event", "demo")},
+	})
 	d := startDaemon(t, "--config.file="+path)
-	eventually(t, "every request ended", func() (bool, string) {
-		mfs := scrape(t, d.url)
-		h, _ := mfs.value("kvload_requests_total", "target", "big-error", "outcome", "http_error")
-		s, _ := mfs.value("kvload_requests_total", "target", "big-event", "outcome", "stream_error")
+	testutil.Eventually(t, "every request ended", func() (bool, string) {
+		mfs := testutil.Scrape(t, d.url)
+		h, _ := mfs.Value("kvload_requests_total", "target", "big-error", "outcome", "http_error")
+		s, _ := mfs.Value("kvload_requests_total", "target", "big-event", "outcome", "stream_error")
 		mu.Lock()
 		defer mu.Unlock()
 		return h == 4 && s == 4 && handlersRun["big-error"] == 4 && handlersRun["big-event"] == 4,

@@ -38,6 +38,8 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 const (
@@ -1154,35 +1156,27 @@ func TestShippingShards(t *testing.T) {
 				s, ts, 16*len(ids)-4, strings.Join(ids, ", "))
 		}
 	}
-	cfg := fmt.Sprintf(`targets:
-  - name: engine
-    url: %s
-    model: %s
-    cache: {block_size: %d}
-workloads:
-  - name: sharded
-    trace: trace.jsonl
-    targets: [engine]
-    block_size: 16
-    seed: 7
-    loop: once
-    synthesis: {speedup_ratio: 2}
-`, srv.URL, ecfg.Model, emulate.DefaultBlockSize)
-	dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(cfg), "trace.jsonl": trace.Bytes()})
+	w := daemontest.Workload("sharded", "trace.jsonl", "engine")
+	w.Seed, w.Synthesis.SpeedupRatio = 7, 2
+	cfg := config.Config{
+		Targets:   []config.Target{{Name: "engine", URL: srv.URL, Model: ecfg.Model, Cache: config.Cache{BlockSize: config.Fixed(emulate.DefaultBlockSize)}}},
+		Workloads: []config.Workload{w},
+	}
+	dir := e2eDir(t, map[string][]byte{"kvload.yml": daemontest.Marshal(t, cfg), "trace.jsonl": trace.Bytes()})
 
 	ds := make([]*e2eDaemon, replicas)
 	for i := range replicas {
 		ds[i] = e2eStartFlags(t, filepath.Join(dir, "kvload.yml"), []string{fmt.Sprintf("--shard=%d/%d", i, replicas)})
 	}
 	var per []e2eTotals
-	e2ePoll(t, "every replica has replayed its share once", e2eDeadline, func() (bool, string) {
+	testutil.EventuallyWithin(t, "every replica has replayed its share once", e2eDeadline, func() (bool, string) {
 		var seen []e2eTotals
 		done := true
 		for _, d := range ds {
-			m := e2eScrape(t, d.base)
-			tt := m.totals("engine", "sharded")
+			m := testutil.Scrape(t, d.base)
+			tt := e2eTotalsOf(m, "engine", "sharded")
 			seen = append(seen, tt)
-			done = done && m.sum("kvload_trace_loops_total", "workload", "sharded") >= 1 && tt.InFlight == 0
+			done = done && m.Sum("kvload_trace_loops_total", "workload", "sharded") >= 1 && tt.InFlight == 0
 		}
 		settled := done && fmt.Sprint(seen) == fmt.Sprint(per)
 		per = seen

@@ -7,9 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/kvload-exporter/kvload-exporter/internal/testconfig"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
 
 // TestDaemonBindsBeforeSending: with its listen address already taken, the
@@ -22,26 +22,21 @@ func TestDaemonBindsBeforeSending(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { taken.Close() })
-	srv := newFakeServer(t, nil)
+	srv := testutil.NewFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	writeConfig(t, path, testconfig.WatchConfig(srv.URL, fixture(t, "tiny.jsonl"), "m"))
+	daemontest.WriteConfig(t, path, daemontest.Config(srv.URL, fixture(t, "tiny.jsonl")))
 
-	var stderr syncBuffer
+	var stderr testutil.Buffer
 	exit := make(chan int, 1)
 	go func() {
 		exit <- run(context.Background(), []string{"--config.file=" + path,
 			"--web.listen-address=" + taken.Addr().String(), "--shutdown.drain-timeout=1s"},
 			streams{stdout: io.Discard, stderr: &stderr})
 	}()
-	select {
-	case code := <-exit:
-		if code != exitBadInput {
-			t.Errorf("exit code %d, want %d:\n%s", code, exitBadInput, stderr.String())
-		}
-	case <-time.After(pollDeadline):
-		t.Fatalf("no exit with the listen address taken:\n%s", stderr.String())
+	if code := testutil.WaitShowing(t, "an exit with the listen address taken", exit, &stderr); code != exitBadInput {
+		t.Errorf("exit code %d, want %d:\n%s", code, exitBadInput, stderr.String())
 	}
-	if n := srv.count("/v1/chat/completions"); n != 0 {
+	if n := srv.Count("/v1/chat/completions"); n != 0 {
 		t.Errorf("the target saw %d requests, want 0", n)
 	}
 	if log := stderr.String(); !strings.Contains(log, "address already in use") || strings.Contains(log, "replay started") {

@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 func testMux(ready bool, reloadErr error) *http.ServeMux {
@@ -167,7 +168,7 @@ func TestMetricsScrapeStorm(t *testing.T) {
 				select {
 				case c := <-codes:
 					count[c]++
-				case <-time.After(pollDeadline):
+				case <-time.After(testutil.Ceiling):
 					close(g.release)
 					t.Fatalf("only %v answered while %d gathers run", count, g.running())
 				}
@@ -176,7 +177,7 @@ func TestMetricsScrapeStorm(t *testing.T) {
 				t.Errorf("while scrapes were held: %v, want %d × 503", count, tc.refused)
 			}
 			// The held scrapes are in their gathers or waiting on one.
-			e2ePoll(t, "the gathers started", pollDeadline, func() (bool, string) {
+			testutil.Eventually(t, "the gathers started", func() (bool, string) {
 				n := g.running()
 				return n == tc.running, fmt.Sprintf("%d gathers running, want %d", n, tc.running)
 			})

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 // TestWebServerTimeouts: the daemon's web server closes a connection that
@@ -69,12 +71,12 @@ func TestWebServerTimeouts(t *testing.T) {
 				}
 			}
 			// Only a hang guard: the server must close well before.
-			if err := conn.SetReadDeadline(time.Now().Add(pollDeadline)); err != nil {
+			if err := conn.SetReadDeadline(time.Now().Add(testutil.Ceiling)); err != nil {
 				t.Fatal(err)
 			}
 			got, err := io.ReadAll(bufio.NewReader(conn))
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("the connection is still open after %v (read %q)", pollDeadline, got)
+				t.Fatalf("the connection is still open after %v (read %q)", testutil.Ceiling, got)
 			}
 			// A close with unread data in the server's socket may come as a
 			// reset rather than EOF: closed all the same.

@@ -1,3 +1,14 @@
-// Package testutil is the test kit shared by the module's tests. Only
-// _test.go files import it.
+// Package testutil is the test kit shared by the daemon's tests: polling
+// until a condition holds, waiting on an event, reading Prometheus
+// metrics, a fake OpenAI-compatible server and a log buffer safe to read
+// while it is written.
+//
+// It imports no package of this module, so that the tests of any of them,
+// the internal tests of the packages that config and emulate build on
+// included, can use it. What needs the configuration schema or the
+// emulator is in testutil/daemontest.
+//
+// No helper here asserts speed: every wait ends when its event happens,
+// and is bounded only by the test's own deadline or a generous ceiling
+// that guards against a hang.
 package testutil
