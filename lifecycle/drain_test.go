@@ -136,11 +136,12 @@ const raceDrain = 2 * time.Second
 // raceLate bounds how many requests may reach the server after the
 // shutdown began: those the daemon had handed to its client just before,
 // a few rows of the steady trace (one every 20 ms; 1 to 5 seen under
-// -race). A dispatch that went on would send one every 20 ms through the
-// drain (about 100), or through the second a held reload keeps the owner
-// busy (about 50); a reload's units started after the shutdown would send
-// the big trace's rows due at once.
-const raceLate = 15
+// -race on an idle machine, 16 on one running seven builds). A dispatch
+// that went on would send one every 20 ms through the drain (about 100),
+// or through the second a held reload keeps the owner busy (about 50); a
+// reload's units started after the shutdown would send the big trace's
+// rows due at once.
+const raceLate = 25
 
 // slowServer answers every request after 300 ms, so that requests are in
 // flight when the shutdown begins and the drain lasts a while.
