@@ -58,7 +58,7 @@ func (s *gatherer) Gather() ([]*dto.MetricFamily, error) {
 		if led {
 			p.repanic()
 		}
-		return nil, fmt.Errorf("shared gathering: %w", p)
+		return nil, p.forJoiners()
 	}
 	mfs, _ := res.Val.([]*dto.MetricFamily)
 	return mfs, res.Err
@@ -178,6 +178,15 @@ func catch(p **panicked) {
 
 func (p *panicked) Error() string {
 	return fmt.Sprintf("panic: %v\n\n%s", p.value, p.stack)
+}
+
+// forJoiners is the error the callers that joined the run get: the panic's
+// value without its stack, which promhttp would send to the scraper.
+func (p *panicked) forJoiners() error {
+	if err, ok := p.value.(error); ok {
+		return fmt.Errorf("shared gathering panicked: %w", err)
+	}
+	return fmt.Errorf("shared gathering panicked: %v", p.value)
 }
 
 func (p *panicked) Unwrap() error {
