@@ -26,6 +26,7 @@ COPY collector/ collector/
 COPY config/ config/
 COPY kvcapacity/ kvcapacity/
 COPY emulate/ emulate/
+COPY internal/ internal/
 COPY lifecycle/ lifecycle/
 COPY replay/ replay/
 COPY synth/ synth/

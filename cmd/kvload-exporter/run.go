@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/internal/webshare"
 	"github.com/kvload-exporter/kvload-exporter/lifecycle"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 )
@@ -142,7 +143,7 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	}()
 
 	mux := newMux(webDeps{
-		gatherer:      collector.SharedGatherer(reg), // a scrape storm gathers once at a time
+		gatherer:      webshare.Gatherer(reg), // a scrape storm gathers once at a time
 		telemetryPath: f.telemetryPath,
 		ready:         d.Ready,
 		reload:        d.Reload,

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/version"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/internal/webshare"
 )
 
 // webDeps is what the HTTP endpoints need from the daemon.
@@ -64,7 +65,7 @@ type landingTarget struct {
 func newMux(d webDeps) *http.ServeMux {
 	mux := http.NewServeMux()
 	// Concurrent scrapes that negotiate alike share one encoded response.
-	mux.Handle("GET "+d.telemetryPath, collector.SharedResponses(promhttp.HandlerFor(d.gatherer, promhttp.HandlerOpts{
+	mux.Handle("GET "+d.telemetryPath, webshare.Responses(promhttp.HandlerFor(d.gatherer, promhttp.HandlerOpts{
 		EnableOpenMetrics:   true, // exemplars and native histograms over protobuf/OpenMetrics
 		ErrorHandling:       promhttp.ContinueOnError,
 		MaxRequestsInFlight: metricsInFlight,
