@@ -24,13 +24,13 @@ RUN go mod download
 COPY cmd/ cmd/
 COPY collector/ collector/
 COPY config/ config/
-COPY kvcapacity/ kvcapacity/
+COPY engine/ engine/
 COPY emulate/ emulate/
 COPY internal/ internal/
 COPY lifecycle/ lifecycle/
+COPY openai/ openai/
 COPY replay/ replay/
 COPY synth/ synth/
-COPY tokencheck/ tokencheck/
 ARG VERSION=dev
 ARG REVISION=unknown
 ARG BRANCH=unknown
