@@ -36,7 +36,7 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: engines test-engines all build release run test test-browser screenshot test-go test-prompts test-e2e test-faults lint fmt-check vet staticcheck bench bench-scale tokenizers clean \
+.PHONY: engines test-engines all build release run test test-browser screenshot test-go test-prompts test-e2e test-faults lint fmt-check vet golangci-lint staticcheck bench bench-scale tokenizers clean \
         prometheus test-rules test-dashboards test-prometheus test-alerts vulncheck bench-rate
 
 all: build
@@ -167,7 +167,11 @@ test-engines: build engines $(PROMTOOL)
 	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) LLAMA_SERVER_BIN=$(LLAMA_SERVER) OLLAMA_BIN=$(OLLAMA) TINY_MODEL=$(TINY_MODEL) \
 	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) $(GO) test -count=1 -timeout 30m -v -run '^TestRealEngine' ./dashtest
 
-lint: fmt-check vet staticcheck
+## lint: gofmt, go vet and golangci-lint (.golangci.yml; depguard holds the import direction of the packages).
+lint: fmt-check vet golangci-lint
+
+golangci-lint:
+	$(TOOLS) golangci-lint run $(PKGS)
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -176,6 +180,7 @@ fmt-check:
 vet:
 	$(GO) vet $(PKGS)
 
+# staticcheck on its own; `make lint` runs it inside golangci-lint.
 staticcheck:
 	$(TOOLS) staticcheck $(PKGS)
 

@@ -16,7 +16,7 @@ func TestUnknownKeySuggestions(t *testing.T) {
 		{"", "    max_inflight: 3", `workloads[0]: unknown key "max_inflight" (line 9); did you mean "max_in_flight"?`},
 		{"", "    Seed: 3", `workloads[0]: unknown key "Seed" (line 9); did you mean "seed"?`},
 		{"", "    lopo: once", `workloads[0]: unknown key "lopo" (line 9); did you mean "loop"?`},
-		{"    modle: m", "", `targets[0]: unknown key "modle" (line 4); did you mean "model"?`},
+		{"    modle: m", "", `targets[0]: unknown key "modle" (line 4); did you mean "model"?`}, //nolint:misspell // the typo is the input
 		{"    cache: {capacity_block: 3}", "", `targets[0].cache: unknown key "capacity_block" (line 4); did you mean "capacity_blocks"?`},
 		{"", "    synthesis: {speedup: 2}", `workloads[0].synthesis: unknown key "speedup" (line 9); did you mean "speedup_ratio"?`},
 		{"", "    synthesis: {max: 2}", `workloads[0].synthesis: unknown key "max" (line 9)`},

@@ -17,7 +17,7 @@ type scheduler struct {
 	onQueue func()          // test hook, called after a request is queued
 }
 
-func newScheduler(max int) *scheduler { return &scheduler{max: max} }
+func newScheduler(limit int) *scheduler { return &scheduler{max: limit} }
 
 // acquire blocks until a slot is free or ctx ends. On success the caller
 // must call release.

@@ -302,14 +302,18 @@ func (r *running) waitReady(within time.Duration) time.Time {
 	return time.Time{}
 }
 
+// stop interrupts the daemon and waits for it, killing it after 30 s. Its
+// exit status is not looked at: the figures were taken before.
 func (r *running) stop() {
-	r.cmd.Process.Signal(os.Interrupt)
+	// A process that has already exited cannot be signalled; Wait below
+	// returns at once then.
+	_ = r.cmd.Process.Signal(os.Interrupt)
 	done := make(chan struct{})
-	go func() { r.cmd.Wait(); close(done) }()
+	go func() { _ = r.cmd.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		r.cmd.Process.Kill()
+		_ = r.cmd.Process.Kill()
 		<-done
 	}
 	os.RemoveAll(r.dir)
@@ -435,11 +439,19 @@ func newSink() (*sink, error) {
 	s := &sink{url: "http://" + l.Addr().String(), at: map[string][]time.Time{}}
 	s.new = sync.NewCond(&s.mu)
 	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve)}
-	go s.srv.Serve(l)
+	// Serve returns http.ErrServerClosed once close is called; a sink that
+	// fails before shows as requests that never arrive.
+	go func() { _ = s.srv.Serve(l) }()
 	return s, nil
 }
 
-func (s *sink) close() { s.srv.Shutdown(context.Background()) }
+func (s *sink) close() { _ = s.srv.Shutdown(context.Background()) }
+
+// sinkStream is the sink's answer: four one-token chunks, the usage and
+// [DONE].
+var sinkStream = strings.Repeat(`data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" x"},"finish_reason":null}]}`+"\n\n", 4) +
+	`data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":4,"total_tokens":5}}` + "\n\n" +
+	"data: [DONE]\n\n"
 
 func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
@@ -448,17 +460,15 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	name, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	now := time.Now()
-	io.Copy(io.Discard, r.Body)
+	// The request has arrived whatever its body holds.
+	_, _ = io.Copy(io.Discard, r.Body)
 	s.mu.Lock()
 	s.at[name] = append(s.at[name], now)
 	s.new.Broadcast()
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "text/event-stream")
-	for range 4 {
-		io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" x"},"finish_reason":null}]}`+"\n\n")
-	}
-	io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":4,"total_tokens":5}}`+"\n\n")
-	io.WriteString(w, "data: [DONE]\n\n")
+	// A client that has gone reads nothing more; the sink has no one to tell.
+	_, _ = io.WriteString(w, sinkStream)
 }
 
 // waitFirst waits for the first request to name.
