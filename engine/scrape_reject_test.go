@@ -58,15 +58,13 @@ func TestServerScraperRejectsImplausible(t *testing.T) {
 					counts, err = s.counts(r)
 					credit = counts.Cached
 				}
-				// And as Run would: the error counted by its reason.
+				// As Run would: a failed read is a scrape error.
 				reason := ServerErrorScrape
 				if bad := (*RejectedCount)(nil); errors.As(err, &bad) {
 					reason = bad.Reason
 					if bad.Target != "t" {
 						t.Errorf("scrape %d: the rejection names target %q", i, bad.Target)
 					}
-				}
-				if err != nil {
 				}
 				switch w := want.(type) {
 				case float64:

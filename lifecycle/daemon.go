@@ -688,7 +688,7 @@ func (d *Daemon) shutdown() {
 	d.stopScrapers()
 	for _, e := range d.emulators {
 		e.cancel()
-		e.wait()
+		_ = e.wait() // a server cancelled at shutdown has nothing to report
 	}
 	d.wg.Wait()
 }

@@ -143,7 +143,9 @@ func TestSendsTokenIDs(t *testing.T) {
 		var req struct {
 			Prompt json.RawMessage `json:"prompt"`
 		}
-		json.NewDecoder(r.Body).Decode(&req)
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			t.Errorf("request body: %v", err)
+		}
 		select {
 		case prompts <- req.Prompt:
 		default:

@@ -118,7 +118,9 @@ func (d *Daemon) own(ctx, unitCtx context.Context, fileChanged <-chan struct{}) 
 			d.shutdown()
 			return
 		case <-fileChanged:
-			d.reload(ctx, unitCtx, false)
+			// The watcher has no caller to tell: reload logs and counts
+			// a rejected file itself.
+			_ = d.reload(ctx, unitCtx, false)
 		case req := <-d.reqs:
 			req.reply <- d.reload(ctx, unitCtx, req.force)
 		}

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"io"
@@ -82,7 +83,7 @@ func (c *traceCache) plan(ctx context.Context, prev *traceCache, path string, w 
 	if pf == nil {
 		var err error
 		if pf, err = c.readFile(ctx, prev.files[fk], fk); err != nil {
-			if _, ok := err.(*traceAccessError); ok {
+			if access := (*traceAccessError)(nil); errors.As(err, &access) {
 				return nil, err // named by the caller, with its YAML key
 			}
 			return nil, fmt.Errorf("workload %s: %w", w.Name, err)

@@ -124,9 +124,9 @@ func TestWatchSymlinkSwap(t *testing.T) {
 		daemontest.WriteConfig(t, filepath.Join(dir, name, "kvload.yml"), watchConfig(srv.URL, "trace.jsonl", model))
 		daemontest.WriteFile(t, filepath.Join(dir, name, "trace.jsonl"), trace)
 	}
-	symlink := func(old, new string) {
+	symlink := func(target, name string) {
 		t.Helper()
-		if err := os.Symlink(old, filepath.Join(dir, new)); err != nil {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -89,7 +89,7 @@ const (
 // apart from a deadline of the caller's context.
 var errRequestTimeout = errors.New("request timeout")
 
-// NewClient validates cfg and builds its HTTP client. Outbound auth, TLS and
+// New validates cfg and builds its HTTP client. Outbound auth, TLS and
 // proxy come from cfg.HTTPClientConfig via prometheus/common; its transport
 // keeps connections alive with MaxIdleConnsPerHost 1000 (MaxIdleConns
 // 20000), enough for hundreds of concurrent streams to one target without
@@ -285,7 +285,8 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 		res.Sent = time.Now()
 		resp, _, err = c.send(rctx, c.fresh, body)
 		if err != nil {
-			err = fmt.Errorf("%w (retried once: a reused connection failed with %v)", err, first)
+			// Only the retry's error classifies the request; the first is context.
+			err = fmt.Errorf("%w (retried once: a reused connection failed with %v)", err, first) //nolint:errorlint
 		}
 	}
 	if err != nil {
@@ -431,11 +432,11 @@ func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentTy
 	switch {
 	case st.failed:
 		c.setOutcome(res, OutcomeStreamError, st.failMsg)
-	case st.abort != "" && (st.done || readErr == io.EOF):
+	case st.abort != "" && (st.done || errors.Is(readErr, io.EOF)):
 		c.setOutcome(res, OutcomeStreamError, "finish_reason "+st.abort)
 	case st.done:
 		res.Outcome = OutcomeSuccess
-	case readErr != io.EOF:
+	case !errors.Is(readErr, io.EOF):
 		o := c.classify(ctx, rctx, OutcomeStreamError)
 		c.setOutcome(res, o, c.failureText(o, "read body: "+readErr.Error()))
 	case st.finished || st.usageSeen:

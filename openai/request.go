@@ -36,6 +36,7 @@ var Outcomes = [...]Outcome{OutcomeSuccess, OutcomeHTTPError, OutcomeStreamError
 // API is the OpenAI endpoint a target is driven through.
 type API string
 
+// The APIs of target.api.
 const (
 	APIChat        API = "chat"        // POST /v1/chat/completions
 	APICompletions API = "completions" // POST /v1/completions

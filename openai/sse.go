@@ -76,7 +76,7 @@ func (r *sseReader) next() (ev sseEvent, ok bool) {
 		if !ok {
 			// A clean end delivers a pending event; after a read error it
 			// may be partial, so it is dropped.
-			if r.err == io.EOF && (r.hasData || r.errorEvent) {
+			if errors.Is(r.err, io.EOF) && (r.hasData || r.errorEvent) {
 				return r.dispatch(), true
 			}
 			return sseEvent{}, false
@@ -157,7 +157,7 @@ func (r *sseReader) readLine() (line []byte, ok bool) {
 		}
 		r.scan = r.end
 		if r.err != nil {
-			if r.err == io.EOF && r.start < r.end {
+			if errors.Is(r.err, io.EOF) && r.start < r.end {
 				line = r.buf[r.start:r.end]
 				r.start = r.end
 				return r.trimLine(line), true

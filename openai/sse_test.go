@@ -3,6 +3,7 @@ package openai
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -107,7 +108,7 @@ func TestSSEReaderFraming(t *testing.T) {
 					}
 					got = append(got, ev{string(e.data), e.errorEvent, string(e.comment)})
 				}
-				if r.err != io.EOF {
+				if !errors.Is(r.err, io.EOF) {
 					t.Errorf("err = %v, want EOF", r.err)
 				}
 				if fmt.Sprint(got) != fmt.Sprint(tt.want) {
@@ -131,11 +132,11 @@ func TestSSEReaderLongLines(t *testing.T) {
 	}
 
 	r.reset(strings.NewReader("data: "+strings.Repeat("z", sseMaxEvent)+"\n\n"), time.Now)
-	if _, ok := r.next(); ok || r.err != errEventTooLarge {
+	if _, ok := r.next(); ok || !errors.Is(r.err, errEventTooLarge) {
 		t.Fatalf("oversized line: ok=%v err=%v", ok, r.err)
 	}
 	r.reset(strings.NewReader(strings.Repeat("data: "+strings.Repeat("z", 1<<20)+"\n", 17)), time.Now)
-	if _, ok := r.next(); ok || r.err != errEventTooLarge {
+	if _, ok := r.next(); ok || !errors.Is(r.err, errEventTooLarge) {
 		t.Fatalf("oversized multi-line event: ok=%v err=%v", ok, r.err)
 	}
 }

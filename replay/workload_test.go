@@ -278,8 +278,8 @@ func (g *wlTestSessionGuard) Do(ctx context.Context, req openai.Request, res *Re
 	case st.done != turn:
 		g.t.Errorf("row %d is turn %d of conversation %d, but %d turns finished before it", row, turn, conv, st.done)
 	case turn > 0 && g.recs[row].Delay != nil && g.recs[row].Timestamp == nil:
-		if min := st.end.Add(time.Duration(*g.recs[row].Delay * 1e6)); res.Scheduled.Before(min) {
-			g.t.Errorf("row %d scheduled at %v, before previous turn end + delay %v", row, res.Scheduled, min)
+		if earliest := st.end.Add(time.Duration(*g.recs[row].Delay * 1e6)); res.Scheduled.Before(earliest) {
+			g.t.Errorf("row %d scheduled at %v, before previous turn end + delay %v", row, res.Scheduled, earliest)
 		}
 	}
 	st.running = true

@@ -116,7 +116,7 @@ func TestDaemonGoldenMetrics(t *testing.T) {
 			if n, series := mfs.Value(h, "workload", "golden", "target", "fake"); n != 4 || series != 1 {
 				var text bytes.Buffer
 				if mf := mfs[h]; mf != nil {
-					expfmt.MetricFamilyToText(&text, mf)
+					_, _ = expfmt.MetricFamilyToText(&text, mf) // for the failure message only
 				}
 				return false, fmt.Sprintf("%s: count %v in %d series, want 4 in 1:\n%s", h, n, series, text.String())
 			}

@@ -185,7 +185,7 @@ func startProcessEnv(t *testing.T, env []string, args ...string) *process {
 		select {
 		case <-p.exited:
 		default:
-			p.cmd.Process.Kill()
+			_ = p.cmd.Process.Kill() // it may have exited meanwhile; exited says when
 			<-p.exited
 		}
 	})

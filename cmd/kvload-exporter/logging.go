@@ -20,7 +20,7 @@ type logFlags struct {
 // newLogger returns a go-kit logger writing logfmt or JSON to w, filtered at
 // the given level, with a timestamp and the caller on every line; and the
 // same without the two, for newSlogBridge.
-func newLogger(f logFlags, w io.Writer) (logger, base log.Logger, min slog.Level, err error) {
+func newLogger(f logFlags, w io.Writer) (logger, base log.Logger, minLevel slog.Level, err error) {
 	var l log.Logger
 	switch f.format {
 	case "logfmt":
@@ -33,19 +33,19 @@ func newLogger(f logFlags, w io.Writer) (logger, base log.Logger, min slog.Level
 	var opt level.Option
 	switch f.level {
 	case "debug":
-		opt, min = level.AllowDebug(), slog.LevelDebug
+		opt, minLevel = level.AllowDebug(), slog.LevelDebug
 	case "info":
-		opt, min = level.AllowInfo(), slog.LevelInfo
+		opt, minLevel = level.AllowInfo(), slog.LevelInfo
 	case "warn":
-		opt, min = level.AllowWarn(), slog.LevelWarn
+		opt, minLevel = level.AllowWarn(), slog.LevelWarn
 	case "error":
-		opt, min = level.AllowError(), slog.LevelError
+		opt, minLevel = level.AllowError(), slog.LevelError
 	default:
 		return nil, nil, 0, fmt.Errorf("--log.level: %q is not debug, info, warn or error", f.level)
 	}
 	base = level.NewFilter(l, opt)
 	l = log.With(l, "ts", log.TimestampFormat(time.Now, time.RFC3339Nano), "caller", log.Caller(5))
-	return level.NewFilter(l, opt), base, min, nil
+	return level.NewFilter(l, opt), base, minLevel, nil
 }
 
 // newSlogBridge returns a slog.Logger that writes through l, so that
@@ -53,7 +53,7 @@ func newLogger(f logFlags, w io.Writer) (logger, base log.Logger, min slog.Level
 // like the rest of the program. base is the format and level filter without
 // the ts and caller newLogger adds: slog-gokit adds the record's own caller
 // and time, whose key is renamed to the program's "ts".
-func newSlogBridge(base log.Logger, min slog.Level) *slog.Logger {
+func newSlogBridge(base log.Logger, minLevel slog.Level) *slog.Logger {
 	renamed := log.LoggerFunc(func(kv ...any) error {
 		for i := 0; i+1 < len(kv); i += 2 {
 			if kv[i] == slog.TimeKey {
@@ -62,5 +62,5 @@ func newSlogBridge(base log.Logger, min slog.Level) *slog.Logger {
 		}
 		return base.Log(kv...)
 	})
-	return slog.New(sloggokit.NewGoKitHandler(renamed, min))
+	return slog.New(sloggokit.NewGoKitHandler(renamed, minLevel))
 }

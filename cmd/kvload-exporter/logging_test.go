@@ -15,20 +15,20 @@ func TestSlogBridge(t *testing.T) {
 		absent []string
 	}{
 		{"info passes, debug filtered", logFlags{"info", "logfmt"}, func(buf *bytes.Buffer, f logFlags) {
-			_, l, min, err := newLogger(f, buf)
+			_, l, minLevel, err := newLogger(f, buf)
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := newSlogBridge(l, min)
+			s := newSlogBridge(l, minLevel)
 			s.Debug("hidden")
 			s.With("listen", ":9812").WithGroup("tls").Info("Listening on", "enabled", false)
 		}, []string{"level=info", `msg="Listening on"`, "listen=:9812", "tls.enabled=false", "ts=20", "caller=logging_test.go:"}, []string{"hidden", "time="}},
 		{"json with error level", logFlags{"error", "json"}, func(buf *bytes.Buffer, f logFlags) {
-			_, l, min, err := newLogger(f, buf)
+			_, l, minLevel, err := newLogger(f, buf)
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := newSlogBridge(l, min)
+			s := newSlogBridge(l, minLevel)
 			s.Warn("quiet")
 			s.Error("boom", "code", 3)
 		}, []string{`"level":"error"`, `"msg":"boom"`, `"code":"3"`}, []string{"quiet"}},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/internal/webshare"
 	"github.com/kvload-exporter/kvload-exporter/lifecycle"
 	"github.com/kvload-exporter/kvload-exporter/openai"
@@ -55,6 +57,97 @@ func runCommand(app *kingpin.Application) command {
 	return command{clause: cl, run: func(ctx context.Context, s streams) error { return runDaemon(ctx, f, s) }}
 }
 
+// newRegistry is the daemon's registry: the Go and process collectors,
+// build info, and the contract's metrics.
+func newRegistry() (*prometheus.Registry, *collector.Collector) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		versioncollector.NewCollector("kvload_exporter"),
+	)
+	return reg, collector.New(reg)
+}
+
+// shardOf is this replica's shard from --shard and --shard.count, nil
+// when the workloads keep their own.
+func shardOf(f *runFlags, logger log.Logger) (*config.Shard, error) {
+	hostname, _ := os.Hostname()
+	shard, err := parseShardFlag(f.shard, f.shardCount, hostname)
+	if err == nil && shard != nil {
+		level.Info(logger).Log("msg", "every workload replays one shard", "shard", fmt.Sprintf("%d/%d", shard.Index, shard.Count))
+	}
+	return shard, err
+}
+
+// prepareWeb checks the web configuration and opens the listen
+// addresses.
+func prepareWeb(flags *web.FlagConfig) ([]net.Listener, error) {
+	if wc := flags.WebConfigFile; wc != nil && *wc != "" {
+		if err := web.Validate(*wc); err != nil {
+			return nil, fmt.Errorf("web configuration %s: %w", *wc, err)
+		}
+	}
+	listeners, err := listen(flags)
+	if err != nil {
+		return nil, fmt.Errorf("web server: %w", err)
+	}
+	return listeners, nil
+}
+
+// daemonWebServer is the daemon's web server: metrics (one gathering at
+// a time under a scrape storm), health, reload and the landing page. Its
+// own errors (failed TLS handshakes, plain HTTP on a TLS port) go to the
+// daemon's log, in its format, rather than to the standard logger.
+func daemonWebServer(d *lifecycle.Daemon, reg *prometheus.Registry, coll *collector.Collector, telemetryPath string, logger *slog.Logger) *http.Server {
+	mux := newMux(webDeps{
+		gatherer:      webshare.Gatherer(reg),
+		telemetryPath: telemetryPath,
+		ready:         d.Ready,
+		reload:        d.Reload,
+		landing:       func() landingData { return landingOf(d.Status(), coll, reg) },
+	})
+	return newWebServer(mux, newConnLimiter(maxWebConns()), slog.NewLogLogger(logger.Handler(), slog.LevelError))
+}
+
+// serve runs the web server on listeners, or on those the toolkit opens
+// itself (systemd sockets, vsock) when there are none, until it fails or
+// is shut down.
+func serve(server *http.Server, listeners []net.Listener, flags *web.FlagConfig, logger *slog.Logger) error {
+	if listeners == nil {
+		return web.ListenAndServe(server, flags, logger)
+	}
+	return web.ServeMultiple(listeners, server, flags, logger)
+}
+
+// exitOnSecondSignal ends the process without draining when a signal
+// comes before the daemon is done.
+func exitOnSecondSignal(again <-chan os.Signal, done <-chan struct{}, logger log.Logger) {
+	select {
+	case <-again:
+		level.Warn(logger).Log("msg", "second signal: exiting without draining")
+		os.Exit(exitFailure)
+	case <-done:
+	}
+}
+
+// reloadOnSIGHUP asks the daemon's owner goroutine for a reload at every
+// SIGHUP, as the file watcher and POST /-/reload do, until the daemon
+// ends.
+func reloadOnSIGHUP(ctx context.Context, d *lifecycle.Daemon, hup <-chan os.Signal, logger log.Logger) {
+	for {
+		select {
+		case <-d.Done():
+			return
+		case <-hup:
+			level.Info(logger).Log("msg", "SIGHUP: reloading")
+			if err := d.Reload(ctx); errors.Is(err, lifecycle.ErrShuttingDown) || errors.Is(err, context.Canceled) {
+				level.Info(logger).Log("msg", "SIGHUP ignored: shutting down")
+			}
+		}
+	}
+}
+
 func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	logger, baseLogger, minLevel, err := newLogger(f.log, s.stderr)
 	if err != nil {
@@ -63,8 +156,7 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	if f.configCheck {
 		return checkConfig(f.configFile, s)
 	}
-	hostname, _ := os.Hostname()
-	shard, err := parseShardFlag(f.shard, f.shardCount, hostname)
+	shard, err := shardOf(f, logger)
 	if err != nil {
 		return badInput(err)
 	}
@@ -73,24 +165,13 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		versioncollector.NewCollector("kvload_exporter"),
-	)
-	coll := collector.New(reg)
+	reg, coll := newRegistry()
 
 	// Everything that can fail at start fails before the first request
 	// leaves: the web configuration, then the listen addresses.
-	if wc := f.web.WebConfigFile; wc != nil && *wc != "" {
-		if err := web.Validate(*wc); err != nil {
-			return badInput(fmt.Errorf("web configuration %s: %w", *wc, err))
-		}
-	}
-	listeners, err := listen(f.web)
+	listeners, err := prepareWeb(f.web)
 	if err != nil {
-		return badInput(fmt.Errorf("web server: %w", err))
+		return badInput(err)
 	}
 	defer func() {
 		for _, l := range listeners {
@@ -98,9 +179,6 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 		}
 	}()
 
-	if shard != nil {
-		level.Info(logger).Log("msg", "every workload replays one shard", "shard", fmt.Sprintf("%d/%d", shard.Index, shard.Count))
-	}
 	level.Info(logger).Log("msg", "starting kvload-exporter", "config", f.configFile)
 	// runCtx ends the daemon: a signal, or the web server failing.
 	runCtx, stopRun := context.WithCancel(ctx)
@@ -124,46 +202,12 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 
-	// SIGHUP asks the daemon's owner goroutine for a reload, like the
-	// file watcher and POST /-/reload do.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-d.Done():
-				return
-			case <-hup:
-				level.Info(logger).Log("msg", "SIGHUP: reloading")
-				if err := d.Reload(runCtx); errors.Is(err, lifecycle.ErrShuttingDown) || errors.Is(err, context.Canceled) {
-					level.Info(logger).Log("msg", "SIGHUP ignored: shutting down")
-				}
-			}
-		}
-	}()
+	wg.Go(func() { reloadOnSIGHUP(runCtx, d, hup, logger) })
 
-	mux := newMux(webDeps{
-		gatherer:      webshare.Gatherer(reg), // a scrape storm gathers once at a time
-		telemetryPath: f.telemetryPath,
-		ready:         d.Ready,
-		reload:        d.Reload,
-		landing:       func() landingData { return landingOf(d.Status(), coll, reg) },
-	})
 	webLogger := newSlogBridge(baseLogger, minLevel)
-	// The server's own errors (failed TLS handshakes, plain HTTP on a TLS
-	// port) belong in the daemon's log, in its format, rather than on the
-	// standard logger.
-	server := newWebServer(mux, newConnLimiter(maxWebConns()), slog.NewLogLogger(webLogger.Handler(), slog.LevelError))
+	server := daemonWebServer(d, reg, coll, f.telemetryPath, webLogger)
 	webErr := make(chan error, 1)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if listeners == nil { // systemd or vsock: the toolkit listens
-			webErr <- web.ListenAndServe(server, f.web, webLogger)
-			return
-		}
-		webErr <- web.ServeMultiple(listeners, server, f.web, webLogger)
-	}()
+	wg.Go(func() { webErr <- serve(server, listeners, f.web, webLogger) })
 
 	var failed error
 	select {
@@ -178,16 +222,7 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	again := make(chan os.Signal, 1)
 	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(again)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		select {
-		case <-again:
-			level.Warn(logger).Log("msg", "second signal: exiting without draining")
-			os.Exit(exitFailure)
-		case <-d.Done():
-		}
-	}()
+	wg.Go(func() { exitOnSecondSignal(again, d.Done(), logger) })
 
 	<-d.Done()
 	logDrained(logger, reg)

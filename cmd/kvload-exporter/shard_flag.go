@@ -17,13 +17,13 @@ import (
 //
 // hostname is only read for auto.
 func parseShardFlag(spec string, count int, hostname string) (*config.Shard, error) {
-	switch {
-	case spec == "":
+	switch spec {
+	case "":
 		if count != 0 {
 			return nil, fmt.Errorf("--shard.count needs --shard=auto")
 		}
 		return nil, nil
-	case spec == "auto":
+	case "auto":
 		if count < 1 {
 			return nil, fmt.Errorf("--shard=auto needs --shard.count=N (the number of replicas), N ≥ 1")
 		}

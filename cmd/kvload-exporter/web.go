@@ -202,8 +202,8 @@ type trackedConn struct {
 	since time.Time
 }
 
-func newConnLimiter(max int) *connLimiter {
-	return &connLimiter{max: max, conns: map[net.Conn]*trackedConn{}}
+func newConnLimiter(limit int) *connLimiter {
+	return &connLimiter{max: limit, conns: map[net.Conn]*trackedConn{}}
 }
 
 // connState is the http.Server.ConnState hook.

@@ -102,7 +102,7 @@ func TestWait(t *testing.T) {
 		t.Errorf("failed with %q", msg)
 	}
 	var log Buffer
-	log.Write([]byte("the log"))
+	_, _ = log.Write([]byte("the log")) // a Buffer never fails
 	if msg := failsWith(t, func(tb testing.TB) {
 		WaitShowing(fixedDeadline{tb, time.Now().Add(reportGrace)}, "the event", never, &log)
 	}); msg != "the event: did not happen:\nthe log" {
