@@ -30,6 +30,7 @@ COPY lifecycle/ lifecycle/
 COPY replay/ replay/
 COPY synth/ synth/
 COPY tokencheck/ tokencheck/
+COPY tokenizer/ tokenizer/
 ARG VERSION=dev
 ARG REVISION=unknown
 ARG BRANCH=unknown

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 func chatBody(content string, extra map[string]any) map[string]any {
@@ -375,7 +376,7 @@ func TestChatTemplatePrefixStable(t *testing.T) {
 }
 
 func TestOutputPiecesAreSingleTokens(t *testing.T) {
-	tok, err := synth.LoadTokenizer("o200k_base")
+	tok, err := tokenizer.Load("o200k_base")
 	if err != nil {
 		t.Fatal(err)
 	}

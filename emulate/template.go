@@ -6,10 +6,11 @@ import (
 	"strings"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 // pieces returns the text of each token, for /tokenize's token_strs.
-func pieces(tok synth.Tokenizer, ids []int) ([]string, error) {
+func pieces(tok tokenizer.Tokenizer, ids []int) ([]string, error) {
 	out := make([]string, len(ids))
 	for i, id := range ids {
 		s, err := decode(tok, []int{id})
@@ -23,7 +24,7 @@ func pieces(tok synth.Tokenizer, ids []int) ([]string, error) {
 
 // decode turns ids into text. The tokenizer does not decode the special
 // token that stands in for BOS, so that one is spelled here.
-func decode(tok synth.Tokenizer, ids []int) (string, error) {
+func decode(tok tokenizer.Tokenizer, ids []int) (string, error) {
 	var b strings.Builder
 	for len(ids) > 0 {
 		i := slices.Index(ids, bosToken)

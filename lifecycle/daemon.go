@@ -27,6 +27,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 // Daemon owns the running configuration: the replay units, one per
@@ -237,7 +238,7 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
 		if t.PromptFormat == replay.PromptFormatTokenIDs {
-			if _, err := synth.LoadTokenizer(t.Tokenizer); err != nil {
+			if _, err := tokenizer.Load(t.Tokenizer); err != nil {
 				errs = append(errs, fmt.Errorf("target %s: tokenizer: %w", t.Name, err))
 			}
 		}
@@ -318,7 +319,7 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 		d.coll.ForgetWorkload(w)
 	}
 	var errs []error
-	tokenizers := map[string]synth.Tokenizer{}
+	tokenizers := map[string]tokenizer.Tokenizer{}
 	for i := range cfg.Workloads {
 		w := &cfg.Workloads[i]
 		for _, tn := range w.Targets {
@@ -340,7 +341,7 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 	return errors.Join(errs...)
 }
 
-func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]synth.Tokenizer, fp string) (*unit, error) {
+func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]tokenizer.Tokenizer, fp string) (*unit, error) {
 	url := t.URL
 	if t.Emulate != nil {
 		url = d.emulatorURL(t.Name)
@@ -358,7 +359,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 		rb.tokenIDs = true
 		tok := tokenizers[t.Tokenizer]
 		if tok == nil {
-			if tok, err = synth.LoadTokenizer(t.Tokenizer); err != nil {
+			if tok, err = tokenizer.Load(t.Tokenizer); err != nil {
 				client.Close()
 				return nil, fmt.Errorf("tokenizer: %w", err)
 			}

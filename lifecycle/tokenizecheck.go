@@ -14,6 +14,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 	"github.com/kvload-exporter/kvload-exporter/tokencheck"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 const (
@@ -111,7 +112,7 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 		}
 		return res, nil
 	}
-	tok, err := synth.LoadTokenizer(t.Tokenizer)
+	tok, err := tokenizer.Load(t.Tokenizer)
 	if err != nil {
 		return tokenizeResult{}, fmt.Errorf("tokenizer: %w", err)
 	}

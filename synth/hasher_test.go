@@ -4,6 +4,9 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer/tokenizertest"
 )
 
 func TestHasher(t *testing.T) {
@@ -66,7 +69,7 @@ func TestHasherRoundTrip(t *testing.T) {
 	if raceEnabled {
 		n = 25
 	}
-	tok := loadTestTokenizer(t, TokenizerO200k)
+	tok := tokenizertest.Load(t, tokenizer.O200kBase)
 	for _, name := range sharedTraceNames {
 		t.Run(name, func(t *testing.T) {
 			recs, err := ReadFile(sharedTrace(name), ReadOptions{})

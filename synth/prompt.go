@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 //go:generate go run ./internal/wordgen -tokenizers ../.cache/tokenizers -o words.go
@@ -46,7 +48,7 @@ type PromptOptions struct {
 	CacheBytes int64
 	// Tokenizer is needed only by AppendTokenIDs: each word is mapped to its
 	// id once, in NewPromptBuilder.
-	Tokenizer Tokenizer
+	Tokenizer tokenizer.Tokenizer
 }
 
 // PromptBuilder builds prompts for trace rows. It is safe for concurrent use.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/tokenizer/tokenizertest"
 )
 
 // sharedTrace is the path of one of the shared Mooncake traces.
@@ -49,11 +51,11 @@ func TestPromptWordList(t *testing.T) {
 // TestPromptWordsOneToken: every word is exactly one token in each of the
 // four tokenizers, and NewPromptBuilder accepts each of them.
 func TestPromptWordsOneToken(t *testing.T) {
-	for _, name := range testTokenizerNames {
+	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
 			// NewPromptBuilder encodes every word and fails on the first
 			// that is not exactly one token.
-			newTestBuilder(t, PromptOptions{Tokenizer: loadTestTokenizer(t, name)})
+			newTestBuilder(t, PromptOptions{Tokenizer: tokenizertest.Load(t, name)})
 		})
 	}
 }
@@ -75,9 +77,9 @@ func TestPromptNoCrossWordMerges(t *testing.T) {
 		}
 		seqs = append(seqs, s)
 	}
-	for _, name := range testTokenizerNames {
+	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
-			tok := loadTestTokenizer(t, name)
+			tok := tokenizertest.Load(t, name)
 			b := newTestBuilder(t, PromptOptions{Tokenizer: tok})
 			for si, s := range seqs {
 				var text []byte
@@ -225,9 +227,9 @@ func TestPromptTokenIDs(t *testing.T) {
 		{InputLength: Ptr(700), HashIDs: []int64{0, 5}},
 		{InputLength: Ptr(77)},
 	}
-	for _, name := range testTokenizerNames {
+	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
-			tok := loadTestTokenizer(t, name)
+			tok := tokenizertest.Load(t, name)
 			for _, cache := range []int64{0, 1 << 20} {
 				b := newTestBuilder(t, PromptOptions{Tokenizer: tok, CacheBytes: cache, Seed: 11})
 				for i := range recs {
@@ -337,8 +339,8 @@ func TestSampledTracePromptsTokenize(t *testing.T) {
 			rows = append(rows, r.IntN(len(recs)))
 		}
 		b := newTestBuilder(t, PromptOptions{Seed: 42})
-		for _, tn := range testTokenizerNames {
-			tok := loadTestTokenizer(t, tn)
+		for _, tn := range tokenizertest.Names {
+			tok := tokenizertest.Load(t, tn)
 			t.Run(name+"/"+tn, func(t *testing.T) {
 				t.Parallel()
 				for _, i := range rows {
@@ -407,8 +409,8 @@ func TestEveryTracePromptTokenizes(t *testing.T) {
 			t.Fatal(err)
 		}
 		b := newTestBuilder(t, PromptOptions{Seed: 42, CacheBytes: 256 << 20})
-		for _, tn := range testTokenizerNames {
-			tok := loadTestTokenizer(t, tn)
+		for _, tn := range tokenizertest.Names {
+			tok := tokenizertest.Load(t, tn)
 			t.Run(name+"/"+tn, func(t *testing.T) {
 				t.Parallel()
 				var text []byte
@@ -464,6 +466,37 @@ func TestPromptTextRoom(t *testing.T) {
 		}
 		if n != tt.want || wordCount(p) != n || !bytes.HasPrefix(full, p) {
 			t.Errorf("isl %d, room %d: built %d (%d words, prefix %v), want %d", tt.rec.ISL(), tt.room, n, wordCount(p), bytes.HasPrefix(full, p), tt.want)
+		}
+	}
+}
+
+// BenchmarkTokenizerEncode reports each tokenizer's speed on prompt-builder
+// text (what the tests tokenize most) and on mixed prose and code.
+func BenchmarkTokenizerEncode(b *testing.B) {
+	pb, err := NewPromptBuilder(PromptOptions{BlockSize: 512, Seed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	words, err := pb.AppendText(nil, &Record{InputLength: Ptr(8192)}, 0, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mixed := strings.Repeat("The server returned 503 after 2.5s; retry with `curl -sS http://host:8000/v1/completions`.\n\tif err != nil { return fmt.Errorf(\"x: %w\", err) }\n", 60)
+	for _, name := range tokenizertest.Names {
+		tok := tokenizertest.Load(b, name)
+		for _, in := range []struct{ kind, text string }{{"words", string(words)}, {"mixed", mixed}} {
+			b.Run(name+"/"+in.kind, func(b *testing.B) {
+				b.SetBytes(int64(len(in.text)))
+				tokens := 0
+				for b.Loop() {
+					ids, err := tok.Encode(in.text)
+					if err != nil {
+						b.Fatal(err)
+					}
+					tokens += len(ids)
+				}
+				b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
+			})
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 // hashCommand turns a file of prompts into a Mooncake trace, giving equal
@@ -27,12 +28,12 @@ func hashCommand(app *kingpin.Application) command {
 	in := cl.Arg("PROMPTS", "JSONL file of prompts.").Required().String()
 	out := cl.Flag("output-file", "Trace to write.").Short('o').Required().String()
 	blockSize := cl.Flag("block-size", "Hash block size in tokens.").Default("512").Int()
-	tok := cl.Flag("tokenizer", "o200k_base, cl100k_base, or the path of a Hugging Face tokenizer.json.").Default(synth.TokenizerO200k).String()
+	tok := cl.Flag("tokenizer", "o200k_base, cl100k_base, or the path of a Hugging Face tokenizer.json.").Default(tokenizer.O200kBase).String()
 	return command{clause: cl, run: func(ctx context.Context, s streams) error {
 		if *blockSize <= 0 {
 			return badInput(fmt.Errorf("hash: --block-size must be positive, got %d", *blockSize))
 		}
-		t, err := synth.LoadTokenizer(*tok)
+		t, err := tokenizer.Load(*tok)
 		if err != nil {
 			return badInput(fmt.Errorf("hash: %w", err))
 		}
@@ -42,7 +43,7 @@ func hashCommand(app *kingpin.Application) command {
 
 // hashFile writes the trace to a temporary file beside out and renames it
 // at the end, so a bad row never leaves a partial trace behind.
-func hashFile(ctx context.Context, inPath, outPath string, t synth.Tokenizer, blockSize int) (err error) {
+func hashFile(ctx context.Context, inPath, outPath string, t tokenizer.Tokenizer, blockSize int) (err error) {
 	in, err := os.Open(inPath)
 	if err != nil {
 		return err
@@ -85,7 +86,7 @@ type promptRow struct {
 // hashPrompts reads prompt rows from r and writes trace rows to w. Rows are
 // tokenized in parallel batches (tokenizing is the slow part) and hashed in
 // file order, since ids depend on first appearance.
-func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t synth.Tokenizer, blockSize int) error {
+func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t tokenizer.Tokenizer, blockSize int) error {
 	h, err := synth.NewHasher(blockSize)
 	if err != nil {
 		return badInput(err)

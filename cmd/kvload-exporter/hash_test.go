@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 func runHash(t *testing.T, args ...string) (int, string, string) {
@@ -46,7 +47,7 @@ func TestHashCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, _ := synth.LoadTokenizer(synth.TokenizerO200k)
+	tok, _ := tokenizer.Load(tokenizer.O200kBase)
 	texts := []string{
 		"hello world, this is a test",
 		"hello world, this is a test of sharing",

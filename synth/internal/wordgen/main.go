@@ -21,7 +21,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 // size is the number of words; a power of two so that 12 bits pick one.
@@ -35,10 +35,10 @@ func main() {
 		log.Fatal("wordgen: set -tokenizers or KVLOAD_TOKENIZER_DIR (run `make tokenizers`)")
 	}
 	qwenPath := filepath.Join(*dir, "qwen3", "tokenizer.json")
-	specs := []string{synth.TokenizerO200k, synth.TokenizerCl100k, qwenPath, filepath.Join(*dir, "llama3_1", "tokenizer.json")}
-	var toks []synth.Tokenizer
+	specs := []string{tokenizer.O200kBase, tokenizer.Cl100kBase, qwenPath, filepath.Join(*dir, "llama3_1", "tokenizer.json")}
+	var toks []tokenizer.Tokenizer
 	for _, s := range specs {
-		t, err := synth.LoadTokenizer(s)
+		t, err := tokenizer.Load(s)
 		if err != nil {
 			log.Fatalf("wordgen: %v", err)
 		}
@@ -113,7 +113,7 @@ func main() {
 	}
 }
 
-func oneToken(toks []synth.Tokenizer, s string) bool {
+func oneToken(toks []tokenizer.Tokenizer, s string) bool {
 	for _, t := range toks {
 		ids, err := t.Encode(s)
 		if err != nil || len(ids) != 1 {
