@@ -31,6 +31,7 @@ COPY replay/ replay/
 COPY synth/ synth/
 COPY tokencheck/ tokencheck/
 COPY tokenizer/ tokenizer/
+COPY trace/ trace/
 ARG VERSION=dev
 ARG REVISION=unknown
 ARG BRANCH=unknown

@@ -36,8 +36,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 // Engine is one emulated inference server. Its methods are safe for

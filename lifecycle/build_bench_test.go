@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // BenchmarkBuildRequest builds the prompt of a 3,000-token row whose six
@@ -15,7 +16,7 @@ func BenchmarkBuildRequest(b *testing.B) {
 		b.Fatal(err)
 	}
 	isl, osl := 3000, 128
-	rec := &synth.Record{InputLength: &isl, OutputLength: &osl, HashIDs: []int64{1, 2, 3, 4, 5, 6}, Line: 1}
+	rec := &trace.Record{InputLength: &isl, OutputLength: &osl, HashIDs: []int64{1, 2, 3, 4, 5, 6}, Line: 1}
 	rb := &requestBuilder{prompts: pb}
 	if _, err := rb.Build(rec, 0, 0); err != nil {
 		b.Fatal(err)

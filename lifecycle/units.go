@@ -14,6 +14,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // promptCacheBytes bounds each workload's block cache of prompt text.
@@ -78,7 +79,7 @@ func (c ctxReader) Read(p []byte) (int, error) {
 const maxRequestTokens = 1 << 24
 
 // checkSendable rejects a row no request can be built for.
-func checkSendable(rows *synth.Table, i int) error {
+func checkSendable(rows *trace.Table, i int) error {
 	if n := rows.ISL(i); n > maxRequestTokens {
 		return fmt.Errorf("input_length %d is more than the %d tokens a request may have", n, maxRequestTokens)
 	}
@@ -116,7 +117,7 @@ type requestBuilder struct {
 }
 
 // Build implements replay.RequestBuilder.
-func (b *requestBuilder) Build(rec *synth.Record, _ int, ns uint64) (replay.Request, error) {
+func (b *requestBuilder) Build(rec *trace.Record, _ int, ns uint64) (replay.Request, error) {
 	req := replay.Request{Extra: rec.Extra}
 	if rec.OutputLength != nil {
 		req.MaxTokens = max(*rec.OutputLength, 1) // 0 would mean "server default"

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // CacheGranularity is how an engine rounds the prefix it serves from cache.
@@ -49,7 +49,7 @@ type CacheParams struct {
 // GranularityToken min(k·TraceBlock, inputLength−1).
 type CacheModel struct {
 	sched *FleetSchedule
-	rows  *synth.Table
+	rows  *trace.Table
 	loop  LoopMode
 
 	mu    sync.Mutex

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // Sender sends one request and fills in res: Sent (just before writing; the
@@ -24,7 +24,7 @@ type Sender interface {
 // drop afterwards (it is unpacked from the compact rows for this request).
 // It is called from many goroutines at once.
 type RequestBuilder interface {
-	Build(rec *synth.Record, row int, ns uint64) (Request, error)
+	Build(rec *trace.Record, row int, ns uint64) (Request, error)
 }
 
 // SaturationPolicy says what happens to a due row when max_in_flight requests
@@ -121,7 +121,7 @@ type WorkloadConfig struct {
 type Workload struct {
 	cfg   WorkloadConfig
 	pacer *Pacer
-	rows  *synth.Table
+	rows  *trace.Table
 	send  Sender
 	build RequestBuilder
 	obs   Observer

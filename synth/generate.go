@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // Generate samples n new requests from a model learned from rows, after
@@ -71,7 +73,7 @@ import (
 //     bringing new ones: on the conversation trace 100,000 requests in one
 //     namespace reach a theoretical hit rate of 0.52 against the source's
 //     0.38; with passes, 0.41.
-func Generate(rows []Record, n int, k Knobs) ([]Record, Stats, error) {
+func Generate(rows []trace.Record, n int, k Knobs) ([]trace.Record, Stats, error) {
 	if err := k.Validate(); err != nil {
 		return nil, Stats{}, err
 	}
@@ -127,7 +129,7 @@ type trieModel struct {
 
 // learn builds the model. Steps follow §4.2: normalise ids, count visits,
 // merge chains, cut visited-once nodes, relabel for P, build transitions.
-func learn(rows []Record, k Knobs) (*trieModel, error) {
+func learn(rows []trace.Record, k Knobs) (*trieModel, error) {
 	B := k.BlockSize
 	m := &trieModel{blockSize: B}
 
@@ -302,7 +304,7 @@ func learn(rows []Record, k Knobs) (*trieModel, error) {
 			for j := range nd.leaves {
 				l := &nd.leaves[j]
 				L := math.RoundToEven(float64(l.blocks) * Q)
-				if L*float64(B) > maxCount {
+				if L*float64(B) > trace.MaxCount {
 					return nil, fmt.Errorf("prompt_len_multiplier %v makes a %.0f-block prompt", Q, L)
 				}
 				l.blocks = max(1, int(L))
@@ -342,7 +344,7 @@ func parentIndex(p int32, idx []int32) int32 {
 const maxRejectStreak = 1_000_000
 
 // generate runs the sampling loop.
-func (m *trieModel) generate(n int, k Knobs) ([]Record, int, error) {
+func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 	var (
 		rTrie   = NewRand(k.Seed, StreamTrie)
 		rCounts = NewRand(k.Seed, StreamCounts)
@@ -352,7 +354,7 @@ func (m *trieModel) generate(n int, k Knobs) ([]Record, int, error) {
 		rLeaf   = NewRand(k.Seed, StreamLeafLen)
 	)
 	B := m.blockSize
-	out := make([]Record, 0, n)
+	out := make([]trace.Record, 0, n)
 	fresh := m.idSpan // next unused id
 	var offset int64  // added to the trie's ids in the current pass
 	dropped, streak, slot := 0, 0, 0
@@ -415,10 +417,10 @@ func (m *trieModel) generate(n int, k Knobs) ([]Record, int, error) {
 				ids = append(ids, fresh)
 				fresh++
 			}
-			out = append(out, Record{
-				Timestamp:    Ptr(ts),
-				InputLength:  Ptr(isl),
-				OutputLength: Ptr(max(1, osl)),
+			out = append(out, trace.Record{
+				Timestamp:    trace.Ptr(ts),
+				InputLength:  trace.Ptr(isl),
+				OutputLength: trace.Ptr(max(1, osl)),
 				HashIDs:      ids,
 			})
 			if len(out) == n {

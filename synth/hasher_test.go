@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer/tokenizertest"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 func TestHasher(t *testing.T) {
@@ -72,7 +73,7 @@ func TestHasherRoundTrip(t *testing.T) {
 	tok := tokenizertest.Load(t, tokenizer.O200kBase)
 	for _, name := range sharedTraceNames {
 		t.Run(name, func(t *testing.T) {
-			recs, err := ReadFile(sharedTrace(name), ReadOptions{})
+			recs, err := trace.ReadFile(sharedTrace(name), trace.ReadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 //go:generate go run ./internal/wordgen -tokenizers ../.cache/tokenizers -o words.go
@@ -105,7 +106,7 @@ func (b *PromptBuilder) BlockSize() int { return b.blockSize }
 
 // blockSizes checks rec and returns the size of its last block (the others
 // are full), or for a row without hash ids its whole length.
-func (b *PromptBuilder) blockSizes(rec *Record) (int, error) {
+func (b *PromptBuilder) blockSizes(rec *trace.Record) (int, error) {
 	if rec.InputLength == nil {
 		return 0, errors.New("prompt: row has no input_length")
 	}
@@ -128,7 +129,7 @@ func (b *PromptBuilder) blockSizes(rec *Record) (int, error) {
 // AppendText appends the prompt of rec to dst: input_length tokens (as words)
 // built from rec's hash ids in namespace ns. A row without hash ids gets text
 // of its own, keyed by rowKey, which the caller keeps unique per row.
-func (b *PromptBuilder) AppendText(dst []byte, rec *Record, ns, rowKey uint64) ([]byte, error) {
+func (b *PromptBuilder) AppendText(dst []byte, rec *trace.Record, ns, rowKey uint64) ([]byte, error) {
 	dst, _, err := b.AppendTextRoom(dst, rec, ns, rowKey, 0)
 	return dst, err
 }
@@ -138,7 +139,7 @@ func (b *PromptBuilder) AppendText(dst []byte, rec *Record, ns, rowKey uint64) (
 // room comes off the end of the last block only, and a token of that block
 // stays: earlier blocks are shared with other rows, the last one keeps the
 // prompt its own, and a shorter block is a prefix of the whole one.
-func (b *PromptBuilder) AppendTextRoom(dst []byte, rec *Record, ns, rowKey uint64, room int) ([]byte, int, error) {
+func (b *PromptBuilder) AppendTextRoom(dst []byte, rec *trace.Record, ns, rowKey uint64, room int) ([]byte, int, error) {
 	last, err := b.blockSizes(rec)
 	if err != nil {
 		return dst, 0, err
@@ -161,7 +162,7 @@ func (b *PromptBuilder) AppendTextRoom(dst []byte, rec *Record, ns, rowKey uint6
 
 // AppendTokenIDs is AppendText as token ids of the builder's tokenizer, for
 // sending prompt_format token_ids; decoding them gives AppendText's text.
-func (b *PromptBuilder) AppendTokenIDs(dst []int, rec *Record, ns, rowKey uint64) ([]int, error) {
+func (b *PromptBuilder) AppendTokenIDs(dst []int, rec *trace.Record, ns, rowKey uint64) ([]int, error) {
 	if b.wordIDs == nil {
 		return dst, errors.New("prompt: token ids need a tokenizer in PromptOptions")
 	}

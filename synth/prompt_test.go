@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/tokenizer/tokenizertest"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // sharedTrace is the path of one of the shared Mooncake traces.
@@ -109,7 +110,7 @@ func TestPromptBlocks(t *testing.T) {
 	b := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7})
 	text := func(ids []int64, isl int, ns uint64) []byte {
 		t.Helper()
-		out, err := b.AppendText(nil, &Record{InputLength: Ptr(isl), HashIDs: ids}, ns, 0)
+		out, err := b.AppendText(nil, &trace.Record{InputLength: trace.Ptr(isl), HashIDs: ids}, ns, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,7 +152,7 @@ func TestPromptBlocks(t *testing.T) {
 	// was built before (order independence).
 	b2 := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 8})
 	b3 := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7, CacheBytes: 1 << 20})
-	r := &Record{InputLength: Ptr(4 * B), HashIDs: []int64{1, 2, 3, 4}}
+	r := &trace.Record{InputLength: trace.Ptr(4 * B), HashIDs: []int64{1, 2, 3, 4}}
 	if o, _ := b2.AppendText(nil, r, 0, 0); bytes.Equal(o, a) {
 		t.Fatal("seed does not change the prompt")
 	}
@@ -165,7 +166,7 @@ func TestPromptBlocks(t *testing.T) {
 func TestPromptFreshRows(t *testing.T) {
 	b := newTestBuilder(t, PromptOptions{Seed: 3})
 	build := func(isl int, ns, key uint64) []byte {
-		out, err := b.AppendText(nil, &Record{InputLength: Ptr(isl)}, ns, key)
+		out, err := b.AppendText(nil, &trace.Record{InputLength: trace.Ptr(isl)}, ns, key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,7 +183,7 @@ func TestPromptFreshRows(t *testing.T) {
 		t.Fatal("fresh text does not depend on row key and namespace")
 	}
 	// A row key must not reproduce the block of the equal hash id.
-	blk, _ := b.AppendText(nil, &Record{InputLength: Ptr(512), HashIDs: []int64{1}}, 0, 0)
+	blk, _ := b.AppendText(nil, &trace.Record{InputLength: trace.Ptr(512), HashIDs: []int64{1}}, 0, 0)
 	if bytes.Equal(blk, build(512, 0, 1)) {
 		t.Fatal("fresh row equals the hash-id block of the same number")
 	}
@@ -192,14 +193,14 @@ func TestPromptErrors(t *testing.T) {
 	b := newTestBuilder(t, PromptOptions{BlockSize: 512})
 	tests := []struct {
 		name string
-		rec  Record
+		rec  trace.Record
 		want string
 		is   error
 	}{
-		{"last block too long", Record{InputLength: Ptr(1025), HashIDs: []int64{1, 2}}, "leaves 513 tokens", ErrInconsistentLength},
-		{"last block empty", Record{InputLength: Ptr(512), HashIDs: []int64{1, 2}}, "leaves 0 tokens", ErrInconsistentLength},
-		{"no input_length", Record{HashIDs: []int64{1}}, "no input_length", nil},
-		{"zero length fresh", Record{InputLength: Ptr(0)}, "must be positive", nil},
+		{"last block too long", trace.Record{InputLength: trace.Ptr(1025), HashIDs: []int64{1, 2}}, "leaves 513 tokens", ErrInconsistentLength},
+		{"last block empty", trace.Record{InputLength: trace.Ptr(512), HashIDs: []int64{1, 2}}, "leaves 0 tokens", ErrInconsistentLength},
+		{"no input_length", trace.Record{HashIDs: []int64{1}}, "no input_length", nil},
+		{"zero length fresh", trace.Record{InputLength: trace.Ptr(0)}, "must be positive", nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -209,7 +210,7 @@ func TestPromptErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, err := b.AppendTokenIDs(nil, &Record{InputLength: Ptr(3)}, 0, 0); err == nil {
+	if _, err := b.AppendTokenIDs(nil, &trace.Record{InputLength: trace.Ptr(3)}, 0, 0); err == nil {
 		t.Fatal("AppendTokenIDs without a tokenizer: no error")
 	}
 	for _, o := range []PromptOptions{{BlockSize: 0}, {BlockSize: 16, CacheBytes: -1}} {
@@ -222,10 +223,10 @@ func TestPromptErrors(t *testing.T) {
 // TestPromptTokenIDs: the ids equal the tokenization of the text, and decode
 // back to it, with and without the cache.
 func TestPromptTokenIDs(t *testing.T) {
-	recs := []Record{
-		{InputLength: Ptr(1300), HashIDs: []int64{0, 1, 2}},
-		{InputLength: Ptr(700), HashIDs: []int64{0, 5}},
-		{InputLength: Ptr(77)},
+	recs := []trace.Record{
+		{InputLength: trace.Ptr(1300), HashIDs: []int64{0, 1, 2}},
+		{InputLength: trace.Ptr(700), HashIDs: []int64{0, 5}},
+		{InputLength: trace.Ptr(77)},
 	}
 	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
@@ -267,10 +268,10 @@ func TestPromptCacheConcurrent(t *testing.T) {
 	const limit = 64 << 10
 	cached := newTestBuilder(t, PromptOptions{BlockSize: 64, Seed: 5, CacheBytes: limit})
 	plain := newTestBuilder(t, PromptOptions{BlockSize: 64, Seed: 5})
-	var recs []Record
+	var recs []trace.Record
 	for i := range 200 {
 		ids := []int64{int64(i % 7), int64(i % 13), int64(i)}
-		recs = append(recs, Record{InputLength: Ptr(2*64 + 1 + i%64), HashIDs: ids})
+		recs = append(recs, trace.Record{InputLength: trace.Ptr(2*64 + 1 + i%64), HashIDs: ids})
 	}
 	var wg sync.WaitGroup
 	for g := range 8 {
@@ -299,7 +300,7 @@ func TestEveryTraceRowPromptLength(t *testing.T) {
 	for _, name := range sharedTraceNames {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			recs, err := ReadFile(sharedTrace(name), ReadOptions{})
+			recs, err := trace.ReadFile(sharedTrace(name), trace.ReadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -329,7 +330,7 @@ func TestSampledTracePromptsTokenize(t *testing.T) {
 		perTrace = 12
 	}
 	for _, name := range sharedTraceNames {
-		recs, err := ReadFile(sharedTrace(name), ReadOptions{})
+		recs, err := trace.ReadFile(sharedTrace(name), trace.ReadOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -377,7 +378,7 @@ func BenchmarkBuildBlock(b *testing.B) {
 // are all in the cache: the steady state of a replay with a warm cache.
 func BenchmarkAssembleCached(b *testing.B) {
 	pb := newTestBuilder(b, PromptOptions{Seed: 1, CacheBytes: 256 << 20})
-	rec := &Record{InputLength: Ptr(32 * 512), HashIDs: make([]int64, 32)}
+	rec := &trace.Record{InputLength: trace.Ptr(32 * 512), HashIDs: make([]int64, 32)}
 	for i := range rec.HashIDs {
 		rec.HashIDs[i] = int64(i)
 	}
@@ -404,7 +405,7 @@ func TestEveryTracePromptTokenizes(t *testing.T) {
 		t.Skip("too slow under -race; make test runs it without (make test-prompts)")
 	}
 	for _, name := range sharedTraceNames {
-		recs, err := ReadFile(sharedTrace(name), ReadOptions{BlockSize: DefaultBlockSize})
+		recs, err := trace.ReadFile(sharedTrace(name), trace.ReadOptions{BlockSize: trace.DefaultBlockSize})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -445,16 +446,16 @@ func TestPromptTextRoom(t *testing.T) {
 	const B = 16
 	b := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7})
 	for _, tt := range []struct {
-		rec        *Record
+		rec        *trace.Record
 		room, want int
 	}{
-		{&Record{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 0, 3*B + 5},
-		{&Record{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 3, 3*B + 2},
-		{&Record{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 20, 3*B + 1}, // a token of the last block stays
-		{&Record{InputLength: Ptr(2 * B), HashIDs: []int64{1, 2}}, 7, 2*B - 7},
-		{&Record{InputLength: Ptr(40)}, 12, 28},
-		{&Record{InputLength: Ptr(40)}, 100, 1},
-		{&Record{InputLength: Ptr(40)}, -5, 40},
+		{&trace.Record{InputLength: trace.Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 0, 3*B + 5},
+		{&trace.Record{InputLength: trace.Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 3, 3*B + 2},
+		{&trace.Record{InputLength: trace.Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 20, 3*B + 1}, // a token of the last block stays
+		{&trace.Record{InputLength: trace.Ptr(2 * B), HashIDs: []int64{1, 2}}, 7, 2*B - 7},
+		{&trace.Record{InputLength: trace.Ptr(40)}, 12, 28},
+		{&trace.Record{InputLength: trace.Ptr(40)}, 100, 1},
+		{&trace.Record{InputLength: trace.Ptr(40)}, -5, 40},
 	} {
 		full, err := b.AppendText(nil, tt.rec, 3, 11)
 		if err != nil {
@@ -477,7 +478,7 @@ func BenchmarkTokenizerEncode(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	words, err := pb.AppendText(nil, &Record{InputLength: Ptr(8192)}, 0, 1)
+	words, err := pb.AppendText(nil, &trace.Record{InputLength: trace.Ptr(8192)}, 0, 1)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // hashCommand turns a file of prompts into a Mooncake trace, giving equal
@@ -79,7 +80,7 @@ func hashFile(ctx context.Context, inPath, outPath string, t tokenizer.Tokenizer
 type promptRow struct {
 	line int
 	text string
-	rec  synth.Record // timestamp, output_length, session_id
+	rec  trace.Record // timestamp, output_length, session_id
 	ids  []int
 }
 
@@ -115,9 +116,9 @@ func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t t
 		for i := range batch {
 			row := &batch[i]
 			if errs[i] != nil {
-				return &synth.LineError{File: name, Line: row.line, Err: errs[i]}
+				return &trace.LineError{File: name, Line: row.line, Err: errs[i]}
 			}
-			row.rec.InputLength = synth.Ptr(len(row.ids))
+			row.rec.InputLength = trace.Ptr(len(row.ids))
 			row.rec.HashIDs = h.Append(make([]int64, 0, (len(row.ids)+blockSize-1)/blockSize), row.ids)
 			out = row.rec.AppendJSON(out[:0])
 			out = append(out, '\n')
@@ -135,7 +136,7 @@ func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t t
 			if b = bytes.TrimSpace(b); len(b) > 0 {
 				row, err := parsePromptRow(b)
 				if err != nil {
-					return &synth.LineError{File: name, Line: line, Err: err}
+					return &trace.LineError{File: name, Line: line, Err: err}
 				}
 				row.line = line
 				batch = append(batch, row)
@@ -158,7 +159,7 @@ func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t t
 		return err
 	}
 	if rows == 0 {
-		return fmt.Errorf("%s: %w", name, synth.ErrEmptyTrace)
+		return fmt.Errorf("%s: %w", name, trace.ErrEmpty)
 	}
 	return nil
 }
@@ -186,7 +187,7 @@ func parsePromptRow(b []byte) (promptRow, error) {
 		return row, errors.New(`exactly one of "prompt" or "messages" must be given`)
 	case hasPrompt:
 		if err := json.Unmarshal(prompt, &row.text); err != nil || prompt[0] != '"' {
-			return row, fmt.Errorf("prompt: must be a string, got %s", synth.JSONKind(prompt))
+			return row, fmt.Errorf("prompt: must be a string, got %s", trace.JSONKind(prompt))
 		}
 		if row.text == "" {
 			return row, errors.New("prompt: is empty")
@@ -201,7 +202,7 @@ func parsePromptRow(b []byte) (promptRow, error) {
 	if raw, ok := m["timestamp"]; ok && !isNull(raw) {
 		var f float64
 		if err := json.Unmarshal(raw, &f); err != nil || raw[0] == '"' {
-			return row, fmt.Errorf("timestamp: must be a number of milliseconds, got %s", synth.JSONKind(raw))
+			return row, fmt.Errorf("timestamp: must be a number of milliseconds, got %s", trace.JSONKind(raw))
 		}
 		if f < 0 || math.IsInf(f, 0) {
 			return row, fmt.Errorf("timestamp: must be ≥ 0, got %s", raw)
@@ -218,7 +219,7 @@ func parsePromptRow(b []byte) (promptRow, error) {
 	if raw, ok := m["session_id"]; ok && !isNull(raw) {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return row, fmt.Errorf("session_id: must be a string, got %s", synth.JSONKind(raw))
+			return row, fmt.Errorf("session_id: must be a string, got %s", trace.JSONKind(raw))
 		}
 		row.rec.SessionID = &s
 	}
@@ -231,7 +232,7 @@ func parsePromptRow(b []byte) (promptRow, error) {
 func renderChat(raw json.RawMessage) (string, error) {
 	var msgs []synth.ChatMessage
 	if raw[0] != '[' {
-		return "", fmt.Errorf("messages: must be a list, got %s", synth.JSONKind(raw))
+		return "", fmt.Errorf("messages: must be a list, got %s", trace.JSONKind(raw))
 	}
 	if err := json.Unmarshal(raw, &msgs); err != nil {
 		return "", fmt.Errorf("messages: must be a list of objects with a string role: %w", err)

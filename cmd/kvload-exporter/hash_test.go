@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 func runHash(t *testing.T, args ...string) (int, string, string) {
@@ -43,7 +44,7 @@ func TestHashCommand(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	recs, err := synth.ReadFile(out, synth.ReadOptions{BlockSize: 4})
+	recs, err := trace.ReadFile(out, trace.ReadOptions{BlockSize: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestHashRoundTrip(t *testing.T) {
 	const rows = 20
 	for _, name := range []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"} {
 		t.Run(name, func(t *testing.T) {
-			recs, err := synth.ReadFile(needShared(t, filepath.Join("..", "..", "..", "shared", "traces", name)), synth.ReadOptions{})
+			recs, err := trace.ReadFile(needShared(t, filepath.Join("..", "..", "..", "shared", "traces", name)), trace.ReadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,7 +157,7 @@ func TestHashRoundTrip(t *testing.T) {
 			if code, _, stderr := runHash(t, inPath, "-o", outPath); code != exitOK {
 				t.Fatalf("exit %d: %s", code, stderr)
 			}
-			got, err := synth.ReadFile(outPath, synth.ReadOptions{BlockSize: 512})
+			got, err := trace.ReadFile(outPath, trace.ReadOptions{BlockSize: 512})
 			if err != nil {
 				t.Fatal(err)
 			}
