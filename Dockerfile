@@ -26,7 +26,9 @@ COPY collector/ collector/
 COPY config/ config/
 COPY kvcapacity/ kvcapacity/
 COPY emulate/ emulate/
+COPY internal/ internal/
 COPY lifecycle/ lifecycle/
+COPY prompt/ prompt/
 COPY replay/ replay/
 COPY synth/ synth/
 COPY tokencheck/ tokencheck/

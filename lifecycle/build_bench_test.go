@@ -3,7 +3,7 @@ package lifecycle
 import (
 	"testing"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
@@ -11,7 +11,7 @@ import (
 // blocks are cached, as a replay does after its first pass: what each
 // request allocates for its prompt.
 func BenchmarkBuildRequest(b *testing.B) {
-	pb, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: 512, Seed: 1, CacheBytes: promptCacheBytes})
+	pb, err := prompt.NewBuilder(prompt.Options{BlockSize: 512, Seed: 1, CacheBytes: promptCacheBytes})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -25,8 +25,8 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/replay"
-	"github.com/kvload-exporter/kvload-exporter/synth"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
@@ -365,7 +365,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 			}
 			tokenizers[t.Tokenizer] = tok
 		}
-		if rb.prompts, err = synth.NewPromptBuilder(synth.PromptOptions{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes, Tokenizer: tok}); err != nil {
+		if rb.prompts, err = prompt.NewBuilder(prompt.Options{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes, Tokenizer: tok}); err != nil {
 			client.Close()
 			return nil, err
 		}

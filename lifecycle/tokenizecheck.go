@@ -11,8 +11,8 @@ import (
 	"github.com/go-kit/log/level"
 
 	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/replay"
-	"github.com/kvload-exporter/kvload-exporter/synth"
 	"github.com/kvload-exporter/kvload-exporter/tokencheck"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
@@ -85,7 +85,7 @@ type tokenizeResult struct {
 }
 
 func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeResult, error) {
-	b, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: tokenizeCheckTokens})
+	b, err := prompt.NewBuilder(prompt.Options{BlockSize: tokenizeCheckTokens})
 	if err != nil {
 		return tokenizeResult{}, err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 	"github.com/kvload-exporter/kvload-exporter/trace"
@@ -24,7 +25,7 @@ const promptCacheBytes = 64 << 20
 // by all its targets (and by other workloads of the same trace and knobs).
 type workloadData struct {
 	trace   *tracePlan
-	builder *synth.PromptBuilder
+	builder *prompt.Builder
 }
 
 // rows is the number of rows the workload replays.
@@ -54,7 +55,7 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 	if err != nil {
 		return nil, err
 	}
-	builder, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes})
+	builder, err := prompt.NewBuilder(prompt.Options{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes})
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
@@ -107,7 +108,7 @@ func fileKind(m os.FileMode) string {
 
 // requestBuilder turns trace rows into requests for one target.
 type requestBuilder struct {
-	prompts *synth.PromptBuilder
+	prompts *prompt.Builder
 	// tokenIDs sends token-id prompts, built with the target's tokenizer.
 	tokenIDs bool
 	// template, on chat, is the room the server's chat template takes,

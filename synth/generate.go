@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/kvload-exporter/kvload-exporter/internal/rng"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
@@ -23,7 +24,7 @@ import (
 // Burst sizes per timestamp, gaps between timestamps and output lengths
 // come from the source's empirical distributions.
 //
-// Every random choice draws from its own stream seeded from k.Seed (rng.go:
+// Every random choice draws from its own stream seeded from k.Seed (streams.go:
 // StreamTrie for the walk, StreamCounts, StreamGaps, StreamLastBlock,
 // StreamOutputLen, StreamLeafLen, StreamPrefixRoot), so one seed gives one
 // output, and changing a knob does not reshuffle draws it does not own: the
@@ -346,12 +347,12 @@ const maxRejectStreak = 1_000_000
 // generate runs the sampling loop.
 func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 	var (
-		rTrie   = NewRand(k.Seed, StreamTrie)
-		rCounts = NewRand(k.Seed, StreamCounts)
-		rGaps   = NewRand(k.Seed, StreamGaps)
-		rLast   = NewRand(k.Seed, StreamLastBlock)
-		rOut    = NewRand(k.Seed, StreamOutputLen)
-		rLeaf   = NewRand(k.Seed, StreamLeafLen)
+		rTrie   = rng.New(k.Seed, StreamTrie)
+		rCounts = rng.New(k.Seed, StreamCounts)
+		rGaps   = rng.New(k.Seed, StreamGaps)
+		rLast   = rng.New(k.Seed, StreamLastBlock)
+		rOut    = rng.New(k.Seed, StreamOutputLen)
+		rLeaf   = rng.New(k.Seed, StreamLeafLen)
 	)
 	B := m.blockSize
 	out := make([]trace.Record, 0, n)
@@ -437,9 +438,9 @@ func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 		if float64(base)*float64(R) >= idLimit {
 			return nil, 0, fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
 		}
-		rng := NewRand(k.Seed, StreamPrefixRoot)
+		rRoot := rng.New(k.Seed, StreamPrefixRoot)
 		for i := range out {
-			if t := int64(rng.IntN(R)); t > 0 {
+			if t := int64(rRoot.IntN(R)); t > 0 {
 				for j := range out[i].HashIDs {
 					out[i].HashIDs[j] += t * base
 				}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/kvload-exporter/kvload-exporter/internal/rng"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
@@ -318,13 +319,13 @@ func applyMultipliers(rows []trace.Record, k Knobs) error {
 		if float64(base)*float64(R) >= idLimit {
 			return fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
 		}
-		rng := NewRand(k.Seed, StreamPrefixRoot)
+		rRoot := rng.New(k.Seed, StreamPrefixRoot)
 		for i := range rows {
 			ids := rows[i].HashIDs
 			if len(ids) == 0 {
 				continue
 			}
-			if t := int64(rng.IntN(R)); t > 0 {
+			if t := int64(rRoot.IntN(R)); t > 0 {
 				for j := range ids {
 					ids[j] += t * base
 				}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
@@ -88,7 +88,7 @@ type promptRow struct {
 // tokenized in parallel batches (tokenizing is the slow part) and hashed in
 // file order, since ids depend on first appearance.
 func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t tokenizer.Tokenizer, blockSize int) error {
-	h, err := synth.NewHasher(blockSize)
+	h, err := prompt.NewHasher(blockSize)
 	if err != nil {
 		return badInput(err)
 	}
@@ -180,14 +180,14 @@ func parsePromptRow(b []byte) (promptRow, error) {
 	if m == nil {
 		return row, errors.New("a row must be a JSON object")
 	}
-	prompt, hasPrompt := m["prompt"]
+	rawPrompt, hasPrompt := m["prompt"]
 	msgs, hasMsgs := m["messages"]
 	switch {
 	case hasPrompt == hasMsgs:
 		return row, errors.New(`exactly one of "prompt" or "messages" must be given`)
 	case hasPrompt:
-		if err := json.Unmarshal(prompt, &row.text); err != nil || prompt[0] != '"' {
-			return row, fmt.Errorf("prompt: must be a string, got %s", trace.JSONKind(prompt))
+		if err := json.Unmarshal(rawPrompt, &row.text); err != nil || rawPrompt[0] != '"' {
+			return row, fmt.Errorf("prompt: must be a string, got %s", trace.JSONKind(rawPrompt))
 		}
 		if row.text == "" {
 			return row, errors.New("prompt: is empty")
@@ -227,10 +227,10 @@ func parsePromptRow(b []byte) (promptRow, error) {
 }
 
 // renderChat renders a row's messages with the project's chat template
-// (synth.RenderChatML, shared with the emulator), generation prompt
+// (prompt.RenderChatML, shared with the emulator), generation prompt
 // included. Content parts other than text (images, audio) are left out.
 func renderChat(raw json.RawMessage) (string, error) {
-	var msgs []synth.ChatMessage
+	var msgs []prompt.ChatMessage
 	if raw[0] != '[' {
 		return "", fmt.Errorf("messages: must be a list, got %s", trace.JSONKind(raw))
 	}
@@ -240,7 +240,7 @@ func renderChat(raw json.RawMessage) (string, error) {
 	if len(msgs) == 0 {
 		return "", errors.New("messages: must be a non-empty list")
 	}
-	text, _, err := synth.RenderChatML(msgs, true)
+	text, _, err := prompt.RenderChatML(msgs, true)
 	return text, err
 }
 

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
@@ -54,7 +54,7 @@ func TestHashCommand(t *testing.T) {
 		"hello world, this is a test of sharing",
 		"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n<|im_start|>assistant\n",
 	}
-	h, _ := synth.NewHasher(4)
+	h, _ := prompt.NewHasher(4)
 	for i, text := range texts {
 		ids, _ := tok.Encode(text)
 		if recs[i].ISL() != len(ids) {
@@ -121,7 +121,7 @@ func TestHashCommandBadInput(t *testing.T) {
 // shared traces as a prompts file (with their timestamps and output
 // lengths), hashes it with the command (o200k_base, block 512) and expects
 // the original rows back, hash ids compared after renumbering in first-
-// appearance order. synth's TestHasherRoundTrip covers 1,000 rows per trace
+// appearance order. prompt's TestHasherRoundTrip covers 1,000 rows per trace
 // (without -race); here a few rows check the command's plumbing.
 func TestHashRoundTrip(t *testing.T) {
 	const rows = 20
@@ -132,7 +132,7 @@ func TestHashRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			recs = recs[:rows]
-			b, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: 512, Seed: 1})
+			b, err := prompt.NewBuilder(prompt.Options{BlockSize: 512, Seed: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

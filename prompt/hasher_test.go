@@ -1,4 +1,4 @@
-package synth
+package prompt
 
 import (
 	"slices"
@@ -78,7 +78,7 @@ func TestHasherRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			recs = recs[:min(n, len(recs))]
-			b := newTestBuilder(t, PromptOptions{Seed: 99, CacheBytes: 32 << 20})
+			b := newTestBuilder(t, Options{Seed: 99, CacheBytes: 32 << 20})
 			tokens := make([][]int, len(recs))
 			errs := make([]error, len(recs))
 			var wg sync.WaitGroup

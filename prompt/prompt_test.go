@@ -1,4 +1,4 @@
-package synth
+package prompt
 
 import (
 	"bytes"
@@ -21,12 +21,12 @@ func sharedTrace(name string) string {
 
 var sharedTraceNames = []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"}
 
-func newTestBuilder(t testing.TB, o PromptOptions) *PromptBuilder {
+func newTestBuilder(t testing.TB, o Options) *Builder {
 	t.Helper()
 	if o.BlockSize == 0 {
 		o.BlockSize = 512
 	}
-	b, err := NewPromptBuilder(o)
+	b, err := NewBuilder(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,13 +50,13 @@ func TestPromptWordList(t *testing.T) {
 }
 
 // TestPromptWordsOneToken: every word is exactly one token in each of the
-// four tokenizers, and NewPromptBuilder accepts each of them.
+// four tokenizers, and NewBuilder accepts each of them.
 func TestPromptWordsOneToken(t *testing.T) {
 	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
-			// NewPromptBuilder encodes every word and fails on the first
+			// NewBuilder encodes every word and fails on the first
 			// that is not exactly one token.
-			newTestBuilder(t, PromptOptions{Tokenizer: tokenizertest.Load(t, name)})
+			newTestBuilder(t, Options{Tokenizer: tokenizertest.Load(t, name)})
 		})
 	}
 }
@@ -81,7 +81,7 @@ func TestPromptNoCrossWordMerges(t *testing.T) {
 	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
 			tok := tokenizertest.Load(t, name)
-			b := newTestBuilder(t, PromptOptions{Tokenizer: tok})
+			b := newTestBuilder(t, Options{Tokenizer: tok})
 			for si, s := range seqs {
 				var text []byte
 				want := make([]int, len(s))
@@ -107,7 +107,7 @@ func TestPromptNoCrossWordMerges(t *testing.T) {
 
 func TestPromptBlocks(t *testing.T) {
 	const B = 16
-	b := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7})
+	b := newTestBuilder(t, Options{BlockSize: B, Seed: 7})
 	text := func(ids []int64, isl int, ns uint64) []byte {
 		t.Helper()
 		out, err := b.AppendText(nil, &trace.Record{InputLength: trace.Ptr(isl), HashIDs: ids}, ns, 0)
@@ -150,8 +150,8 @@ func TestPromptBlocks(t *testing.T) {
 	}
 	// Another seed gives another prompt; the same seed the same, whatever
 	// was built before (order independence).
-	b2 := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 8})
-	b3 := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7, CacheBytes: 1 << 20})
+	b2 := newTestBuilder(t, Options{BlockSize: B, Seed: 8})
+	b3 := newTestBuilder(t, Options{BlockSize: B, Seed: 7, CacheBytes: 1 << 20})
 	r := &trace.Record{InputLength: trace.Ptr(4 * B), HashIDs: []int64{1, 2, 3, 4}}
 	if o, _ := b2.AppendText(nil, r, 0, 0); bytes.Equal(o, a) {
 		t.Fatal("seed does not change the prompt")
@@ -164,7 +164,7 @@ func TestPromptBlocks(t *testing.T) {
 }
 
 func TestPromptFreshRows(t *testing.T) {
-	b := newTestBuilder(t, PromptOptions{Seed: 3})
+	b := newTestBuilder(t, Options{Seed: 3})
 	build := func(isl int, ns, key uint64) []byte {
 		out, err := b.AppendText(nil, &trace.Record{InputLength: trace.Ptr(isl)}, ns, key)
 		if err != nil {
@@ -190,7 +190,7 @@ func TestPromptFreshRows(t *testing.T) {
 }
 
 func TestPromptErrors(t *testing.T) {
-	b := newTestBuilder(t, PromptOptions{BlockSize: 512})
+	b := newTestBuilder(t, Options{BlockSize: 512})
 	tests := []struct {
 		name string
 		rec  trace.Record
@@ -213,9 +213,9 @@ func TestPromptErrors(t *testing.T) {
 	if _, err := b.AppendTokenIDs(nil, &trace.Record{InputLength: trace.Ptr(3)}, 0, 0); err == nil {
 		t.Fatal("AppendTokenIDs without a tokenizer: no error")
 	}
-	for _, o := range []PromptOptions{{BlockSize: 0}, {BlockSize: 16, CacheBytes: -1}} {
-		if _, err := NewPromptBuilder(o); err == nil {
-			t.Errorf("NewPromptBuilder(%+v): no error", o)
+	for _, o := range []Options{{BlockSize: 0}, {BlockSize: 16, CacheBytes: -1}} {
+		if _, err := NewBuilder(o); err == nil {
+			t.Errorf("NewBuilder(%+v): no error", o)
 		}
 	}
 }
@@ -232,7 +232,7 @@ func TestPromptTokenIDs(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tok := tokenizertest.Load(t, name)
 			for _, cache := range []int64{0, 1 << 20} {
-				b := newTestBuilder(t, PromptOptions{Tokenizer: tok, CacheBytes: cache, Seed: 11})
+				b := newTestBuilder(t, Options{Tokenizer: tok, CacheBytes: cache, Seed: 11})
 				for i := range recs {
 					for range 2 {
 						text, err := b.AppendText(nil, &recs[i], 4, uint64(i))
@@ -266,8 +266,8 @@ func TestPromptTokenIDs(t *testing.T) {
 // prompts; the cache stays within its bound.
 func TestPromptCacheConcurrent(t *testing.T) {
 	const limit = 64 << 10
-	cached := newTestBuilder(t, PromptOptions{BlockSize: 64, Seed: 5, CacheBytes: limit})
-	plain := newTestBuilder(t, PromptOptions{BlockSize: 64, Seed: 5})
+	cached := newTestBuilder(t, Options{BlockSize: 64, Seed: 5, CacheBytes: limit})
+	plain := newTestBuilder(t, Options{BlockSize: 64, Seed: 5})
 	var recs []trace.Record
 	for i := range 200 {
 		ids := []int64{int64(i % 7), int64(i % 13), int64(i)}
@@ -304,7 +304,7 @@ func TestEveryTraceRowPromptLength(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b := newTestBuilder(t, PromptOptions{Seed: 42, CacheBytes: 64 << 20})
+			b := newTestBuilder(t, Options{Seed: 42, CacheBytes: 64 << 20})
 			var buf []byte
 			for i := range recs {
 				buf, err = b.AppendText(buf[:0], &recs[i], 0, uint64(i))
@@ -339,7 +339,7 @@ func TestSampledTracePromptsTokenize(t *testing.T) {
 		for len(rows) < perTrace {
 			rows = append(rows, r.IntN(len(recs)))
 		}
-		b := newTestBuilder(t, PromptOptions{Seed: 42})
+		b := newTestBuilder(t, Options{Seed: 42})
 		for _, tn := range tokenizertest.Names {
 			tok := tokenizertest.Load(t, tn)
 			t.Run(name+"/"+tn, func(t *testing.T) {
@@ -363,7 +363,7 @@ func TestSampledTracePromptsTokenize(t *testing.T) {
 }
 
 func BenchmarkBuildBlock(b *testing.B) {
-	pb := newTestBuilder(b, PromptOptions{Seed: 1})
+	pb := newTestBuilder(b, Options{Seed: 1})
 	var buf []byte
 	h := int64(0)
 	for b.Loop() {
@@ -377,7 +377,7 @@ func BenchmarkBuildBlock(b *testing.B) {
 // BenchmarkAssembleCached assembles 16k-token prompts from 32 blocks that
 // are all in the cache: the steady state of a replay with a warm cache.
 func BenchmarkAssembleCached(b *testing.B) {
-	pb := newTestBuilder(b, PromptOptions{Seed: 1, CacheBytes: 256 << 20})
+	pb := newTestBuilder(b, Options{Seed: 1, CacheBytes: 256 << 20})
 	rec := &trace.Record{InputLength: trace.Ptr(32 * 512), HashIDs: make([]int64, 32)}
 	for i := range rec.HashIDs {
 		rec.HashIDs[i] = int64(i)
@@ -409,7 +409,7 @@ func TestEveryTracePromptTokenizes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b := newTestBuilder(t, PromptOptions{Seed: 42, CacheBytes: 256 << 20})
+		b := newTestBuilder(t, Options{Seed: 42, CacheBytes: 256 << 20})
 		for _, tn := range tokenizertest.Names {
 			tok := tokenizertest.Load(t, tn)
 			t.Run(name+"/"+tn, func(t *testing.T) {
@@ -444,7 +444,7 @@ func TestEveryTracePromptTokenizes(t *testing.T) {
 // words and a byte prefix of the whole prompt.
 func TestPromptTextRoom(t *testing.T) {
 	const B = 16
-	b := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7})
+	b := newTestBuilder(t, Options{BlockSize: B, Seed: 7})
 	for _, tt := range []struct {
 		rec        *trace.Record
 		room, want int
@@ -474,7 +474,7 @@ func TestPromptTextRoom(t *testing.T) {
 // BenchmarkTokenizerEncode reports each tokenizer's speed on prompt-builder
 // text (what the tests tokenize most) and on mixed prose and code.
 func BenchmarkTokenizerEncode(b *testing.B) {
-	pb, err := NewPromptBuilder(PromptOptions{BlockSize: 512, Seed: 1})
+	pb, err := NewBuilder(Options{BlockSize: 512, Seed: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
