@@ -29,8 +29,11 @@ COPY emulate/ emulate/
 COPY internal/ internal/
 COPY lifecycle/ lifecycle/
 COPY openai/ openai/
+COPY prompt/ prompt/
 COPY replay/ replay/
 COPY synth/ synth/
+COPY tokenizer/ tokenizer/
+COPY trace/ trace/
 ARG VERSION=dev
 ARG REVISION=unknown
 ARG BRANCH=unknown

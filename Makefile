@@ -69,7 +69,7 @@ test-go:
 # Every prompt of both shared traces, tokenized by all four tokenizers: too
 # slow under -race, so it runs here on its own.
 test-prompts: tokenizers
-	$(GO) test -count=1 -timeout 40m -run '^TestEveryTracePromptTokenizes$$' -v ./synth
+	$(GO) test -count=1 -timeout 40m -run '^TestEveryTracePromptTokenizes$$' -v ./prompt
 
 # The daemon end to end against its emulated engines: the quickstart (its
 # totals, and its hit rate against analyze's over three passes), a pass

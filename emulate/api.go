@@ -9,7 +9,7 @@ import (
 	"math"
 	"net/http"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
 )
 
 // Request bodies. Unknown fields are ignored, as vLLM does; fields the
@@ -22,15 +22,15 @@ type streamOptions struct {
 }
 
 type chatRequest struct {
-	Model               string              `json:"model"`
-	Messages            []synth.ChatMessage `json:"messages"`
-	Stream              bool                `json:"stream"`
-	StreamOptions       *streamOptions      `json:"stream_options"`
-	MaxTokens           *int                `json:"max_tokens"`
-	MaxCompletionTokens *int                `json:"max_completion_tokens"`
-	N                   *int                `json:"n"`
-	CacheSalt           string              `json:"cache_salt"`
-	AddGenerationPrompt *bool               `json:"add_generation_prompt"`
+	Model               string               `json:"model"`
+	Messages            []prompt.ChatMessage `json:"messages"`
+	Stream              bool                 `json:"stream"`
+	StreamOptions       *streamOptions       `json:"stream_options"`
+	MaxTokens           *int                 `json:"max_tokens"`
+	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
+	N                   *int                 `json:"n"`
+	CacheSalt           string               `json:"cache_salt"`
+	AddGenerationPrompt *bool                `json:"add_generation_prompt"`
 }
 
 type completionRequest struct {
@@ -50,11 +50,11 @@ type tokenizeRequest struct {
 	Content json.RawMessage `json:"content"`
 	// AddSpecialTokens (vLLM, SGLang; default true) and AddSpecial
 	// (llama.cpp; default false) say whether the BOS is added.
-	AddSpecialTokens    *bool               `json:"add_special_tokens"`
-	AddSpecial          *bool               `json:"add_special"`
-	Messages            []synth.ChatMessage `json:"messages"`
-	AddGenerationPrompt *bool               `json:"add_generation_prompt"`
-	ReturnTokenStrs     bool                `json:"return_token_strs"`
+	AddSpecialTokens    *bool                `json:"add_special_tokens"`
+	AddSpecial          *bool                `json:"add_special"`
+	Messages            []prompt.ChatMessage `json:"messages"`
+	AddGenerationPrompt *bool                `json:"add_generation_prompt"`
+	ReturnTokenStrs     bool                 `json:"return_token_strs"`
 }
 
 type tokenizeResponse struct {

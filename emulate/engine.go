@@ -38,15 +38,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 // Engine is one emulated inference server. Its methods are safe for
 // concurrent use.
 type Engine struct {
-	cfg    Config          // with defaults; Faults here is the initial set
-	tok    synth.Tokenizer // o200k_base: a real BPE, so lengths and shared prefixes behave as on a real model
-	pieces []string        // output token texts, cycled
+	cfg    Config              // with defaults; Faults here is the initial set
+	tok    tokenizer.Tokenizer // o200k_base: a real BPE, so lengths and shared prefixes behave as on a real model
+	pieces []string            // output token texts, cycled
 	cache  prefixCache
 	sched  *scheduler
 	faults faultState
@@ -70,7 +70,7 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	tok, err := synth.LoadTokenizer("o200k_base")
+	tok, err := tokenizer.Load("o200k_base")
 	if err != nil {
 		return nil, fmt.Errorf("emulate: tokenizer: %w", err)
 	}

@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 func chatBody(content string, extra map[string]any) map[string]any {
@@ -354,12 +355,12 @@ func TestChatTemplatePrefixStable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg := func(role, content string) synth.ChatMessage {
+	msg := func(role, content string) prompt.ChatMessage {
 		raw, _ := json.Marshal(content)
-		return synth.ChatMessage{Role: role, Content: raw}
+		return prompt.ChatMessage{Role: role, Content: raw}
 	}
-	turn1 := []synth.ChatMessage{msg("system", "Be brief."), msg("user", "What is 2+2?")}
-	turn2 := append(append([]synth.ChatMessage(nil), turn1...), msg("assistant", "4."), msg("user", "And 3+3?"))
+	turn1 := []prompt.ChatMessage{msg("system", "Be brief."), msg("user", "What is 2+2?")}
+	turn2 := append(append([]prompt.ChatMessage(nil), turn1...), msg("assistant", "4."), msg("user", "And 3+3?"))
 	a, _ := renderChat(turn1, false)
 	b, _ := renderChat(turn2, true)
 	ta, _ := e.tok.Encode(a)
@@ -375,7 +376,7 @@ func TestChatTemplatePrefixStable(t *testing.T) {
 }
 
 func TestOutputPiecesAreSingleTokens(t *testing.T) {
-	tok, err := synth.LoadTokenizer("o200k_base")
+	tok, err := tokenizer.Load("o200k_base")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,11 +5,12 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 // pieces returns the text of each token, for /tokenize's token_strs.
-func pieces(tok synth.Tokenizer, ids []int) ([]string, error) {
+func pieces(tok tokenizer.Tokenizer, ids []int) ([]string, error) {
 	out := make([]string, len(ids))
 	for i, id := range ids {
 		s, err := decode(tok, []int{id})
@@ -23,7 +24,7 @@ func pieces(tok synth.Tokenizer, ids []int) ([]string, error) {
 
 // decode turns ids into text. The tokenizer does not decode the special
 // token that stands in for BOS, so that one is spelled here.
-func decode(tok synth.Tokenizer, ids []int) (string, error) {
+func decode(tok tokenizer.Tokenizer, ids []int) (string, error) {
 	var b strings.Builder
 	for len(ids) > 0 {
 		i := slices.Index(ids, bosToken)
@@ -44,15 +45,15 @@ func decode(tok synth.Tokenizer, ids []int) (string, error) {
 	return b.String(), nil
 }
 
-// renderChat applies the project's chat template (synth.RenderChatML). The
+// renderChat applies the project's chat template (prompt.RenderChatML). The
 // result is tokenized as plain text: o200k_base has no <|im_start|> token, so
 // each marker costs a few ordinary tokens. That is enough for what the
 // emulator models: a fixed per-message overhead, and a rendering whose
 // earlier turns are a token-exact prefix of later turns (each marker starts a
 // new pre-token), so multi-turn chats hit the prefix cache. A text-only
 // model rejects image and audio parts, and so does the emulator.
-func renderChat(msgs []synth.ChatMessage, addGenerationPrompt bool) (string, error) {
-	text, skipped, err := synth.RenderChatML(msgs, addGenerationPrompt)
+func renderChat(msgs []prompt.ChatMessage, addGenerationPrompt bool) (string, error) {
+	text, skipped, err := prompt.RenderChatML(msgs, addGenerationPrompt)
 	if err != nil {
 		return "", err
 	}

@@ -3,19 +3,20 @@ package lifecycle
 import (
 	"testing"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // BenchmarkBuildRequest builds the prompt of a 3,000-token row whose six
 // blocks are cached, as a replay does after its first pass: what each
 // request allocates for its prompt.
 func BenchmarkBuildRequest(b *testing.B) {
-	pb, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: 512, Seed: 1, CacheBytes: promptCacheBytes})
+	pb, err := prompt.NewBuilder(prompt.Options{BlockSize: 512, Seed: 1, CacheBytes: promptCacheBytes})
 	if err != nil {
 		b.Fatal(err)
 	}
 	isl, osl := 3000, 128
-	rec := &synth.Record{InputLength: &isl, OutputLength: &osl, HashIDs: []int64{1, 2, 3, 4, 5, 6}, Line: 1}
+	rec := &trace.Record{InputLength: &isl, OutputLength: &osl, HashIDs: []int64{1, 2, 3, 4, 5, 6}, Line: 1}
 	rb := &requestBuilder{prompts: pb}
 	if _, err := rb.Build(rec, 0, 0); err != nil {
 		b.Fatal(err)

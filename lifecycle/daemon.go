@@ -26,8 +26,9 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/openai"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/replay"
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 // Daemon owns the running configuration: the replay units, one per
@@ -238,7 +239,7 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
 		if t.PromptFormat == openai.PromptFormatTokenIDs {
-			if _, err := synth.LoadTokenizer(t.Tokenizer); err != nil {
+			if _, err := tokenizer.Load(t.Tokenizer); err != nil {
 				errs = append(errs, fmt.Errorf("target %s: tokenizer: %w", t.Name, err))
 			}
 		}
@@ -319,7 +320,7 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 		d.coll.ForgetWorkload(w)
 	}
 	var errs []error
-	tokenizers := map[string]synth.Tokenizer{}
+	tokenizers := map[string]tokenizer.Tokenizer{}
 	for i := range cfg.Workloads {
 		w := &cfg.Workloads[i]
 		for _, tn := range w.Targets {
@@ -343,7 +344,7 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 
 // startUnit builds the unit of workload w on target t and starts its
 // replay.
-func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]synth.Tokenizer, fp string) (*unit, error) {
+func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]tokenizer.Tokenizer, fp string) (*unit, error) {
 	u, err := d.newUnit(w, t, wd, tokenizers, fp)
 	if err != nil {
 		return nil, err
@@ -372,7 +373,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 // newUnit assembles a unit: its request builder, its pacer over the
 // trace's shared plan, its cache model, and its client, which it closes
 // again when a later part cannot be built.
-func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]synth.Tokenizer, fp string) (_ *unit, err error) {
+func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]tokenizer.Tokenizer, fp string) (_ *unit, err error) {
 	rb, err := unitRequestBuilder(w, t, wd, tokenizers)
 	if err != nil {
 		return nil, err
@@ -424,7 +425,7 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 // unitRequestBuilder is the request builder of workload w on target t:
 // the workload's prompts, or with token-id prompts a builder with t's
 // tokenizer (loaded once per reload into tokenizers).
-func unitRequestBuilder(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]synth.Tokenizer) (*requestBuilder, error) {
+func unitRequestBuilder(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]tokenizer.Tokenizer) (*requestBuilder, error) {
 	rb := &requestBuilder{prompts: wd.builder}
 	if t.PromptFormat != openai.PromptFormatTokenIDs {
 		return rb, nil
@@ -433,13 +434,13 @@ func unitRequestBuilder(w *config.Workload, t *config.Target, wd *workloadData, 
 	tok := tokenizers[t.Tokenizer]
 	if tok == nil {
 		var err error
-		if tok, err = synth.LoadTokenizer(t.Tokenizer); err != nil {
+		if tok, err = tokenizer.Load(t.Tokenizer); err != nil {
 			return nil, fmt.Errorf("tokenizer: %w", err)
 		}
 		tokenizers[t.Tokenizer] = tok
 	}
 	var err error
-	rb.prompts, err = synth.NewPromptBuilder(synth.PromptOptions{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes, Tokenizer: tok})
+	rb.prompts, err = prompt.NewBuilder(prompt.Options{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes, Tokenizer: tok})
 	return rb, err
 }
 

@@ -13,7 +13,8 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/openai"
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 const (
@@ -84,7 +85,7 @@ type tokenizeResult struct {
 }
 
 func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeResult, error) {
-	b, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: tokenizeCheckTokens})
+	b, err := prompt.NewBuilder(prompt.Options{BlockSize: tokenizeCheckTokens})
 	if err != nil {
 		return tokenizeResult{}, err
 	}
@@ -111,7 +112,7 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 		}
 		return res, nil
 	}
-	tok, err := synth.LoadTokenizer(t.Tokenizer)
+	tok, err := tokenizer.Load(t.Tokenizer)
 	if err != nil {
 		return tokenizeResult{}, fmt.Errorf("tokenizer: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // traceCache keeps the traces of the running configuration between
@@ -49,7 +50,7 @@ type planKey struct {
 type parsedFile struct {
 	info os.FileInfo // the file when it was read: its identity, size and mtime
 	hash string      // of its bytes, to tell a touched file from a changed one
-	rows *synth.Table
+	rows *trace.Table
 }
 
 // tracePlan is a workload's trace ready to replay.
@@ -110,7 +111,7 @@ func (c *traceCache) plan(ctx context.Context, prev *traceCache, path string, w 
 	}
 	for i := range rows.Len() {
 		if err := checkSendable(rows, i); err != nil {
-			return nil, fmt.Errorf("workload %s: %w", w.Name, &synth.LineError{File: path, Line: rows.Line(i), Err: err})
+			return nil, fmt.Errorf("workload %s: %w", w.Name, &trace.LineError{File: path, Line: rows.Line(i), Err: err})
 		}
 	}
 	// Schedule problems (a row without a timestamp, one out of range) are
@@ -155,7 +156,7 @@ func (c *traceCache) readFile(ctx context.Context, old *parsedFile, fk fileKey) 
 	var h maphash.Hash
 	h.SetSeed(hashSeed)
 	// Parsing a big trace takes seconds: the reader lets a shutdown cut it.
-	rows, err := synth.ReadTable(ctxReader{ctx, io.TeeReader(f, &h)}, fk.path, synth.ReadOptions{BlockSize: fk.blockSize}, fi.Size())
+	rows, err := trace.ReadTable(ctxReader{ctx, io.TeeReader(f, &h)}, fk.path, trace.ReadOptions{BlockSize: fk.blockSize}, fi.Size())
 	if err != nil {
 		return nil, err
 	}

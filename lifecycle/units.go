@@ -13,8 +13,10 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/openai"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // promptCacheBytes bounds each workload's block cache of prompt text.
@@ -24,7 +26,7 @@ const promptCacheBytes = 64 << 20
 // by all its targets (and by other workloads of the same trace and knobs).
 type workloadData struct {
 	trace   *tracePlan
-	builder *synth.PromptBuilder
+	builder *prompt.Builder
 }
 
 // rows is the number of rows the workload replays.
@@ -54,7 +56,7 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 	if err != nil {
 		return nil, err
 	}
-	builder, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes})
+	builder, err := prompt.NewBuilder(prompt.Options{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes})
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
@@ -79,7 +81,7 @@ func (c ctxReader) Read(p []byte) (int, error) {
 const maxRequestTokens = 1 << 24
 
 // checkSendable rejects a row no request can be built for.
-func checkSendable(rows *synth.Table, i int) error {
+func checkSendable(rows *trace.Table, i int) error {
 	if n := rows.ISL(i); n > maxRequestTokens {
 		return fmt.Errorf("input_length %d is more than the %d tokens a request may have", n, maxRequestTokens)
 	}
@@ -107,7 +109,7 @@ func fileKind(m os.FileMode) string {
 
 // requestBuilder turns trace rows into requests for one target.
 type requestBuilder struct {
-	prompts *synth.PromptBuilder
+	prompts *prompt.Builder
 	// tokenIDs sends token-id prompts, built with the target's tokenizer.
 	tokenIDs bool
 	// template, on chat, is the room the server's chat template takes,
@@ -117,7 +119,7 @@ type requestBuilder struct {
 }
 
 // Build implements replay.RequestBuilder.
-func (b *requestBuilder) Build(rec *synth.Record, _ int, ns uint64) (openai.Request, error) {
+func (b *requestBuilder) Build(rec *trace.Record, _ int, ns uint64) (openai.Request, error) {
 	req := openai.Request{Extra: rec.Extra}
 	if rec.OutputLength != nil {
 		req.MaxTokens = max(*rec.OutputLength, 1) // 0 would mean "server default"

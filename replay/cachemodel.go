@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // CacheParams describe the server cache an ideal model stands for.
@@ -36,7 +36,7 @@ type CacheParams struct {
 // GranularityToken min(k·TraceBlock, inputLength−1).
 type CacheModel struct {
 	sched *FleetSchedule
-	rows  *synth.Table
+	rows  *trace.Table
 	loop  LoopMode
 
 	mu    sync.Mutex

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // TestIdealCacheBounded: a cache of bounded capacity holds a bounded number
@@ -46,9 +46,9 @@ func TestIdealCacheBounded(t *testing.T) {
 // request can ask about them.
 func TestCacheModelWarmUpHoldsNoRows(t *testing.T) {
 	const n = 20000
-	rows := make([]synth.Record, n)
+	rows := make([]trace.Record, n)
 	for i := range rows {
-		rows[i] = synth.Record{Timestamp: synth.Ptr(float64(i)), InputLength: synth.Ptr(600), HashIDs: []int64{0, int64(i + 1)}}
+		rows[i] = trace.Record{Timestamp: trace.Ptr(float64(i)), InputLength: trace.Ptr(600), HashIDs: []int64{0, int64(i + 1)}}
 	}
 	p, err := NewPacer(rows, PacerOptions{Loop: LoopFresh})
 	if err != nil {
@@ -144,9 +144,9 @@ func TestCacheModelShortWarmUpSameAnswers(t *testing.T) {
 // TestCacheModelClosed: a closed model simulates nothing more and answers
 // every question unknown.
 func TestCacheModelClosed(t *testing.T) {
-	rows := make([]synth.Record, 5000)
+	rows := make([]trace.Record, 5000)
 	for i := range rows {
-		rows[i] = synth.Record{Timestamp: synth.Ptr(float64(i)), InputLength: synth.Ptr(600), HashIDs: []int64{0, int64(i + 1)}}
+		rows[i] = trace.Record{Timestamp: trace.Ptr(float64(i)), InputLength: trace.Ptr(600), HashIDs: []int64{0, int64(i + 1)}}
 	}
 	p, err := NewPacer(rows, PacerOptions{Loop: LoopFresh})
 	if err != nil {

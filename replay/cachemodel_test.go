@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // TestIdealCache checks the cache's arithmetic request by request.
@@ -92,7 +92,7 @@ func TestIdealCacheForgetsOldPasses(t *testing.T) {
 // model's code: an unbounded cache as a plain set, walked over every row of
 // the trace in timestamp order (stable on file order), pass after pass.
 // ns maps a pass to its namespace.
-func modelRef(recs []synth.Record, passes []int, ns func(int) uint64, serverBlock int) map[[2]int]int {
+func modelRef(recs []trace.Record, passes []int, ns func(int) uint64, serverBlock int) map[[2]int]int {
 	rows := make([]int, len(recs))
 	for i := range rows {
 		rows[i] = i
@@ -258,11 +258,11 @@ func TestCacheModelRestart(t *testing.T) {
 // the requests that hit them unknown, not hits: a cold server and a warm one
 // are told apart by nothing the exporter sees.
 func TestCacheModelColdStartUnknown(t *testing.T) {
-	rows := []synth.Record{
-		{Timestamp: synth.Ptr(0.0), InputLength: synth.Ptr(1024), HashIDs: []int64{0, 1}},
-		{Timestamp: synth.Ptr(1.0), InputLength: synth.Ptr(1024), HashIDs: []int64{0, 1}},
-		{Timestamp: synth.Ptr(2.0), InputLength: synth.Ptr(1024), HashIDs: []int64{0, 1}},
-		{Timestamp: synth.Ptr(3.0), InputLength: synth.Ptr(1024), HashIDs: []int64{7, 8}},
+	rows := []trace.Record{
+		{Timestamp: trace.Ptr(0.0), InputLength: trace.Ptr(1024), HashIDs: []int64{0, 1}},
+		{Timestamp: trace.Ptr(1.0), InputLength: trace.Ptr(1024), HashIDs: []int64{0, 1}},
+		{Timestamp: trace.Ptr(2.0), InputLength: trace.Ptr(1024), HashIDs: []int64{0, 1}},
+		{Timestamp: trace.Ptr(3.0), InputLength: trace.Ptr(1024), HashIDs: []int64{7, 8}},
 	}
 	p, err := NewPacer(rows, PacerOptions{Loop: LoopFresh})
 	if err != nil {
@@ -292,10 +292,10 @@ func TestCacheModelColdStartUnknown(t *testing.T) {
 // TestCacheModelReject: a request the server never got does not warm the
 // model, unless a later request used its blocks since.
 func TestCacheModelReject(t *testing.T) {
-	rows := []synth.Record{
-		{Timestamp: synth.Ptr(0.0), InputLength: synth.Ptr(1024), HashIDs: []int64{0, 1}},
-		{Timestamp: synth.Ptr(1.0), InputLength: synth.Ptr(1024), HashIDs: []int64{0, 1}},
-		{Timestamp: synth.Ptr(2.0), InputLength: synth.Ptr(1024), HashIDs: []int64{0, 2}},
+	rows := []trace.Record{
+		{Timestamp: trace.Ptr(0.0), InputLength: trace.Ptr(1024), HashIDs: []int64{0, 1}},
+		{Timestamp: trace.Ptr(1.0), InputLength: trace.Ptr(1024), HashIDs: []int64{0, 1}},
+		{Timestamp: trace.Ptr(2.0), InputLength: trace.Ptr(1024), HashIDs: []int64{0, 2}},
 	}
 	params := CacheParams{TraceBlock: 512, ServerBlock: 16}
 	item := func(row int) PacerItem { return PacerItem{Index: row} }

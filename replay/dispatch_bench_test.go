@@ -8,7 +8,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/openai"
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // BenchmarkDispatchClock replays two seconds of evenly spaced 32-token
@@ -39,12 +39,12 @@ func benchDispatch(b *testing.B, rate int, clock DispatchClock) {
 	}
 	defer client.Close()
 	n := 2 * rate
-	recs := make([]synth.Record, n)
+	recs := make([]trace.Record, n)
 	for i := range recs {
-		recs[i] = synth.Record{
-			Timestamp:    synth.Ptr(float64(i) * 1000 / float64(rate)),
-			InputLength:  synth.Ptr(8),
-			OutputLength: synth.Ptr(32),
+		recs[i] = trace.Record{
+			Timestamp:    trace.Ptr(float64(i) * 1000 / float64(rate)),
+			InputLength:  trace.Ptr(8),
+			OutputLength: trace.Ptr(32),
 			Line:         i + 1,
 		}
 	}

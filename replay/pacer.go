@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // LoopMode says what happens after a pass over the trace.
@@ -116,7 +116,7 @@ type Pacer struct {
 // Pacer and cache model of that trace, so that one more target does not
 // cost one more copy of a schedule of millions of rows.
 type Plan struct {
-	rows    *synth.Table
+	rows    *trace.Table
 	convs   []pacerConv // schedule order
 	next    []int32     // per row: the next turn's row, or -1
 	zero    float64     // the smallest first-turn timestamp, ms
@@ -136,16 +136,16 @@ type pacerConv struct {
 // NewPacer prepares the schedule of records. It fails when a conversation's
 // first turn has no timestamp (AIPerf does too: it could not be placed), when
 // a delay is negative, or on bad options.
-func NewPacer(records []synth.Record, opts PacerOptions) (*Pacer, error) {
+func NewPacer(records []trace.Record, opts PacerOptions) (*Pacer, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
 	if len(records) == 0 {
-		return nil, fmt.Errorf("pacer: %w", synth.ErrEmptyTrace)
+		return nil, fmt.Errorf("pacer: %w", trace.ErrEmpty)
 	}
-	rows, err := synth.TableOf(records)
+	rows, err := trace.TableOf(records)
 	if err != nil {
-		var le *synth.LineError
+		var le *trace.LineError
 		if errors.As(err, &le) {
 			le.File = opts.Trace
 		}
@@ -171,9 +171,9 @@ func (o PacerOptions) check() error {
 }
 
 // NewPlan prepares the schedule of rows, with the time axis divided by
-// speedup (0 means 1); trace names the file in errors. It fails as NewPacer
+// speedup (0 means 1); file names the trace in errors. It fails as NewPacer
 // does on rows that cannot be scheduled.
-func NewPlan(rows *synth.Table, speedup float64, trace string) (*Plan, error) {
+func NewPlan(rows *trace.Table, speedup float64, file string) (*Plan, error) {
 	if speedup == 0 {
 		speedup = 1
 	}
@@ -182,7 +182,7 @@ func NewPlan(rows *synth.Table, speedup float64, trace string) (*Plan, error) {
 	}
 	n := rows.Len()
 	if n == 0 {
-		return nil, fmt.Errorf("pacer: %w", synth.ErrEmptyTrace)
+		return nil, fmt.Errorf("pacer: %w", trace.ErrEmpty)
 	}
 	if n > math.MaxInt32 {
 		return nil, fmt.Errorf("pacer: %d rows is more than supported", n)
@@ -192,7 +192,7 @@ func NewPlan(rows *synth.Table, speedup float64, trace string) (*Plan, error) {
 		if line == 0 {
 			line = i + 1
 		}
-		return &synth.LineError{File: trace, Line: line, Err: err}
+		return &trace.LineError{File: file, Line: line, Err: err}
 	}
 
 	p := &Plan{rows: rows, next: make([]int32, n), speedup: speedup}
@@ -270,7 +270,7 @@ func (p *Plan) rowDue(i int) time.Duration {
 }
 
 // Rows returns the rows the plan schedules.
-func (p *Plan) Rows() *synth.Table { return p.rows }
+func (p *Plan) Rows() *trace.Table { return p.rows }
 
 // NewPacer returns a cursor over the plan. opts.SpeedupRatio and
 // opts.Trace are the plan's and are not looked at.
@@ -294,7 +294,7 @@ func (p *Plan) NewPacer(opts PacerOptions) (*Pacer, error) {
 }
 
 // Rows returns the rows the pacer schedules.
-func (p *Pacer) Rows() *synth.Table { return p.plan.rows }
+func (p *Pacer) Rows() *trace.Table { return p.plan.rows }
 
 // Period is the length of one pass.
 func (p *Pacer) Period() time.Duration { return p.plan.period }

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // pacerTestRow describes a trace row: ts < 0 means no timestamp.
@@ -16,24 +16,24 @@ type pacerTestRow struct {
 	delay float64 // ms; 0 means absent
 }
 
-func pacerTestRecords(rows ...pacerTestRow) []synth.Record {
-	recs := make([]synth.Record, len(rows))
+func pacerTestRecords(rows ...pacerTestRow) []trace.Record {
+	recs := make([]trace.Record, len(rows))
 	for i, r := range rows {
-		recs[i] = synth.Record{Line: i + 1, InputLength: synth.Ptr(100), HashIDs: []int64{int64(i)}}
+		recs[i] = trace.Record{Line: i + 1, InputLength: trace.Ptr(100), HashIDs: []int64{int64(i)}}
 		if r.ts >= 0 {
-			recs[i].Timestamp = synth.Ptr(r.ts)
+			recs[i].Timestamp = trace.Ptr(r.ts)
 		}
 		if r.sid != "" {
-			recs[i].SessionID = synth.Ptr(r.sid)
+			recs[i].SessionID = trace.Ptr(r.sid)
 		}
 		if r.delay != 0 {
-			recs[i].Delay = synth.Ptr(r.delay)
+			recs[i].Delay = trace.Ptr(r.delay)
 		}
 	}
 	return recs
 }
 
-func pacerTestTimestamps(ts ...float64) []synth.Record {
+func pacerTestTimestamps(ts ...float64) []trace.Record {
 	rows := make([]pacerTestRow, len(ts))
 	for i, t := range ts {
 		rows[i] = pacerTestRow{ts: t}
@@ -54,7 +54,7 @@ const pacerTestTick = time.Millisecond
 func TestPacerNext(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		recs   []synth.Record
+		recs   []trace.Record
 		opts   PacerOptions
 		want   []pacerTestItem
 		period time.Duration
@@ -299,7 +299,7 @@ func TestPacerSeek(t *testing.T) {
 func TestNewPacerErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		recs []synth.Record
+		recs []trace.Record
 		opts PacerOptions
 		want string // substring of the error
 	}{
@@ -335,8 +335,8 @@ func TestNewPacerErrors(t *testing.T) {
 	}
 
 	_, err := NewPacer(pacerTestRecords(pacerTestRow{ts: -1}), PacerOptions{})
-	var le *synth.LineError
+	var le *trace.LineError
 	if !errors.As(err, &le) || le.Line != 1 {
-		t.Errorf("error %v is not a *synth.LineError for line 1", err)
+		t.Errorf("error %v is not a *trace.LineError for line 1", err)
 	}
 }

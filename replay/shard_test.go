@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // shardTestShare returns the rows (first turns and the turns after them) that
@@ -96,7 +96,7 @@ func TestShardCoversEveryRowOnce(t *testing.T) {
 	}
 }
 
-func shardTestFirstRow(recs []synth.Record, sid string) int {
+func shardTestFirstRow(recs []trace.Record, sid string) int {
 	for i := range recs {
 		if s := recs[i].SessionID; s != nil && *s == sid {
 			return i

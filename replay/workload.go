@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/openai"
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // Sender sends one request and fills in res: Sent (just before writing; the
@@ -35,7 +35,7 @@ func (s clientSender) Do(ctx context.Context, req openai.Request, res *Result) {
 // drop afterwards (it is unpacked from the compact rows for this request).
 // It is called from many goroutines at once.
 type RequestBuilder interface {
-	Build(rec *synth.Record, row int, ns uint64) (openai.Request, error)
+	Build(rec *trace.Record, row int, ns uint64) (openai.Request, error)
 }
 
 // SaturationPolicy says what happens to a due row when max_in_flight requests
@@ -132,7 +132,7 @@ type WorkloadConfig struct {
 type Workload struct {
 	cfg   WorkloadConfig
 	pacer *Pacer
-	rows  *synth.Table
+	rows  *trace.Table
 	send  Sender
 	build RequestBuilder
 	obs   Observer

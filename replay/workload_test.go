@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/openai"
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // wlTestClock is a fake DispatchClock. Time moves only through Advance, or,
@@ -123,11 +123,11 @@ type wlTestBuilder struct {
 	fail map[int]bool
 }
 
-func newWLTestBuilder(recs []synth.Record) *wlTestBuilder {
+func newWLTestBuilder(recs []trace.Record) *wlTestBuilder {
 	return &wlTestBuilder{rows: len(recs), fail: map[int]bool{}}
 }
 
-func (b *wlTestBuilder) Build(rec *synth.Record, i int, ns uint64) (openai.Request, error) {
+func (b *wlTestBuilder) Build(rec *trace.Record, i int, ns uint64) (openai.Request, error) {
 	if i < 0 || i >= b.rows {
 		return openai.Request{}, errors.New("row is not one of the pacer's")
 	}
@@ -229,9 +229,9 @@ func wlTestRun(ctx context.Context, w *Workload) <-chan error {
 }
 
 // wlTestReadSlice reads the first n rows of the conversation trace.
-func wlTestReadSlice(t testing.TB, n int) []synth.Record {
+func wlTestReadSlice(t testing.TB, n int) []trace.Record {
 	t.Helper()
-	recs, err := synth.ReadFile("../../shared/traces/conversation_trace.jsonl", synth.ReadOptions{BlockSize: 512})
+	recs, err := trace.ReadFile("../../shared/traces/conversation_trace.jsonl", trace.ReadOptions{BlockSize: 512})
 	if err != nil {
 		t.Fatalf("the shared traces are missing (../shared beside the checkout, as CI has it): %v", err)
 	}
@@ -247,7 +247,7 @@ func wlTestReadSlice(t testing.TB, n int) []synth.Record {
 type wlTestSessionGuard struct {
 	t      *testing.T
 	clock  DispatchClock
-	recs   []synth.Record
+	recs   []trace.Record
 	sessOf func(row int) (conv, turn int)
 
 	mu    sync.Mutex
@@ -304,11 +304,11 @@ func TestWorkloadTraceSlice(t *testing.T) {
 	const rows = 2000
 	recs := wlTestReadSlice(t, rows)
 	for i := range recs {
-		recs[i].SessionID = synth.Ptr(fmt.Sprintf("s%d", i/3))
+		recs[i].SessionID = trace.Ptr(fmt.Sprintf("s%d", i/3))
 		if i%3 == 2 {
 			recs[i].Timestamp = nil
 			if (i/3)%2 == 0 {
-				recs[i].Delay = synth.Ptr(500.0)
+				recs[i].Delay = trace.Ptr(500.0)
 			}
 		}
 	}
@@ -797,7 +797,7 @@ func (o *wlTestLagObserver) PassCompleted(_, _ string, _ int) {}
 
 type wlTestPromptBuilder struct{}
 
-func (wlTestPromptBuilder) Build(rec *synth.Record, _ int, _ uint64) (openai.Request, error) {
+func (wlTestPromptBuilder) Build(rec *trace.Record, _ int, _ uint64) (openai.Request, error) {
 	return openai.Request{Prompt: "hello", MaxTokens: rec.OSL()}, nil
 }
 
@@ -816,12 +816,12 @@ func BenchmarkDispatchLag(b *testing.B) {
 			defer client.Close()
 
 			n := 2 * rate
-			recs := make([]synth.Record, n)
+			recs := make([]trace.Record, n)
 			for i := range recs {
-				recs[i] = synth.Record{
-					Timestamp:    synth.Ptr(float64(i) * 1000 / float64(rate)),
-					InputLength:  synth.Ptr(8),
-					OutputLength: synth.Ptr(32),
+				recs[i] = trace.Record{
+					Timestamp:    trace.Ptr(float64(i) * 1000 / float64(rate)),
+					InputLength:  trace.Ptr(8),
+					OutputLength: trace.Ptr(32),
 					Line:         i + 1,
 				}
 			}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // Analysis is what `analyze` reports about a trace: the numbers of AIPerf's
@@ -62,7 +64,7 @@ func NewAnalyzer(blockSize int) *Analyzer {
 func (a *Analyzer) Rows() int { return len(a.isl) }
 
 // Add adds the next row in file order.
-func (a *Analyzer) Add(rec *Record) {
+func (a *Analyzer) Add(rec *trace.Record) {
 	a.isl = append(a.isl, rec.ISL())
 	a.osl = append(a.osl, rec.OSL())
 	a.ids = append(a.ids, rec.HashIDs...)
@@ -334,7 +336,7 @@ func (a *Analyzer) Result() Analysis {
 }
 
 // Analyze analyses records in order with blockSize tokens per hash block.
-func Analyze(records []Record, blockSize int) Analysis {
+func Analyze(records []trace.Record, blockSize int) Analysis {
 	a := NewAnalyzer(blockSize)
 	for i := range records {
 		a.Add(&records[i])

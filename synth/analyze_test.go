@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // update rewrites the golden files: go test ./synth -run TestAnalyzeGolden
@@ -23,8 +25,8 @@ var update = flag.Bool("update", false, "rewrite golden files")
 // this package's directory. They are read, never written.
 const sharedTraces = "../../shared/traces/"
 
-func row(isl, osl int, ids ...int64) Record {
-	r := Record{InputLength: &isl, OutputLength: &osl}
+func row(isl, osl int, ids ...int64) trace.Record {
+	r := trace.Record{InputLength: &isl, OutputLength: &osl}
 	if ids != nil {
 		r.HashIDs = ids
 	}
@@ -34,7 +36,7 @@ func row(isl, osl int, ids ...int64) Record {
 func TestAnalyzeByHand(t *testing.T) {
 	// Block 512. Prefixes: (1)×3, (1,2)×2, (1,2,3)×1, (1,4)×1 → 4 unique,
 	// 5 of 7 occurrences reused. Repeated (pos,id): (0,1), (1,2).
-	rows := []Record{
+	rows := []trace.Record{
 		row(1300, 10, 1, 2, 3), // context 2 blocks = 1024, unique 276; hit 0/3
 		row(1024, 20, 1, 2),    // every pair repeated: context = isl; hit 2/2
 		row(700, 5, 1, 4),      // context 512, unique 188; hit 1/2
@@ -71,13 +73,13 @@ func TestAnalyzeByHand(t *testing.T) {
 // id under several parents and at several positions, which the analyzer
 // handles outside its fast path.
 func TestAnalyzeIrregularIDs(t *testing.T) {
-	rows := []Record{
+	rows := []trace.Record{
 		row(1000, 1, 5, 6),    // pairs (0,5), (1,6) both recur: context 1000
 		row(1000, 1, 6, 5),    // (0,6), (1,5) occur once: context 0; hit 2/2
 		row(1000, 1, 5, 6),    // context 1000; hit 2/2
 		row(1100, 1, 7, 6, 5), // only (1,6) recurs: context 512; hit 0/3
 		row(300, 1),           // no ids
-		{InputLength: Ptr(200), HashIDs: []int64{}}, // empty ids are no ids
+		{InputLength: trace.Ptr(200), HashIDs: []int64{}}, // empty ids are no ids
 	}
 	got := Analyze(rows, 512)
 	// (5), (5,6), (6), (6,5), (7), (7,6), (7,6,5); (5) and (5,6) are in
@@ -101,7 +103,7 @@ func TestAnalyzeIrregularIDs(t *testing.T) {
 		func(id int64) int64 { return id + 3 },
 		func(id int64) int64 { return id*1_000_000_007 + 1<<40 },
 	} {
-		renamed := make([]Record, len(rows))
+		renamed := make([]trace.Record, len(rows))
 		for i, r := range rows {
 			renamed[i] = r.Clone()
 			for j := range renamed[i].HashIDs {
@@ -142,11 +144,11 @@ func TestGroupThousands(t *testing.T) {
 
 func analyzeSharedTrace(t testing.TB, name string) Analysis {
 	t.Helper()
-	recs, err := ReadFile(sharedTraces+name, ReadOptions{BlockSize: DefaultBlockSize})
+	recs, err := trace.ReadFile(sharedTraces+name, trace.ReadOptions{BlockSize: trace.DefaultBlockSize})
 	if err != nil {
 		t.Fatalf("the shared traces are part of the test: %v", err)
 	}
-	return Analyze(recs, DefaultBlockSize)
+	return Analyze(recs, trace.DefaultBlockSize)
 }
 
 // TestAnalyzeAcceptance pins the numbers that AIPerf and Dynamo print for
@@ -229,32 +231,6 @@ func readSharedBytes(b *testing.B, name string) []byte {
 	return data
 }
 
-// BenchmarkReadConversation measures the reader alone on the 12,031-row
-// conversation trace, held in memory so that the disk does not count.
-func BenchmarkReadConversation(b *testing.B) {
-	data := readSharedBytes(b, "conversation_trace.jsonl")
-	b.SetBytes(int64(len(data)))
-	b.ReportAllocs()
-	for b.Loop() {
-		rd := NewReader(bytes.NewReader(data), "conversation_trace.jsonl", ReadOptions{BlockSize: DefaultBlockSize})
-		n := 0
-		for {
-			_, err := rd.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				b.Fatal(err)
-			}
-			n++
-		}
-		if n != conversationRows {
-			b.Fatalf("read %d rows, want %d", n, conversationRows)
-		}
-	}
-	b.ReportMetric(float64(conversationRows)*float64(b.N)/b.Elapsed().Seconds(), "rows/s")
-}
-
 // BenchmarkAnalyzeConversation measures what `analyze` does: stream the
 // conversation trace through the reader into an Analyzer and compute the
 // result.
@@ -263,8 +239,8 @@ func BenchmarkAnalyzeConversation(b *testing.B) {
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {
-		rd := NewReader(bytes.NewReader(data), "conversation_trace.jsonl", ReadOptions{BlockSize: DefaultBlockSize})
-		a := NewAnalyzer(DefaultBlockSize)
+		rd := trace.NewReader(bytes.NewReader(data), "conversation_trace.jsonl", trace.ReadOptions{BlockSize: trace.DefaultBlockSize})
+		a := NewAnalyzer(trace.DefaultBlockSize)
 		for {
 			rec, err := rd.Next()
 			if errors.Is(err, io.EOF) {
@@ -286,7 +262,7 @@ func BenchmarkAnalyzeConversation(b *testing.B) {
 // right-aligned to one width, so a column of short numbers (Min) reads
 // like the others.
 func TestAnalyzeTableAligned(t *testing.T) {
-	rows := []Record{row(1300, 10, 1, 2, 3), row(1024, 20, 1, 2), row(700, 5, 1, 4)}
+	rows := []trace.Record{row(1300, 10, 1, 2, 3), row(1024, 20, 1, 2), row(700, 5, 1, 4)}
 	an := Analyze(rows, 512)
 	var b strings.Builder
 	if err := an.WriteTable(&b); err != nil {

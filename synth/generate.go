@@ -8,6 +8,9 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/rng"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // Generate samples n new requests from a model learned from rows, after
@@ -21,7 +24,7 @@ import (
 // Burst sizes per timestamp, gaps between timestamps and output lengths
 // come from the source's empirical distributions.
 //
-// Every random choice draws from its own stream seeded from k.Seed (rng.go:
+// Every random choice draws from its own stream seeded from k.Seed (streams.go:
 // StreamTrie for the walk, StreamCounts, StreamGaps, StreamLastBlock,
 // StreamOutputLen, StreamLeafLen, StreamPrefixRoot), so one seed gives one
 // output, and changing a knob does not reshuffle draws it does not own: the
@@ -71,7 +74,7 @@ import (
 //     bringing new ones: on the conversation trace 100,000 requests in one
 //     namespace reach a theoretical hit rate of 0.52 against the source's
 //     0.38; with passes, 0.41.
-func Generate(rows []Record, n int, k Knobs) ([]Record, Stats, error) {
+func Generate(rows []trace.Record, n int, k Knobs) ([]trace.Record, Stats, error) {
 	if err := k.Validate(); err != nil {
 		return nil, Stats{}, err
 	}
@@ -127,7 +130,7 @@ type trieModel struct {
 
 // learn builds the model. Steps follow §4.2: normalise ids, count visits,
 // merge chains, cut visited-once nodes, relabel for P, build transitions.
-func learn(rows []Record, k Knobs) (*trieModel, error) {
+func learn(rows []trace.Record, k Knobs) (*trieModel, error) {
 	B := k.BlockSize
 	m := &trieModel{blockSize: B}
 
@@ -302,7 +305,7 @@ func learn(rows []Record, k Knobs) (*trieModel, error) {
 			for j := range nd.leaves {
 				l := &nd.leaves[j]
 				L := math.RoundToEven(float64(l.blocks) * Q)
-				if L*float64(B) > maxCount {
+				if L*float64(B) > trace.MaxCount {
 					return nil, fmt.Errorf("prompt_len_multiplier %v makes a %.0f-block prompt", Q, L)
 				}
 				l.blocks = max(1, int(L))
@@ -342,17 +345,17 @@ func parentIndex(p int32, idx []int32) int32 {
 const maxRejectStreak = 1_000_000
 
 // generate runs the sampling loop.
-func (m *trieModel) generate(n int, k Knobs) ([]Record, int, error) {
+func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 	var (
-		rTrie   = NewRand(k.Seed, StreamTrie)
-		rCounts = NewRand(k.Seed, StreamCounts)
-		rGaps   = NewRand(k.Seed, StreamGaps)
-		rLast   = NewRand(k.Seed, StreamLastBlock)
-		rOut    = NewRand(k.Seed, StreamOutputLen)
-		rLeaf   = NewRand(k.Seed, StreamLeafLen)
+		rTrie   = rng.New(k.Seed, StreamTrie)
+		rCounts = rng.New(k.Seed, StreamCounts)
+		rGaps   = rng.New(k.Seed, StreamGaps)
+		rLast   = rng.New(k.Seed, StreamLastBlock)
+		rOut    = rng.New(k.Seed, StreamOutputLen)
+		rLeaf   = rng.New(k.Seed, StreamLeafLen)
 	)
 	B := m.blockSize
-	out := make([]Record, 0, n)
+	out := make([]trace.Record, 0, n)
 	fresh := m.idSpan // next unused id
 	var offset int64  // added to the trie's ids in the current pass
 	dropped, streak, slot := 0, 0, 0
@@ -415,10 +418,10 @@ func (m *trieModel) generate(n int, k Knobs) ([]Record, int, error) {
 				ids = append(ids, fresh)
 				fresh++
 			}
-			out = append(out, Record{
-				Timestamp:    Ptr(ts),
-				InputLength:  Ptr(isl),
-				OutputLength: Ptr(max(1, osl)),
+			out = append(out, trace.Record{
+				Timestamp:    trace.Ptr(ts),
+				InputLength:  trace.Ptr(isl),
+				OutputLength: trace.Ptr(max(1, osl)),
 				HashIDs:      ids,
 			})
 			if len(out) == n {
@@ -435,9 +438,9 @@ func (m *trieModel) generate(n int, k Knobs) ([]Record, int, error) {
 		if float64(base)*float64(R) >= idLimit {
 			return nil, 0, fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
 		}
-		rng := NewRand(k.Seed, StreamPrefixRoot)
+		rRoot := rng.New(k.Seed, StreamPrefixRoot)
 		for i := range out {
-			if t := int64(rng.IntN(R)); t > 0 {
+			if t := int64(rRoot.IntN(R)); t > 0 {
 				for j := range out[i].HashIDs {
 					out[i].HashIDs[j] += t * base
 				}

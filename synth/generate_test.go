@@ -8,9 +8,10 @@ import (
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
-func generate(t testing.TB, rows []synth.Record, n int, k synth.Knobs) []synth.Record {
+func generate(t testing.TB, rows []trace.Record, n int, k synth.Knobs) []trace.Record {
 	t.Helper()
 	out, st, err := synth.Generate(rows, n, k)
 	if err != nil {
@@ -22,7 +23,7 @@ func generate(t testing.TB, rows []synth.Record, n int, k synth.Knobs) []synth.R
 	return out
 }
 
-func jsonl(rows []synth.Record) []byte {
+func jsonl(rows []trace.Record) []byte {
 	var b []byte
 	for i := range rows {
 		b = append(rows[i].AppendJSON(b), '\n')
@@ -78,7 +79,7 @@ func TestGenerateStreams(t *testing.T) {
 				}
 				// The last block's size is drawn, not derived: it must not
 				// move with the knob.
-				if last := func(x *synth.Record) int { return x.ISL() - (len(x.HashIDs)-1)*512 }; last(g) != last(r) {
+				if last := func(x *trace.Record) int { return x.ISL() - (len(x.HashIDs)-1)*512 }; last(g) != last(r) {
 					t.Fatalf("row %d: last block %d, want %d", i, last(g), last(r))
 				}
 				changed = changed || !slices.Equal(g.HashIDs, r.HashIDs)
@@ -124,7 +125,7 @@ type traceSummary struct {
 	islMean, islMedian, oslMean, oslMedian, hitRate float64
 }
 
-func summarize(rows []synth.Record) traceSummary {
+func summarize(rows []trace.Record) traceSummary {
 	var isl, osl, hit []float64
 	seen := map[int64]bool{}
 	for _, r := range rows {
@@ -261,14 +262,14 @@ func TestGenerateSpeedup(t *testing.T) {
 }
 
 func TestGenerateSmallTraces(t *testing.T) {
-	ts := func(r synth.Record, ms float64, osl int) synth.Record {
-		r.Timestamp, r.OutputLength = synth.Ptr(ms), synth.Ptr(osl)
+	ts := func(r trace.Record, ms float64, osl int) trace.Record {
+		r.Timestamp, r.OutputLength = trace.Ptr(ms), trace.Ptr(osl)
 		return r
 	}
 	tests := []struct {
 		name    string
-		rows    []synth.Record
-		check   func(t *testing.T, out []synth.Record)
+		rows    []trace.Record
+		check   func(t *testing.T, out []trace.Record)
 		wantErr string
 	}{
 		{
@@ -276,7 +277,7 @@ func TestGenerateSmallTraces(t *testing.T) {
 			// block 0 plus one fresh 512-token block.
 			name: "rows without ids",
 			rows: append(rowsOf(row{[]int64{0, 1}, 1024}, row{[]int64{0, 2}, 1024}), slices.Repeat(rowsOf(row{nil, 10}), 50)...),
-			check: func(t *testing.T, out []synth.Record) {
+			check: func(t *testing.T, out []trace.Record) {
 				for i, r := range out {
 					if len(r.HashIDs) != 2 || r.ISL() != 1024 {
 						t.Fatalf("row %d: %v/%d", i, r.HashIDs, r.ISL())
@@ -289,7 +290,7 @@ func TestGenerateSmallTraces(t *testing.T) {
 			// block of the rows that stopped there.
 			name: "stop on a shared node",
 			rows: rowsOf(row{[]int64{0, 1}, 700}, row{[]int64{0, 1}, 700}),
-			check: func(t *testing.T, out []synth.Record) {
+			check: func(t *testing.T, out []trace.Record) {
 				for i, r := range out {
 					if r.ISL() != 700 || len(r.HashIDs) != 2 {
 						t.Fatalf("row %d: %v/%d", i, r.HashIDs, r.ISL())
@@ -304,7 +305,7 @@ func TestGenerateSmallTraces(t *testing.T) {
 		},
 		{
 			name:    "missing timestamp",
-			rows:    []synth.Record{{InputLength: synth.Ptr(10), OutputLength: synth.Ptr(1), Line: 4}},
+			rows:    []trace.Record{{InputLength: trace.Ptr(10), OutputLength: trace.Ptr(1), Line: 4}},
 			wantErr: "line 4: generating needs a timestamp",
 		},
 	}
@@ -334,7 +335,7 @@ func TestGenerateSmallTraces(t *testing.T) {
 func TestGenerateMaxISLTooSmall(t *testing.T) {
 	rows := rowsOf(row{[]int64{0, 1}, 1000}, row{[]int64{0, 2}, 1000})
 	for i := range rows {
-		rows[i].Timestamp, rows[i].OutputLength = synth.Ptr(float64(i)), synth.Ptr(1)
+		rows[i].Timestamp, rows[i].OutputLength = trace.Ptr(float64(i)), trace.Ptr(1)
 	}
 	_, _, err := synth.Generate(rows, 10, knobs(func(k *synth.Knobs) { k.MaxISL = 100 }))
 	if err == nil || !strings.Contains(err.Error(), "max_isl 100") {

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/rng"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // Knobs are the synthesis settings shared by the per-row transform
@@ -24,7 +27,7 @@ type Knobs struct {
 // DefaultKnobs returns the settings under which synthesis changes nothing.
 func DefaultKnobs() Knobs {
 	return Knobs{
-		BlockSize:            DefaultBlockSize,
+		BlockSize:            trace.DefaultBlockSize,
 		SpeedupRatio:         1,
 		PrefixLenMultiplier:  1,
 		PrefixRootMultiplier: 1,
@@ -117,12 +120,12 @@ type Stats struct {
 //     ceil(max_isl/B) (AIPerf caps input_length only).
 //   - A row with ids whose scaled prompt would have 0 tokens and no prefix
 //     keeps one token (AIPerf writes input_length 0 and drops its ids).
-func Transform(rows []Record, k Knobs) ([]Record, Stats, error) {
+func Transform(rows []trace.Record, k Knobs) ([]trace.Record, Stats, error) {
 	if err := k.Validate(); err != nil {
 		return nil, Stats{}, err
 	}
 	st := Stats{RowsIn: len(rows)}
-	kept := make([]Record, 0, len(rows))
+	kept := make([]trace.Record, 0, len(rows))
 	for _, r := range rows {
 		if k.MaxISL > 0 && r.InputLength != nil && *r.InputLength > k.MaxISL {
 			st.DroppedMaxISL++
@@ -169,7 +172,7 @@ func Transform(rows []Record, k Knobs) ([]Record, Stats, error) {
 
 // sessionOrder groups rows by session_id in order of first appearance; a
 // row without session_id is a session of its own. It returns a new slice.
-func sessionOrder(rows []Record) []Record {
+func sessionOrder(rows []trace.Record) []trace.Record {
 	first := make(map[string]int) // session id → index in groups
 	var groups [][]int
 	for i, r := range rows {
@@ -185,7 +188,7 @@ func sessionOrder(rows []Record) []Record {
 		}
 		groups[g] = append(groups[g], i)
 	}
-	out := make([]Record, 0, len(rows))
+	out := make([]trace.Record, 0, len(rows))
 	for _, g := range groups {
 		for _, i := range g {
 			out = append(out, rows[i])
@@ -200,7 +203,7 @@ const idLimit = 1 << 62
 // applyMultipliers rewrites hash_ids and input_length of rows in place with
 // the prefix, prompt and root multipliers (AIPerf's _apply_multipliers plus
 // the fixes listed on Transform).
-func applyMultipliers(rows []Record, k Knobs) error {
+func applyMultipliers(rows []trace.Record, k Knobs) error {
 	B := k.BlockSize
 	P, Q := k.PrefixLenMultiplier, k.PromptLenMultiplier
 	count := make(map[int64]int)
@@ -264,7 +267,7 @@ func applyMultipliers(rows []Record, k Knobs) error {
 		switch {
 		case P > 1:
 			tf := math.Ceil(float64(lp) * P)
-			if tf*float64(B) > maxCount {
+			if tf*float64(B) > trace.MaxCount {
 				return fmt.Errorf("line %d: prefix_len_multiplier %v makes a %.0f-block prefix", r.Line, P, tf)
 			}
 			total := int(tf)
@@ -293,7 +296,7 @@ func applyMultipliers(rows []Record, k Knobs) error {
 		}
 
 		qf := float64(prompt) * Q
-		if qf > maxCount {
+		if qf > trace.MaxCount {
 			return fmt.Errorf("line %d: prompt_len_multiplier %v makes a %.0f-token prompt", r.Line, Q, qf)
 		}
 		q := int(qf)
@@ -316,13 +319,13 @@ func applyMultipliers(rows []Record, k Knobs) error {
 		if float64(base)*float64(R) >= idLimit {
 			return fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
 		}
-		rng := NewRand(k.Seed, StreamPrefixRoot)
+		rRoot := rng.New(k.Seed, StreamPrefixRoot)
 		for i := range rows {
 			ids := rows[i].HashIDs
 			if len(ids) == 0 {
 				continue
 			}
-			if t := int64(rng.IntN(R)); t > 0 {
+			if t := int64(rRoot.IntN(R)); t > 0 {
 				for j := range ids {
 					ids[j] += t * base
 				}
@@ -339,7 +342,7 @@ func applyMultipliers(rows []Record, k Knobs) error {
 
 // checkBlocks applies the block rule to a row read without it, so the
 // transform never works on ids that cannot describe input_length.
-func checkBlocks(r *Record, B int) error {
+func checkBlocks(r *trace.Record, B int) error {
 	if r.InputLength == nil {
 		return fmt.Errorf("line %d: hash_ids without input_length", r.Line)
 	}
@@ -352,3 +355,75 @@ func checkBlocks(r *Record, B int) error {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// TransformTable is Transform on a Table. Without multipliers (only
+// max_isl, max_osl and the session order), it works on the columns and
+// returns t itself when nothing changes; with them it unpacks the rows.
+func TransformTable(t *trace.Table, k Knobs) (*trace.Table, Stats, error) {
+	if err := k.Validate(); err != nil {
+		return nil, Stats{}, err
+	}
+	if k.multipliersSet() {
+		out, st, err := Transform(t.Records(), k)
+		if err != nil {
+			return nil, st, err
+		}
+		if len(out) == 0 {
+			return trace.NewTableBuilder(0).Table(), st, nil
+		}
+		nt, err := trace.TableOf(out)
+		return nt, st, err
+	}
+	st := Stats{RowsIn: t.Len()}
+	order := make([]int32, 0, t.Len())
+	var groups map[int32][]int32 // session → its rows after the first
+	for i := range t.Len() {
+		if k.MaxISL > 0 && t.ISL(i) > k.MaxISL {
+			st.DroppedMaxISL++
+			continue
+		}
+		if s := int32(t.SessionOrdinal(i)); s >= 0 {
+			if groups == nil {
+				groups = map[int32][]int32{}
+			}
+			if g, seen := groups[s]; seen {
+				groups[s] = append(g, int32(i))
+				continue
+			}
+			groups[s] = []int32{}
+		}
+		order = append(order, int32(i))
+	}
+	if groups != nil {
+		grouped := make([]int32, 0, t.Len())
+		for _, i := range order {
+			grouped = append(grouped, i)
+			if s := int32(t.SessionOrdinal(int(i))); s >= 0 {
+				grouped = append(grouped, groups[s]...)
+			}
+		}
+		order = grouped
+	}
+	st.RowsOut = len(order)
+	same := len(order) == t.Len()
+	for n, i := range order {
+		if int(i) != n || (k.MaxOSL > 0 && t.OSL(int(i)) > k.MaxOSL) {
+			same = false
+			break
+		}
+	}
+	if same {
+		return t, st, nil
+	}
+	b := trace.NewTableBuilder(len(order))
+	for _, i := range order {
+		r := t.Record(int(i))
+		if k.MaxOSL > 0 && r.OutputLength != nil && *r.OutputLength > k.MaxOSL {
+			*r.OutputLength = k.MaxOSL
+		}
+		if err := b.Append(&r); err != nil {
+			return nil, st, err // cannot happen: the row was in a table
+		}
+	}
+	return b.Table(), st, nil
+}

@@ -1,11 +1,15 @@
 package synth_test
 
 import (
+	"encoding/json"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // row is a compact way to write a trace row in a table: ids/isl.
@@ -14,10 +18,10 @@ type row struct {
 	isl int
 }
 
-func rowsOf(rs ...row) []synth.Record {
-	out := make([]synth.Record, len(rs))
+func rowsOf(rs ...row) []trace.Record {
+	out := make([]trace.Record, len(rs))
 	for i, r := range rs {
-		out[i] = synth.Record{InputLength: synth.Ptr(r.isl), HashIDs: r.ids, Line: i + 1}
+		out[i] = trace.Record{InputLength: trace.Ptr(r.isl), HashIDs: r.ids, Line: i + 1}
 	}
 	return out
 }
@@ -116,8 +120,8 @@ func rowsEqual(a, b []row) bool {
 	})
 }
 
-func recordsEqual(a, b []synth.Record) bool {
-	return slices.EqualFunc(a, b, func(x, y synth.Record) bool {
+func recordsEqual(a, b []trace.Record) bool {
+	return slices.EqualFunc(a, b, func(x, y trace.Record) bool {
 		return string(x.AppendJSON(nil)) == string(y.AppendJSON(nil))
 	})
 }
@@ -130,9 +134,9 @@ func TestTransformFields(t *testing.T) {
 		`{"messages": [{"role": "user", "content": "x"}], "output_length": 1000}`,
 		`{"timestamp": 4, "input_length": 10, "output_length": 0, "session_id": "b"}`,
 	}
-	var in []synth.Record
+	var in []trace.Record
 	for i, s := range raw {
-		r, err := synth.ParseRecord([]byte(s), synth.ReadOptions{BlockSize: 512})
+		r, err := trace.ParseRecord([]byte(s), trace.ReadOptions{BlockSize: 512})
 		if err != nil {
 			t.Fatalf("row %d: %v", i, err)
 		}
@@ -228,7 +232,7 @@ func TestTransformRootMultiplier(t *testing.T) {
 func TestTransformErrors(t *testing.T) {
 	tests := []struct {
 		name string
-		in   []synth.Record
+		in   []trace.Record
 		k    synth.Knobs
 	}{
 		{"zero speedup", rowsOf(row{[]int64{0}, 1}), knobs(func(k *synth.Knobs) { k.SpeedupRatio = 0 })},
@@ -247,9 +251,9 @@ func TestTransformErrors(t *testing.T) {
 }
 
 // traceFile is one of the real traces every checkout has beside it.
-func traceFile(t testing.TB, name string) []synth.Record {
+func traceFile(t testing.TB, name string) []trace.Record {
 	t.Helper()
-	rows, err := synth.ReadFile(filepath.Join("..", "..", "shared", "traces", name), synth.ReadOptions{BlockSize: 512})
+	rows, err := trace.ReadFile(filepath.Join("..", "..", "shared", "traces", name), trace.ReadOptions{BlockSize: 512})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +321,7 @@ func TestTransformSharedTraces(t *testing.T) {
 	}
 }
 
-func countCrashRows(rows []synth.Record) int {
+func countCrashRows(rows []trace.Record) int {
 	count := map[int64]int{}
 	for _, r := range rows {
 		for _, h := range r.HashIDs {
@@ -335,4 +339,78 @@ func countCrashRows(rows []synth.Record) int {
 		}
 	}
 	return n
+}
+
+// everyFieldRows is a trace with every kind of field, absent and present
+// (the trace package's table test rows, less the row of ids too big for the
+// multipliers).
+const everyFieldRows = `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [7, 8]}
+{"timestamp": 1.5, "input_length": 10, "output_length": 900, "hash_ids": [9], "session_id": "a"}
+
+{"input_length": 600, "hash_ids": [9, 3], "session_id": "a", "delay": 20}
+{"timestamp": 3, "input_length": 4, "hash_ids": []}
+{"timestamp": 4, "text_input": "hi", "extra": {"x": 1}, "custom": [1]}
+{"timestamp": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}], "session_id": "b"}
+{"timestamp": 6, "payload": {"model": "m"}, "type": "mooncake_trace"}
+{"input_length": 1, "session_id": "b"}
+`
+
+// sharedTraceText is the text of one of the real traces beside the checkout.
+func sharedTraceText(t testing.TB, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "shared", "traces", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TransformTable gives what Transform gives, for every kind of knob.
+func TestTransformTableMatchesTransform(t *testing.T) {
+	text := everyFieldRows + sharedTraceText(t, "synthetic_trace.jsonl")
+	recs, err := trace.ReadAll(strings.NewReader(text), "x", trace.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := trace.TableOf(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(f func(*synth.Knobs)) synth.Knobs { k := synth.DefaultKnobs(); f(&k); return k }
+	for _, tc := range []struct {
+		name string
+		k    synth.Knobs
+	}{
+		{"defaults", synth.DefaultKnobs()}, // sessions are regrouped
+		{"max_isl", with(func(k *synth.Knobs) { k.MaxISL = 1000 })},
+		{"max_osl", with(func(k *synth.Knobs) { k.MaxOSL = 10 })},
+		{"speedup", with(func(k *synth.Knobs) { k.SpeedupRatio = 2 })},
+		{"prefix", with(func(k *synth.Knobs) { k.PrefixLenMultiplier = 1.5; k.PrefixRootMultiplier = 2 })},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want, wst, err := synth.Transform(recs, tc.k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, gst, err := synth.TransformTable(tab, tc.k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gst != wst {
+				t.Errorf("stats %+v, want %+v", gst, wst)
+			}
+			g, _ := json.Marshal(got.Records())
+			w, _ := json.Marshal(want)
+			if string(g) != string(w) {
+				t.Errorf("rows differ")
+			}
+		})
+	}
+	plain, err := trace.ReadTable(strings.NewReader(sharedTraceText(t, "conversation_trace.jsonl")), "x", trace.ReadOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := synth.TransformTable(plain, synth.DefaultKnobs()); got != plain {
+		t.Error("a trace without sessions was copied by a transform that changes nothing")
+	}
 }

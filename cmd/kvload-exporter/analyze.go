@@ -12,6 +12,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // analyzeOptions are the analyze command's arguments.
@@ -81,7 +82,7 @@ func analyzeTrace(ctx context.Context, path string, blockSize int, p *progress) 
 	}
 	defer f.Close()
 
-	rd := synth.NewReader(f, path, synth.ReadOptions{BlockSize: blockSize})
+	rd := trace.NewReader(f, path, trace.ReadOptions{BlockSize: blockSize})
 	a := synth.NewAnalyzer(blockSize)
 	for {
 		rec, err := rd.Next()
@@ -101,7 +102,7 @@ func analyzeTrace(ctx context.Context, path string, blockSize int, p *progress) 
 		p.tick(rows)
 	}
 	if a.Rows() == 0 {
-		return synth.Analysis{}, fmt.Errorf("%s: %w", path, synth.ErrEmptyTrace)
+		return synth.Analysis{}, fmt.Errorf("%s: %w", path, trace.ErrEmpty)
 	}
 	p.done(a.Rows())
 	return a.Result(), nil

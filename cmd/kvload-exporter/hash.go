@@ -17,7 +17,9 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // hashCommand turns a file of prompts into a Mooncake trace, giving equal
@@ -27,12 +29,12 @@ func hashCommand(app *kingpin.Application) command {
 	in := cl.Arg("PROMPTS", "JSONL file of prompts.").Required().String()
 	out := cl.Flag("output-file", "Trace to write.").Short('o').Required().String()
 	blockSize := cl.Flag("block-size", "Hash block size in tokens.").Default("512").Int()
-	tok := cl.Flag("tokenizer", "o200k_base, cl100k_base, or the path of a Hugging Face tokenizer.json.").Default(synth.TokenizerO200k).String()
+	tok := cl.Flag("tokenizer", "o200k_base, cl100k_base, or the path of a Hugging Face tokenizer.json.").Default(tokenizer.O200kBase).String()
 	return command{clause: cl, run: func(ctx context.Context, s streams) error {
 		if *blockSize <= 0 {
 			return badInput(fmt.Errorf("hash: --block-size must be positive, got %d", *blockSize))
 		}
-		t, err := synth.LoadTokenizer(*tok)
+		t, err := tokenizer.Load(*tok)
 		if err != nil {
 			return badInput(fmt.Errorf("hash: %w", err))
 		}
@@ -42,7 +44,7 @@ func hashCommand(app *kingpin.Application) command {
 
 // hashFile writes the trace to a temporary file beside out and renames it
 // at the end, so a bad row never leaves a partial trace behind.
-func hashFile(ctx context.Context, inPath, outPath string, t synth.Tokenizer, blockSize int) (err error) {
+func hashFile(ctx context.Context, inPath, outPath string, t tokenizer.Tokenizer, blockSize int) (err error) {
 	in, err := os.Open(inPath)
 	if err != nil {
 		return err
@@ -78,15 +80,15 @@ func hashFile(ctx context.Context, inPath, outPath string, t synth.Tokenizer, bl
 type promptRow struct {
 	line int
 	text string
-	rec  synth.Record // timestamp, output_length, session_id
+	rec  trace.Record // timestamp, output_length, session_id
 	ids  []int
 }
 
 // hashPrompts reads prompt rows from r and writes trace rows to w. Rows are
 // tokenized in parallel batches (tokenizing is the slow part) and hashed in
 // file order, since ids depend on first appearance.
-func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t synth.Tokenizer, blockSize int) error {
-	h, err := synth.NewHasher(blockSize)
+func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t tokenizer.Tokenizer, blockSize int) error {
+	h, err := prompt.NewHasher(blockSize)
 	if err != nil {
 		return badInput(err)
 	}
@@ -114,9 +116,9 @@ func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t s
 		for i := range batch {
 			row := &batch[i]
 			if errs[i] != nil {
-				return &synth.LineError{File: name, Line: row.line, Err: errs[i]}
+				return &trace.LineError{File: name, Line: row.line, Err: errs[i]}
 			}
-			row.rec.InputLength = synth.Ptr(len(row.ids))
+			row.rec.InputLength = trace.Ptr(len(row.ids))
 			row.rec.HashIDs = h.Append(make([]int64, 0, (len(row.ids)+blockSize-1)/blockSize), row.ids)
 			out = row.rec.AppendJSON(out[:0])
 			out = append(out, '\n')
@@ -134,7 +136,7 @@ func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t s
 			if b = bytes.TrimSpace(b); len(b) > 0 {
 				row, err := parsePromptRow(b)
 				if err != nil {
-					return &synth.LineError{File: name, Line: line, Err: err}
+					return &trace.LineError{File: name, Line: line, Err: err}
 				}
 				row.line = line
 				batch = append(batch, row)
@@ -157,7 +159,7 @@ func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t s
 		return err
 	}
 	if rows == 0 {
-		return fmt.Errorf("%s: %w", name, synth.ErrEmptyTrace)
+		return fmt.Errorf("%s: %w", name, trace.ErrEmpty)
 	}
 	return nil
 }
@@ -178,14 +180,14 @@ func parsePromptRow(b []byte) (promptRow, error) {
 	if m == nil {
 		return row, errors.New("a row must be a JSON object")
 	}
-	prompt, hasPrompt := m["prompt"]
+	rawPrompt, hasPrompt := m["prompt"]
 	msgs, hasMsgs := m["messages"]
 	switch {
 	case hasPrompt == hasMsgs:
 		return row, errors.New(`exactly one of "prompt" or "messages" must be given`)
 	case hasPrompt:
-		if err := json.Unmarshal(prompt, &row.text); err != nil || prompt[0] != '"' {
-			return row, fmt.Errorf("prompt: must be a string, got %s", synth.JSONKind(prompt))
+		if err := json.Unmarshal(rawPrompt, &row.text); err != nil || rawPrompt[0] != '"' {
+			return row, fmt.Errorf("prompt: must be a string, got %s", trace.JSONKind(rawPrompt))
 		}
 		if row.text == "" {
 			return row, errors.New("prompt: is empty")
@@ -200,7 +202,7 @@ func parsePromptRow(b []byte) (promptRow, error) {
 	if raw, ok := m["timestamp"]; ok && !isNull(raw) {
 		var f float64
 		if err := json.Unmarshal(raw, &f); err != nil || raw[0] == '"' {
-			return row, fmt.Errorf("timestamp: must be a number of milliseconds, got %s", synth.JSONKind(raw))
+			return row, fmt.Errorf("timestamp: must be a number of milliseconds, got %s", trace.JSONKind(raw))
 		}
 		if f < 0 || math.IsInf(f, 0) {
 			return row, fmt.Errorf("timestamp: must be ≥ 0, got %s", raw)
@@ -217,7 +219,7 @@ func parsePromptRow(b []byte) (promptRow, error) {
 	if raw, ok := m["session_id"]; ok && !isNull(raw) {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return row, fmt.Errorf("session_id: must be a string, got %s", synth.JSONKind(raw))
+			return row, fmt.Errorf("session_id: must be a string, got %s", trace.JSONKind(raw))
 		}
 		row.rec.SessionID = &s
 	}
@@ -225,12 +227,12 @@ func parsePromptRow(b []byte) (promptRow, error) {
 }
 
 // renderChat renders a row's messages with the project's chat template
-// (synth.RenderChatML, shared with the emulator), generation prompt
+// (prompt.RenderChatML, shared with the emulator), generation prompt
 // included. Content parts other than text (images, audio) are left out.
 func renderChat(raw json.RawMessage) (string, error) {
-	var msgs []synth.ChatMessage
+	var msgs []prompt.ChatMessage
 	if raw[0] != '[' {
-		return "", fmt.Errorf("messages: must be a list, got %s", synth.JSONKind(raw))
+		return "", fmt.Errorf("messages: must be a list, got %s", trace.JSONKind(raw))
 	}
 	if err := json.Unmarshal(raw, &msgs); err != nil {
 		return "", fmt.Errorf("messages: must be a list of objects with a string role: %w", err)
@@ -238,7 +240,7 @@ func renderChat(raw json.RawMessage) (string, error) {
 	if len(msgs) == 0 {
 		return "", errors.New("messages: must be a non-empty list")
 	}
-	text, _, err := synth.RenderChatML(msgs, true)
+	text, _, err := prompt.RenderChatML(msgs, true)
 	return text, err
 }
 

@@ -10,7 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/prompt"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 func runHash(t *testing.T, args ...string) (int, string, string) {
@@ -42,17 +44,17 @@ func TestHashCommand(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	recs, err := synth.ReadFile(out, synth.ReadOptions{BlockSize: 4})
+	recs, err := trace.ReadFile(out, trace.ReadOptions{BlockSize: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, _ := synth.LoadTokenizer(synth.TokenizerO200k)
+	tok, _ := tokenizer.Load(tokenizer.O200kBase)
 	texts := []string{
 		"hello world, this is a test",
 		"hello world, this is a test of sharing",
 		"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n<|im_start|>assistant\n",
 	}
-	h, _ := synth.NewHasher(4)
+	h, _ := prompt.NewHasher(4)
 	for i, text := range texts {
 		ids, _ := tok.Encode(text)
 		if recs[i].ISL() != len(ids) {
@@ -119,18 +121,18 @@ func TestHashCommandBadInput(t *testing.T) {
 // shared traces as a prompts file (with their timestamps and output
 // lengths), hashes it with the command (o200k_base, block 512) and expects
 // the original rows back, hash ids compared after renumbering in first-
-// appearance order. synth's TestHasherRoundTrip covers 1,000 rows per trace
+// appearance order. prompt's TestHasherRoundTrip covers 1,000 rows per trace
 // (without -race); here a few rows check the command's plumbing.
 func TestHashRoundTrip(t *testing.T) {
 	const rows = 20
 	for _, name := range []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"} {
 		t.Run(name, func(t *testing.T) {
-			recs, err := synth.ReadFile(needShared(t, filepath.Join("..", "..", "..", "shared", "traces", name)), synth.ReadOptions{})
+			recs, err := trace.ReadFile(needShared(t, filepath.Join("..", "..", "..", "shared", "traces", name)), trace.ReadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			recs = recs[:rows]
-			b, err := synth.NewPromptBuilder(synth.PromptOptions{BlockSize: 512, Seed: 1})
+			b, err := prompt.NewBuilder(prompt.Options{BlockSize: 512, Seed: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -155,7 +157,7 @@ func TestHashRoundTrip(t *testing.T) {
 			if code, _, stderr := runHash(t, inPath, "-o", outPath); code != exitOK {
 				t.Fatalf("exit %d: %s", code, stderr)
 			}
-			got, err := synth.ReadFile(outPath, synth.ReadOptions{BlockSize: 512})
+			got, err := trace.ReadFile(outPath, trace.ReadOptions{BlockSize: 512})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -16,7 +16,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/common/version"
 
-	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 const programName = "kvload-exporter"
@@ -116,14 +116,14 @@ func withExitCode(err error, code int) error { return codedError{err, code} }
 
 func exitCode(err error) int {
 	var bad badInputError
-	var line *synth.LineError
+	var line *trace.LineError
 	var coded codedError
 	switch {
 	case errors.As(err, &coded):
 		return coded.code
 	case errors.As(err, &bad), errors.As(err, &line),
 		errors.Is(err, fs.ErrNotExist), errors.Is(err, fs.ErrPermission),
-		errors.Is(err, synth.ErrEmptyTrace):
+		errors.Is(err, trace.ErrEmpty):
 		return exitBadInput
 	default:
 		return exitFailure

@@ -14,6 +14,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // synthesizeCommand writes a synthesized trace: AIPerf's per-row transform
@@ -21,7 +22,7 @@ import (
 func synthesizeCommand(app *kingpin.Application) command {
 	cl := app.Command("synthesize", "Write a synthesized trace: AIPerf's per-row transform of TRACE, or, with --num-requests, new requests sampled from a prefix trie learned from TRACE (Dynamo datagen style).")
 	var (
-		trace      = cl.Arg("trace", "Mooncake trace (JSONL) to read.").Required().String()
+		tracePath  = cl.Arg("trace", "Mooncake trace (JSONL) to read.").Required().String()
 		output     = cl.Flag("output-file", `Where to write the synthesized trace ("-" = stdout).`).Short('o').Required().String()
 		blockSize  = intFlag(cl.Flag("block-size", "Tokens per hash block of the trace.").Default("512"))
 		speedup    = cl.Flag("speedup-ratio", "Divide timestamps by this (> 0).").Default("1").Float64()
@@ -54,12 +55,12 @@ func synthesizeCommand(app *kingpin.Application) command {
 			// "-o -" arrives here empty.
 			*output = "-"
 		}
-		rows, err := synth.ReadFile(*trace, synth.ReadOptions{BlockSize: k.BlockSize})
+		rows, err := trace.ReadFile(*tracePath, trace.ReadOptions{BlockSize: k.BlockSize})
 		if err != nil {
 			return fmt.Errorf("synthesize: %w", err)
 		}
 		var (
-			out  []synth.Record
+			out  []trace.Record
 			st   synth.Stats
 			mode string
 		)
@@ -72,7 +73,7 @@ func synthesizeCommand(app *kingpin.Application) command {
 		}
 		if err != nil {
 			// Both fail only on what the trace or the flags hold.
-			return badInput(fmt.Errorf("synthesize: %s: %w", *trace, err))
+			return badInput(fmt.Errorf("synthesize: %s: %w", *tracePath, err))
 		}
 		if err := writeSynthesized(ctx, *output, s.stdout, out); err != nil {
 			return fmt.Errorf("synthesize: %w", err)
@@ -81,7 +82,7 @@ func synthesizeCommand(app *kingpin.Application) command {
 		if dest == "-" {
 			dest = "stdout"
 		}
-		fmt.Fprintf(s.stderr, "synthesize: read %d rows from %s; %s %d rows to %s\n", st.RowsIn, *trace, mode, st.RowsOut, dest)
+		fmt.Fprintf(s.stderr, "synthesize: read %d rows from %s; %s %d rows to %s\n", st.RowsIn, *tracePath, mode, st.RowsOut, dest)
 		if k.MaxISL > 0 {
 			what := "input rows"
 			if *numReqs > 0 {
@@ -126,7 +127,7 @@ func checkSynthesisFlags(k synth.Knobs, numRequests int) error {
 // writeSynthesized writes rows as JSONL to path, or to stdout for "-". A file is
 // written under a temporary name in the same directory and renamed when
 // complete, so a failure never leaves a half-written trace behind.
-func writeSynthesized(ctx context.Context, path string, stdout io.Writer, rows []synth.Record) (err error) {
+func writeSynthesized(ctx context.Context, path string, stdout io.Writer, rows []trace.Record) (err error) {
 	if path == "-" {
 		return writeSynthesizedRows(ctx, stdout, rows)
 	}
@@ -163,7 +164,7 @@ func writeSynthesized(ctx context.Context, path string, stdout io.Writer, rows [
 
 // writeSynthesizedSpecial writes rows to an existing file that is not a
 // regular one.
-func writeSynthesizedSpecial(ctx context.Context, path string, rows []synth.Record) error {
+func writeSynthesizedSpecial(ctx context.Context, path string, rows []trace.Record) error {
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err // *PathError names the file
@@ -175,7 +176,7 @@ func writeSynthesizedSpecial(ctx context.Context, path string, rows []synth.Reco
 	return f.Close()
 }
 
-func writeSynthesizedRows(ctx context.Context, w io.Writer, rows []synth.Record) error {
+func writeSynthesizedRows(ctx context.Context, w io.Writer, rows []trace.Record) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	var line []byte
 	for i := range rows {

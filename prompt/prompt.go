@@ -1,10 +1,19 @@
-package synth
+// Package prompt turns trace rows into what is sent: prompts of exactly
+// input_length tokens whose blocks repeat where the row's hash ids repeat
+// (Builder), hash ids for token sequences (Hasher), and the ChatML rendering
+// of chat messages shared with the emulator. It is pure: no clocks, no
+// network.
+package prompt
 
 import (
 	"container/list"
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/rng"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 //go:generate go run ./internal/wordgen -tokenizers ../.cache/tokenizers -o words.go
@@ -30,14 +39,18 @@ import (
 // hash_ids at the block size.
 var ErrInconsistentLength = errors.New("input_length inconsistent with hash_ids")
 
-// streamFreshPrompt names the seed of prompts of rows without hash ids, apart
-// from StreamPrompt so a row key can never reproduce a hash-id block.
-const streamFreshPrompt = "prompt.fresh"
+// Names of the builder's seeded streams (internal/rng): streamPrompt keys
+// the blocks of hash ids, and streamFreshPrompt the prompts of rows without
+// hash ids, apart so that a row key can never reproduce a hash-id block.
+const (
+	streamPrompt      = "prompt.blocks"
+	streamFreshPrompt = "prompt.fresh"
+)
 
 const wordBits = 12 // log2(len(promptWords))
 
-// PromptOptions configures a PromptBuilder.
-type PromptOptions struct {
+// Options configures a Builder.
+type Options struct {
 	// BlockSize is the trace's hash block size in tokens (512 for Mooncake).
 	BlockSize int
 	// Seed is the workload seed.
@@ -45,12 +58,12 @@ type PromptOptions struct {
 	// CacheBytes bounds the block cache; 0 disables it.
 	CacheBytes int64
 	// Tokenizer is needed only by AppendTokenIDs: each word is mapped to its
-	// id once, in NewPromptBuilder.
-	Tokenizer Tokenizer
+	// id once, in NewBuilder.
+	Tokenizer tokenizer.Tokenizer
 }
 
-// PromptBuilder builds prompts for trace rows. It is safe for concurrent use.
-type PromptBuilder struct {
+// Builder builds prompts for trace rows. It is safe for concurrent use.
+type Builder struct {
 	blockSize int
 	blockKey  uint64
 	freshKey  uint64
@@ -59,9 +72,9 @@ type PromptBuilder struct {
 	avgWord   int // bytes per word, rounded up; sizes buffers
 }
 
-// NewPromptBuilder returns a builder. With a tokenizer, every word must be a
+// NewBuilder returns a builder. With a tokenizer, every word must be a
 // single token of it, or the builder could not promise exact lengths.
-func NewPromptBuilder(o PromptOptions) (*PromptBuilder, error) {
+func NewBuilder(o Options) (*Builder, error) {
 	if o.BlockSize <= 0 {
 		return nil, fmt.Errorf("prompt builder: block size must be positive, got %d", o.BlockSize)
 	}
@@ -72,10 +85,10 @@ func NewPromptBuilder(o PromptOptions) (*PromptBuilder, error) {
 	for _, w := range promptWords {
 		total += len(w)
 	}
-	b := &PromptBuilder{
+	b := &Builder{
 		blockSize: o.BlockSize,
-		blockKey:  DeriveSeed(o.Seed, StreamPrompt),
-		freshKey:  DeriveSeed(o.Seed, streamFreshPrompt),
+		blockKey:  rng.Seed(o.Seed, streamPrompt),
+		freshKey:  rng.Seed(o.Seed, streamFreshPrompt),
 		avgWord:   (total + len(promptWords) - 1) / len(promptWords),
 	}
 	if o.CacheBytes > 0 {
@@ -99,11 +112,11 @@ func NewPromptBuilder(o PromptOptions) (*PromptBuilder, error) {
 }
 
 // BlockSize returns the block size in tokens.
-func (b *PromptBuilder) BlockSize() int { return b.blockSize }
+func (b *Builder) BlockSize() int { return b.blockSize }
 
 // blockSizes checks rec and returns the size of its last block (the others
 // are full), or for a row without hash ids its whole length.
-func (b *PromptBuilder) blockSizes(rec *Record) (int, error) {
+func (b *Builder) blockSizes(rec *trace.Record) (int, error) {
 	if rec.InputLength == nil {
 		return 0, errors.New("prompt: row has no input_length")
 	}
@@ -126,7 +139,7 @@ func (b *PromptBuilder) blockSizes(rec *Record) (int, error) {
 // AppendText appends the prompt of rec to dst: input_length tokens (as words)
 // built from rec's hash ids in namespace ns. A row without hash ids gets text
 // of its own, keyed by rowKey, which the caller keeps unique per row.
-func (b *PromptBuilder) AppendText(dst []byte, rec *Record, ns, rowKey uint64) ([]byte, error) {
+func (b *Builder) AppendText(dst []byte, rec *trace.Record, ns, rowKey uint64) ([]byte, error) {
 	dst, _, err := b.AppendTextRoom(dst, rec, ns, rowKey, 0)
 	return dst, err
 }
@@ -136,7 +149,7 @@ func (b *PromptBuilder) AppendText(dst []byte, rec *Record, ns, rowKey uint64) (
 // room comes off the end of the last block only, and a token of that block
 // stays: earlier blocks are shared with other rows, the last one keeps the
 // prompt its own, and a shorter block is a prefix of the whole one.
-func (b *PromptBuilder) AppendTextRoom(dst []byte, rec *Record, ns, rowKey uint64, room int) ([]byte, int, error) {
+func (b *Builder) AppendTextRoom(dst []byte, rec *trace.Record, ns, rowKey uint64, room int) ([]byte, int, error) {
 	last, err := b.blockSizes(rec)
 	if err != nil {
 		return dst, 0, err
@@ -159,9 +172,9 @@ func (b *PromptBuilder) AppendTextRoom(dst []byte, rec *Record, ns, rowKey uint6
 
 // AppendTokenIDs is AppendText as token ids of the builder's tokenizer, for
 // sending prompt_format token_ids; decoding them gives AppendText's text.
-func (b *PromptBuilder) AppendTokenIDs(dst []int, rec *Record, ns, rowKey uint64) ([]int, error) {
+func (b *Builder) AppendTokenIDs(dst []int, rec *trace.Record, ns, rowKey uint64) ([]int, error) {
 	if b.wordIDs == nil {
-		return dst, errors.New("prompt: token ids need a tokenizer in PromptOptions")
+		return dst, errors.New("prompt: token ids need a tokenizer in Options")
 	}
 	last, err := b.blockSizes(rec)
 	if err != nil {
@@ -183,11 +196,11 @@ func (b *PromptBuilder) AppendTokenIDs(dst []int, rec *Record, ns, rowKey uint64
 
 // AppendBlockText appends the first n tokens of the block of hash id h in
 // namespace ns.
-func (b *PromptBuilder) AppendBlockText(dst []byte, ns uint64, h int64, n int) []byte {
+func (b *Builder) AppendBlockText(dst []byte, ns uint64, h int64, n int) []byte {
 	return b.appendBlockText(dst, ns, h, n)
 }
 
-func (b *PromptBuilder) appendBlockText(dst []byte, ns uint64, h int64, n int) []byte {
+func (b *Builder) appendBlockText(dst []byte, ns uint64, h int64, n int) []byte {
 	if b.cache == nil {
 		return appendWordsText(dst, b.hashKey(ns, h), n)
 	}
@@ -200,7 +213,7 @@ func (b *PromptBuilder) appendBlockText(dst []byte, ns uint64, h int64, n int) [
 	return append(dst, text...)
 }
 
-func (b *PromptBuilder) appendBlockIDs(dst []int, ns uint64, h int64, n int) []int {
+func (b *Builder) appendBlockIDs(dst []int, ns uint64, h int64, n int) []int {
 	if b.cache == nil {
 		return b.appendWordIDs(dst, b.hashKey(ns, h), n)
 	}
@@ -214,11 +227,11 @@ func (b *PromptBuilder) appendBlockIDs(dst []int, ns uint64, h int64, n int) []i
 }
 
 // hashKey and rowKey give the key of one block's word stream.
-func (b *PromptBuilder) hashKey(ns uint64, h int64) uint64 {
+func (b *Builder) hashKey(ns uint64, h int64) uint64 {
 	return mix64(b.blockKey ^ mix64(ns^0x243f6a8885a308d3) ^ mix64(uint64(h)+0x13198a2e03707344))
 }
 
-func (b *PromptBuilder) rowKey(ns, row uint64) uint64 {
+func (b *Builder) rowKey(ns, row uint64) uint64 {
 	return mix64(b.freshKey ^ mix64(ns^0x243f6a8885a308d3) ^ mix64(row+0x13198a2e03707344))
 }
 
@@ -250,7 +263,7 @@ func appendWordsText(dst []byte, key uint64, n int) []byte {
 	return dst
 }
 
-func (b *PromptBuilder) appendWordIDs(dst []int, key uint64, n int) []int {
+func (b *Builder) appendWordIDs(dst []int, key uint64, n int) []int {
 	for i := 0; i < n; i += wordsPerHash {
 		r := mix64(key + uint64(i/wordsPerHash)*golden64)
 		for j := i; j < min(i+wordsPerHash, n); j++ {

@@ -1,4 +1,4 @@
-package synth
+package prompt
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package synth
+package prompt
 
 import (
 	"bytes"
@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // ChatMessage is an OpenAI chat message, as far as rendering it to prompt
@@ -54,7 +56,7 @@ func RenderChatML(msgs []ChatMessage, generationPrompt bool) (text string, skipp
 
 func messageText(raw json.RawMessage) (string, int, error) {
 	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, null) {
+	if len(raw) == 0 || string(raw) == "null" {
 		return "", 0, nil
 	}
 	switch raw[0] {
@@ -83,6 +85,6 @@ func messageText(raw json.RawMessage) (string, int, error) {
 		}
 		return strings.Join(texts, "\n"), skipped, nil
 	default:
-		return "", 0, errors.New("must be a string, a list of content parts or null, got " + JSONKind(raw))
+		return "", 0, errors.New("must be a string, a list of content parts or null, got " + trace.JSONKind(raw))
 	}
 }

@@ -1,4 +1,7 @@
-package synth
+// Package tokenizer turns text into token ids and back: the tiktoken
+// encodings built into the binary and byte-level BPE models read from a
+// Hugging Face tokenizer.json.
+package tokenizer
 
 import (
 	"container/heap"
@@ -11,7 +14,7 @@ import (
 	"strings"
 
 	"github.com/dlclark/regexp2/v2"
-	"github.com/tiktoken-go/tokenizer"
+	tiktoken "github.com/tiktoken-go/tokenizer"
 )
 
 // Tokenizer turns text into token ids and back. Encode never adds special
@@ -26,17 +29,17 @@ type Tokenizer interface {
 
 // Names of the tokenizers built into the binary.
 const (
-	TokenizerO200k  = "o200k_base"
-	TokenizerCl100k = "cl100k_base"
+	O200kBase  = "o200k_base"
+	Cl100kBase = "cl100k_base"
 )
 
-// LoadTokenizer returns the tokenizer named by spec: "o200k_base" or
+// Load returns the tokenizer named by spec: "o200k_base" or
 // "cl100k_base" (tiktoken encodings, embedded), or else the path of a
 // Hugging Face tokenizer.json holding a byte-level BPE model.
-func LoadTokenizer(spec string) (Tokenizer, error) {
+func Load(spec string) (Tokenizer, error) {
 	switch spec {
-	case TokenizerO200k, TokenizerCl100k:
-		c, err := tokenizer.Get(tokenizer.Encoding(spec))
+	case O200kBase, Cl100kBase:
+		c, err := tiktoken.Get(tiktoken.Encoding(spec))
 		if err != nil {
 			return nil, fmt.Errorf("tokenizer %s: %w", spec, err)
 		}
@@ -47,9 +50,9 @@ func LoadTokenizer(spec string) (Tokenizer, error) {
 	data, err := os.ReadFile(spec)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer %q is neither %s, %s nor a readable tokenizer.json: %w",
-			spec, TokenizerO200k, TokenizerCl100k, err)
+			spec, O200kBase, Cl100kBase, err)
 	}
-	t, err := ParseHFTokenizer(data)
+	t, err := parsehfTokenizer(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", spec, err)
 	}
@@ -59,7 +62,7 @@ func LoadTokenizer(spec string) (Tokenizer, error) {
 
 // tiktokenTokenizer adapts tiktoken-go. Like tiktoken's encode_ordinary,
 // text that spells a special token (<|endoftext|>) is encoded as plain text.
-type tiktokenTokenizer struct{ c tokenizer.Codec }
+type tiktokenTokenizer struct{ c tiktoken.Codec }
 
 func (t tiktokenTokenizer) Name() string { return t.c.GetName() }
 
@@ -90,7 +93,7 @@ func (t tiktokenTokenizer) Decode(ids []int) (string, error) {
 	return s, nil
 }
 
-// HFTokenizer is a byte-level BPE tokenizer read from a Hugging Face
+// hfTokenizer is a byte-level BPE tokenizer read from a Hugging Face
 // tokenizer.json, the kind Llama 3, Qwen2/3 and DeepSeek-V3 ship.
 //
 // Why our own code: the pure-Go ports of the tokenizers library
@@ -100,7 +103,7 @@ func (t tiktokenTokenizer) Decode(ids []int) (string, error) {
 // load; the other options wrap the Rust library with cgo. The subset here is
 // small: added tokens, a chain of Split pre-tokenizers (regexp2, which has
 // lookahead), the GPT-2 byte-to-unicode map, and rank-ordered merges. It is
-// checked against transformers.js on real vocabularies (testdata/tokenizer).
+// checked against transformers.js on real vocabularies (testdata/).
 //
 // Choices and limits:
 //   - Added tokens (special or not) are matched literally in the input,
@@ -113,7 +116,7 @@ func (t tiktokenTokenizer) Decode(ids []int) (string, error) {
 //     decomposed input may encode differently.
 //   - Decode returns the raw bytes; ids that end inside a multi-byte
 //     character give invalid UTF-8 rather than U+FFFD.
-type HFTokenizer struct {
+type hfTokenizer struct {
 	name         string
 	vocab        map[string]int // byte-level spelling → id
 	tokens       []string       // id → byte-level spelling, or an added token's text
@@ -179,9 +182,9 @@ type modelJSON struct {
 // use_regex true (GPT-2 and RoBERTa style tokenizer.json files).
 const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 
-// ParseHFTokenizer reads a tokenizer.json document. Anything outside the
+// parsehfTokenizer reads a tokenizer.json document. Anything outside the
 // supported subset is an error that names it, never a silent approximation.
-func ParseHFTokenizer(data []byte) (*HFTokenizer, error) {
+func parsehfTokenizer(data []byte) (*hfTokenizer, error) {
 	var tj tokenizerJSON
 	if err := json.Unmarshal(data, &tj); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: %w", err)
@@ -207,7 +210,7 @@ func ParseHFTokenizer(data []byte) (*HFTokenizer, error) {
 		return nil, fmt.Errorf("tokenizer.json: decoder %q is not supported (only ByteLevel)", tj.Decoder.Type)
 	}
 
-	t := &HFTokenizer{vocab: m.Vocab, ignoreMerges: m.IgnoreMerges, runeByte: make(map[rune]byte, 256)}
+	t := &hfTokenizer{vocab: m.Vocab, ignoreMerges: m.IgnoreMerges, runeByte: make(map[rune]byte, 256)}
 	var err error
 	if t.splits, err = splitPatterns(tj.PreTokenizer); err != nil {
 		return nil, err
@@ -289,7 +292,7 @@ func checkNormalizer(n *normalizerJSON) error {
 	}
 	switch n.Type {
 	case "NFC":
-		return nil // assumed, see HFTokenizer
+		return nil // assumed, see hfTokenizer
 	case "Sequence":
 		for i := range n.Normalizers {
 			if err := checkNormalizer(&n.Normalizers[i]); err != nil {
@@ -379,13 +382,13 @@ func parseMerge(raw json.RawMessage) (string, string, error) {
 }
 
 // Name returns the path the tokenizer was loaded from.
-func (t *HFTokenizer) Name() string { return t.name }
+func (t *hfTokenizer) Name() string { return t.name }
 
 // VocabSize returns one more than the largest id.
-func (t *HFTokenizer) VocabSize() int { return len(t.tokens) }
+func (t *hfTokenizer) VocabSize() int { return len(t.tokens) }
 
 // Encode tokenizes text without adding special tokens.
-func (t *HFTokenizer) Encode(text string) ([]int, error) {
+func (t *hfTokenizer) Encode(text string) ([]int, error) {
 	out := make([]int, 0, len(text)/3+1)
 	var err error
 	start := 0
@@ -407,7 +410,7 @@ func (t *HFTokenizer) Encode(text string) ([]int, error) {
 }
 
 // encodeOrdinary encodes text that holds no added token.
-func (t *HFTokenizer) encodeOrdinary(out []int, text string) ([]int, error) {
+func (t *hfTokenizer) encodeOrdinary(out []int, text string) ([]int, error) {
 	if text == "" {
 		return out, nil
 	}
@@ -416,7 +419,7 @@ func (t *HFTokenizer) encodeOrdinary(out []int, text string) ([]int, error) {
 
 // splitAndEncode cuts text with the level-th split regex (matches and the
 // gaps between them are pieces) and hands each piece to the next level.
-func (t *HFTokenizer) splitAndEncode(out []int, text string, level int) ([]int, error) {
+func (t *hfTokenizer) splitAndEncode(out []int, text string, level int) ([]int, error) {
 	if level == len(t.splits) {
 		return t.bpe(out, text), nil
 	}
@@ -445,7 +448,7 @@ func (t *HFTokenizer) splitAndEncode(out []int, text string, level int) ([]int, 
 }
 
 // bpe appends the ids of one pre-token.
-func (t *HFTokenizer) bpe(out []int, piece string) []int {
+func (t *hfTokenizer) bpe(out []int, piece string) []int {
 	if len(piece) == 1 {
 		return append(out, int(t.byteID[piece[0]]))
 	}
@@ -465,7 +468,7 @@ func (t *HFTokenizer) bpe(out []int, piece string) []int {
 // mergeBytes applies the merges to the bytes of piece: always the pair of
 // lowest rank next, the leftmost on a tie, as the Rust library does. A heap
 // keeps long pieces (a page of CJK text is one pre-token) O(n log n).
-func (t *HFTokenizer) mergeBytes(out []int, piece string) []int {
+func (t *hfTokenizer) mergeBytes(out []int, piece string) []int {
 	n := len(piece)
 	if n <= smallPiece {
 		return t.mergeSmall(out, piece)
@@ -523,7 +526,7 @@ const smallPiece = 24
 
 // mergeSmall is mergeBytes for short pieces, without allocating: each round
 // merges the leftmost pair of lowest rank.
-func (t *HFTokenizer) mergeSmall(out []int, piece string) []int {
+func (t *hfTokenizer) mergeSmall(out []int, piece string) []int {
 	const none = math.MaxInt32
 	var idBuf, rankBuf [smallPiece]int32
 	ids, ranks := idBuf[:len(piece)], rankBuf[:len(piece)-1]
@@ -593,7 +596,7 @@ func (h *mergeHeap) Pop() any {
 
 // Decode turns ids back into text: added tokens verbatim, the others through
 // the byte-level map.
-func (t *HFTokenizer) Decode(ids []int) (string, error) {
+func (t *hfTokenizer) Decode(ids []int) (string, error) {
 	var b []byte
 	for _, id := range ids {
 		if id < 0 || id >= len(t.tokens) || t.tokens[id] == "" {

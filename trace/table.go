@@ -1,4 +1,4 @@
-package synth
+package trace
 
 import (
 	"bytes"
@@ -451,7 +451,7 @@ func readTable(r io.Reader, name string, opts ReadOptions, size int64, block int
 		return nil, err
 	}
 	if b == nil || b.Len() == 0 {
-		return nil, fmt.Errorf("%s: %w", name, ErrEmptyTrace)
+		return nil, fmt.Errorf("%s: %w", name, ErrEmpty)
 	}
 	return b.Table(), nil
 }
@@ -542,79 +542,6 @@ func parseLines(c *tableChunk, name string, opts ReadOptions) (*Table, error) {
 		}
 	}
 	return &b.t, nil
-}
-
-// TransformTable is Transform on a Table. Without multipliers (only
-// max_isl, max_osl and the session order), it works on the columns and
-// returns t itself when nothing changes; with them it unpacks the rows.
-func TransformTable(t *Table, k Knobs) (*Table, Stats, error) {
-	if err := k.Validate(); err != nil {
-		return nil, Stats{}, err
-	}
-	if k.multipliersSet() {
-		out, st, err := Transform(t.Records(), k)
-		if err != nil {
-			return nil, st, err
-		}
-		if len(out) == 0 {
-			return NewTableBuilder(0).Table(), st, nil
-		}
-		nt, err := TableOf(out)
-		return nt, st, err
-	}
-	st := Stats{RowsIn: t.Len()}
-	order := make([]int32, 0, t.Len())
-	var groups map[int32][]int32 // session → its rows after the first
-	for i := range t.Len() {
-		if k.MaxISL > 0 && t.ISL(i) > k.MaxISL {
-			st.DroppedMaxISL++
-			continue
-		}
-		if t.session != nil && t.session[i] >= 0 {
-			if groups == nil {
-				groups = map[int32][]int32{}
-			}
-			s := t.session[i]
-			if g, seen := groups[s]; seen {
-				groups[s] = append(g, int32(i))
-				continue
-			}
-			groups[s] = []int32{}
-		}
-		order = append(order, int32(i))
-	}
-	if groups != nil {
-		grouped := make([]int32, 0, t.Len())
-		for _, i := range order {
-			grouped = append(grouped, i)
-			if t.session[i] >= 0 {
-				grouped = append(grouped, groups[t.session[i]]...)
-			}
-		}
-		order = grouped
-	}
-	st.RowsOut = len(order)
-	same := len(order) == t.Len()
-	for n, i := range order {
-		if int(i) != n || (k.MaxOSL > 0 && t.OSL(int(i)) > k.MaxOSL) {
-			same = false
-			break
-		}
-	}
-	if same {
-		return t, st, nil
-	}
-	b := NewTableBuilder(len(order))
-	for _, i := range order {
-		r := t.Record(int(i))
-		if k.MaxOSL > 0 && r.OutputLength != nil && *r.OutputLength > k.MaxOSL {
-			*r.OutputLength = k.MaxOSL
-		}
-		if err := b.Append(&r); err != nil {
-			return nil, st, err // cannot happen: the row was in a table
-		}
-	}
-	return b.Table(), st, nil
 }
 
 // appendTable appends every row of c, whose line numbers are already the

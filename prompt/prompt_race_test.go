@@ -1,6 +1,6 @@
 //go:build race
 
-package synth
+package prompt
 
 // raceEnabled lets the slowest tests sample less under the race detector,
 // which slows tokenizing about tenfold.

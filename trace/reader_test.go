@@ -1,4 +1,4 @@
-package synth
+package trace
 
 import (
 	"bytes"
@@ -199,7 +199,7 @@ func TestReaderLinesAndErrors(t *testing.T) {
 	}
 
 	_, err = ReadAll(strings.NewReader("\n \n"), "e.jsonl", ReadOptions{})
-	if !errors.Is(err, ErrEmptyTrace) || !strings.HasPrefix(err.Error(), "e.jsonl: ") {
+	if !errors.Is(err, ErrEmpty) || !strings.HasPrefix(err.Error(), "e.jsonl: ") {
 		t.Fatalf("err = %v, want empty-trace error naming the file", err)
 	}
 }
@@ -253,6 +253,18 @@ func sharedTraceFile(t testing.TB, name string) string {
 		t.Fatalf("shared trace missing (the checkout must sit beside ../shared): %v", err)
 	}
 	return p
+}
+
+// conversationRows is the number of rows of the shared conversation trace.
+const conversationRows = 12031
+
+func readSharedBytes(b *testing.B, name string) []byte {
+	b.Helper()
+	data, err := os.ReadFile(sharedTraceFile(b, name))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return data
 }
 
 func FuzzParseRecord(f *testing.F) {
@@ -333,4 +345,30 @@ func BenchmarkReadConversationRows(b *testing.B) {
 		rows += len(recs)
 	}
 	b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "rows/s")
+}
+
+// BenchmarkReadConversation measures the reader alone on the 12,031-row
+// conversation trace, held in memory so that the disk does not count.
+func BenchmarkReadConversation(b *testing.B) {
+	data := readSharedBytes(b, "conversation_trace.jsonl")
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		rd := NewReader(bytes.NewReader(data), "conversation_trace.jsonl", ReadOptions{BlockSize: DefaultBlockSize})
+		n := 0
+		for {
+			_, err := rd.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			n++
+		}
+		if n != conversationRows {
+			b.Fatalf("read %d rows, want %d", n, conversationRows)
+		}
+	}
+	b.ReportMetric(float64(conversationRows)*float64(b.N)/b.Elapsed().Seconds(), "rows/s")
 }

@@ -1,4 +1,4 @@
-package synth
+package prompt
 
 import (
 	"crypto/sha256"

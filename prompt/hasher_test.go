@@ -1,9 +1,13 @@
-package synth
+package prompt
 
 import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer/tokenizertest"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 func TestHasher(t *testing.T) {
@@ -66,15 +70,15 @@ func TestHasherRoundTrip(t *testing.T) {
 	if raceEnabled {
 		n = 25
 	}
-	tok := loadTestTokenizer(t, TokenizerO200k)
+	tok := tokenizertest.Load(t, tokenizer.O200kBase)
 	for _, name := range sharedTraceNames {
 		t.Run(name, func(t *testing.T) {
-			recs, err := ReadFile(sharedTrace(name), ReadOptions{})
+			recs, err := trace.ReadFile(sharedTrace(name), trace.ReadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			recs = recs[:min(n, len(recs))]
-			b := newTestBuilder(t, PromptOptions{Seed: 99, CacheBytes: 32 << 20})
+			b := newTestBuilder(t, Options{Seed: 99, CacheBytes: 32 << 20})
 			tokens := make([][]int, len(recs))
 			errs := make([]error, len(recs))
 			var wg sync.WaitGroup

@@ -1,4 +1,4 @@
-package synth
+package trace
 
 import "math"
 
@@ -66,7 +66,7 @@ func fastRow(l []byte, blockSize int, b *TableBuilder, line int) (ok bool) {
 		return false
 	}
 	p.space()
-	if p.i != len(l) || isl > maxCount || osl > maxCount || isl > math.MaxInt32 || osl > math.MaxInt32 || ts > 1<<53 {
+	if p.i != len(l) || isl > MaxCount || osl > MaxCount || isl > math.MaxInt32 || osl > math.MaxInt32 || ts > 1<<53 {
 		return false
 	}
 	if blockSize > 0 && len(ids) > 0 {

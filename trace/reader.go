@@ -1,4 +1,4 @@
-package synth
+package trace
 
 import (
 	"bufio"
@@ -24,8 +24,8 @@ type LineError struct {
 func (e *LineError) Error() string { return fmt.Sprintf("%s:%d: %v", e.File, e.Line, e.Err) }
 func (e *LineError) Unwrap() error { return e.Err }
 
-// ErrEmptyTrace is returned by ReadFile for a file without a single row.
-var ErrEmptyTrace = errors.New("trace has no rows")
+// ErrEmpty is returned by ReadFile for a file without a single row.
+var ErrEmpty = errors.New("trace has no rows")
 
 // ReadOptions tunes the checks the reader applies to each row.
 type ReadOptions struct {
@@ -128,7 +128,7 @@ func ReadAll(r io.Reader, name string, opts ReadOptions) ([]Record, error) {
 		out = append(out, rec)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%s: %w", name, ErrEmptyTrace)
+		return nil, fmt.Errorf("%s: %w", name, ErrEmpty)
 	}
 	return out, nil
 }
@@ -405,9 +405,10 @@ func decodeMillis(key string, raw json.RawMessage, isNull bool) (*float64, error
 	return &f, nil
 }
 
-// maxCount bounds token counts: far above any model's context, far below
-// anything that would overflow arithmetic on them.
-const maxCount = 1 << 40
+// MaxCount bounds token counts: far above any model's context, far below
+// anything that would overflow arithmetic on them. The reader rejects
+// larger counts, and synthesis refuses to make them.
+const MaxCount = 1 << 40
 
 func decodeCount(key string, raw json.RawMessage, isNull bool) (*int, error) {
 	if isNull {
@@ -420,7 +421,7 @@ func decodeCount(key string, raw json.RawMessage, isNull bool) (*int, error) {
 	if err != nil {
 		// pydantic accepts floats with no fractional part, such as 512.0.
 		f, ferr := strconv.ParseFloat(string(raw), 64)
-		if ferr != nil || f != math.Trunc(f) || math.Abs(f) > maxCount {
+		if ferr != nil || f != math.Trunc(f) || math.Abs(f) > MaxCount {
 			if ferr == nil && f == math.Trunc(f) {
 				return nil, fmt.Errorf("%s: %s is out of range", key, clip(raw))
 			}
@@ -435,7 +436,7 @@ func decodeCount(key string, raw json.RawMessage, isNull bool) (*int, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("%s: must be ≥ 0, got %d", key, n)
 	}
-	if n > maxCount {
+	if n > MaxCount {
 		return nil, fmt.Errorf("%s: %d is out of range", key, n)
 	}
 	v := int(n)

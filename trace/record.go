@@ -1,7 +1,7 @@
-// Package synth holds everything about a workload as data: Mooncake trace
-// rows, the streaming reader, trace statistics, the synthesizers, the prompt
-// builder and the hasher. It is pure: no clocks, no network.
-package synth
+// Package trace holds Mooncake trace rows: the Record, the streaming reader
+// with its "file:line: reason" errors, and the compact columnar Table the
+// daemon replays from. It is pure: no clocks, no network.
+package trace
 
 import (
 	"bytes"

@@ -1,6 +1,6 @@
 //go:build !race
 
-package synth
+package prompt
 
 // raceEnabled: see prompt_race_test.go.
 const raceEnabled = false

@@ -1,8 +1,7 @@
-package synth
+package trace
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"reflect"
 	"strings"
@@ -60,7 +59,7 @@ func TestTableRoundTrip(t *testing.T) {
 
 func readShared(t *testing.T, name string) string {
 	t.Helper()
-	b, err := os.ReadFile(sharedTraces + name)
+	b, err := os.ReadFile(sharedTraceFile(t, name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,63 +93,6 @@ func TestTableBigCounts(t *testing.T) {
 	}
 	if r := tab.Record(0); *r.InputLength != 3000000000 || *r.OutputLength != 4000000000 {
 		t.Errorf("record %s", r.AppendJSON(nil))
-	}
-}
-
-// TransformTable gives what Transform gives, for every kind of knob.
-func TestTransformTableMatchesTransform(t *testing.T) {
-	// Without the row of huge ids, which the multipliers refuse.
-	var text string
-	for _, l := range strings.SplitAfter(tableRows, "\n") {
-		if !strings.Contains(l, "4611686018427387904") {
-			text += l
-		}
-	}
-	text += readShared(t, "synthetic_trace.jsonl")
-	recs, err := ReadAll(strings.NewReader(text), "x", ReadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tab, err := TableOf(recs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	with := func(f func(*Knobs)) Knobs { k := DefaultKnobs(); f(&k); return k }
-	for _, tc := range []struct {
-		name string
-		k    Knobs
-	}{
-		{"defaults", DefaultKnobs()}, // sessions are regrouped
-		{"max_isl", with(func(k *Knobs) { k.MaxISL = 1000 })},
-		{"max_osl", with(func(k *Knobs) { k.MaxOSL = 10 })},
-		{"speedup", with(func(k *Knobs) { k.SpeedupRatio = 2 })},
-		{"prefix", with(func(k *Knobs) { k.PrefixLenMultiplier = 1.5; k.PrefixRootMultiplier = 2 })},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			want, wst, err := Transform(recs, tc.k)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, gst, err := TransformTable(tab, tc.k)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if gst != wst {
-				t.Errorf("stats %+v, want %+v", gst, wst)
-			}
-			g, _ := json.Marshal(got.Records())
-			w, _ := json.Marshal(want)
-			if string(g) != string(w) {
-				t.Errorf("rows differ")
-			}
-		})
-	}
-	plain, err := ReadTable(strings.NewReader(readShared(t, "conversation_trace.jsonl")), "x", ReadOptions{}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, _, _ := TransformTable(plain, DefaultKnobs()); got != plain {
-		t.Error("a trace without sessions was copied by a transform that changes nothing")
 	}
 }
 

@@ -1,4 +1,4 @@
-package synth
+package tokenizer_test
 
 import (
 	"encoding/json"
@@ -8,50 +8,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
+	"github.com/kvload-exporter/kvload-exporter/tokenizer/tokenizertest"
 )
-
-// The four tokenizers the prompt builder promises exact lengths for, by the
-// names of their golden files in testdata/tokenizer.
-var testTokenizerNames = []string{"o200k_base", "cl100k_base", "qwen3", "llama3_1"}
-
-// testTokenizers caches loaded tokenizers across tests: a tokenizer.json
-// takes a good fraction of a second to load.
-var testTokenizers struct {
-	sync.Mutex
-	m map[string]Tokenizer
-}
-
-// loadTestTokenizer returns a tokenizer by golden-file name. The
-// tokenizer.json files come from `make tokenizers`; without them the test
-// fails rather than skips, so a CI run can never silently test less.
-func loadTestTokenizer(t testing.TB, name string) Tokenizer {
-	t.Helper()
-	testTokenizers.Lock()
-	defer testTokenizers.Unlock()
-	if tok, ok := testTokenizers.m[name]; ok {
-		return tok
-	}
-	spec := name
-	if name != TokenizerO200k && name != TokenizerCl100k {
-		dir := os.Getenv("KVLOAD_TOKENIZER_DIR")
-		if dir == "" {
-			t.Fatalf("KVLOAD_TOKENIZER_DIR is not set: run `make tokenizers` and test through make (or export KVLOAD_TOKENIZER_DIR=$PWD/.cache/tokenizers)")
-		}
-		spec = filepath.Join(dir, name, "tokenizer.json")
-		if _, err := os.Stat(spec); err != nil {
-			t.Fatalf("%v: run `make tokenizers`", err)
-		}
-	}
-	tok, err := LoadTokenizer(spec)
-	if err != nil {
-		t.Fatalf("LoadTokenizer(%s): %v", spec, err)
-	}
-	if testTokenizers.m == nil {
-		testTokenizers.m = make(map[string]Tokenizer)
-	}
-	testTokenizers.m[name] = tok
-	return tok
-}
 
 type goldenFile struct {
 	Tokenizer string `json:"tokenizer"`
@@ -64,7 +24,7 @@ type goldenFile struct {
 
 func readGolden(t *testing.T, name string) goldenFile {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("testdata", "tokenizer", name+".json"))
+	data, err := os.ReadFile(filepath.Join("testdata", name+".json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,11 +40,11 @@ func readGolden(t *testing.T, name string) goldenFile {
 
 // TestTokenizerGolden compares our ids with ids produced independently
 // (transformers.js for tokenizer.json files, js-tiktoken for the tiktoken
-// encodings; see testdata/tokenizer/README.md).
+// encodings; see testdata/README.md).
 func TestTokenizerGolden(t *testing.T) {
-	for _, name := range testTokenizerNames {
+	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
-			tok := loadTestTokenizer(t, name)
+			tok := tokenizertest.Load(t, name)
 			g := readGolden(t, name)
 			for i, c := range g.Cases {
 				got, err := tok.Encode(c.Text)
@@ -117,9 +77,9 @@ func head(ids []int) []int {
 // TestTokenizerConcurrent encodes from many goroutines at once (run with
 // -race) and checks every result is the same.
 func TestTokenizerConcurrent(t *testing.T) {
-	for _, name := range testTokenizerNames {
+	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
-			tok := loadTestTokenizer(t, name)
+			tok := tokenizertest.Load(t, name)
 			text := strings.Repeat("Concurrent encoding, 123 times; naïve 中文 ", 20)
 			want, err := tok.Encode(text)
 			if err != nil {
@@ -139,7 +99,7 @@ func TestTokenizerConcurrent(t *testing.T) {
 	}
 }
 
-func TestLoadTokenizerErrors(t *testing.T) {
+func TestLoadErrors(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) string {
 		p := filepath.Join(dir, name)
@@ -165,41 +125,10 @@ func TestLoadTokenizerErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := LoadTokenizer(tc.spec)
+			_, err := tokenizer.Load(tc.spec)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("LoadTokenizer error = %v, want it to contain %q", err, tc.want)
+				t.Fatalf("Load error = %v, want it to contain %q", err, tc.want)
 			}
 		})
-	}
-}
-
-// BenchmarkTokenizerEncode reports each tokenizer's speed on prompt-builder
-// text (what the tests tokenize most) and on mixed prose and code.
-func BenchmarkTokenizerEncode(b *testing.B) {
-	pb, err := NewPromptBuilder(PromptOptions{BlockSize: 512, Seed: 1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	words, err := pb.AppendText(nil, &Record{InputLength: Ptr(8192)}, 0, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	mixed := strings.Repeat("The server returned 503 after 2.5s; retry with `curl -sS http://host:8000/v1/completions`.\n\tif err != nil { return fmt.Errorf(\"x: %w\", err) }\n", 60)
-	for _, name := range testTokenizerNames {
-		tok := loadTestTokenizer(b, name)
-		for _, in := range []struct{ kind, text string }{{"words", string(words)}, {"mixed", mixed}} {
-			b.Run(name+"/"+in.kind, func(b *testing.B) {
-				b.SetBytes(int64(len(in.text)))
-				tokens := 0
-				for b.Loop() {
-					ids, err := tok.Encode(in.text)
-					if err != nil {
-						b.Fatal(err)
-					}
-					tokens += len(ids)
-				}
-				b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
-			})
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package synth
+package prompt
 
 import (
 	"bytes"
@@ -9,6 +9,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/tokenizer/tokenizertest"
+	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // sharedTrace is the path of one of the shared Mooncake traces.
@@ -18,12 +21,12 @@ func sharedTrace(name string) string {
 
 var sharedTraceNames = []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"}
 
-func newTestBuilder(t testing.TB, o PromptOptions) *PromptBuilder {
+func newTestBuilder(t testing.TB, o Options) *Builder {
 	t.Helper()
 	if o.BlockSize == 0 {
 		o.BlockSize = 512
 	}
-	b, err := NewPromptBuilder(o)
+	b, err := NewBuilder(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,13 +50,13 @@ func TestPromptWordList(t *testing.T) {
 }
 
 // TestPromptWordsOneToken: every word is exactly one token in each of the
-// four tokenizers, and NewPromptBuilder accepts each of them.
+// four tokenizers, and NewBuilder accepts each of them.
 func TestPromptWordsOneToken(t *testing.T) {
-	for _, name := range testTokenizerNames {
+	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
-			// NewPromptBuilder encodes every word and fails on the first
+			// NewBuilder encodes every word and fails on the first
 			// that is not exactly one token.
-			newTestBuilder(t, PromptOptions{Tokenizer: loadTestTokenizer(t, name)})
+			newTestBuilder(t, Options{Tokenizer: tokenizertest.Load(t, name)})
 		})
 	}
 }
@@ -75,10 +78,10 @@ func TestPromptNoCrossWordMerges(t *testing.T) {
 		}
 		seqs = append(seqs, s)
 	}
-	for _, name := range testTokenizerNames {
+	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
-			tok := loadTestTokenizer(t, name)
-			b := newTestBuilder(t, PromptOptions{Tokenizer: tok})
+			tok := tokenizertest.Load(t, name)
+			b := newTestBuilder(t, Options{Tokenizer: tok})
 			for si, s := range seqs {
 				var text []byte
 				want := make([]int, len(s))
@@ -104,10 +107,10 @@ func TestPromptNoCrossWordMerges(t *testing.T) {
 
 func TestPromptBlocks(t *testing.T) {
 	const B = 16
-	b := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7})
+	b := newTestBuilder(t, Options{BlockSize: B, Seed: 7})
 	text := func(ids []int64, isl int, ns uint64) []byte {
 		t.Helper()
-		out, err := b.AppendText(nil, &Record{InputLength: Ptr(isl), HashIDs: ids}, ns, 0)
+		out, err := b.AppendText(nil, &trace.Record{InputLength: trace.Ptr(isl), HashIDs: ids}, ns, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,9 +150,9 @@ func TestPromptBlocks(t *testing.T) {
 	}
 	// Another seed gives another prompt; the same seed the same, whatever
 	// was built before (order independence).
-	b2 := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 8})
-	b3 := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7, CacheBytes: 1 << 20})
-	r := &Record{InputLength: Ptr(4 * B), HashIDs: []int64{1, 2, 3, 4}}
+	b2 := newTestBuilder(t, Options{BlockSize: B, Seed: 8})
+	b3 := newTestBuilder(t, Options{BlockSize: B, Seed: 7, CacheBytes: 1 << 20})
+	r := &trace.Record{InputLength: trace.Ptr(4 * B), HashIDs: []int64{1, 2, 3, 4}}
 	if o, _ := b2.AppendText(nil, r, 0, 0); bytes.Equal(o, a) {
 		t.Fatal("seed does not change the prompt")
 	}
@@ -161,9 +164,9 @@ func TestPromptBlocks(t *testing.T) {
 }
 
 func TestPromptFreshRows(t *testing.T) {
-	b := newTestBuilder(t, PromptOptions{Seed: 3})
+	b := newTestBuilder(t, Options{Seed: 3})
 	build := func(isl int, ns, key uint64) []byte {
-		out, err := b.AppendText(nil, &Record{InputLength: Ptr(isl)}, ns, key)
+		out, err := b.AppendText(nil, &trace.Record{InputLength: trace.Ptr(isl)}, ns, key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,24 +183,24 @@ func TestPromptFreshRows(t *testing.T) {
 		t.Fatal("fresh text does not depend on row key and namespace")
 	}
 	// A row key must not reproduce the block of the equal hash id.
-	blk, _ := b.AppendText(nil, &Record{InputLength: Ptr(512), HashIDs: []int64{1}}, 0, 0)
+	blk, _ := b.AppendText(nil, &trace.Record{InputLength: trace.Ptr(512), HashIDs: []int64{1}}, 0, 0)
 	if bytes.Equal(blk, build(512, 0, 1)) {
 		t.Fatal("fresh row equals the hash-id block of the same number")
 	}
 }
 
 func TestPromptErrors(t *testing.T) {
-	b := newTestBuilder(t, PromptOptions{BlockSize: 512})
+	b := newTestBuilder(t, Options{BlockSize: 512})
 	tests := []struct {
 		name string
-		rec  Record
+		rec  trace.Record
 		want string
 		is   error
 	}{
-		{"last block too long", Record{InputLength: Ptr(1025), HashIDs: []int64{1, 2}}, "leaves 513 tokens", ErrInconsistentLength},
-		{"last block empty", Record{InputLength: Ptr(512), HashIDs: []int64{1, 2}}, "leaves 0 tokens", ErrInconsistentLength},
-		{"no input_length", Record{HashIDs: []int64{1}}, "no input_length", nil},
-		{"zero length fresh", Record{InputLength: Ptr(0)}, "must be positive", nil},
+		{"last block too long", trace.Record{InputLength: trace.Ptr(1025), HashIDs: []int64{1, 2}}, "leaves 513 tokens", ErrInconsistentLength},
+		{"last block empty", trace.Record{InputLength: trace.Ptr(512), HashIDs: []int64{1, 2}}, "leaves 0 tokens", ErrInconsistentLength},
+		{"no input_length", trace.Record{HashIDs: []int64{1}}, "no input_length", nil},
+		{"zero length fresh", trace.Record{InputLength: trace.Ptr(0)}, "must be positive", nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -207,12 +210,12 @@ func TestPromptErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, err := b.AppendTokenIDs(nil, &Record{InputLength: Ptr(3)}, 0, 0); err == nil {
+	if _, err := b.AppendTokenIDs(nil, &trace.Record{InputLength: trace.Ptr(3)}, 0, 0); err == nil {
 		t.Fatal("AppendTokenIDs without a tokenizer: no error")
 	}
-	for _, o := range []PromptOptions{{BlockSize: 0}, {BlockSize: 16, CacheBytes: -1}} {
-		if _, err := NewPromptBuilder(o); err == nil {
-			t.Errorf("NewPromptBuilder(%+v): no error", o)
+	for _, o := range []Options{{BlockSize: 0}, {BlockSize: 16, CacheBytes: -1}} {
+		if _, err := NewBuilder(o); err == nil {
+			t.Errorf("NewBuilder(%+v): no error", o)
 		}
 	}
 }
@@ -220,16 +223,16 @@ func TestPromptErrors(t *testing.T) {
 // TestPromptTokenIDs: the ids equal the tokenization of the text, and decode
 // back to it, with and without the cache.
 func TestPromptTokenIDs(t *testing.T) {
-	recs := []Record{
-		{InputLength: Ptr(1300), HashIDs: []int64{0, 1, 2}},
-		{InputLength: Ptr(700), HashIDs: []int64{0, 5}},
-		{InputLength: Ptr(77)},
+	recs := []trace.Record{
+		{InputLength: trace.Ptr(1300), HashIDs: []int64{0, 1, 2}},
+		{InputLength: trace.Ptr(700), HashIDs: []int64{0, 5}},
+		{InputLength: trace.Ptr(77)},
 	}
-	for _, name := range testTokenizerNames {
+	for _, name := range tokenizertest.Names {
 		t.Run(name, func(t *testing.T) {
-			tok := loadTestTokenizer(t, name)
+			tok := tokenizertest.Load(t, name)
 			for _, cache := range []int64{0, 1 << 20} {
-				b := newTestBuilder(t, PromptOptions{Tokenizer: tok, CacheBytes: cache, Seed: 11})
+				b := newTestBuilder(t, Options{Tokenizer: tok, CacheBytes: cache, Seed: 11})
 				for i := range recs {
 					for range 2 {
 						text, err := b.AppendText(nil, &recs[i], 4, uint64(i))
@@ -263,12 +266,12 @@ func TestPromptTokenIDs(t *testing.T) {
 // prompts; the cache stays within its bound.
 func TestPromptCacheConcurrent(t *testing.T) {
 	const limit = 64 << 10
-	cached := newTestBuilder(t, PromptOptions{BlockSize: 64, Seed: 5, CacheBytes: limit})
-	plain := newTestBuilder(t, PromptOptions{BlockSize: 64, Seed: 5})
-	var recs []Record
+	cached := newTestBuilder(t, Options{BlockSize: 64, Seed: 5, CacheBytes: limit})
+	plain := newTestBuilder(t, Options{BlockSize: 64, Seed: 5})
+	var recs []trace.Record
 	for i := range 200 {
 		ids := []int64{int64(i % 7), int64(i % 13), int64(i)}
-		recs = append(recs, Record{InputLength: Ptr(2*64 + 1 + i%64), HashIDs: ids})
+		recs = append(recs, trace.Record{InputLength: trace.Ptr(2*64 + 1 + i%64), HashIDs: ids})
 	}
 	var wg sync.WaitGroup
 	for g := range 8 {
@@ -297,11 +300,11 @@ func TestEveryTraceRowPromptLength(t *testing.T) {
 	for _, name := range sharedTraceNames {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			recs, err := ReadFile(sharedTrace(name), ReadOptions{})
+			recs, err := trace.ReadFile(sharedTrace(name), trace.ReadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			b := newTestBuilder(t, PromptOptions{Seed: 42, CacheBytes: 64 << 20})
+			b := newTestBuilder(t, Options{Seed: 42, CacheBytes: 64 << 20})
 			var buf []byte
 			for i := range recs {
 				buf, err = b.AppendText(buf[:0], &recs[i], 0, uint64(i))
@@ -327,7 +330,7 @@ func TestSampledTracePromptsTokenize(t *testing.T) {
 		perTrace = 12
 	}
 	for _, name := range sharedTraceNames {
-		recs, err := ReadFile(sharedTrace(name), ReadOptions{})
+		recs, err := trace.ReadFile(sharedTrace(name), trace.ReadOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -336,9 +339,9 @@ func TestSampledTracePromptsTokenize(t *testing.T) {
 		for len(rows) < perTrace {
 			rows = append(rows, r.IntN(len(recs)))
 		}
-		b := newTestBuilder(t, PromptOptions{Seed: 42})
-		for _, tn := range testTokenizerNames {
-			tok := loadTestTokenizer(t, tn)
+		b := newTestBuilder(t, Options{Seed: 42})
+		for _, tn := range tokenizertest.Names {
+			tok := tokenizertest.Load(t, tn)
 			t.Run(name+"/"+tn, func(t *testing.T) {
 				t.Parallel()
 				for _, i := range rows {
@@ -360,7 +363,7 @@ func TestSampledTracePromptsTokenize(t *testing.T) {
 }
 
 func BenchmarkBuildBlock(b *testing.B) {
-	pb := newTestBuilder(b, PromptOptions{Seed: 1})
+	pb := newTestBuilder(b, Options{Seed: 1})
 	var buf []byte
 	h := int64(0)
 	for b.Loop() {
@@ -374,8 +377,8 @@ func BenchmarkBuildBlock(b *testing.B) {
 // BenchmarkAssembleCached assembles 16k-token prompts from 32 blocks that
 // are all in the cache: the steady state of a replay with a warm cache.
 func BenchmarkAssembleCached(b *testing.B) {
-	pb := newTestBuilder(b, PromptOptions{Seed: 1, CacheBytes: 256 << 20})
-	rec := &Record{InputLength: Ptr(32 * 512), HashIDs: make([]int64, 32)}
+	pb := newTestBuilder(b, Options{Seed: 1, CacheBytes: 256 << 20})
+	rec := &trace.Record{InputLength: trace.Ptr(32 * 512), HashIDs: make([]int64, 32)}
 	for i := range rec.HashIDs {
 		rec.HashIDs[i] = int64(i)
 	}
@@ -402,13 +405,13 @@ func TestEveryTracePromptTokenizes(t *testing.T) {
 		t.Skip("too slow under -race; make test runs it without (make test-prompts)")
 	}
 	for _, name := range sharedTraceNames {
-		recs, err := ReadFile(sharedTrace(name), ReadOptions{BlockSize: DefaultBlockSize})
+		recs, err := trace.ReadFile(sharedTrace(name), trace.ReadOptions{BlockSize: trace.DefaultBlockSize})
 		if err != nil {
 			t.Fatal(err)
 		}
-		b := newTestBuilder(t, PromptOptions{Seed: 42, CacheBytes: 256 << 20})
-		for _, tn := range testTokenizerNames {
-			tok := loadTestTokenizer(t, tn)
+		b := newTestBuilder(t, Options{Seed: 42, CacheBytes: 256 << 20})
+		for _, tn := range tokenizertest.Names {
+			tok := tokenizertest.Load(t, tn)
 			t.Run(name+"/"+tn, func(t *testing.T) {
 				t.Parallel()
 				var text []byte
@@ -441,18 +444,18 @@ func TestEveryTracePromptTokenizes(t *testing.T) {
 // words and a byte prefix of the whole prompt.
 func TestPromptTextRoom(t *testing.T) {
 	const B = 16
-	b := newTestBuilder(t, PromptOptions{BlockSize: B, Seed: 7})
+	b := newTestBuilder(t, Options{BlockSize: B, Seed: 7})
 	for _, tt := range []struct {
-		rec        *Record
+		rec        *trace.Record
 		room, want int
 	}{
-		{&Record{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 0, 3*B + 5},
-		{&Record{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 3, 3*B + 2},
-		{&Record{InputLength: Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 20, 3*B + 1}, // a token of the last block stays
-		{&Record{InputLength: Ptr(2 * B), HashIDs: []int64{1, 2}}, 7, 2*B - 7},
-		{&Record{InputLength: Ptr(40)}, 12, 28},
-		{&Record{InputLength: Ptr(40)}, 100, 1},
-		{&Record{InputLength: Ptr(40)}, -5, 40},
+		{&trace.Record{InputLength: trace.Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 0, 3*B + 5},
+		{&trace.Record{InputLength: trace.Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 3, 3*B + 2},
+		{&trace.Record{InputLength: trace.Ptr(3*B + 5), HashIDs: []int64{9, 8, 7, 6}}, 20, 3*B + 1}, // a token of the last block stays
+		{&trace.Record{InputLength: trace.Ptr(2 * B), HashIDs: []int64{1, 2}}, 7, 2*B - 7},
+		{&trace.Record{InputLength: trace.Ptr(40)}, 12, 28},
+		{&trace.Record{InputLength: trace.Ptr(40)}, 100, 1},
+		{&trace.Record{InputLength: trace.Ptr(40)}, -5, 40},
 	} {
 		full, err := b.AppendText(nil, tt.rec, 3, 11)
 		if err != nil {
@@ -464,6 +467,37 @@ func TestPromptTextRoom(t *testing.T) {
 		}
 		if n != tt.want || wordCount(p) != n || !bytes.HasPrefix(full, p) {
 			t.Errorf("isl %d, room %d: built %d (%d words, prefix %v), want %d", tt.rec.ISL(), tt.room, n, wordCount(p), bytes.HasPrefix(full, p), tt.want)
+		}
+	}
+}
+
+// BenchmarkTokenizerEncode reports each tokenizer's speed on prompt-builder
+// text (what the tests tokenize most) and on mixed prose and code.
+func BenchmarkTokenizerEncode(b *testing.B) {
+	pb, err := NewBuilder(Options{BlockSize: 512, Seed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	words, err := pb.AppendText(nil, &trace.Record{InputLength: trace.Ptr(8192)}, 0, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mixed := strings.Repeat("The server returned 503 after 2.5s; retry with `curl -sS http://host:8000/v1/completions`.\n\tif err != nil { return fmt.Errorf(\"x: %w\", err) }\n", 60)
+	for _, name := range tokenizertest.Names {
+		tok := tokenizertest.Load(b, name)
+		for _, in := range []struct{ kind, text string }{{"words", string(words)}, {"mixed", mixed}} {
+			b.Run(name+"/"+in.kind, func(b *testing.B) {
+				b.SetBytes(int64(len(in.text)))
+				tokens := 0
+				for b.Loop() {
+					ids, err := tok.Encode(in.text)
+					if err != nil {
+						b.Fatal(err)
+					}
+					tokens += len(ids)
+				}
+				b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
+			})
 		}
 	}
 }
