@@ -52,7 +52,7 @@ func Load(spec string) (Tokenizer, error) {
 		return nil, fmt.Errorf("tokenizer %q is neither %s, %s nor a readable tokenizer.json: %w",
 			spec, O200kBase, Cl100kBase, err)
 	}
-	t, err := parsehfTokenizer(data)
+	t, err := parseHFTokenizer(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", spec, err)
 	}
@@ -182,9 +182,9 @@ type modelJSON struct {
 // use_regex true (GPT-2 and RoBERTa style tokenizer.json files).
 const gpt2Pattern = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 
-// parsehfTokenizer reads a tokenizer.json document. Anything outside the
+// parseHFTokenizer reads a tokenizer.json document. Anything outside the
 // supported subset is an error that names it, never a silent approximation.
-func parsehfTokenizer(data []byte) (*hfTokenizer, error) {
+func parseHFTokenizer(data []byte) (*hfTokenizer, error) {
 	var tj tokenizerJSON
 	if err := json.Unmarshal(data, &tj); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: %w", err)
