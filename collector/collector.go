@@ -29,7 +29,10 @@ var LatencyBuckets = []float64{
 // every bound of LatencyBuckets is kept, so queries naming one still work.
 var LagBuckets = append([]float64{0.0001, 0.00025, 0.0005, 0.00075}, LatencyBuckets...)
 
-// Collector implements replay.Observer with the contract's metrics.
+// Collector implements replay.Observer with the contract's metrics. It
+// counts what it is given: how a result's cached tokens count
+// (replay.Result.Counted) and the server's cached tokens credited to each
+// workload come from the cache-truth step in front of it (cachetruth).
 type Collector struct {
 	requests          *prometheus.CounterVec
 	dropped           *prometheus.CounterVec
@@ -66,51 +69,11 @@ type Collector struct {
 	reloadOK       prometheus.Gauge
 	reloadTime     prometheus.Gauge
 
-	// NotifyUnreported, when set, hears once per target (and again after
-	// its configuration changes) that a successful response carried no
-	// cached-token count, with the target's dialect, to tell the user
-	// what to switch on.
-	NotifyUnreported func(target string, dialect engine.Dialect)
-
 	now      func() time.Time
 	mu       sync.Mutex
 	lastPass map[string]int // workload → the last pass counted in trace_loops_total
 	recent   map[wtKey]*recent
-	targets  map[string]*targetState
 }
-
-// targetState is what the collector keeps of one target.
-type targetState struct {
-	dialect  engine.Dialect
-	observed engine.Observed
-	notified bool // NotifyUnreported was called
-	inFlight int
-	// pending holds, with observed: server_metrics, the prompt tokens each
-	// workload's successful requests had since the last scrape: the share
-	// of this replica's part of the server's cached tokens it is credited
-	// with. lastShares is the last non-empty set, for hits counted while
-	// only requests sent before were in flight; carried holds hits no
-	// share could take yet.
-	pending    map[string]serverShare
-	lastShares map[string]serverShare
-	carried    float64
-	// window holds, with an engine that also counts its prompt tokens, its
-	// last serverShareReads reads: what the engine counted, what this
-	// replica finished, and what it was credited.
-	window []serverRead
-	// preamble: tokens every prompt gets from the cache on this target.
-	preamble preamble
-}
-
-// serverShare is prompt tokens of successful requests: all of them, and
-// those whose theoretical cached tokens are known (the only ones that count
-// on the efficiency's sides).
-type serverShare struct{ all, known float64 }
-
-// serverRead is one read of an engine that counts its prompt tokens: its
-// cached and prompt tokens since the read before, this replica's prompt
-// tokens finished in that time, and the cached tokens credited to them.
-type serverRead struct{ cached, prompt, mine, credited float64 }
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
 type CacheClass string
@@ -200,7 +163,6 @@ func New(reg prometheus.Registerer) *Collector {
 		now:      time.Now,
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
-		targets:  map[string]*targetState{},
 	}
 	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
@@ -265,25 +227,16 @@ func (c *Collector) ForgetWorkload(workload string) {
 	c.mu.Unlock()
 }
 
-// SetTarget publishes a target's info series, replacing an older one, and
-// says where its observed cached tokens come from.
-func (c *Collector) SetTarget(target, model string, api openai.API, dialect engine.Dialect, observed engine.Observed) {
+// SetTarget publishes a target's info series, replacing an older one.
+func (c *Collector) SetTarget(target, model string, api openai.API, dialect engine.Dialect) {
 	c.targetInfo.DeletePartialMatch(prometheus.Labels{"target": target})
 	c.targetInfo.WithLabelValues(target, model, string(api), string(dialect)).Set(1)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	old := c.targets[target]
-	if old == nil || old.dialect != dialect || old.observed != observed {
-		// A new or changed target: its scrape shares start over, and the
-		// advice about unreported cached tokens may be given again; its
-		// requests in flight are still in flight.
-		st := &targetState{dialect: dialect, observed: observed}
-		if old != nil {
-			st.inFlight = old.inFlight
-		}
-		c.targets[target] = st
-		c.preambleTokens.WithLabelValues(target).Set(0)
-	}
+}
+
+// SetPreamble publishes the tokens a target reports as cached for prompts
+// that share nothing, left out of its observed hit rate.
+func (c *Collector) SetPreamble(target string, tokens int) {
+	c.preambleTokens.WithLabelValues(target).Set(float64(tokens))
 }
 
 // SetTargetCache publishes the cache a target's theoretical model stands
@@ -317,109 +270,15 @@ func (c *Collector) ForgetTarget(target string) {
 		v.DeletePartialMatch(l)
 	}
 	c.serverErrors.DeletePartialMatch(l)
-	c.mu.Lock()
-	delete(c.targets, target)
-	c.mu.Unlock()
 }
 
-// AddServerCached is AddServerCounts for an engine that counts its cached
-// tokens but not its prompt tokens.
-func (c *Collector) AddServerCached(target string, delta float64) {
-	c.AddServerCounts(target, engine.ServerCounts{Cached: delta})
-}
-
-// serverShareReads is the window over which a replica's share of an
-// engine's prompt tokens is taken: 24 reads, 2 minutes at the scrape
-// interval, long enough for the requests in flight at its edges to matter
-// little.
-const serverShareReads = 24
-
-// AddServerCounts credits this replica's part of the increase of a
-// target's own cached-token counter to the workloads that finished
-// requests since the last call, in proportion to their prompt tokens.
-//
-// When the engine also counts its prompt tokens, this replica's part is
-// its share of them over the last serverShareReads reads: over that
-// window it is credited the engine's cached tokens times its prompt
-// tokens over the engine's (at most all of them). The engine counts a
-// prompt when it prefills it and this replica when the response ends, so
-// the credit of one read can fall short, and the next reads make it up.
-// Other replicas and other clients of the engine take the rest, assuming
-// their prompts hit as often as this replica's in the window.
-//
-// Without such a counter the share cannot be known: every hit counted
-// while this replica had requests in flight or finished is taken as its
-// own (two replicas on one engine then each count the hits of both;
-// docs/cache-model.md); hits while it had nothing in flight and finished
-// nothing came from other traffic.
-//
-// Either way, when no request finished since the last read but some are
-// still in flight, the hits are theirs: the shares of the last interval
-// that had any take them. The efficiency's observed side
-// (kvload_cache_reported_cached_prompt_tokens_total) takes only the part
-// of requests whose theoretical cached tokens are known, as its other
-// side does.
-func (c *Collector) AddServerCounts(target string, d engine.ServerCounts) {
-	c.mu.Lock()
-	st := c.targets[target]
-	if st == nil {
-		c.mu.Unlock()
-		return
-	}
-	shares := st.pending
-	st.pending = nil
-	delta := d.Cached
-	if d.PromptKnown {
-		r := serverRead{cached: max(d.Cached, 0), prompt: max(d.Prompt, 0)}
-		for _, p := range shares {
-			r.mine += p.all
-		}
-		st.window = append(st.window, r)
-		if n := len(st.window); n > serverShareReads {
-			st.window = append(st.window[:0], st.window[n-serverShareReads:]...)
-		}
-		var w serverRead
-		for _, r := range st.window {
-			w.cached, w.prompt, w.mine, w.credited = w.cached+r.cached, w.prompt+r.prompt, w.mine+r.mine, w.credited+r.credited
-		}
-		want := 0.0
-		switch {
-		case w.prompt > 0:
-			want = w.cached * min(w.mine/w.prompt, 1)
-		case w.mine > 0:
-			want = w.cached
-		}
-		delta = max(want-w.credited, 0)
-		st.window[len(st.window)-1].credited = delta
-	}
-	switch {
-	case len(shares) > 0:
-		st.lastShares = shares
-	case (st.inFlight > 0 || d.PromptKnown) && len(st.lastShares) > 0:
-		shares = st.lastShares
-	case st.inFlight > 0 || d.PromptKnown:
-		// Nothing to credit yet: keep the hits for the first shares.
-		st.carried += max(delta, 0)
-		c.mu.Unlock()
-		return
-	}
-	if len(shares) > 0 {
-		delta += st.carried
-		st.carried = 0
-	}
-	c.mu.Unlock()
-	var total float64
-	for _, p := range shares {
-		total += p.all
-	}
-	if delta <= 0 || total == 0 {
-		return
-	}
-	for w, p := range shares {
-		c.cachedTokens.WithLabelValues(w, target).Add(delta * p.all / total)
-		if p.known > 0 {
-			c.reportedCached.WithLabelValues(w, target).Add(delta * p.known / total)
-		}
+// AddServerCredit adds cached tokens read from a target's own counter
+// (observed: server_metrics) to a workload: cached to all its cached
+// tokens, reportedCached to the efficiency's observed side.
+func (c *Collector) AddServerCredit(workload, target string, cached, reportedCached float64) {
+	c.cachedTokens.WithLabelValues(workload, target).Add(cached)
+	if reportedCached > 0 {
+		c.reportedCached.WithLabelValues(workload, target).Add(reportedCached)
 	}
 }
 
@@ -435,72 +294,22 @@ func (c *Collector) ReloadDone(ok bool, at time.Time) {
 
 // Sent implements replay.Observer.
 func (c *Collector) Sent(workload, target string, scheduled, sent time.Time) {
-	c.mu.Lock()
-	if st := c.targets[target]; st != nil {
-		st.inFlight++
-	}
-	c.mu.Unlock()
 	c.inFlight.WithLabelValues(workload, target).Inc()
 	c.lag.WithLabelValues(workload, target).Observe(sent.Sub(scheduled).Seconds())
 }
 
 // Finished implements replay.Observer. Latencies and token counts come from
 // successful requests only, as in AIPerf: a failed request has no TTFT.
+// How its cached tokens count is r.Counted.
 func (c *Collector) Finished(r *replay.Result) {
 	w, t := r.Workload, r.Target
 	c.inFlight.WithLabelValues(w, t).Dec()
 	c.requests.WithLabelValues(w, t, string(r.Outcome)).Inc()
-	success := r.Outcome == openai.OutcomeSuccess
-
-	// One lock for the live summary and the server-metrics shares.
 	c.mu.Lock()
-	st := c.targets[t]
-	mode, dialect := engine.ObservedUsage, engine.Dialect("")
-	if st != nil {
-		mode, dialect = st.observed, st.dialect
-		st.inFlight = max(st.inFlight-1, 0)
-	}
-	usageCached := r.CachedKnown && mode == engine.ObservedUsage
-	// The request counts on both sides of the efficiency ratio only when
-	// both are known: its cached tokens and its theoretical ones.
-	reported := success && r.TheoreticalKnown && (usageCached || mode == engine.ObservedServerMetrics)
-	notify := false
-	if success && !usageCached && mode == engine.ObservedUsage && st != nil && !st.notified {
-		st.notified, notify = true, c.NotifyUnreported != nil
-	}
-	preamble := 0
-	if reported && usageCached && st != nil {
-		before := st.preamble.tokens()
-		if r.TheoreticalCachedTokens == 0 {
-			st.preamble.observe(r.CachedTokens)
-		}
-		if preamble = st.preamble.tokens(); preamble != before {
-			c.preambleTokens.WithLabelValues(t).Set(float64(preamble))
-		}
-	}
-	c.recordLocked(r, usageCached, reported, preamble)
-	if success && mode == engine.ObservedServerMetrics && st != nil {
-		// In the engine's units where the response says them.
-		prompt := float64(r.TraceInputLength)
-		if r.PromptKnown {
-			prompt = float64(r.PromptTokens)
-		}
-		sh := serverShare{all: prompt}
-		if r.TheoreticalKnown {
-			sh.known = prompt
-		}
-		if st.pending == nil {
-			st.pending = map[string]serverShare{}
-		}
-		p := st.pending[w]
-		st.pending[w] = serverShare{p.all + sh.all, p.known + sh.known}
-	}
+	c.recordLocked(r)
 	c.mu.Unlock()
-	if notify {
-		c.NotifyUnreported(t, dialect)
-	}
 
-	if !success {
+	if r.Outcome != openai.OutcomeSuccess {
 		return
 	}
 	if d, ok := r.TTFT(); ok {
@@ -517,30 +326,21 @@ func (c *Collector) Finished(r *replay.Result) {
 	}
 	c.tracePromptTokens.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
 	c.completionTokens.WithLabelValues(w, t).Add(float64(r.OutputTokens))
-	if usageCached {
+	if r.Counted.UsageCached {
 		c.cachedTokens.WithLabelValues(w, t).Add(float64(r.CachedTokens))
 	}
-	if !usageCached && mode != engine.ObservedServerMetrics {
+	if r.Counted.Unreported {
 		c.unreported.WithLabelValues(w, t).Inc()
 	}
 	if !r.TheoreticalKnown {
 		return
 	}
 	c.theoreticalTokens.WithLabelValues(w, t).Add(float64(r.TheoreticalCachedTokens))
-	if reported {
-		prompt := r.TraceInputLength
-		if r.PromptKnown {
-			prompt = r.PromptTokens
-		}
-		cached := 0
-		if usageCached {
-			cached = r.CachedTokens
-		}
+	if r.Counted.Reported {
 		// The preamble's hit, when there was one, is on neither side.
-		skip := min(preamble, cached, prompt)
-		c.reportedPrompt.WithLabelValues(w, t).Add(float64(prompt - skip))
-		if usageCached {
-			c.reportedCached.WithLabelValues(w, t).Add(float64(cached - skip))
+		c.reportedPrompt.WithLabelValues(w, t).Add(float64(promptOf(r) - r.Counted.LeftOut))
+		if r.Counted.UsageCached {
+			c.reportedCached.WithLabelValues(w, t).Add(float64(r.CachedTokens - r.Counted.LeftOut))
 		}
 		c.reportedTrace.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
 		c.reportedTheoretical.WithLabelValues(w, t).Add(float64(r.TheoreticalCachedTokens))
@@ -550,6 +350,15 @@ func (c *Collector) Finished(r *replay.Result) {
 		c.classTTFT.WithLabelValues(w, t, class).Observe(d.Seconds())
 		c.classTokens.WithLabelValues(w, t, class).Add(float64(r.TraceInputLength))
 	}
+}
+
+// promptOf is r's prompt tokens in the engine's units where the response
+// says them, else the trace's.
+func promptOf(r *replay.Result) int {
+	if r.PromptKnown {
+		return r.PromptTokens
+	}
+	return r.TraceInputLength
 }
 
 // Dropped implements replay.Observer.

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/kvload-exporter/kvload-exporter/cachetruth"
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
@@ -21,10 +22,13 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
-// scripted feeds a fixed sequence of events with known numbers.
+// scripted feeds a fixed sequence of events with known numbers, through
+// the cache-truth step as the daemon does.
 func scripted(c *Collector) {
 	t0 := time.Unix(1_700_000_000, 0)
-	c.SetTarget("vllm-a", "Qwen/Qwen3-0.6B", "chat", "vllm", "usage")
+	tr := cachetruth.New(c)
+	c.SetTarget("vllm-a", "Qwen/Qwen3-0.6B", "chat", "vllm")
+	tr.SetTarget("vllm-a", "vllm", "usage")
 	c.Start("canary", "vllm-a")
 	c.ReloadDone(true, t0)
 
@@ -44,10 +48,10 @@ func scripted(c *Collector) {
 			Response: openai.Response{Sent: t0.Add(2*time.Second + time.Millisecond), Outcome: openai.OutcomeHTTPError, HTTPStatus: 500}, Workload: "canary", Target: "vllm-a", Scheduled: t0.Add(2 * time.Second), TraceInputLength: 900},
 	}
 	for _, r := range results {
-		c.Sent(r.Workload, r.Target, r.Scheduled, r.Sent)
+		tr.Sent(r.Workload, r.Target, r.Scheduled, r.Sent)
 	}
 	for _, r := range results {
-		c.Finished(r)
+		tr.Finished(r)
 	}
 	c.Dropped("canary", "vllm-a", replay.DropMaxInFlight, t0)
 	c.PassCompleted("canary", "vllm-a", 0)
@@ -173,9 +177,11 @@ func TestStatus(t *testing.T) {
 func TestUnknownIsNotZero(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	c := New(reg)
+	tr := cachetruth.New(c)
 	var told []string
-	c.NotifyUnreported = func(target string, dialect engine.Dialect) { told = append(told, target+"/"+string(dialect)) }
-	c.SetTarget("a", "m", "chat", "vllm", "usage")
+	tr.NotifyUnreported = func(target string, dialect engine.Dialect) { told = append(told, target+"/"+string(dialect)) }
+	c.SetTarget("a", "m", "chat", "vllm")
+	tr.SetTarget("a", "vllm", "usage")
 	c.Start("w", "a")
 	res := func(known bool) *replay.Result {
 		t0 := time.Unix(1_700_000_000, 0)
@@ -185,8 +191,8 @@ func TestUnknownIsNotZero(t *testing.T) {
 	}
 	for _, known := range []bool{false, false, true} {
 		r := res(known)
-		c.Sent("w", "a", r.Sent, r.Sent)
-		c.Finished(r)
+		tr.Sent("w", "a", r.Sent, r.Sent)
+		tr.Finished(r)
 	}
 	for name, want := range map[string]float64{
 		"kvload_cache_unreported_requests_total":                       2,
@@ -216,22 +222,24 @@ func TestUnknownIsNotZero(t *testing.T) {
 func TestServerCachedCarried(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	c := New(reg)
-	c.SetTarget("s", "m", "chat", "vllm", "server_metrics")
+	tr := cachetruth.New(c)
+	c.SetTarget("s", "m", "chat", "vllm")
+	tr.SetTarget("s", "vllm", "server_metrics")
 	c.Start("w", "s")
 	t0 := time.Unix(1_700_000_000, 0)
 	done := func() {
-		c.Finished(&replay.Result{Workload: "w", Target: "s", TraceInputLength: 100, TheoreticalKnown: true, Response: openai.Response{Sent: t0, Outcome: openai.OutcomeSuccess}})
+		tr.Finished(&replay.Result{Workload: "w", Target: "s", TraceInputLength: 100, TheoreticalKnown: true, Response: openai.Response{Sent: t0, Outcome: openai.OutcomeSuccess}})
 	}
-	c.AddServerCached("s", 50) // nothing sent: other traffic
-	c.Sent("w", "s", t0, t0)
-	c.Sent("w", "s", t0, t0)
-	c.AddServerCached("s", 30) // in flight, nothing finished yet: carried
+	tr.AddServerCached("s", 50) // nothing sent: other traffic
+	tr.Sent("w", "s", t0, t0)
+	tr.Sent("w", "s", t0, t0)
+	tr.AddServerCached("s", 30) // in flight, nothing finished yet: carried
 	done()
-	c.AddServerCached("s", 20) // credited with the carried 30
-	c.AddServerCached("s", 10) // one still in flight: the last shares take it
+	tr.AddServerCached("s", 20) // credited with the carried 30
+	tr.AddServerCached("s", 10) // one still in flight: the last shares take it
 	done()
-	c.AddServerCached("s", 5)
-	c.AddServerCached("s", 7) // nothing in flight, nothing finished: other traffic
+	tr.AddServerCached("s", 5)
+	tr.AddServerCached("s", 7) // nothing in flight, nothing finished: other traffic
 	if got := sumOf(t, reg, "kvload_cached_prompt_tokens_total"); got != 65 {
 		t.Errorf("cached tokens %v, want 65 (30+20+10+5)", got)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/kvload-exporter/kvload-exporter/cachetruth"
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -20,9 +21,10 @@ func TestServerScraperCountsErrors(t *testing.T) {
 	}))
 	defer srv.Close()
 	c := New(prometheus.NewRegistry())
+	tr := cachetruth.New(c)
 	s := &engine.ServerScraper{Target: "t", URL: srv.URL, Dialect: "vllm", Client: srv.Client()}
 	for range 2 {
-		if err := s.ScrapeOnce(context.Background(), c); err == nil {
+		if err := s.ScrapeOnce(context.Background(), tr); err == nil {
 			t.Fatal("a NaN counter was credited")
 		}
 	}

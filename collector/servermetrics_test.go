@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvload-exporter/kvload-exporter/cachetruth"
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
@@ -25,7 +26,9 @@ import (
 func TestServerMetricsAttribution(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c := New(reg)
-	c.SetTarget("srv", "m", "chat", "vllm", "server_metrics")
+	tr := cachetruth.New(c)
+	c.SetTarget("srv", "m", "chat", "vllm")
+	tr.SetTarget("srv", "vllm", "server_metrics")
 	var value atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "vllm:prefix_cache_hits_total %d\n", value.Load())
@@ -34,23 +37,23 @@ func TestServerMetricsAttribution(t *testing.T) {
 	s := &engine.ServerScraper{Target: "srv", URL: srv.URL, Dialect: "vllm", Client: srv.Client(), Interval: time.Hour}
 
 	value.Store(5000)
-	if err := s.ScrapeOnce(context.Background(), c); err != nil { // baseline
+	if err := s.ScrapeOnce(context.Background(), tr); err != nil { // baseline
 		t.Fatal(err)
 	}
 	for _, r := range []struct {
 		w     string
 		trace int
 	}{{"a", 3000}, {"b", 1000}} {
-		c.Finished(&replay.Result{
+		tr.Finished(&replay.Result{
 			Response: openai.Response{Outcome: openai.OutcomeSuccess, CachedTokens: 999, CachedKnown: true}, Workload: r.w, Target: "srv",
 			TraceInputLength: r.trace})
 	}
 	value.Store(5800)
-	if err := s.ScrapeOnce(context.Background(), c); err != nil {
+	if err := s.ScrapeOnce(context.Background(), tr); err != nil {
 		t.Fatal(err)
 	}
 	value.Store(9000) // other traffic: nothing of ours was sent
-	if err := s.ScrapeOnce(context.Background(), c); err != nil {
+	if err := s.ScrapeOnce(context.Background(), tr); err != nil {
 		t.Fatal(err)
 	}
 	if got := testutil.ToFloat64(c.cachedTokens.WithLabelValues("a", "srv")); got != 600 {
@@ -114,15 +117,17 @@ func TestServerMetricsShare(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := New(prometheus.NewRegistry())
-			c.SetTarget("srv", "m", "chat", "vllm", "server_metrics")
+			tr := cachetruth.New(c)
+			c.SetTarget("srv", "m", "chat", "vllm")
+			tr.SetTarget("srv", "vllm", "server_metrics")
 			for _, st := range tt.steps {
 				for _, f := range st.finished {
-					c.Sent(f.w, "srv", time.Time{}, time.Time{})
-					c.Finished(&replay.Result{
+					tr.Sent(f.w, "srv", time.Time{}, time.Time{})
+					tr.Finished(&replay.Result{
 						Response: openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: f.prompt, PromptKnown: true}, Workload: f.w, Target: "srv",
 						TraceInputLength: f.prompt - 10, TheoreticalKnown: f.theoKnown})
 				}
-				c.AddServerCounts("srv", st.counts)
+				tr.AddServerCounts("srv", st.counts)
 			}
 			for w, want := range tt.wantCached {
 				if got := testutil.ToFloat64(c.cachedTokens.WithLabelValues(w, "srv")); math.Abs(got-want) > 1e-9 {

@@ -154,24 +154,18 @@ type Status struct {
 type wtKey struct{ workload, target string }
 
 // recordLocked adds a finished request to the live summary; c.mu is held.
-// usageCached tells whether the response's cached tokens count as observed
-// for its target (not with observed: server_metrics or none); reported,
-// whether the request counts on both sides of the efficiency ratio.
-func (c *Collector) recordLocked(r *replay.Result, usageCached, reported bool, preamble int) {
+// As in the counters, r.Counted says whether its cached tokens are known
+// and count on the efficiency's sides, and what of them is left out.
+func (c *Collector) recordLocked(r *replay.Result) {
 	s := sample{at: c.now(), outcome: r.Outcome, lag: r.ScheduleLag(), success: r.Outcome == openai.OutcomeSuccess, theoretical: -1}
 	if s.success {
 		if d, ok := r.TTFT(); ok {
 			s.ttft = d
 		}
-		s.reported = reported && usageCached
+		s.reported = r.Counted.Reported && r.Counted.UsageCached
 		if s.reported {
-			s.prompt, s.cached = r.TraceInputLength, r.CachedTokens
-			if r.PromptKnown {
-				s.prompt = r.PromptTokens
-			}
-			// As in the counters: the preamble's hit is on neither side.
-			skip := min(preamble, s.cached, s.prompt)
-			s.prompt, s.cached = s.prompt-skip, s.cached-skip
+			// The preamble's hit is on neither side.
+			s.prompt, s.cached = promptOf(r)-r.Counted.LeftOut, r.CachedTokens-r.Counted.LeftOut
 		}
 		s.trace = r.TraceInputLength
 		if r.TheoreticalKnown {

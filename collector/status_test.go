@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvload-exporter/kvload-exporter/cachetruth"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
@@ -47,12 +48,13 @@ func TestStatusHealth(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := New(prometheus.NewRegistry())
+			tr := cachetruth.New(c)
 			now := time.Unix(1000, 0)
 			c.now = func() time.Time { return now }
 			for _, r := range tt.results {
 				r := *r
 				r.Workload, r.Target = "w", "t"
-				c.Finished(&r)
+				tr.Finished(&r)
 			}
 			st := c.Status()
 			if len(st) != 1 {
@@ -97,6 +99,7 @@ func TestStatusHealth(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := New(prometheus.NewRegistry())
+			tr := cachetruth.New(c)
 			now := time.Unix(1000, 0)
 			c.now = func() time.Time { return now }
 			for range tt.drops {
@@ -106,7 +109,7 @@ func TestStatusHealth(t *testing.T) {
 			for range tt.finished {
 				r := *ok(0, 500)
 				r.Workload, r.Target = "w", "t"
-				c.Finished(&r)
+				tr.Finished(&r)
 			}
 			s := c.Status()[0]
 			if s.Health != tt.health || !strings.Contains(s.HealthReason, tt.reason) {
@@ -121,7 +124,7 @@ func TestStatusHealth(t *testing.T) {
 		c := New(prometheus.NewRegistry())
 		now := time.Unix(1000, 0)
 		c.now = func() time.Time { return now }
-		c.Finished(&replay.Result{Workload: "w", Target: "t", Response: openai.Response{Outcome: openai.OutcomeSuccess}})
+		cachetruth.New(c).Finished(&replay.Result{Workload: "w", Target: "t", Response: openai.Response{Outcome: openai.OutcomeSuccess}})
 		now = now.Add(2 * statusAge)
 		if s := c.Status()[0]; s.Health != HealthNotReported {
 			t.Errorf("health %q, want %q", s.Health, HealthNotReported)

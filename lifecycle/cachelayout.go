@@ -144,7 +144,7 @@ func (d *Daemon) targetBaseURL(t *config.Target) string {
 	return t.URL
 }
 
-// logUnreported is the collector's NotifyUnreported.
+// logUnreported is the cache-truth step's NotifyUnreported.
 func (d *Daemon) logUnreported(target string, dialect engine.Dialect) {
 	level.Warn(d.logger).Log("msg", "responses carry no cached-token count: their requests count on neither side of the cache efficiency, shown as not reported",
 		"target", target, "what_to_do", engine.For(dialect).UnreportedAdvice)

@@ -22,6 +22,7 @@ import (
 	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
 
+	"github.com/kvload-exporter/kvload-exporter/cachetruth"
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
@@ -40,6 +41,8 @@ type Daemon struct {
 	configFile   string
 	drainTimeout time.Duration
 	coll         *collector.Collector
+	// truth decides how results and server counts count, in front of coll.
+	truth *cachetruth.Truth
 	// anchor is the origin of every looping workload's pass grid: replicas
 	// and restarts agree on pass numbers, positions and prompts.
 	anchor time.Time
@@ -134,7 +137,8 @@ func New(o Options) *Daemon {
 		done:         make(chan struct{}),
 	}
 	if d.coll != nil {
-		d.coll.NotifyUnreported = d.logUnreported
+		d.truth = cachetruth.New(d.coll)
+		d.truth.NotifyUnreported = d.logUnreported
 	}
 	return d
 }
@@ -385,7 +389,7 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 	cache := d.caches[t.Name].params
 	cache.TraceBlock = w.BlockSize
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
-	gate := &gatedObserver{c: d.coll, fails: newFailureLog(logger)}
+	gate := &gatedObserver{obs: d.truth, fails: newFailureLog(logger)}
 	if t.API == openai.APIChat && !rb.tokenIDs {
 		// A chat template wraps the built prompt: its size, measured at
 		// the (re)load where the target can say, or learnt from answers.
@@ -609,7 +613,8 @@ func (d *Daemon) publishTargets(cfg *config.Config) {
 	seen := map[string]bool{}
 	targets := make([]Target, 0, len(cfg.Targets))
 	for _, t := range cfg.Targets {
-		d.coll.SetTarget(t.Name, t.Model, t.API, t.Dialect, t.Cache.Observed)
+		d.coll.SetTarget(t.Name, t.Model, t.API, t.Dialect)
+		d.truth.SetTarget(t.Name, t.Dialect, t.Cache.Observed)
 		seen[t.Name] = true
 		tc := d.caches[t.Name]
 		targets = append(targets, Target{Name: t.Name, Model: t.Model, API: string(t.API), Dialect: string(t.Dialect),
@@ -618,6 +623,7 @@ func (d *Daemon) publishTargets(cfg *config.Config) {
 	if d.cfg != nil {
 		for _, t := range d.cfg.Targets {
 			if !seen[t.Name] {
+				d.truth.ForgetTarget(t.Name)
 				d.coll.ForgetTarget(t.Name)
 			}
 		}

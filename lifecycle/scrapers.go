@@ -69,7 +69,7 @@ func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) erro
 		go func() {
 			defer d.wg.Done()
 			defer close(s.done)
-			sc.Run(ctx, d.coll, func(err error) {
+			sc.Run(ctx, d.truth, func(err error) {
 				level.Warn(d.logger).Log("msg", "server metrics scrape failed", "target", name, "err", err)
 			})
 		}()

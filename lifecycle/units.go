@@ -10,7 +10,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/prompt"
@@ -150,12 +149,13 @@ func (b *requestBuilder) Build(rec *trace.Record, _ int, ns uint64) (openai.Requ
 	return req, err
 }
 
-// gatedObserver forwards to the collector until closed. A unit that a reload
+// gatedObserver forwards to the cache-truth step in front of the collector
+// until closed. A unit that a reload
 // changed or removed has its series deleted at once; the requests it still
 // has in flight finish, but must not recreate those series. close waits
 // for a call under way, so that none lands after the series are deleted.
 type gatedObserver struct {
-	c        *collector.Collector
+	obs      replay.Observer   // the cache-truth step
 	fails    *failureLog       // nil: failures are only counted
 	template *templateOverhead // nil: nothing to learn
 	mu       sync.RWMutex
@@ -184,14 +184,14 @@ func (g *gatedObserver) done() { g.mu.RUnlock() }
 func (g *gatedObserver) Sent(w, t string, scheduled, sent time.Time) {
 	if g.open() {
 		defer g.done()
-		g.c.Sent(w, t, scheduled, sent)
+		g.obs.Sent(w, t, scheduled, sent)
 	}
 }
 
 func (g *gatedObserver) Finished(r *replay.Result) {
 	if g.open() {
 		defer g.done()
-		g.c.Finished(r)
+		g.obs.Finished(r)
 		if g.template != nil {
 			g.template.observe(r)
 		}
@@ -204,14 +204,14 @@ func (g *gatedObserver) Finished(r *replay.Result) {
 func (g *gatedObserver) Dropped(w, t string, reason replay.DropReason, scheduled time.Time) {
 	if g.open() {
 		defer g.done()
-		g.c.Dropped(w, t, reason, scheduled)
+		g.obs.Dropped(w, t, reason, scheduled)
 	}
 }
 
 func (g *gatedObserver) PassCompleted(w, t string, pass int) {
 	if g.open() {
 		defer g.done()
-		g.c.PassCompleted(w, t, pass)
+		g.obs.PassCompleted(w, t, pass)
 	}
 }
 

@@ -50,6 +50,30 @@ type Result struct {
 	// model, or when the model could not tell.
 	TheoreticalCachedTokens int
 	TheoreticalKnown        bool
+
+	// Counted says how the collector counts the request's cached tokens:
+	// the cache-truth step (package cachetruth) fills it before the
+	// collector sees the result.
+	Counted Counted
+}
+
+// Counted is how a finished request's cached tokens are counted, decided
+// from its target's source of observed cached tokens and what was learned
+// of the target's answers.
+type Counted struct {
+	// UsageCached: the response's cached tokens are the target's observed
+	// ones (observed: usage, and the response carried a count).
+	UsageCached bool
+	// Reported: the request counts on both sides of the cache efficiency,
+	// its observed and its theoretical cached tokens being known.
+	Reported bool
+	// Unreported: the request succeeded but its observed cached tokens
+	// are unknown.
+	Unreported bool
+	// LeftOut is the hit of the target's always-cached preamble, on
+	// neither side of the cache efficiency: at most the request's cached
+	// and prompt tokens.
+	LeftOut int
 }
 
 // ScheduleLag is the actual send time minus the scheduled time.

@@ -23,7 +23,7 @@ import (
 func testMux(ready bool, reloadErr error) *http.ServeMux {
 	reg := prometheus.NewRegistry()
 	c := collector.New(reg)
-	c.SetTarget("t<script>", "m", "chat", "vllm", "usage")
+	c.SetTarget("t<script>", "m", "chat", "vllm")
 	return newMux(webDeps{
 		gatherer:      reg,
 		telemetryPath: "/metrics",

@@ -1,4 +1,4 @@
-package collector
+package cachetruth
 
 import (
 	"testing"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
@@ -54,16 +55,18 @@ func repeat(v, n int) []int {
 // A request that really shares a prefix keeps its hit less the preamble.
 func TestPreambleLeftOutOfEfficiency(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	c := New(reg)
-	c.SetTarget("llama", "m", "completions", "llamacpp", "usage")
+	c := collector.New(reg)
+	tr := New(c)
+	c.SetTarget("llama", "m", "completions", "llamacpp")
+	tr.SetTarget("llama", "llamacpp", "usage")
 	t0 := time.Unix(1_700_000_000, 0)
 	finish := func(cached, theoretical int) {
 		r := &replay.Result{
 			Response: openai.Response{Sent: t0, FirstToken: t0.Add(time.Millisecond), LastToken: t0.Add(time.Second), Outcome: openai.OutcomeSuccess, PromptTokens: 1001, PromptKnown: true, CachedTokens: cached, CachedKnown: true}, Workload: "w", Target: "llama",
 			TraceInputLength: 1000, TheoreticalCachedTokens: theoretical, TheoreticalKnown: true}
 		c.Start("w", "llama")
-		c.Sent("w", "llama", t0, t0)
-		c.Finished(r)
+		tr.Sent("w", "llama", t0, t0)
+		tr.Finished(r)
 	}
 	// The first unrelated prompt finds an empty slot; the next ones hit the
 	// BOS only. From the 8th sample (the 7th BOS hit) on, the lower
@@ -96,4 +99,22 @@ func TestPreambleLeftOutOfEfficiency(t *testing.T) {
 	if got := sumOf(t, reg, "kvload_cache_reported_prompt_tokens_total"); got != wantPrompt {
 		t.Errorf("reported prompt tokens %v, want %v", got, wantPrompt)
 	}
+}
+
+// sumOf adds every series of a counter or gauge family.
+func sumOf(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
 }

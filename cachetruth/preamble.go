@@ -1,4 +1,4 @@
-package collector
+package cachetruth
 
 import "slices"
 
@@ -7,10 +7,10 @@ import "slices"
 // header in its slot, SGLang's page-1 radix tree matches them too. Those
 // few tokens are real hits, but the trace knows nothing of them, so on a
 // trace that shares little they would lift the observed hit rate above
-// the theoretical one (efficiency > 1). The collector learns that
-// preamble per target from the engine's own answers, from requests that
-// the theoretical model says share nothing, and leaves it out of both
-// sides of the observed hit rate.
+// the theoretical one (efficiency > 1). This step learns that preamble
+// per target from the engine's own answers, from requests that the
+// theoretical model says share nothing, and has the collector leave it out
+// of both sides of the observed hit rate.
 
 const (
 	// preambleWindow: the preamble is the lower quartile of the cached
