@@ -215,89 +215,7 @@ func (c *Collector) Status() []Status {
 	defer c.mu.Unlock()
 	out := make([]Status, 0, len(c.recent))
 	for k, w := range c.recent {
-		st := Status{Workload: k.workload, Target: k.target}
-		var ttfts, lags []time.Duration
-		var n, failed, prompt, cached, trace, theo, repTrace, repTheo int
-		byOutcome := map[openai.Outcome]int{}
-		oldest := now
-		for i := 0; i < w.n; i++ {
-			s := w.samples[i]
-			if now.Sub(s.at) > statusAge {
-				continue
-			}
-			n++
-			byOutcome[s.outcome]++
-			lags = append(lags, s.lag)
-			if s.at.Before(oldest) {
-				oldest = s.at
-			}
-			if !s.success {
-				failed++
-				continue
-			}
-			if s.ttft > 0 {
-				ttfts = append(ttfts, s.ttft)
-			}
-			if s.theoretical >= 0 {
-				trace += s.trace
-				theo += s.theoretical
-			}
-			if s.reported {
-				prompt += s.prompt
-				cached += s.cached
-				repTrace += s.trace
-				repTheo += s.theoretical
-			}
-		}
-		if n > 0 {
-			// The figures cover the last minute, or less when the ring is
-			// full or the pair is younger than that.
-			start := now.Add(-statusAge)
-			if w.since.After(start) {
-				start = w.since
-			}
-			if w.n == statusWindow && oldest.After(start) {
-				start = oldest
-			}
-			st.Window = max(now.Sub(start), time.Second)
-			st.RequestsPerSec = float64(n) / st.Window.Seconds()
-			st.ErrorRatio = float64(failed) / float64(n)
-		}
-		st.Requests, st.succeeded = n, n-failed
-		for _, o := range openai.Outcomes {
-			st.Outcomes = append(st.Outcomes, OutcomeCount{string(o), byOutcome[o]})
-		}
-		st.LastError, st.LastErrorAt = w.lastError, w.lastErrorAt
-		for _, at := range w.drops {
-			if now.Sub(at) <= statusAge {
-				st.Dropped++
-			}
-		}
-		if len(ttfts) > 0 {
-			slices.Sort(ttfts)
-			st.TTFTP50 = nearestRank(ttfts, 50)
-			st.TTFTP99 = nearestRank(ttfts, 99)
-		}
-		if len(lags) > 0 {
-			slices.Sort(lags)
-			st.LagP99 = nearestRank(lags, 99)
-		}
-		var repTheoRate float64
-		if prompt > 0 {
-			st.Reported = true
-			st.ObservedHitRate = float64(cached) / float64(prompt)
-			if repTheo > 0 {
-				repTheoRate = float64(repTheo) / float64(repTrace)
-				st.Efficiency = st.ObservedHitRate / repTheoRate
-			}
-		}
-		if trace > 0 {
-			st.TheoreticalRate = float64(theo) / float64(trace)
-			st.TheoreticalKnown = true
-		}
-		st.EfficiencyState = efficiencyState(st, repTheoRate)
-		st.Health, st.HealthReason = health(st, failed, byOutcome)
-		out = append(out, st)
+		out = append(out, w.status(k, now))
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Workload != out[j].Workload {
@@ -306,6 +224,104 @@ func (c *Collector) Status() []Status {
 		return out[i].Target < out[j].Target
 	})
 	return out
+}
+
+// tally adds up the samples of one pair within statusAge.
+type tally struct {
+	n, failed                                      int
+	prompt, cached, trace, theo, repTrace, repTheo int
+	ttfts, lags                                    []time.Duration
+	byOutcome                                      map[openai.Outcome]int
+	oldest                                         time.Time
+}
+
+func (r *recent) tally(now time.Time) tally {
+	t := tally{byOutcome: map[openai.Outcome]int{}, oldest: now}
+	for i := 0; i < r.n; i++ {
+		s := r.samples[i]
+		if now.Sub(s.at) > statusAge {
+			continue
+		}
+		t.n++
+		t.byOutcome[s.outcome]++
+		t.lags = append(t.lags, s.lag)
+		if s.at.Before(t.oldest) {
+			t.oldest = s.at
+		}
+		if !s.success {
+			t.failed++
+			continue
+		}
+		if s.ttft > 0 {
+			t.ttfts = append(t.ttfts, s.ttft)
+		}
+		if s.theoretical >= 0 {
+			t.trace += s.trace
+			t.theo += s.theoretical
+		}
+		if s.reported {
+			t.prompt += s.prompt
+			t.cached += s.cached
+			t.repTrace += s.trace
+			t.repTheo += s.theoretical
+		}
+	}
+	return t
+}
+
+// status is the live summary of one (workload, target) pair.
+func (r *recent) status(k wtKey, now time.Time) Status {
+	st := Status{Workload: k.workload, Target: k.target}
+	t := r.tally(now)
+	if t.n > 0 {
+		// The figures cover the last minute, or less when the ring is
+		// full or the pair is younger than that.
+		start := now.Add(-statusAge)
+		if r.since.After(start) {
+			start = r.since
+		}
+		if r.n == statusWindow && t.oldest.After(start) {
+			start = t.oldest
+		}
+		st.Window = max(now.Sub(start), time.Second)
+		st.RequestsPerSec = float64(t.n) / st.Window.Seconds()
+		st.ErrorRatio = float64(t.failed) / float64(t.n)
+	}
+	st.Requests, st.succeeded = t.n, t.n-t.failed
+	for _, o := range openai.Outcomes {
+		st.Outcomes = append(st.Outcomes, OutcomeCount{string(o), t.byOutcome[o]})
+	}
+	st.LastError, st.LastErrorAt = r.lastError, r.lastErrorAt
+	for _, at := range r.drops {
+		if now.Sub(at) <= statusAge {
+			st.Dropped++
+		}
+	}
+	if len(t.ttfts) > 0 {
+		slices.Sort(t.ttfts)
+		st.TTFTP50 = nearestRank(t.ttfts, 50)
+		st.TTFTP99 = nearestRank(t.ttfts, 99)
+	}
+	if len(t.lags) > 0 {
+		slices.Sort(t.lags)
+		st.LagP99 = nearestRank(t.lags, 99)
+	}
+	var repTheoRate float64
+	if t.prompt > 0 {
+		st.Reported = true
+		st.ObservedHitRate = float64(t.cached) / float64(t.prompt)
+		if t.repTheo > 0 {
+			repTheoRate = float64(t.repTheo) / float64(t.repTrace)
+			st.Efficiency = st.ObservedHitRate / repTheoRate
+		}
+	}
+	if t.trace > 0 {
+		st.TheoreticalRate = float64(t.theo) / float64(t.trace)
+		st.TheoreticalKnown = true
+	}
+	st.EfficiencyState = efficiencyState(st, repTheoRate)
+	st.Health, st.HealthReason = health(st, t.failed, t.byOutcome)
+	return st
 }
 
 // efficiencyState judges the cache efficiency; repTheoRate is the
