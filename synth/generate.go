@@ -416,16 +416,26 @@ func parentIndex(p int32, idx []int32) int32 {
 // maxRejectStreak bounds the search for a request under MaxISL.
 const maxRejectStreak = 1_000_000
 
+// samplers are the seeded streams of the sampling loop, one per kind of
+// draw.
+type samplers struct {
+	trie, counts, gaps, last, out, leaf *rand.Rand
+}
+
+func newSamplers(seed uint64) *samplers {
+	return &samplers{
+		trie:   rng.New(seed, StreamTrie),
+		counts: rng.New(seed, StreamCounts),
+		gaps:   rng.New(seed, StreamGaps),
+		last:   rng.New(seed, StreamLastBlock),
+		out:    rng.New(seed, StreamOutputLen),
+		leaf:   rng.New(seed, StreamLeafLen),
+	}
+}
+
 // generate runs the sampling loop.
 func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
-	var (
-		rTrie   = rng.New(k.Seed, StreamTrie)
-		rCounts = rng.New(k.Seed, StreamCounts)
-		rGaps   = rng.New(k.Seed, StreamGaps)
-		rLast   = rng.New(k.Seed, StreamLastBlock)
-		rOut    = rng.New(k.Seed, StreamOutputLen)
-		rLeaf   = rng.New(k.Seed, StreamLeafLen)
-	)
+	rs := newSamplers(k.Seed)
 	B := m.blockSize
 	out := make([]trace.Record, 0, n)
 	fresh := m.idSpan // next unused id
@@ -434,7 +444,7 @@ func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 	var walk []int32
 	var elapsed float64 // source milliseconds since the first burst
 	for len(out) < n {
-		burst := pick(rCounts, m.burstSizes)
+		burst := pick(rs.counts, m.burstSizes)
 		ts := math.Floor(elapsed / k.SpeedupRatio)
 		for range burst {
 			if slot > 0 && slot%m.passLen == 0 {
@@ -446,28 +456,11 @@ func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 				fresh += m.idSpan
 			}
 			slot++
-			walk = walk[:0]
-			blocks, tail, last := 0, 0, 0
-			for cur := int32(0); ; {
-				nd := &m.nodes[cur]
-				u := rTrie.Int64N(nd.cum[len(nd.cum)-1])
-				next := nd.next[sort.Search(len(nd.cum), func(i int) bool { return nd.cum[i] > u })]
-				if next == stepLeaf {
-					l := pick(rLeaf, nd.leaves)
-					tail, last = l.blocks, l.last
-					break
-				}
-				if next == stepEnd {
-					last = pick(rLast, nd.endSizes)
-					break
-				}
-				walk = append(walk, next)
-				blocks += m.nodes[next].length
-				cur = next
-			}
+			var blocks, tail, last int
+			walk, blocks, tail, last = m.walk(rs, walk[:0])
 			blocks += tail
 			isl := (blocks-1)*B + last
-			osl := int(float64(pick(rOut, m.outputs)) * k.OutputLenMultiplier)
+			osl := int(float64(pick(rs.out, m.outputs)) * k.OutputLenMultiplier)
 			if k.MaxISL > 0 && isl > k.MaxISL {
 				dropped++
 				if streak++; streak > maxRejectStreak {
@@ -479,17 +472,8 @@ func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 			if k.MaxOSL > 0 {
 				osl = min(osl, k.MaxOSL)
 			}
-			ids := make([]int64, 0, blocks)
-			for _, i := range walk {
-				nd := &m.nodes[i]
-				for j := range int64(nd.length) {
-					ids = append(ids, offset+nd.first+j)
-				}
-			}
-			for range tail {
-				ids = append(ids, fresh)
-				fresh++
-			}
+			var ids []int64
+			ids, fresh = m.requestIDs(walk, blocks, tail, offset, fresh)
 			out = append(out, trace.Record{
 				Timestamp:    trace.Ptr(ts),
 				InputLength:  trace.Ptr(isl),
@@ -501,25 +485,77 @@ func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 			}
 		}
 		if len(m.gaps) > 0 {
-			elapsed += pick(rGaps, m.gaps)
+			elapsed += pick(rs.gaps, m.gaps)
 		}
 	}
+	if err := scatterPrefixRoots(out, fresh, k); err != nil {
+		return nil, 0, err
+	}
+	return out, dropped, nil
+}
 
-	if R := k.PrefixRootMultiplier; R > 1 {
-		base := fresh // one above the largest id handed out
-		if float64(base)*float64(R) >= idLimit {
-			return nil, 0, fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
+// walk draws one request's path from the root, appending the shared nodes
+// it crosses to walk. blocks counts their blocks; tail is the number of
+// fresh blocks of the leaf it left by (0 when it stopped on a node), and
+// last the size of the request's last block.
+func (m *trieModel) walk(rs *samplers, walk []int32) (_ []int32, blocks, tail, last int) {
+	for cur := int32(0); ; {
+		nd := &m.nodes[cur]
+		u := rs.trie.Int64N(nd.cum[len(nd.cum)-1])
+		next := nd.next[sort.Search(len(nd.cum), func(i int) bool { return nd.cum[i] > u })]
+		if next == stepLeaf {
+			l := pick(rs.leaf, nd.leaves)
+			return walk, blocks, l.blocks, l.last
 		}
-		rRoot := rng.New(k.Seed, StreamPrefixRoot)
-		for i := range out {
-			if t := int64(rRoot.IntN(R)); t > 0 {
-				for j := range out[i].HashIDs {
-					out[i].HashIDs[j] += t * base
-				}
+		if next == stepEnd {
+			return walk, blocks, 0, pick(rs.last, nd.endSizes)
+		}
+		walk = append(walk, next)
+		blocks += m.nodes[next].length
+		cur = next
+	}
+}
+
+// requestIDs spells a kept request's hash ids: the walked nodes' runs,
+// moved by the pass's offset, then tail fresh ids from fresh on. It returns
+// the next unused id too. Fresh ids go only to kept requests, so ids stay
+// dense.
+func (m *trieModel) requestIDs(walk []int32, blocks, tail int, offset, fresh int64) ([]int64, int64) {
+	ids := make([]int64, 0, blocks)
+	for _, i := range walk {
+		nd := &m.nodes[i]
+		for j := range int64(nd.length) {
+			ids = append(ids, offset+nd.first+j)
+		}
+	}
+	for range tail {
+		ids = append(ids, fresh)
+		fresh++
+	}
+	return ids, fresh
+}
+
+// scatterPrefixRoots applies the prefix-root multiplier R: each request
+// moves, at random, to one of R copies of the id space, base ids apart
+// (base is one above the largest id handed out), so that R disjoint
+// families of prefixes share the traffic.
+func scatterPrefixRoots(out []trace.Record, base int64, k Knobs) error {
+	R := k.PrefixRootMultiplier
+	if R <= 1 {
+		return nil
+	}
+	if float64(base)*float64(R) >= idLimit {
+		return fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
+	}
+	rRoot := rng.New(k.Seed, StreamPrefixRoot)
+	for i := range out {
+		if t := int64(rRoot.IntN(R)); t > 0 {
+			for j := range out[i].HashIDs {
+				out[i].HashIDs[j] += t * base
 			}
 		}
 	}
-	return out, dropped, nil
+	return nil
 }
 
 // pick draws one element of an empirical sample uniformly, which is the
