@@ -488,6 +488,8 @@ func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 			elapsed += pick(rs.gaps, m.gaps)
 		}
 	}
+	// Every generated row has ids, so each takes one draw. fresh is one
+	// above the largest id handed out.
 	if err := scatterPrefixRoots(out, fresh, k); err != nil {
 		return nil, 0, err
 	}
@@ -533,29 +535,6 @@ func (m *trieModel) requestIDs(walk []int32, blocks, tail int, offset, fresh int
 		fresh++
 	}
 	return ids, fresh
-}
-
-// scatterPrefixRoots applies the prefix-root multiplier R: each request
-// moves, at random, to one of R copies of the id space, base ids apart
-// (base is one above the largest id handed out), so that R disjoint
-// families of prefixes share the traffic.
-func scatterPrefixRoots(out []trace.Record, base int64, k Knobs) error {
-	R := k.PrefixRootMultiplier
-	if R <= 1 {
-		return nil
-	}
-	if float64(base)*float64(R) >= idLimit {
-		return fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
-	}
-	rRoot := rng.New(k.Seed, StreamPrefixRoot)
-	for i := range out {
-		if t := int64(rRoot.IntN(R)); t > 0 {
-			for j := range out[i].HashIDs {
-				out[i].HashIDs[j] += t * base
-			}
-		}
-	}
-	return nil
 }
 
 // pick draws one element of an empirical sample uniformly, which is the
