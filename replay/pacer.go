@@ -187,28 +187,40 @@ func NewPlan(rows *trace.Table, speedup float64, file string) (*Plan, error) {
 	if n > math.MaxInt32 {
 		return nil, fmt.Errorf("pacer: %d rows is more than supported", n)
 	}
-	lineErr := func(i int, err error) error {
-		line := rows.Line(i)
-		if line == 0 {
-			line = i + 1
-		}
-		return &trace.LineError{File: file, Line: line, Err: err}
-	}
-
 	p := &Plan{rows: rows, next: make([]int32, n), speedup: speedup}
+	if err := p.linkConversations(file); err != nil {
+		return nil, err
+	}
+	if err := p.placeOnTimeAxis(file); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
 
-	// Group rows into conversations in order of first appearance, linking
-	// each turn to the next one in file order. Sessions are looked up by
-	// the table's dense session numbers, not by their strings.
+// planLineErr places err at row i of rows, by its line in file where the
+// table knows it and by its 1-based index otherwise.
+func planLineErr(rows *trace.Table, file string, i int, err error) error {
+	line := rows.Line(i)
+	if line == 0 {
+		line = i + 1
+	}
+	return &trace.LineError{File: file, Line: line, Err: err}
+}
+
+// linkConversations groups the rows into conversations in order of first
+// appearance, linking each turn to the next one in file order. Sessions are
+// looked up by the table's dense session numbers, not by their strings.
+func (p *Plan) linkConversations(file string) error {
+	rows := p.rows
 	convOf := make([]int32, rows.Sessions()) // session → index into p.convs
 	last := make([]int32, rows.Sessions())   // session → its last row so far
 	for s := range convOf {
 		convOf[s] = -1
 	}
-	for i := range n {
+	for i := range rows.Len() {
 		p.next[i] = -1
 		if d, ok := rows.Delay(i); ok && d < 0 {
-			return nil, lineErr(i, fmt.Errorf("delay must not be negative, got %v", d))
+			return planLineErr(rows, file, i, fmt.Errorf("delay must not be negative, got %v", d))
 		}
 		sid, hasSession := rows.SessionID(i)
 		if hasSession {
@@ -224,13 +236,20 @@ func NewPlan(rows *trace.Table, speedup float64, file string) (*Plan, error) {
 		}
 		if _, ok := rows.Timestamp(i); !ok {
 			if hasSession {
-				return nil, lineErr(i, fmt.Errorf("first turn of session %q has no timestamp; a fixed schedule needs one", sid))
+				return planLineErr(rows, file, i, fmt.Errorf("first turn of session %q has no timestamp; a fixed schedule needs one", sid))
 			}
-			return nil, lineErr(i, errors.New("row has no timestamp; a fixed schedule needs one on every conversation's first turn"))
+			return planLineErr(rows, file, i, errors.New("row has no timestamp; a fixed schedule needs one on every conversation's first turn"))
 		}
 		p.convs = append(p.convs, pacerConv{first: int32(i), turns: 1})
 	}
+	return nil
+}
 
+// placeOnTimeAxis sets the pass's zero (the earliest first turn), each
+// conversation's due time and the schedule order, and the period of a pass:
+// the last due time plus the mean gap between timed rows.
+func (p *Plan) placeOnTimeAxis(file string) error {
+	rows := p.rows
 	p.zero = math.Inf(1)
 	for _, c := range p.convs {
 		ts, _ := rows.Timestamp(int(c.first))
@@ -238,14 +257,14 @@ func NewPlan(rows *trace.Table, speedup float64, file string) (*Plan, error) {
 	}
 	var lastDue time.Duration
 	timed := 0
-	for i := range n {
+	for i := range rows.Len() {
 		ts, ok := rows.Timestamp(i)
 		if !ok {
 			continue
 		}
-		ms := (ts - p.zero) / speedup
+		ms := (ts - p.zero) / p.speedup
 		if math.IsNaN(ms) || math.Abs(ms) > float64(math.MaxInt64/2)/1e6 {
-			return nil, lineErr(i, fmt.Errorf("timestamp %v is out of range", ts))
+			return planLineErr(rows, file, i, fmt.Errorf("timestamp %v is out of range", ts))
 		}
 		lastDue = max(lastDue, p.rowDue(i))
 		timed++
@@ -259,7 +278,7 @@ func NewPlan(rows *trace.Table, speedup float64, file string) (*Plan, error) {
 	if timed > 1 && lastDue > 0 {
 		p.period = lastDue + lastDue/time.Duration(timed-1)
 	}
-	return p, nil
+	return nil
 }
 
 // rowDue is a timed row's due time within a pass. It is computed rather

@@ -226,21 +226,47 @@ func (c *pairCounter) repeated(pos int32, x int32) bool {
 
 // Result computes the analysis of the rows added so far.
 func (a *Analyzer) Result() Analysis {
-	n := len(a.isl)
 	idx, u := a.denseIDs()
-	trie := newPrefixTrie(u)
-	pairs := newPairCounter(u)
+	sc := a.scanPrefixes(idx, u)
+	an := Analysis{
+		BlockSize:      a.blockSize,
+		TotalRequests:  len(a.isl),
+		UniquePrefixes: sc.trie.nodes,
+		CacheHitRate:   ExactMean(sc.hits),
+	}
+	if sc.promptTokens > 0 {
+		an.TokenHitRate = divide(sc.hitTokens, sc.promptTokens)
+	}
+	an.PrefixGroups, an.PrefixReuseRatio = sc.trie.reuse()
+	a.addLengths(&an, idx, sc.pairs)
+	an.HitRate = ComputeStats(sc.hits)
+	return an
+}
+
+// prefixScan is what the first pass over the rows learns: the prefixes and
+// (position, id) pairs they share, and the theoretical hit rates. Context
+// Length needs the pair counts of the whole trace, so it takes a second
+// pass (addLengths).
+type prefixScan struct {
+	trie                    *prefixTrie
+	pairs                   *pairCounter
+	hits                    []float64 // one per row with ids, in file order
+	hitTokens, promptTokens int64
+}
+
+// scanPrefixes feeds every row with ids, in file order, to the prefix trie,
+// the pair counter and an infinite cache.
+func (a *Analyzer) scanPrefixes(idx []int32, u int) *prefixScan {
+	sc := &prefixScan{trie: newPrefixTrie(u), pairs: newPairCounter(u)}
 	seen := make([]bool, u) // the infinite cache of the theoretical hit rate
-	var hits []float64      // one per row with ids, in file order
-	var hitTokens, promptTokens int64
-	for r := range n {
+	for r := range len(a.isl) {
 		ids := a.rowIDs(idx, r)
 		if len(ids) == 0 {
 			continue
 		}
-		trie.addRow(ids)
+		sc.trie.addRow(ids)
 		for pos, x := range ids {
-			pairs.add(int32(pos), x)
+			sc.pairs.add(int32(pos), x)
 		}
 		// The leading run of ids already cached, before this row's ids
 		// enter the cache.
@@ -248,62 +274,68 @@ func (a *Analyzer) Result() Analysis {
 		for k < len(ids) && seen[ids[k]] {
 			k++
 		}
-		hits = append(hits, float64(k)/float64(len(ids)))
-		hitTokens += int64(min(k*a.blockSize, a.isl[r]))
-		promptTokens += int64(a.isl[r])
+		sc.hits = append(sc.hits, float64(k)/float64(len(ids)))
+		sc.hitTokens += int64(min(k*a.blockSize, a.isl[r]))
+		sc.promptTokens += int64(a.isl[r])
 		for _, x := range ids[k:] {
 			seen[x] = true
 		}
 	}
+	return sc
+}
 
-	an := Analysis{
-		BlockSize:      a.blockSize,
-		TotalRequests:  n,
-		UniquePrefixes: trie.nodes,
-		CacheHitRate:   ExactMean(hits),
-	}
-	if promptTokens > 0 {
-		an.TokenHitRate = divide(hitTokens, promptTokens)
-	}
-	for _, node := range trie.roots {
-		if trie.rows[node] > 1 {
-			an.PrefixGroups++
+// reuse returns the number of prefix groups (one-id prefixes that start two
+// rows or more) and the share of prefix occurrences whose prefix recurs.
+func (t *prefixTrie) reuse() (groups int, ratio float64) {
+	for _, node := range t.roots {
+		if t.rows[node] > 1 {
+			groups++
 		}
 	}
 	var reused, total int64
-	for _, c := range trie.rows {
+	for _, c := range t.rows {
 		total += int64(c)
 		if c > 1 {
 			reused += int64(c)
 		}
 	}
 	if total > 0 {
-		an.PrefixReuseRatio = divide(reused, total)
+		ratio = divide(reused, total)
 	}
+	return groups, ratio
+}
 
+// contextLength is row r's Context Length: its blocks whose (position, id)
+// recurs elsewhere in the trace, in tokens.
+func (a *Analyzer) contextLength(ids []int32, pairs *pairCounter, r int) int {
+	if len(ids) == 0 {
+		return 0
+	}
+	repeated := 0
+	for pos, x := range ids {
+		if pairs.repeated(int32(pos), x) {
+			repeated++
+		}
+	}
+	// A row whose every block recurs elsewhere counts its exact length,
+	// partial last block included.
+	if repeated == len(ids) {
+		return a.isl[r]
+	}
+	return repeated * a.blockSize
+}
+
+// addLengths sets the input, output, context and unique prompt lengths of
+// an: their extremes, means and distributions.
+func (a *Analyzer) addLengths(an *Analysis, idx []int32, pairs *pairCounter) {
+	n := len(a.isl)
 	isl := make([]float64, n)
 	osl := make([]float64, n)
 	ctx := make([]float64, n)
 	uniq := make([]float64, n)
 	var islSum, oslSum int64
 	for r := range n {
-		ids := a.rowIDs(idx, r)
-		context := 0
-		if len(ids) > 0 {
-			repeated := 0
-			for pos, x := range ids {
-				if pairs.repeated(int32(pos), x) {
-					repeated++
-				}
-			}
-			// A row whose every block recurs elsewhere counts its exact
-			// length, partial last block included.
-			if repeated == len(ids) {
-				context = a.isl[r]
-			} else {
-				context = repeated * a.blockSize
-			}
-		}
+		context := a.contextLength(a.rowIDs(idx, r), pairs, r)
 		isl[r] = float64(a.isl[r])
 		osl[r] = float64(a.osl[r])
 		ctx[r] = float64(context)
@@ -331,8 +363,6 @@ func (a *Analyzer) Result() Analysis {
 	an.OSL = ComputeStats(osl)
 	an.ContextLength = ComputeStats(ctx)
 	an.UniquePromptLength = ComputeStats(uniq)
-	an.HitRate = ComputeStats(hits)
-	return an
 }
 
 // Analyze analyses records in order with blockSize tokens per hash block.

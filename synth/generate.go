@@ -131,29 +131,59 @@ type trieModel struct {
 // learn builds the model. Steps follow §4.2: normalise ids, count visits,
 // merge chains, cut visited-once nodes, relabel for P, build transitions.
 func learn(rows []trace.Record, k Knobs) (*trieModel, error) {
-	B := k.BlockSize
-	m := &trieModel{blockSize: B}
-
-	// Normalise: a node is an id under a given parent, numbered in order of
-	// first appearance, so equal ids under different parents split.
-	type key struct{ parent, id int64 }
-	intern := make(map[key]int32)
-	var parent []int32
-	var visited []int
-	type rowEnd struct {
-		node int32
-		last int
+	m := &trieModel{blockSize: k.BlockSize}
+	src, stamps, err := m.normalise(rows)
+	if err != nil {
+		return nil, err
 	}
-	var rowEnds []rowEnd
+	ch := src.mergeChains()
+	idx := m.cutLeaves(src, ch)
+	m.idSpan = int64(len(src.parent))
+	m.passLen = src.withIDs
+	if err := m.relabel(k.PrefixLenMultiplier); err != nil {
+		return nil, err
+	}
+	m.addTransitions(src, ch, idx)
+	if err := m.orderLeaves(k.PromptLenMultiplier); err != nil {
+		return nil, err
+	}
+	m.learnTiming(stamps)
+	return m, nil
+}
+
+// sourceTrie is the prefix trie of the source rows before merging. A node
+// is an id under a given parent, numbered in order of first appearance, so
+// equal ids under different parents split; a child's number is always
+// above its parent's.
+type sourceTrie struct {
+	intern  map[sourceEdge]int32
+	parent  []int32  // by node; -1 under the root
+	visited []int    // by node: the rows through it
+	ends    []rowEnd // one per row with ids, in file order
+	withIDs int      // rows with ids
+}
+
+type sourceEdge struct{ parent, id int64 }
+
+// rowEnd is the node a source row ends on and the size of its last block.
+type rowEnd struct {
+	node int32
+	last int
+}
+
+// normalise checks every row, collects its timestamp and output length, and
+// adds the ids of those that have some to the source trie.
+func (m *trieModel) normalise(rows []trace.Record) (*sourceTrie, []float64, error) {
+	B := m.blockSize
+	src := &sourceTrie{intern: make(map[sourceEdge]int32)}
 	var stamps []float64
-	withIDs := 0
 	for i := range rows {
 		r := &rows[i]
 		if r.Timestamp == nil {
-			return nil, fmt.Errorf("line %d: generating needs a timestamp on every row", r.Line)
+			return nil, nil, fmt.Errorf("line %d: generating needs a timestamp on every row", r.Line)
 		}
 		if r.OutputLength == nil {
-			return nil, fmt.Errorf("line %d: generating needs an output_length on every row", r.Line)
+			return nil, nil, fmt.Errorf("line %d: generating needs an output_length on every row", r.Line)
 		}
 		stamps = append(stamps, *r.Timestamp)
 		m.outputs = append(m.outputs, *r.OutputLength)
@@ -161,160 +191,203 @@ func learn(rows []trace.Record, k Knobs) (*trieModel, error) {
 			continue
 		}
 		if err := checkBlocks(r, B); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		withIDs++
-		p := int32(-1)
-		for _, h := range r.HashIDs {
-			kk := key{int64(p), h}
-			id, ok := intern[kk]
-			if !ok {
-				if len(parent) == math.MaxInt32 {
-					return nil, errors.New("trace has too many distinct prefixes")
-				}
-				id = int32(len(parent))
-				intern[kk] = id
-				parent = append(parent, p)
-				visited = append(visited, 0)
-			}
-			visited[id]++
-			p = id
+		end, err := src.addRow(r.HashIDs)
+		if err != nil {
+			return nil, nil, err
 		}
-		rowEnds = append(rowEnds, rowEnd{p, *r.InputLength - (len(r.HashIDs)-1)*B})
+		src.ends = append(src.ends, rowEnd{end, *r.InputLength - (len(r.HashIDs)-1)*B})
 	}
-	if withIDs == 0 {
-		return nil, errors.New("no row has hash_ids to learn prefixes from")
+	if src.withIDs == 0 {
+		return nil, nil, errors.New("no row has hash_ids to learn prefixes from")
 	}
-	K := len(parent)
+	return src, stamps, nil
+}
 
-	// Children in id order (= order of first appearance); a child's id is
-	// always above its parent's.
+// addRow counts a row's visit to each node of its prefixes, creating the
+// nodes it is the first to reach, and returns the node it ends on.
+func (s *sourceTrie) addRow(ids []int64) (int32, error) {
+	s.withIDs++
+	p := int32(-1)
+	for _, h := range ids {
+		e := sourceEdge{int64(p), h}
+		id, ok := s.intern[e]
+		if !ok {
+			if len(s.parent) == math.MaxInt32 {
+				return 0, errors.New("trace has too many distinct prefixes")
+			}
+			id = int32(len(s.parent))
+			s.intern[e] = id
+			s.parent = append(s.parent, p)
+			s.visited = append(s.visited, 0)
+		}
+		s.visited[id]++
+		p = id
+	}
+	return p, nil
+}
+
+// chains is the source trie after chain merging, by source node.
+type chains struct {
+	length   []int   // blocks of the merged node that ends at a node
+	up       []int32 // parent after merging
+	absorbed []bool  // merged into a node further down
+}
+
+// mergeChains merges the chains of nodes that every visitor crosses
+// together. A head is a node with one child whose parent has a different
+// visit count; it absorbs successors with its own count. The merged node
+// keeps the last node's id, children and end count; its ids are
+// consecutive because the first row through the head created them one
+// after another.
+func (s *sourceTrie) mergeChains() chains {
+	K := len(s.parent)
+	// Children in id order (= order of first appearance).
 	nChild := make([]int32, K)
 	onlyChild := make([]int32, K) // meaningful when nChild == 1
 	for id := range K {
-		if p := parent[id]; p >= 0 {
+		if p := s.parent[id]; p >= 0 {
 			nChild[p]++
 			onlyChild[p] = int32(id)
 		}
 	}
-
-	// Merge chains: a head is a node with one child whose parent has a
-	// different visit count; it absorbs successors with its own count. The
-	// merged node keeps the last node's id, children and end count; its ids
-	// are consecutive because the first row through the head created them
-	// one after another.
-	length := make([]int, K)
-	up := make([]int32, K) // parent after merging
-	absorbed := make([]bool, K)
+	ch := chains{length: make([]int, K), up: make([]int32, K), absorbed: make([]bool, K)}
 	for id := range K {
-		length[id] = 1
-		up[id] = parent[id]
+		ch.length[id] = 1
+		ch.up[id] = s.parent[id]
 	}
 	for id := range K {
-		p := parent[id]
-		if nChild[id] != 1 || (p >= 0 && visited[p] == visited[id]) {
+		p := s.parent[id]
+		if nChild[id] != 1 || (p >= 0 && s.visited[p] == s.visited[id]) {
 			continue
 		}
 		cur, n := int32(id), 1
-		for nChild[cur] == 1 && visited[onlyChild[cur]] == visited[id] {
-			absorbed[cur] = true
+		for nChild[cur] == 1 && s.visited[onlyChild[cur]] == s.visited[id] {
+			ch.absorbed[cur] = true
 			cur = onlyChild[cur]
 			n++
 		}
-		length[cur] = n
-		up[cur] = p
+		ch.length[cur] = n
+		ch.up[cur] = p
 	}
+	return ch
+}
 
-	// Cut visited-once nodes (each now a whole unique suffix, ended by its
-	// one row) and keep them as leaves of the shared node they hang from;
-	// index the shared ones.
+// cutLeaves cuts the visited-once nodes (each now a whole unique suffix,
+// ended by its one row) and keeps them as leaves of the shared node they
+// hang from; it indexes the shared ones into m.nodes, with the last-block
+// sizes of the rows that end on them, and returns that index by source
+// node (-1 for nodes not kept).
+func (m *trieModel) cutLeaves(src *sourceTrie, ch chains) []int32 {
+	K := len(src.parent)
 	lastAt := make([]int, K) // last-block size of the row ending at a node
-	for _, e := range rowEnds {
+	for _, e := range src.ends {
 		lastAt[e.node] = e.last
 	}
 	idx := make([]int32, K) // trie node id → index in m.nodes
 	m.nodes = append(m.nodes, trieNode{})
 	for id := range K {
 		switch {
-		case absorbed[id]:
+		case ch.absorbed[id]:
 			idx[id] = -1
-		case visited[id] == 1:
+		case src.visited[id] == 1:
 			idx[id] = -1
-			nd := &m.nodes[parentIndex(up[id], idx)]
-			nd.leaves = append(nd.leaves, leaf{blocks: length[id], last: lastAt[id]})
+			nd := &m.nodes[parentIndex(ch.up[id], idx)]
+			nd.leaves = append(nd.leaves, leaf{blocks: ch.length[id], last: lastAt[id]})
 		default:
 			idx[id] = int32(len(m.nodes))
-			m.nodes = append(m.nodes, trieNode{first: int64(id) - int64(length[id]) + 1, length: length[id]})
+			m.nodes = append(m.nodes, trieNode{first: int64(id) - int64(ch.length[id]) + 1, length: ch.length[id]})
 		}
 	}
-	for _, e := range rowEnds {
+	for _, e := range src.ends {
 		if i := idx[e.node]; i > 0 {
 			m.nodes[i].endSizes = append(m.nodes[i].endSizes, e.last)
 		}
 	}
+	return idx
+}
 
-	// Relabel for P: with P = 1 the trie keeps the source's (normalised)
-	// ids; otherwise each node gets a fresh consecutive run of its new
-	// length, in node order.
-	m.idSpan = int64(K)
-	m.passLen = withIDs
-	if P := k.PrefixLenMultiplier; P != 1 {
-		var next int64
-		for i := 1; i < len(m.nodes); i++ {
-			nd := &m.nodes[i]
-			L := math.RoundToEven(float64(nd.length) * P)
-			if float64(next)+L >= idLimit {
-				return nil, fmt.Errorf("prefix_len_multiplier %v would push hash ids past %d", P, int64(idLimit))
-			}
-			nd.length = max(1, int(L))
-			nd.first = next
-			next += int64(nd.length)
-		}
-		m.idSpan = next
+// relabel scales the nodes' lengths by the prefix multiplier P. With P = 1
+// the trie keeps the source's (normalised) ids; otherwise each node gets a
+// fresh consecutive run of its new length, in node order.
+func (m *trieModel) relabel(P float64) error {
+	if P == 1 {
+		return nil
 	}
+	var next int64
+	for i := 1; i < len(m.nodes); i++ {
+		nd := &m.nodes[i]
+		L := math.RoundToEven(float64(nd.length) * P)
+		if float64(next)+L >= idLimit {
+			return fmt.Errorf("prefix_len_multiplier %v would push hash ids past %d", P, int64(idLimit))
+		}
+		nd.length = max(1, int(L))
+		nd.first = next
+		next += int64(nd.length)
+	}
+	m.idSpan = next
+	return nil
+}
 
-	// Transitions: children by visits, then leaf, then end; zero weights
-	// are left out so they can never be drawn.
-	var cum int64
-	add := func(nd *trieNode, to int32, w int64) {
-		if w > 0 {
-			cum = w
-			if c := len(nd.cum); c > 0 {
-				cum += nd.cum[c-1]
-			}
-			nd.next = append(nd.next, to)
-			nd.cum = append(nd.cum, cum)
-		}
-	}
-	for id := range K {
+// addTransitions gives every node its steps: children by visits, then
+// leaf, then end.
+func (m *trieModel) addTransitions(src *sourceTrie, ch chains, idx []int32) {
+	for id := range src.parent {
 		if i := idx[id]; i > 0 {
-			add(&m.nodes[parentIndex(up[id], idx)], i, int64(visited[id]))
+			m.nodes[parentIndex(ch.up[id], idx)].addStep(i, int64(src.visited[id]))
 		}
 	}
 	for i := range m.nodes {
 		nd := &m.nodes[i]
-		add(nd, stepLeaf, int64(len(nd.leaves)))
-		add(nd, stepEnd, int64(len(nd.endSizes)))
+		nd.addStep(stepLeaf, int64(len(nd.leaves)))
+		nd.addStep(stepEnd, int64(len(nd.endSizes)))
+	}
+}
+
+// addStep appends a step of weight w. Zero weights are left out so they
+// can never be drawn.
+func (nd *trieNode) addStep(to int32, w int64) {
+	if w <= 0 {
+		return
+	}
+	cum := w
+	if c := len(nd.cum); c > 0 {
+		cum += nd.cum[c-1]
+	}
+	nd.next = append(nd.next, to)
+	nd.cum = append(nd.cum, cum)
+}
+
+// orderLeaves sorts every node's end sizes and leaves, then scales the
+// leaves' block counts by the prompt multiplier Q.
+func (m *trieModel) orderLeaves(Q float64) error {
+	for i := range m.nodes {
+		nd := &m.nodes[i]
 		slices.Sort(nd.endSizes)
 		// Sorted before scaling, so the prompt multiplier cannot reorder
 		// them and a draw picks the same source row whatever Q is.
 		slices.SortFunc(nd.leaves, func(a, b leaf) int {
 			return cmp.Or(cmp.Compare(a.blocks, b.blocks), cmp.Compare(a.last, b.last))
 		})
-		if Q := k.PromptLenMultiplier; Q != 1 {
-			for j := range nd.leaves {
-				l := &nd.leaves[j]
-				L := math.RoundToEven(float64(l.blocks) * Q)
-				if L*float64(B) > trace.MaxCount {
-					return nil, fmt.Errorf("prompt_len_multiplier %v makes a %.0f-block prompt", Q, L)
-				}
-				l.blocks = max(1, int(L))
+		if Q == 1 {
+			continue
+		}
+		for j := range nd.leaves {
+			l := &nd.leaves[j]
+			L := math.RoundToEven(float64(l.blocks) * Q)
+			if L*float64(m.blockSize) > trace.MaxCount {
+				return fmt.Errorf("prompt_len_multiplier %v makes a %.0f-block prompt", Q, L)
 			}
+			l.blocks = max(1, int(L))
 		}
 	}
+	return nil
+}
 
-	// Timing: rows per distinct timestamp and gaps between the distinct
-	// timestamps in time order.
+// learnTiming takes the rows per distinct timestamp and the gaps between
+// the distinct timestamps in time order, and sorts the samples.
+func (m *trieModel) learnTiming(stamps []float64) {
 	slices.Sort(stamps)
 	for i := 0; i < len(stamps); {
 		j := i + 1
@@ -331,7 +404,6 @@ func learn(rows []trace.Record, k Knobs) (*trieModel, error) {
 	slices.Sort(m.burstSizes)
 	slices.Sort(m.gaps)
 	slices.Sort(m.outputs)
-	return m, nil
 }
 
 func parentIndex(p int32, idx []int32) int32 {
@@ -344,16 +416,26 @@ func parentIndex(p int32, idx []int32) int32 {
 // maxRejectStreak bounds the search for a request under MaxISL.
 const maxRejectStreak = 1_000_000
 
+// samplers are the seeded streams of the sampling loop, one per kind of
+// draw.
+type samplers struct {
+	trie, counts, gaps, last, out, leaf *rand.Rand
+}
+
+func newSamplers(seed uint64) *samplers {
+	return &samplers{
+		trie:   rng.New(seed, StreamTrie),
+		counts: rng.New(seed, StreamCounts),
+		gaps:   rng.New(seed, StreamGaps),
+		last:   rng.New(seed, StreamLastBlock),
+		out:    rng.New(seed, StreamOutputLen),
+		leaf:   rng.New(seed, StreamLeafLen),
+	}
+}
+
 // generate runs the sampling loop.
 func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
-	var (
-		rTrie   = rng.New(k.Seed, StreamTrie)
-		rCounts = rng.New(k.Seed, StreamCounts)
-		rGaps   = rng.New(k.Seed, StreamGaps)
-		rLast   = rng.New(k.Seed, StreamLastBlock)
-		rOut    = rng.New(k.Seed, StreamOutputLen)
-		rLeaf   = rng.New(k.Seed, StreamLeafLen)
-	)
+	rs := newSamplers(k.Seed)
 	B := m.blockSize
 	out := make([]trace.Record, 0, n)
 	fresh := m.idSpan // next unused id
@@ -362,7 +444,7 @@ func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 	var walk []int32
 	var elapsed float64 // source milliseconds since the first burst
 	for len(out) < n {
-		burst := pick(rCounts, m.burstSizes)
+		burst := pick(rs.counts, m.burstSizes)
 		ts := math.Floor(elapsed / k.SpeedupRatio)
 		for range burst {
 			if slot > 0 && slot%m.passLen == 0 {
@@ -374,28 +456,11 @@ func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 				fresh += m.idSpan
 			}
 			slot++
-			walk = walk[:0]
-			blocks, tail, last := 0, 0, 0
-			for cur := int32(0); ; {
-				nd := &m.nodes[cur]
-				u := rTrie.Int64N(nd.cum[len(nd.cum)-1])
-				next := nd.next[sort.Search(len(nd.cum), func(i int) bool { return nd.cum[i] > u })]
-				if next == stepLeaf {
-					l := pick(rLeaf, nd.leaves)
-					tail, last = l.blocks, l.last
-					break
-				}
-				if next == stepEnd {
-					last = pick(rLast, nd.endSizes)
-					break
-				}
-				walk = append(walk, next)
-				blocks += m.nodes[next].length
-				cur = next
-			}
+			var blocks, tail, last int
+			walk, blocks, tail, last = m.walk(rs, walk[:0])
 			blocks += tail
 			isl := (blocks-1)*B + last
-			osl := int(float64(pick(rOut, m.outputs)) * k.OutputLenMultiplier)
+			osl := int(float64(pick(rs.out, m.outputs)) * k.OutputLenMultiplier)
 			if k.MaxISL > 0 && isl > k.MaxISL {
 				dropped++
 				if streak++; streak > maxRejectStreak {
@@ -407,17 +472,8 @@ func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 			if k.MaxOSL > 0 {
 				osl = min(osl, k.MaxOSL)
 			}
-			ids := make([]int64, 0, blocks)
-			for _, i := range walk {
-				nd := &m.nodes[i]
-				for j := range int64(nd.length) {
-					ids = append(ids, offset+nd.first+j)
-				}
-			}
-			for range tail {
-				ids = append(ids, fresh)
-				fresh++
-			}
+			var ids []int64
+			ids, fresh = m.requestIDs(walk, blocks, tail, offset, fresh)
 			out = append(out, trace.Record{
 				Timestamp:    trace.Ptr(ts),
 				InputLength:  trace.Ptr(isl),
@@ -429,25 +485,56 @@ func (m *trieModel) generate(n int, k Knobs) ([]trace.Record, int, error) {
 			}
 		}
 		if len(m.gaps) > 0 {
-			elapsed += pick(rGaps, m.gaps)
+			elapsed += pick(rs.gaps, m.gaps)
 		}
 	}
-
-	if R := k.PrefixRootMultiplier; R > 1 {
-		base := fresh // one above the largest id handed out
-		if float64(base)*float64(R) >= idLimit {
-			return nil, 0, fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
-		}
-		rRoot := rng.New(k.Seed, StreamPrefixRoot)
-		for i := range out {
-			if t := int64(rRoot.IntN(R)); t > 0 {
-				for j := range out[i].HashIDs {
-					out[i].HashIDs[j] += t * base
-				}
-			}
-		}
+	// Every generated row has ids, so each takes one draw. fresh is one
+	// above the largest id handed out.
+	if err := scatterPrefixRoots(out, fresh, k); err != nil {
+		return nil, 0, err
 	}
 	return out, dropped, nil
+}
+
+// walk draws one request's path from the root, appending the shared nodes
+// it crosses to walk. blocks counts their blocks; tail is the number of
+// fresh blocks of the leaf it left by (0 when it stopped on a node), and
+// last the size of the request's last block.
+func (m *trieModel) walk(rs *samplers, walk []int32) (_ []int32, blocks, tail, last int) {
+	for cur := int32(0); ; {
+		nd := &m.nodes[cur]
+		u := rs.trie.Int64N(nd.cum[len(nd.cum)-1])
+		next := nd.next[sort.Search(len(nd.cum), func(i int) bool { return nd.cum[i] > u })]
+		if next == stepLeaf {
+			l := pick(rs.leaf, nd.leaves)
+			return walk, blocks, l.blocks, l.last
+		}
+		if next == stepEnd {
+			return walk, blocks, 0, pick(rs.last, nd.endSizes)
+		}
+		walk = append(walk, next)
+		blocks += m.nodes[next].length
+		cur = next
+	}
+}
+
+// requestIDs spells a kept request's hash ids: the walked nodes' runs,
+// moved by the pass's offset, then tail fresh ids from fresh on. It returns
+// the next unused id too. Fresh ids go only to kept requests, so ids stay
+// dense.
+func (m *trieModel) requestIDs(walk []int32, blocks, tail int, offset, fresh int64) ([]int64, int64) {
+	ids := make([]int64, 0, blocks)
+	for _, i := range walk {
+		nd := &m.nodes[i]
+		for j := range int64(nd.length) {
+			ids = append(ids, offset+nd.first+j)
+		}
+	}
+	for range tail {
+		ids = append(ids, fresh)
+		fresh++
+	}
+	return ids, fresh
 }
 
 // pick draws one element of an empirical sample uniformly, which is the

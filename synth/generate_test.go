@@ -158,11 +158,11 @@ func meanOf(xs []float64) float64 {
 func medianOf(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
-	if n := len(s); n%2 == 1 {
+	n := len(s)
+	if n%2 == 1 {
 		return s[n/2]
-	} else {
-		return (s[n/2-1] + s[n/2]) / 2
 	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // TestGenerateRows checks every generated row against the block rule and

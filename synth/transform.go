@@ -204,8 +204,36 @@ const idLimit = 1 << 62
 // the prefix, prompt and root multipliers (AIPerf's _apply_multipliers plus
 // the fixes listed on Transform).
 func applyMultipliers(rows []trace.Record, k Knobs) error {
-	B := k.BlockSize
-	P, Q := k.PrefixLenMultiplier, k.PromptLenMultiplier
+	count, err := countIDs(rows, k.BlockSize)
+	if err != nil {
+		return err
+	}
+	w, err := newIDRewriter(count, k)
+	if err != nil {
+		return err
+	}
+	for i := range rows {
+		if len(rows[i].HashIDs) == 0 {
+			continue
+		}
+		if err := w.rewrite(&rows[i]); err != nil {
+			return err
+		}
+	}
+	if err := scatterPrefixRoots(rows, w.next+1, k); err != nil {
+		return err
+	}
+	for i := range rows {
+		if rows[i].HashIDs != nil && len(rows[i].HashIDs) == 0 {
+			rows[i].HashIDs = nil // AIPerf drops an empty hash_ids key
+		}
+	}
+	return nil
+}
+
+// countIDs checks the block rule on every row with ids and counts the
+// occurrences of each id: an id seen twice or more is a shared prefix block.
+func countIDs(rows []trace.Record, B int) (map[int64]int, error) {
 	count := make(map[int64]int)
 	for i := range rows {
 		r := &rows[i]
@@ -213,12 +241,27 @@ func applyMultipliers(rows []trace.Record, k Knobs) error {
 			continue
 		}
 		if err := checkBlocks(r, B); err != nil {
-			return err
+			return nil, err
 		}
 		for _, h := range r.HashIDs {
 			count[h]++
 		}
 	}
+	return count, nil
+}
+
+// idRewriter rewrites the ids and input length of one row at a time.
+// Shared ids keep their meaning (scaled by m under P > 1); every other
+// block gets a fresh id above them.
+type idRewriter struct {
+	k     Knobs
+	count map[int64]int // occurrences of each source id
+	m     int64         // ids each shared id becomes under P > 1
+	next  int64         // the last id handed out; fresh ids follow it
+}
+
+func newIDRewriter(count map[int64]int, k Knobs) (*idRewriter, error) {
+	P := k.PrefixLenMultiplier
 	var maxShared int64
 	for h, c := range count {
 		if c > 1 && h > maxShared {
@@ -228,113 +271,128 @@ func applyMultipliers(rows []trace.Record, k Knobs) error {
 	m := int64(1)
 	if P > 1 {
 		if P >= idLimit {
-			return fmt.Errorf("prefix_len_multiplier %v is too large", P)
+			return nil, fmt.Errorf("prefix_len_multiplier %v is too large", P)
 		}
 		m = int64(P)
 	}
 	if float64(maxShared+1)*float64(m) >= idLimit {
-		return fmt.Errorf("prefix_len_multiplier %v would push hash ids past %d", P, int64(idLimit))
+		return nil, fmt.Errorf("prefix_len_multiplier %v would push hash ids past %d", P, int64(idLimit))
 	}
-	next := (maxShared + 1) * m // the last id handed out; fresh ids follow it
-	fresh := func(ids []int64, n int) []int64 {
-		for ; n > 0; n-- {
-			next++
-			ids = append(ids, next)
-		}
-		return ids
+	return &idRewriter{k: k, count: count, m: m, next: (maxShared + 1) * m}, nil
+}
+
+// fresh appends n fresh ids to ids.
+func (w *idRewriter) fresh(ids []int64, n int) []int64 {
+	for ; n > 0; n-- {
+		w.next++
+		ids = append(ids, w.next)
+	}
+	return ids
+}
+
+// rewrite scales the row's shared prefix by P and its unique prompt by Q,
+// then caps it at MaxISL.
+func (w *idRewriter) rewrite(r *trace.Record) error {
+	B, Q := w.k.BlockSize, w.k.PromptLenMultiplier
+	ids := r.HashIDs
+	isl := *r.InputLength
+	lp := 0 // leading run of shared ids
+	for lp < len(ids) && w.count[ids[lp]] > 1 {
+		lp++
+	}
+	// short is how many tokens the row's last block lacks when the whole
+	// row is prefix; it stays on the last block of the new prefix.
+	short := 0
+	if lp == len(ids) {
+		short = lp*B - isl
+	}
+	prompt := isl - (lp*B - short)
+
+	kept, short, err := w.scalePrefix(r.Line, ids[:lp], short)
+	if err != nil {
+		return err
+	}
+	prefix := len(kept) * B
+	if len(kept) > 0 {
+		prefix -= short
 	}
 
+	qf := float64(prompt) * Q
+	if qf > trace.MaxCount {
+		return fmt.Errorf("line %d: prompt_len_multiplier %v makes a %.0f-token prompt", r.Line, Q, qf)
+	}
+	q := int(qf)
+	if q == 0 && prefix == 0 {
+		q = 1 // keep the request non-empty
+	}
+	kept = w.fresh(kept, ceilDiv(q, B))
+	isl = prefix + q
+
+	if w.k.MaxISL > 0 && isl > w.k.MaxISL {
+		isl = w.k.MaxISL
+		kept = kept[:ceilDiv(isl, B)]
+	}
+	r.HashIDs = kept
+	*r.InputLength = isl
+	return nil
+}
+
+// scalePrefix returns the new prefix ids for the shared ids of the row on
+// line, and the tokens its last block lacks: short, or 0 when shrinking cut
+// the partial last block off.
+func (w *idRewriter) scalePrefix(line int, shared []int64, short int) ([]int64, int, error) {
+	B, P := w.k.BlockSize, w.k.PrefixLenMultiplier
+	lp := len(shared)
+	switch {
+	case P > 1:
+		tf := math.Ceil(float64(lp) * P)
+		if tf*float64(B) > trace.MaxCount {
+			return nil, 0, fmt.Errorf("line %d: prefix_len_multiplier %v makes a %.0f-block prefix", line, P, tf)
+		}
+		total := int(tf)
+		kept := make([]int64, 0, total)
+		for _, h := range shared {
+			for j := range w.m {
+				kept = append(kept, h*w.m+j)
+			}
+		}
+		return w.fresh(kept, total-len(kept)), short, nil
+	case P < 1:
+		kb := 0
+		if lp > 0 {
+			kb = max(1, int(float64(lp)*P))
+		}
+		if kb < lp {
+			short = 0 // the partial last block was cut off
+		}
+		return append([]int64(nil), shared[:kb]...), short, nil
+	default:
+		return append([]int64(nil), shared...), short, nil
+	}
+}
+
+// scatterPrefixRoots applies the prefix-root multiplier R: each row with
+// ids moves, by a draw of its own, to one of R copies of the id space, base
+// ids apart (base is above every id handed out), so that R disjoint
+// families of prefixes share the traffic. Rows without ids take no draw.
+func scatterPrefixRoots(rows []trace.Record, base int64, k Knobs) error {
+	R := k.PrefixRootMultiplier
+	if R <= 1 {
+		return nil
+	}
+	if float64(base)*float64(R) >= idLimit {
+		return fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
+	}
+	rRoot := rng.New(k.Seed, StreamPrefixRoot)
 	for i := range rows {
-		r := &rows[i]
-		ids := r.HashIDs
+		ids := rows[i].HashIDs
 		if len(ids) == 0 {
 			continue
 		}
-		isl := *r.InputLength
-		lp := 0 // leading run of shared ids
-		for lp < len(ids) && count[ids[lp]] > 1 {
-			lp++
-		}
-		// short is how many tokens the row's last block lacks when the whole
-		// row is prefix; it stays on the last block of the new prefix.
-		short := 0
-		if lp == len(ids) {
-			short = lp*B - isl
-		}
-		prompt := isl - (lp*B - short)
-
-		var kept []int64
-		switch {
-		case P > 1:
-			tf := math.Ceil(float64(lp) * P)
-			if tf*float64(B) > trace.MaxCount {
-				return fmt.Errorf("line %d: prefix_len_multiplier %v makes a %.0f-block prefix", r.Line, P, tf)
+		if t := int64(rRoot.IntN(R)); t > 0 {
+			for j := range ids {
+				ids[j] += t * base
 			}
-			total := int(tf)
-			kept = make([]int64, 0, total)
-			for _, h := range ids[:lp] {
-				for j := range m {
-					kept = append(kept, h*m+j)
-				}
-			}
-			kept = fresh(kept, total-len(kept))
-		case P < 1:
-			kb := 0
-			if lp > 0 {
-				kb = max(1, int(float64(lp)*P))
-			}
-			if kb < lp {
-				short = 0 // the partial last block was cut off
-			}
-			kept = append([]int64(nil), ids[:kb]...)
-		default:
-			kept = append([]int64(nil), ids[:lp]...)
-		}
-		prefix := len(kept) * B
-		if len(kept) > 0 {
-			prefix -= short
-		}
-
-		qf := float64(prompt) * Q
-		if qf > trace.MaxCount {
-			return fmt.Errorf("line %d: prompt_len_multiplier %v makes a %.0f-token prompt", r.Line, Q, qf)
-		}
-		q := int(qf)
-		if q == 0 && prefix == 0 {
-			q = 1 // keep the request non-empty
-		}
-		kept = fresh(kept, ceilDiv(q, B))
-		isl = prefix + q
-
-		if k.MaxISL > 0 && isl > k.MaxISL {
-			isl = k.MaxISL
-			kept = kept[:ceilDiv(isl, B)]
-		}
-		r.HashIDs = kept
-		*r.InputLength = isl
-	}
-
-	if R := k.PrefixRootMultiplier; R > 1 {
-		base := next + 1
-		if float64(base)*float64(R) >= idLimit {
-			return fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
-		}
-		rRoot := rng.New(k.Seed, StreamPrefixRoot)
-		for i := range rows {
-			ids := rows[i].HashIDs
-			if len(ids) == 0 {
-				continue
-			}
-			if t := int64(rRoot.IntN(R)); t > 0 {
-				for j := range ids {
-					ids[j] += t * base
-				}
-			}
-		}
-	}
-	for i := range rows {
-		if rows[i].HashIDs != nil && len(rows[i].HashIDs) == 0 {
-			rows[i].HashIDs = nil // AIPerf drops an empty hash_ids key
 		}
 	}
 	return nil

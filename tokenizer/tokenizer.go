@@ -139,17 +139,19 @@ type addedToken struct {
 
 // tokenizerJSON is the part of tokenizer.json this package reads.
 type tokenizerJSON struct {
-	AddedTokens []struct {
-		ID         int    `json:"id"`
-		Content    string `json:"content"`
-		SingleWord bool   `json:"single_word"`
-		LStrip     bool   `json:"lstrip"`
-		RStrip     bool   `json:"rstrip"`
-	} `json:"added_tokens"`
+	AddedTokens  []addedTokenJSON       `json:"added_tokens"`
 	Normalizer   *normalizerJSON        `json:"normalizer"`
 	PreTokenizer *preTokenizerJSON      `json:"pre_tokenizer"`
 	Model        modelJSON              `json:"model"`
 	Decoder      *struct{ Type string } `json:"decoder"`
+}
+
+type addedTokenJSON struct {
+	ID         int    `json:"id"`
+	Content    string `json:"content"`
+	SingleWord bool   `json:"single_word"`
+	LStrip     bool   `json:"lstrip"`
+	RStrip     bool   `json:"rstrip"`
 }
 
 type normalizerJSON struct {
@@ -189,51 +191,81 @@ func parseHFTokenizer(data []byte) (*hfTokenizer, error) {
 	if err := json.Unmarshal(data, &tj); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: %w", err)
 	}
-	m := tj.Model
-	switch {
-	case m.Type != "BPE":
-		return nil, fmt.Errorf("tokenizer.json: model type %q is not supported (only byte-level BPE)", m.Type)
-	case m.Dropout != nil && *m.Dropout != 0:
-		return nil, errors.New("tokenizer.json: BPE dropout is not supported")
-	case m.ByteFallback:
-		return nil, errors.New("tokenizer.json: byte_fallback (SentencePiece-style BPE) is not supported")
-	case m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "",
-		m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "":
-		return nil, errors.New("tokenizer.json: subword prefixes/suffixes are not supported")
-	case len(m.Vocab) == 0:
-		return nil, errors.New("tokenizer.json: empty vocab")
-	}
-	if err := checkNormalizer(tj.Normalizer); err != nil {
+	if err := checkSupported(&tj); err != nil {
 		return nil, err
 	}
-	if tj.Decoder != nil && tj.Decoder.Type != "ByteLevel" {
-		return nil, fmt.Errorf("tokenizer.json: decoder %q is not supported (only ByteLevel)", tj.Decoder.Type)
-	}
-
+	m := tj.Model
 	t := &hfTokenizer{vocab: m.Vocab, ignoreMerges: m.IgnoreMerges, runeByte: make(map[rune]byte, 256)}
 	var err error
 	if t.splits, err = splitPatterns(tj.PreTokenizer); err != nil {
 		return nil, err
 	}
+	if err := t.fillVocab(m.Vocab, tj.AddedTokens); err != nil {
+		return nil, err
+	}
+	if err := t.mapBytes(m.Vocab); err != nil {
+		return nil, err
+	}
+	if err := t.readMerges(m.Vocab, m.Merges); err != nil {
+		return nil, err
+	}
+	if err := t.addTokens(tj.AddedTokens); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
 
+// checkSupported rejects the model, normalizer and decoder options outside
+// the subset this package implements.
+func checkSupported(tj *tokenizerJSON) error {
+	m := tj.Model
+	switch {
+	case m.Type != "BPE":
+		return fmt.Errorf("tokenizer.json: model type %q is not supported (only byte-level BPE)", m.Type)
+	case m.Dropout != nil && *m.Dropout != 0:
+		return errors.New("tokenizer.json: BPE dropout is not supported")
+	case m.ByteFallback:
+		return errors.New("tokenizer.json: byte_fallback (SentencePiece-style BPE) is not supported")
+	case m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "",
+		m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "":
+		return errors.New("tokenizer.json: subword prefixes/suffixes are not supported")
+	case len(m.Vocab) == 0:
+		return errors.New("tokenizer.json: empty vocab")
+	}
+	if err := checkNormalizer(tj.Normalizer); err != nil {
+		return err
+	}
+	if tj.Decoder != nil && tj.Decoder.Type != "ByteLevel" {
+		return fmt.Errorf("tokenizer.json: decoder %q is not supported (only ByteLevel)", tj.Decoder.Type)
+	}
+	return nil
+}
+
+// fillVocab sizes the id tables to the largest id, vocab or added, and
+// spells each vocab id; the added tokens are spelled by addTokens.
+func (t *hfTokenizer) fillVocab(vocab map[string]int, added []addedTokenJSON) error {
 	maxID := 0
-	for _, id := range m.Vocab {
+	for _, id := range vocab {
 		maxID = max(maxID, id)
 	}
-	for _, a := range tj.AddedTokens {
+	for _, a := range added {
 		maxID = max(maxID, a.ID)
 	}
 	t.tokens = make([]string, maxID+1)
 	t.isAdded = make([]bool, maxID+1)
-	for s, id := range m.Vocab {
+	for s, id := range vocab {
 		if id < 0 {
-			return nil, fmt.Errorf("tokenizer.json: negative id %d for %q", id, s)
+			return fmt.Errorf("tokenizer.json: negative id %d for %q", id, s)
 		}
 		t.tokens[id] = s
 	}
+	return nil
+}
 
-	// GPT-2's byte-to-unicode map: printable bytes stand for themselves, the
-	// others take code points from 256 upwards, in byte order.
+// mapBytes builds GPT-2's byte-to-unicode map: printable bytes stand for
+// themselves, the others take code points from 256 upwards, in byte order.
+// Every byte must be in the vocab, or some text could not be encoded.
+func (t *hfTokenizer) mapBytes(vocab map[string]int) error {
 	next := rune(256)
 	for b := 0; b < 256; b++ {
 		r := rune(b)
@@ -243,38 +275,48 @@ func parseHFTokenizer(data []byte) (*hfTokenizer, error) {
 		}
 		t.byteRune[b] = r
 		t.runeByte[r] = byte(b)
-		id, ok := m.Vocab[string(r)]
+		id, ok := vocab[string(r)]
 		if !ok {
-			return nil, fmt.Errorf("tokenizer.json: vocab lacks byte 0x%02x (%q); not a byte-level BPE", b, string(r))
+			return fmt.Errorf("tokenizer.json: vocab lacks byte 0x%02x (%q); not a byte-level BPE", b, string(r))
 		}
 		t.byteID[b] = int32(id)
 	}
+	return nil
+}
 
-	t.merges = make(map[[2]int32]merge, len(m.Merges))
-	for rank, raw := range m.Merges {
+// readMerges indexes the merges by the pair of ids they join, with their
+// rank (their position in the file) and the id they make.
+func (t *hfTokenizer) readMerges(vocab map[string]int, merges []json.RawMessage) error {
+	t.merges = make(map[[2]int32]merge, len(merges))
+	for rank, raw := range merges {
 		a, b, err := parseMerge(raw)
 		if err != nil {
-			return nil, fmt.Errorf("tokenizer.json: merge %d: %w", rank, err)
+			return fmt.Errorf("tokenizer.json: merge %d: %w", rank, err)
 		}
-		ia, oka := m.Vocab[a]
-		ib, okb := m.Vocab[b]
-		ic, okc := m.Vocab[a+b]
+		ia, oka := vocab[a]
+		ib, okb := vocab[b]
+		ic, okc := vocab[a+b]
 		if !oka || !okb || !okc {
-			return nil, fmt.Errorf("tokenizer.json: merge %d (%q %q) uses tokens missing from the vocab", rank, a, b)
+			return fmt.Errorf("tokenizer.json: merge %d (%q %q) uses tokens missing from the vocab", rank, a, b)
 		}
 		key := [2]int32{int32(ia), int32(ib)}
 		if _, dup := t.merges[key]; !dup { // the first (lowest) rank wins
 			t.merges[key] = merge{rank: int32(rank), id: int32(ic)}
 		}
 	}
+	return nil
+}
 
+// addTokens records the added tokens, indexed by first byte and longest
+// first so that the literal match in the input is leftmost-longest.
+func (t *hfTokenizer) addTokens(added []addedTokenJSON) error {
 	t.added = make(map[byte][]addedToken)
-	for _, a := range tj.AddedTokens {
+	for _, a := range added {
 		if a.Content == "" {
-			return nil, fmt.Errorf("tokenizer.json: added token %d is empty", a.ID)
+			return fmt.Errorf("tokenizer.json: added token %d is empty", a.ID)
 		}
 		if a.LStrip || a.RStrip || a.SingleWord {
-			return nil, fmt.Errorf("tokenizer.json: added token %q uses lstrip/rstrip/single_word, which is not supported", a.Content)
+			return fmt.Errorf("tokenizer.json: added token %q uses lstrip/rstrip/single_word, which is not supported", a.Content)
 		}
 		t.tokens[a.ID] = a.Content
 		t.isAdded[a.ID] = true
@@ -283,7 +325,7 @@ func parseHFTokenizer(data []byte) (*hfTokenizer, error) {
 	for _, list := range t.added {
 		sort.SliceStable(list, func(i, j int) bool { return len(list[i].content) > len(list[j].content) })
 	}
-	return t, nil
+	return nil
 }
 
 func checkNormalizer(n *normalizerJSON) error {
