@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
@@ -75,19 +77,19 @@ func TestPreambleLeftOutOfEfficiency(t *testing.T) {
 	for range preambleMinSamples {
 		finish(1, 0)
 	}
-	if got := sumOf(t, reg, "kvload_cache_reported_cached_prompt_tokens_total"); got != 6 {
+	if got := testutil.Gather(t, reg).Sum("kvload_cache_reported_cached_prompt_tokens_total"); got != 6 {
 		t.Fatalf("cached while the preamble was learned: %v, want 6", got)
 	}
-	if got := sumOf(t, reg, "kvload_target_cache_preamble_tokens"); got != 1 {
+	if got := testutil.Gather(t, reg).Sum("kvload_target_cache_preamble_tokens"); got != 1 {
 		t.Fatalf("preamble: %v, want 1", got)
 	}
 	for range preambleWindow {
 		finish(1, 0)
 	}
-	mid := sumOf(t, reg, "kvload_cache_reported_cached_prompt_tokens_total")
+	mid := testutil.Gather(t, reg).Sum("kvload_cache_reported_cached_prompt_tokens_total")
 	// A shared prefix of 512 trace tokens: the server reports BOS + 512.
 	finish(513, 512)
-	if got := sumOf(t, reg, "kvload_cache_reported_cached_prompt_tokens_total") - mid; got != 512 {
+	if got := testutil.Gather(t, reg).Sum("kvload_cache_reported_cached_prompt_tokens_total") - mid; got != 512 {
 		t.Errorf("shared request credited %v cached tokens, want 512", got)
 	}
 	if mid != 6 {
@@ -96,25 +98,7 @@ func TestPreambleLeftOutOfEfficiency(t *testing.T) {
 	// The BOS left out of the last two learning requests, the whole
 	// second loop and the shared request.
 	wantPrompt := float64((1+preambleMinSamples+preambleWindow+1)*1001 - (2 + preambleWindow + 1))
-	if got := sumOf(t, reg, "kvload_cache_reported_prompt_tokens_total"); got != wantPrompt {
+	if got := testutil.Gather(t, reg).Sum("kvload_cache_reported_prompt_tokens_total"); got != wantPrompt {
 		t.Errorf("reported prompt tokens %v, want %v", got, wantPrompt)
 	}
-}
-
-// sumOf adds every series of a counter or gauge family.
-func sumOf(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
 }

@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/kvload-exporter/kvload-exporter/cachetruth"
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
@@ -78,10 +79,10 @@ func TestGoldenMetrics(t *testing.T) {
 		t.Fatalf("%v (run go test ./collector -update)", err)
 	}
 	defer f.Close()
-	if err := testutil.GatherAndCompare(reg, f); err != nil {
+	if err := promtestutil.GatherAndCompare(reg, f); err != nil {
 		t.Error(err)
 	}
-	problems, err := testutil.GatherAndLint(reg)
+	problems, err := promtestutil.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,10 +116,10 @@ func TestReloadFailureKeepsTimestamp(t *testing.T) {
 	at := time.Unix(1000, 0)
 	c.ReloadDone(true, at)
 	c.ReloadDone(false, at.Add(time.Hour))
-	if got := testutil.ToFloat64(c.reloadOK); got != 0 {
+	if got := promtestutil.ToFloat64(c.reloadOK); got != 0 {
 		t.Errorf("reload gauge = %v, want 0", got)
 	}
-	if got := testutil.ToFloat64(c.reloadTime); got != 1000 {
+	if got := promtestutil.ToFloat64(c.reloadTime); got != 1000 {
 		t.Errorf("last success = %v, want 1000", got)
 	}
 }
@@ -204,7 +205,7 @@ func TestUnknownIsNotZero(t *testing.T) {
 		"kvload_prompt_tokens_total":                                   3000,
 		"kvload_theoretical_cached_prompt_tokens_total":                1536,
 	} {
-		if got := sumOf(t, reg, name); got != want {
+		if got := testutil.Gather(t, reg).Sum(name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
@@ -240,7 +241,7 @@ func TestServerCachedCarried(t *testing.T) {
 	done()
 	tr.AddServerCached("s", 5)
 	tr.AddServerCached("s", 7) // nothing in flight, nothing finished: other traffic
-	if got := sumOf(t, reg, "kvload_cached_prompt_tokens_total"); got != 65 {
+	if got := testutil.Gather(t, reg).Sum("kvload_cached_prompt_tokens_total"); got != 65 {
 		t.Errorf("cached tokens %v, want 65 (30+20+10+5)", got)
 	}
 }
@@ -253,12 +254,12 @@ func TestPassesFromAnchor(t *testing.T) {
 	for _, p := range []int{1_000_000, 1_000_000, 1_000_001, 1_000_000, 1_000_003} {
 		c.PassCompleted("w", "a", p)
 	}
-	if got := sumOf(t, reg, "kvload_trace_loops_total"); got != 3 {
+	if got := testutil.Gather(t, reg).Sum("kvload_trace_loops_total"); got != 3 {
 		t.Errorf("passes %v, want 3", got)
 	}
 	c.ForgetWorkload("w")
 	c.PassCompleted("w", "a", 1_000_004) // removed, then added back
-	if got := sumOf(t, reg, "kvload_trace_loops_total"); got != 1 {
+	if got := testutil.Gather(t, reg).Sum("kvload_trace_loops_total"); got != 1 {
 		t.Errorf("passes after re-adding %v, want 1", got)
 	}
 }
@@ -276,24 +277,6 @@ func TestClassOf(t *testing.T) {
 			t.Errorf("ClassOf(%d, %d) = %s, want %s", tt.theo, tt.isl, got, tt.want)
 		}
 	}
-}
-
-// sumOf adds every series of a counter family.
-func sumOf(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
 }
 
 // TestScheduleLagSubMillisecond: sub-millisecond lags land in their own
