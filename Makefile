@@ -75,9 +75,10 @@ test-prompts: tokenizers
 # totals, and its hit rate against analyze's over three passes), a pass
 # over the whole synthetic trace (observed vs theoretical cache hits, then
 # the cache turned off) and prompt-token exactness. A few minutes; too
-# slow under -race.
+# slow under -race. The tests mostly wait on paced replays, so they run
+# side by side; the fast replays two at a time (replayslots_test.go).
 test-e2e:
-	$(GO) test -count=1 -timeout 30m -run '^TestE2E' ./cmd/kvload-exporter
+	$(GO) test -count=1 -timeout 30m -parallel 32 -run '^TestE2E' ./cmd/kvload-exporter
 
 # The fault suite (every emulated fault at once, checked against the
 # engine's ground truth) and the endpoint-loss test at full size, with

@@ -146,6 +146,8 @@ func ctBand(t *testing.T, what string, c ctCounters, lo, hi float64) {
 // TestE2ECacheTruthFleet (point 2): two replicas sharded 0/2 and 1/2
 // against one engine each read the truth, and so do they together.
 func TestE2ECacheTruthFleet(t *testing.T) {
+	t.Parallel()
+	e2eReplaySlot(t)
 	url, _ := ctEngine(t, emulate.Config{})
 	cfg := ctConfig(t, url, "fresh")
 	a := e2eStartFlags(t, cfg, []string{"--shard=0/2"})
@@ -175,6 +177,8 @@ func TestE2ECacheTruthFleet(t *testing.T) {
 // so only the fleet's efficiency, the sum the recording rules take, is
 // asserted in the band; each replica's is logged.
 func TestE2ECacheTruthFleetServerMetrics(t *testing.T) {
+	t.Parallel()
+	e2eReplaySlot(t)
 	url, eng := ctEngine(t, emulate.Config{InterToken: time.Millisecond})
 	trace := e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), ctRows)
 	withMetrics := ctConfigOf(url, "once")
@@ -226,6 +230,7 @@ func TestE2ECacheTruthFleetServerMetrics(t *testing.T) {
 // stopped a quarter into it, and the restarted one's whole pass is the
 // one a once exporter that is never stopped sends.
 func TestE2ECacheTruthRestart(t *testing.T) {
+	t.Parallel()
 	if raceEnabled {
 		t.Skip("whole passes at speed: too slow under -race; run by `make test-e2e`")
 	}
@@ -259,9 +264,10 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 			name += fmt.Sprintf(", %d blocks", tt.capacity)
 		}
 		t.Run(name, func(t *testing.T) {
-			// Two cases at a time (-parallel is GOMAXPROCS): each is an
-			// emulator and an exporter mostly waiting on each other.
+			// Each case is an emulator and an exporter mostly waiting on
+			// each other: as many at a time as e2eReplays admits.
 			t.Parallel()
+			e2eReplaySlot(t)
 			flags := []string{"--inter-token=1ms"}
 			if tt.capacity > 0 {
 				flags = append(flags, fmt.Sprintf("--capacity-blocks=%d", tt.capacity))
@@ -361,6 +367,8 @@ func ctStopProcess(t *testing.T, p *process) {
 // cached-token count. Nothing counts on either side of the efficiency,
 // every success is counted as unreported, and the user is told what to do.
 func TestE2ECacheTruthUnreported(t *testing.T) {
+	t.Parallel()
+	e2eReplaySlot(t)
 	url, _ := ctEngine(t, emulate.Config{OmitCachedTokens: true})
 	d := e2eStart(t, ctConfig(t, url, "fresh"))
 	testutil.EventuallyWithin(t, "requests", e2eDeadline, func() (bool, string) {
@@ -383,6 +391,8 @@ func TestE2ECacheTruthUnreported(t *testing.T) {
 // TestE2ECacheTruthFailures (point 5): requests the engine refused do not
 // warm the model; the efficiency stays true with a fifth of them failing.
 func TestE2ECacheTruthFailures(t *testing.T) {
+	t.Parallel()
+	e2eReplaySlot(t)
 	url, _ := ctEngine(t, emulate.Config{Faults: emulate.Faults{Error500: 0.2}, Seed: 7})
 	d := e2eStart(t, ctConfig(t, url, "fresh"))
 	start := ctNextPass(t, ctRead(t, d.base), d.base)
@@ -394,6 +404,8 @@ func TestE2ECacheTruthFailures(t *testing.T) {
 // engine with the default capacity_blocks: auto; a healthy engine reads
 // within [0.85, 1.05].
 func TestE2ECacheTruthCapacity(t *testing.T) {
+	t.Parallel()
+	e2eReplaySlot(t)
 	url, _ := ctEngine(t, emulate.Config{CapacityBlocks: 20000})
 	d := e2eStart(t, ctConfig(t, url, "fresh"))
 	start := ctNextPass(t, ctRead(t, d.base), d.base)
@@ -411,6 +423,7 @@ func TestE2ECacheTruthCapacity(t *testing.T) {
 // target and the key to set, not again at a reload that changes nothing,
 // and on the landing page; kvload_target_cache_capacity_known is 0.
 func TestE2ECacheTruthCapacityUnknown(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		dialect string
 		engine  emulate.Personality
@@ -419,6 +432,7 @@ func TestE2ECacheTruthCapacityUnknown(t *testing.T) {
 		{"llamacpp", emulate.PersonalityLlamaCpp},
 	} {
 		t.Run(tt.dialect, func(t *testing.T) {
+			t.Parallel()
 			url := daemontest.StartEmulator(t, emulate.Config{Engine: tt.engine}).URL
 			tg := config.Target{Name: "engine-" + tt.dialect, URL: url, Model: emulate.DefaultModel}
 			daemontest.SetString(&tg.Dialect, tt.dialect)
@@ -494,6 +508,7 @@ func containsAll(s string, subs ...string) bool {
 // counted for its requests, none lost between scrapes, across an engine
 // restart that resets the counter.
 func TestE2ECacheTruthServerMetrics(t *testing.T) {
+	t.Parallel()
 	if raceEnabled {
 		t.Skip("whole passes at speed: too slow under -race; run by `make test-e2e`")
 	}
@@ -578,6 +593,7 @@ func ctRoundRobin(t *testing.T, backends []string) string {
 // depends on how the sessions interleave), so only the wide gaps are
 // asserted. The figures are in docs/cache-model.md.
 func TestE2ECacheTruthRouter(t *testing.T) {
+	t.Parallel()
 	if raceEnabled {
 		t.Skip("whole passes at speed: too slow under -race; run by `make test-e2e`")
 	}
@@ -587,6 +603,8 @@ func TestE2ECacheTruthRouter(t *testing.T) {
 	}
 	for _, tr := range traces {
 		t.Run(tr.name, func(t *testing.T) {
+			t.Parallel()
+			e2eReplaySlot(t)
 			rows := e2eHead(t, tr.path, ctRows)
 			var two float64
 			for _, n := range []int{1, 2, 8} {
@@ -639,10 +657,13 @@ func ctSparseTrace(rows, isl int) []byte {
 // answers and leaves it out.
 func TestE2ECacheTruthPreamble(t *testing.T) {
 	// At the trace's own pace (a request every 100 ms), so that each
-	// repeated row finds the single slot holding the row before it.
+	// repeated row finds the single slot holding the row before it. Not
+	// beside the fast replays, whose CPU can hold a request back past the
+	// next one; its cases, light, run side by side.
 	const rows = 200
 	for _, api := range []string{"completions", "chat"} {
 		t.Run(api, func(t *testing.T) {
+			t.Parallel()
 			url, eng := ctEngine(t, emulate.Config{Engine: emulate.PersonalityLlamaCpp, BOS: true})
 			target := config.Target{Name: "llama", URL: url, Model: emulate.DefaultModel, Dialect: "llamacpp"}
 			daemontest.SetString(&target.API, api)
@@ -684,6 +705,8 @@ func TestE2ECacheTruthPreamble(t *testing.T) {
 // 0.54 or 1.84 (TensorRT-LLM against token-exact). Completions, so that no
 // chat template shifts the block edges.
 func TestE2ECacheTruthGranularity(t *testing.T) {
+	// The llama.cpp case is timed as TestE2ECacheTruthPreamble is: not
+	// beside the fast replays; the cases run side by side.
 	const rows = 200
 	trace := ctSparseTrace(rows, 60)
 	for _, tc := range []struct {
@@ -696,6 +719,7 @@ func TestE2ECacheTruthGranularity(t *testing.T) {
 		{"llamacpp", emulate.Config{Engine: emulate.PersonalityLlamaCpp, BOS: true}},
 	} {
 		t.Run(tc.dialect, func(t *testing.T) {
+			t.Parallel()
 			url, _ := ctEngine(t, tc.engine)
 			target := config.Target{Name: "engine", URL: url, Model: emulate.DefaultModel, API: "completions"}
 			daemontest.SetString(&target.Dialect, tc.dialect)

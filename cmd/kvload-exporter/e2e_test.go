@@ -215,6 +215,8 @@ func e2eFixture(t *testing.T, name string) []byte {
 // the trace is its first rows, replayed once and faster, and checks every
 // exported total against the emulator's own count.
 func TestE2EQuickstart(t *testing.T) {
+	t.Parallel()
+	e2eReplaySlot(t)
 	rows := 200
 	if raceEnabled {
 		rows = 40
@@ -351,6 +353,8 @@ func TestE2ECacheRatio(t *testing.T) {
 // the server counts the trace's length too, except where a row's last
 // block is too short to give the template all its room.
 func TestE2EPromptTokens(t *testing.T) {
+	t.Parallel()
+	e2eReplaySlot(t)
 	rows := 150
 	if raceEnabled {
 		rows = 30

@@ -27,6 +27,8 @@ const quickstartSpeedup = 10
 // prompt tokens `analyze` says the trace lets a cache serve: the bounded
 // cache must fit what the trace reuses.
 func TestE2EQuickstartHitRate(t *testing.T) {
+	t.Parallel()
+	e2eReplaySlot(t)
 	if raceEnabled {
 		t.Skip("three passes of 13.7M prompt tokens: too slow under -race; run by `make test-e2e`")
 	}
