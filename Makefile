@@ -37,7 +37,7 @@ SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492d
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
 .PHONY: engines test-engines all build release run test test-browser screenshot test-go test-prompts test-e2e test-faults lint fmt-check vet golangci-lint staticcheck bench bench-scale tokenizers clean \
-        prometheus test-rules test-dashboards test-prometheus test-alerts vulncheck bench-rate
+        prometheus test-rules test-dashboards test-prometheus test-alerts test-prometheus-alerts vulncheck bench-rate
 
 all: build
 
@@ -61,7 +61,7 @@ run:
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
-test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-browser test-rules test-dashboards test-prometheus test-alerts test-engines
+test: lint vulncheck tokenizers test-go test-prompts test-e2e test-faults test-browser test-rules test-dashboards test-prometheus-alerts test-engines
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -131,10 +131,19 @@ test-prometheus: build $(PROMETHEUS) $(PROMTOOL)
 # no cached tokens (broken, flushed, healthy). Each scenario's alert states
 # are checked again by `promtool test rules` over the same samples, and a
 # small check proves that a wrong expectation makes promtool fail. The
-# scenarios run two at a time: about 4 minutes; needs ../shared/traces.
+# scenarios run three at a time (alertScenarioSlots): about 3 minutes;
+# needs ../shared/traces.
 test-alerts: build $(PROMTOOL)
 	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) PROMTOOL_BIN=$(abspath $(PROMTOOL)) \
-	  $(GO) test -count=1 -timeout 30m -v -run '^(TestAlertScenarios|TestPromtoolCrossCheck)$$' ./dashtest
+	  $(GO) test -count=1 -timeout 30m -v -parallel 8 -run '^(TestAlertScenarios|TestPromtoolCrossCheck)$$' ./dashtest
+
+## test-prometheus-alerts: test-prometheus and test-alerts in one run, side by side (what `make test` runs).
+# Both mostly wait: the one on Prometheus' rate windows, the other on its
+# scenarios' rule time.
+test-prometheus-alerts: build $(PROMETHEUS) $(PROMTOOL)
+	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) PROMETHEUS_BIN=$(abspath $(PROMETHEUS)) \
+	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) \
+	  $(GO) test -count=1 -timeout 30m -v -parallel 8 -run '^(TestPrometheusEndToEnd|TestAlertScenarios|TestPromtoolCrossCheck)$$' ./dashtest
 
 ## engines: a real llama.cpp llama-server, Ollama and a tiny model with the Llama-3.1 vocabulary, built once into ENGINE_CACHE.
 # llama.cpp comes from the source npm's node-llama-cpp carries (cmake from

@@ -147,7 +147,7 @@ func ctBand(t *testing.T, what string, c ctCounters, lo, hi float64) {
 // against one engine each read the truth, and so do they together.
 func TestE2ECacheTruthFleet(t *testing.T) {
 	t.Parallel()
-	e2eReplaySlot(t)
+	e2eReplayAlone(t)
 	url, _ := ctEngine(t, emulate.Config{})
 	cfg := ctConfig(t, url, "fresh")
 	a := e2eStartFlags(t, cfg, []string{"--shard=0/2"})
@@ -405,7 +405,7 @@ func TestE2ECacheTruthFailures(t *testing.T) {
 // within [0.85, 1.05].
 func TestE2ECacheTruthCapacity(t *testing.T) {
 	t.Parallel()
-	e2eReplaySlot(t)
+	e2eReplayAlone(t)
 	url, _ := ctEngine(t, emulate.Config{CapacityBlocks: 20000})
 	d := e2eStart(t, ctConfig(t, url, "fresh"))
 	start := ctNextPass(t, ctRead(t, d.base), d.base)

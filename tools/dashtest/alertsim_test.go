@@ -27,8 +27,8 @@ import (
 // evaluated over the recording. Every time below is rule time, which is
 // also the trace's own time.
 //
-// The scenarios run one after another (2 cores): about
-// (startup + span / F) of real time each.
+// Each scenario takes about (startup + span / F) of real time, most of it
+// waiting; alertScenarioSlots of them run at a time.
 
 const (
 	// alertCompression is F: rule seconds per real second, also the
@@ -36,6 +36,12 @@ const (
 	alertCompression = 30
 	// alertChangeAt: when a scenario breaks (or flushes) the cache.
 	alertChangeAt = 10 * time.Minute
+	// alertScenarioSlots: scenarios at a time. Each keeps about 0.3 of a
+	// core busy (the emulator tokenizing, the exporter building prompts);
+	// three leave most of a second core free on a 2-core machine, so that
+	// the silent target's TTFT, which the contrast reads, is not delayed
+	// by a busy CPU.
+	alertScenarioSlots = 3
 	// alertMaxISL keeps the emulator's tokenizer (it tokenizes every
 	// prompt) well within 2 shared cores: the shared trace's rows up to
 	// 8,000 prompt tokens are 6,546 of 12,031, 21.5 M tokens over its 59
@@ -108,6 +114,8 @@ func TestAlertScenarios(t *testing.T) {
 	if testing.Short() {
 		t.Skip("alert scenarios: several minutes")
 	}
+	// Beside TestPrometheusEndToEnd, which waits on Prometheus' clock.
+	t.Parallel()
 	root := repoRoot(t)
 	trace := filepath.Join(root, "..", "shared", "traces", "conversation_trace.jsonl")
 	if _, err := os.Stat(trace); err != nil {
@@ -203,13 +211,16 @@ func TestAlertScenarios(t *testing.T) {
 			r.whatIf(t, r.contrastWhatIf())
 		}},
 	}
-	// Two at a time (go test's -parallel is the core count): a scenario
-	// is mostly waiting for its rule time to pass, and the rule time of
-	// each scrape is its index, not the wall clock, so a slower scrape
-	// does not move the alerts' timeline.
+	// alertScenarioSlots at a time: a scenario is mostly waiting for its
+	// rule time to pass, and the rule time of each scrape is its index,
+	// not the wall clock, so a slower scrape does not move the alerts'
+	// timeline.
+	slots := make(chan struct{}, alertScenarioSlots)
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
+			slots <- struct{}{}
+			t.Cleanup(func() { <-slots })
 			r := runAlertScenario(t, kvload, promtool, trace, files, sc)
 			r.effThreshold, r.contrastThreshold, r.hitHold, r.contrastHold = effThr, conThr, hitHold, conHold
 			r.logTimeline(t)

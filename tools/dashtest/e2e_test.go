@@ -40,6 +40,9 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end test: several minutes")
 	}
+	// Mostly waiting for Prometheus' rate windows to fill: it runs beside
+	// the alert scenarios (make test-prometheus-alerts).
+	t.Parallel()
 	begin := time.Now()
 	root := repoRoot(t)
 	dir := t.TempDir()
