@@ -2,7 +2,6 @@ package openai
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,25 +77,9 @@ func BenchmarkClientStream32Sink(b *testing.B) {
 	}
 	c := mustClient(b, TargetConfig{Name: "bench", URL: "http://" + strings.TrimSpace(addr), Model: "Qwen/Qwen3-0.6B", Dialect: engine.DialectVLLM})
 	defer c.Close()
-	var failed atomic.Int64
-	b.SetParallelism(8)
 	cpu0, ok0 := testutil.ProcessCPUSeconds()
 	sink0, okS0 := testutil.PIDCPUSeconds(cmd.Process.Pid)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		req := Request{Prompt: strings.Repeat("hello ", 200), MaxTokens: 32}
-		var res Response
-		for pb.Next() {
-			c.Do(context.Background(), req, &res)
-			if res.Outcome != OutcomeSuccess {
-				failed.Add(1)
-			}
-		}
-	})
-	b.StopTimer()
-	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d requests failed", n)
-	}
+	streamParallel(b, c)
 	tokens := float64(b.N) * 32
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 	if cpu1, ok := testutil.ProcessCPUSeconds(); ok0 && ok {

@@ -1,11 +1,12 @@
 package main
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
+	"strings"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 // needShared returns path, one of the project's shared traces (beside the
@@ -28,31 +29,11 @@ func needShared(t testing.TB, path string) string {
 // naming it.
 func TestNeedShared(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "traces", "nope.jsonl")
-	ft := &fatalRecorder{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		needShared(ft, missing)
-	}()
-	<-done
-	if want := "shared traces missing: " + missing; len(ft.msg) < len(want) || ft.msg[:len(want)] != want {
-		t.Errorf("message %q, want it to start with %q", ft.msg, want)
+	msg := testutil.FatalMessage(t, func(tb testing.TB) { needShared(tb, missing) })
+	if want := "shared traces missing: " + missing; !strings.HasPrefix(msg, want) {
+		t.Errorf("message %q, want it to start with %q", msg, want)
 	}
 	if got := needShared(t, "shared_test.go"); got != "shared_test.go" {
 		t.Errorf("a present file: %q", got)
 	}
-}
-
-// fatalRecorder keeps the message of Fatalf, and ends the goroutine the
-// way Fatalf does.
-type fatalRecorder struct {
-	testing.TB
-	msg string
-}
-
-func (f *fatalRecorder) Helper() {}
-
-func (f *fatalRecorder) Fatalf(format string, args ...any) {
-	f.msg = fmt.Sprintf(format, args...)
-	runtime.Goexit()
 }

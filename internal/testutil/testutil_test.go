@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,37 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// fatalRecorder keeps the message of Fatalf and ends the goroutine as
-// Fatalf does; it has no deadline, so the kit's ceiling applies.
-type fatalRecorder struct {
-	testing.TB
-	msg string
-}
-
-func (f *fatalRecorder) Helper() {}
-
-func (f *fatalRecorder) Fatalf(format string, args ...any) {
-	f.msg = fmt.Sprintf(format, args...)
-	runtime.Goexit()
-}
-
-// failsWith runs fn against a recorder and returns what it failed with
-// ("" if it did not).
-func failsWith(t *testing.T, fn func(tb testing.TB)) string {
-	t.Helper()
-	ft := &fatalRecorder{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fn(ft)
-	}()
-	<-done
-	return ft.msg
-}
-
 func TestEventuallyReturnsOnceTheConditionHolds(t *testing.T) {
 	var calls atomic.Int32
-	msg := failsWith(t, func(tb testing.TB) {
+	msg := FatalMessage(t, func(tb testing.TB) {
 		Eventually(tb, "third call", func() (bool, string) { return calls.Add(1) == 3, "" })
 	})
 	if msg != "" || calls.Load() != 3 {
@@ -56,7 +27,7 @@ func TestEventuallyReturnsOnceTheConditionHolds(t *testing.T) {
 
 func TestEventuallyFailsWithTheLastDetail(t *testing.T) {
 	var calls int
-	msg := failsWith(t, func(tb testing.TB) {
+	msg := FatalMessage(t, func(tb testing.TB) {
 		EventuallyWithin(tb, "never", 50*time.Millisecond, func() (bool, string) {
 			calls++
 			return false, fmt.Sprint("call ", calls)
@@ -96,14 +67,14 @@ func TestWait(t *testing.T) {
 	close(closed)
 	Wait(t, "closed", closed)
 	never := make(chan struct{})
-	if msg := failsWith(t, func(tb testing.TB) {
+	if msg := FatalMessage(t, func(tb testing.TB) {
 		Wait(fixedDeadline{tb, time.Now().Add(reportGrace)}, "the event", never)
 	}); msg != "the event: did not happen" {
 		t.Errorf("failed with %q", msg)
 	}
 	var log Buffer
 	_, _ = log.Write([]byte("the log")) // a Buffer never fails
-	if msg := failsWith(t, func(tb testing.TB) {
+	if msg := FatalMessage(t, func(tb testing.TB) {
 		WaitShowing(fixedDeadline{tb, time.Now().Add(reportGrace)}, "the event", never, &log)
 	}); msg != "the event: did not happen:\nthe log" {
 		t.Errorf("failed with %q", msg)
