@@ -1,0 +1,169 @@
+package stackdist
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// bruteStack is the definition, kept naively: a list of keys, most recent
+// first, with their weights.
+type bruteStack struct {
+	keys   []int
+	weight map[int]int64
+}
+
+func (b *bruteStack) distance(key int) int64 {
+	var d int64
+	for _, k := range b.keys {
+		d += b.weight[k]
+		if k == key {
+			return d
+		}
+	}
+	return Infinite
+}
+
+func (b *bruteStack) use(key int, w int64) {
+	for i, k := range b.keys {
+		if k == key {
+			b.keys = append(b.keys[:i], b.keys[i+1:]...)
+			break
+		}
+	}
+	b.keys = append([]int{key}, b.keys...)
+	b.weight[key] = w
+}
+
+// bruteLRU is a capacity-bounded LRU cache, evicting from the back.
+type bruteLRU struct {
+	capacity int64
+	bruteStack
+	used int64
+}
+
+func (c *bruteLRU) holds(key int) bool { _, ok := c.weight[key]; return ok && c.distanceOK(key) }
+
+func (c *bruteLRU) distanceOK(key int) bool {
+	for _, k := range c.keys {
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *bruteLRU) use(key int, w int64) {
+	if c.distanceOK(key) {
+		c.used -= c.weight[key]
+	}
+	c.bruteStack.use(key, w)
+	c.used += w
+	for c.used > c.capacity {
+		last := c.keys[len(c.keys)-1]
+		c.keys = c.keys[:len(c.keys)-1]
+		c.used -= c.weight[last]
+		delete(c.weight, last)
+	}
+}
+
+func TestDistanceMatchesDefinition(t *testing.T) {
+	tests := []struct {
+		name     string
+		keys     int
+		maxW     int64
+		ceiling  int64
+		maxKeys  int
+		accesses int
+	}{
+		{name: "unit weights, unbounded", keys: 50, maxW: 1, accesses: 5000},
+		{name: "weights, unbounded", keys: 300, maxW: 32, accesses: 20000},
+		{name: "zero weights allowed", keys: 40, maxW: 2, accesses: 5000},
+		{name: "weight ceiling", keys: 300, maxW: 32, ceiling: 700, accesses: 20000},
+		{name: "key bound", keys: 300, maxW: 8, maxKeys: 37, accesses: 20000},
+		{name: "many compactions", keys: 3000, maxW: 4, ceiling: 2000, accesses: 60000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(1, uint64(tt.keys)))
+			tr := New[int](tt.ceiling, tt.maxKeys)
+			b := &bruteStack{weight: map[int]int64{}}
+			for i := range tt.accesses {
+				// Skewed keys, so that distances are short and long.
+				key := int(r.ExpFloat64() * float64(tt.keys) / 4)
+				// A key's weight is fixed, as a block's is (see Use).
+				w := int64(key*7919) % (tt.maxW + 1)
+				if tt.name == "unit weights, unbounded" {
+					w = 1
+				}
+				want := b.distance(key)
+				if tt.ceiling > 0 && want > tt.ceiling {
+					want = Infinite
+				}
+				if tt.maxKeys > 0 && b.rank(key) > tt.maxKeys {
+					want = Infinite
+				}
+				if got := tr.Distance(key); got != want {
+					t.Fatalf("access %d of key %d: distance %d, want %d", i, key, got, want)
+				}
+				tr.Use(key, w)
+				b.use(key, w)
+			}
+		})
+	}
+}
+
+// rank is the position of key in the stack, from 1; beyond the end for a
+// key not in it.
+func (b *bruteStack) rank(key int) int {
+	for i, k := range b.keys {
+		if k == key {
+			return i + 1
+		}
+	}
+	return len(b.keys) + 1
+}
+
+// TestInclusion checks the property the package rests on: an LRU cache of
+// capacity C holds a key exactly when its distance is at most C, for many C
+// at once from one tracker.
+func TestInclusion(t *testing.T) {
+	capacities := []int64{1, 5, 17, 64, 200, 1000}
+	caches := make([]*bruteLRU, len(capacities))
+	for i, c := range capacities {
+		caches[i] = &bruteLRU{capacity: c, bruteStack: bruteStack{weight: map[int]int64{}}}
+	}
+	tr := New[int](0, 0)
+	r := rand.New(rand.NewPCG(7, 7))
+	for i := range 20000 {
+		key := int(r.ExpFloat64() * 80)
+		w := 1 + int64(key*7919)%8
+		d := tr.Distance(key)
+		for _, c := range caches {
+			if got, want := d <= c.capacity, c.holds(key); got != want {
+				t.Fatalf("access %d of key %d, capacity %d: distance %d says held=%v, the cache says %v", i, key, c.capacity, d, got, want)
+			}
+			c.use(key, w)
+		}
+		tr.Use(key, w)
+	}
+}
+
+func TestRemove(t *testing.T) {
+	tr := New[string](0, 0)
+	tr.Use("a", 3)
+	tr.Use("b", 2)
+	tr.Use("c", 1)
+	if d := tr.Distance("a"); d != 6 {
+		t.Fatalf("distance of a: %d, want 6", d)
+	}
+	tr.Remove("b")
+	if d := tr.Distance("a"); d != 4 {
+		t.Errorf("distance of a after removing b: %d, want 4", d)
+	}
+	if d := tr.Distance("b"); d != Infinite {
+		t.Errorf("removed b has distance %d", d)
+	}
+	if tr.Len() != 2 || tr.Weight() != 4 {
+		t.Errorf("Len %d Weight %d, want 2 and 4", tr.Len(), tr.Weight())
+	}
+}
