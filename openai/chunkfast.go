@@ -51,7 +51,11 @@ func (t *chunkTemplate) learn(data []byte, obj *fastjson.Object) {
 	if o := obj.Get("object"); o != nil && string(o.GetStringBytes()) == "error" {
 		return
 	}
-	choices, err := obj.Get("choices").Array()
+	ch := obj.Get("choices")
+	if ch == nil {
+		return // fastjson's Array is not nil-safe
+	}
+	choices, err := ch.Array()
 	if err != nil || len(choices) != 1 || choices[0].Type() != fastjson.TypeObject {
 		return
 	}
