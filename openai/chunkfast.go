@@ -45,7 +45,7 @@ func (t *chunkTemplate) match(data []byte) (empty, ok bool) {
 // obj is data parsed.
 func (t *chunkTemplate) learn(data []byte, obj *fastjson.Object) {
 	t.valid = false
-	if obj.Get("usage") != nil || obj.Get("timings") != nil || obj.Get("error") != nil {
+	if obj.Get("usage") != nil || obj.Get("timings") != nil || obj.Get("metrics") != nil || obj.Get("error") != nil {
 		return
 	}
 	if o := obj.Get("object"); o != nil && string(o.GetStringBytes()) == "error" {
