@@ -105,8 +105,11 @@ func undecided(s State, n int) Estimate {
 //	seconds ≈ intercept + PerUncached·uncached + PerCached·cached
 //
 // fitted by Huber's M-estimator (iteratively reweighted least squares), so
-// that a few requests slowed by something else (a queue, a hiccup) do not
-// move it. Its cost is linear in len(samples).
+// that a few requests slowed by something else (a hiccup, a long decode
+// ahead) do not move it. samples are in the order the requests were sent:
+// residuals that follow each other from one request to the next, as a
+// queue's waits do, widen the standard errors (serialInflation). Its cost
+// is linear in len(samples).
 func Fit(samples []Sample, lim Limits) Estimate {
 	n := len(samples)
 	if n < max(lim.MinRequests, 4) {
@@ -203,7 +206,42 @@ func huberFit(x *mat.Dense, y *mat.VecDense) (beta *mat.VecDense, cov *mat.SymDe
 	}
 	s = residualsAndScale(x, y, beta, resid, abs)
 	cov, ok = huberCovariance(x, resid, s)
-	return beta, cov, ok
+	if !ok {
+		return nil, nil, false
+	}
+	cov.ScaleSym(serialInflation(resid, s), cov)
+	return beta, cov, true
+}
+
+// maxSerial caps the residuals' serial correlation serialInflation uses.
+const maxSerial = 0.99
+
+// serialInflation is how much the residuals' correlation from one request
+// to the next (in send order) inflates the fit's variance: (1+ρ)/(1−ρ)
+// for a lag-1 correlation ρ > 0 of their ψ, 1 otherwise. Requests timed
+// by a queue are not independent evidence: one waits about as long as the
+// one sent before it, and a queue that fills while the mix of prompts
+// drifts reads as a cost of the prompts. This is the variance of a mean
+// of such errors, an upper bound for coefficients of regressors that are
+// not themselves correlated in time: it errs towards undecided.
+func serialInflation(resid *mat.VecDense, s float64) float64 {
+	psi := func(i int) float64 { return math.Max(-huberK, math.Min(huberK, resid.AtVec(i)/s)) }
+	var num, den float64
+	for i := range resid.Len() {
+		p := psi(i)
+		den += p * p
+		if i > 0 {
+			num += p * psi(i-1)
+		}
+	}
+	if !(den > 0) {
+		return 1
+	}
+	rho := min(num/den, maxSerial)
+	if rho <= 0 {
+		return 1
+	}
+	return (1 + rho) / (1 - rho)
 }
 
 // residualsAndScale writes y − x·beta into resid and returns their robust

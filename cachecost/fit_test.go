@@ -208,3 +208,65 @@ func leastSquaresRatio(t *testing.T, in []Sample) float64 {
 	}
 	return beta.AtVec(2) / beta.AtVec(1)
 }
+
+// saturatedFIFO simulates an engine that runs one request at a time, in
+// the order they arrive, fed a request every gap by a client that keeps at
+// most 64 in it (later ones are dropped, as the exporter's max_in_flight
+// does). The requests are conversations in five lanes taking turns, each of
+// 1 to 6 turns that add 1 to 8 blocks of 64 tokens; a turn's cached tokens
+// are the prompt of its conversation's last turn sent. Prefill costs 200 µs
+// per computed token (every token with the cache off), decoding 4 ms. It
+// returns the samples TTFT makes, in send order.
+func saturatedFIFO(seed uint64, rows int, gap float64, cacheOn bool) []Sample {
+	r := rand.New(rand.NewPCG(seed, 2))
+	type lane struct{ isl, sent, left int }
+	var lanes [5]lane
+	var finishes []float64 // of the requests in the engine, in order
+	free := 0.0
+	var out []Sample
+	for i := range rows {
+		at := float64(i) * gap
+		l := &lanes[i%len(lanes)]
+		if l.left == 0 {
+			l.isl, l.sent, l.left = 0, 0, 1+r.IntN(6)
+		}
+		l.isl += 64 * (1 + r.IntN(8))
+		l.left--
+		for len(finishes) > 0 && finishes[0] <= at {
+			finishes = finishes[1:]
+		}
+		if len(finishes) >= 64 {
+			continue // dropped: never sent, so its prompt is not cached
+		}
+		s := Sample{Cached: float64(l.sent), Uncached: float64(l.isl - l.sent)}
+		computed := s.Uncached
+		if !cacheOn {
+			computed += s.Cached
+		}
+		start := math.Max(at, free)
+		first := start + 0.002 + 200e-6*computed
+		free = first + 0.004
+		finishes = append(finishes, free)
+		s.Seconds = first - at
+		l.sent = l.isl
+		out = append(out, s)
+	}
+	return out
+}
+
+func TestFitSaturatedFIFO(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		truth := 0.0
+		if !on {
+			truth = 1
+		}
+		for seed := range uint64(10) {
+			in := saturatedFIFO(seed, 400, 0.05, on)
+			e := Fit(in, DefaultLimits)
+			t.Logf("cache on %v, seed %d: %d requests, %s, ratio %.3f ± %.3f, %.3g s per uncached token", on, seed, len(in), e.State, e.Ratio, e.RatioStdErr, e.PerUncached)
+			if e.State == Decided && math.Abs(e.Ratio-truth) > 0.25 {
+				t.Errorf("cache on %v, seed %d: confidently wrong: %.3f ± %.3f", on, seed, e.Ratio, e.RatioStdErr)
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package cachecost
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -20,7 +21,8 @@ const (
 
 // Observation is one successful request as the window keeps it.
 type Observation struct {
-	At               time.Time // when it finished
+	Sent             time.Time // the fit takes requests in send order
+	At               time.Time // when it finished: when it leaves the window
 	Uncached, Cached int       // theoretical prompt tokens
 	TTFT             time.Duration
 	// Prefill is the engine's prefill time, where PrefillKnown.
@@ -111,6 +113,7 @@ func (w *Window) Estimate(now time.Time) Result {
 }
 
 func fitObservations(obs []Observation, lim Limits) Result {
+	slices.SortStableFunc(obs, func(a, b Observation) int { return a.Sent.Compare(b.Sent) })
 	timed := 0
 	for _, o := range obs {
 		if o.PrefillKnown {

@@ -12,7 +12,8 @@ func observations(start time.Time, n int, on, prefill bool) []Observation {
 	out := make([]Observation, n)
 	for i, s := range in {
 		d := time.Duration(s.Seconds * float64(time.Second))
-		o := Observation{At: start.Add(time.Duration(i) * time.Second), Uncached: int(s.Uncached), Cached: int(s.Cached), TTFT: d}
+		at := start.Add(time.Duration(i) * time.Second)
+		o := Observation{Sent: at.Add(-d), At: at, Uncached: int(s.Uncached), Cached: int(s.Cached), TTFT: d}
 		if prefill {
 			// The queue is in the TTFT only.
 			o.TTFT += time.Duration(i%7) * time.Second

@@ -113,6 +113,7 @@ func costObservation(r *replay.Result, at time.Time) (cachecost.Observation, boo
 		return cachecost.Observation{}, false
 	}
 	return cachecost.Observation{
+		Sent:     r.Sent,
 		At:       at,
 		Uncached: max(r.TraceInputLength-r.TheoreticalCachedTokens, 0),
 		Cached:   r.TheoreticalCachedTokens,
