@@ -57,3 +57,21 @@ func BenchmarkWindowEstimate(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkWindowEstimateUnchanged is a scrape with no request finished
+// since the last one: the last estimate is reused.
+func BenchmarkWindowEstimateUnchanged(b *testing.B) {
+	t0 := time.Unix(1_800_000_000, 0)
+	w := NewWindow(time.Hour, 512, DefaultLimits)
+	for _, o := range observations(t0, 512, true, true) {
+		w.Add(o)
+	}
+	now := t0.Add(512 * time.Second)
+	w.Estimate(now)
+	b.ReportAllocs()
+	for b.Loop() {
+		if r := w.Estimate(now); r.State != Decided {
+			b.Fatalf("%+v", r)
+		}
+	}
+}
