@@ -2,6 +2,7 @@ package collector
 
 import (
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -109,4 +110,39 @@ func TestCollectorCachedTokenCost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCollectorCostConcurrent: scrapes while requests finish and pairs
+// come and go (run with -race).
+func TestCollectorCostConcurrent(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	c := New(reg)
+	c.Start("w", "t")
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for i := range 300 {
+			sent := t0.Add(time.Duration(i) * time.Millisecond)
+			c.Finished(&replay.Result{Workload: "w", Target: "t", Scheduled: sent,
+				Response: openai.Response{Sent: sent, FirstToken: sent.Add(time.Duration(1+i%9) * time.Millisecond), LastToken: sent.Add(10 * time.Millisecond),
+					Outcome: openai.OutcomeSuccess, OutputTokens: 2},
+				TraceInputLength: 512 * (1 + i%7), TheoreticalCachedTokens: 256 * (i % 5), TheoreticalKnown: true})
+			if i%100 == 99 {
+				c.Forget("w", "t")
+				c.Start("w", "t")
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for range 50 {
+			if _, err := reg.Gather(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	wg.Wait()
 }
