@@ -21,6 +21,7 @@ FROM ${GO_IMAGE} AS builder
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
+COPY cachecost/ cachecost/
 COPY cachetruth/ cachetruth/
 COPY cmd/ cmd/
 COPY collector/ collector/

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvload-exporter/kvload-exporter/cachecost"
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
@@ -73,6 +74,8 @@ type Collector struct {
 	mu       sync.Mutex
 	lastPass map[string]int // workload → the last pass counted in trace_loops_total
 	recent   map[wtKey]*recent
+	// costs fit what a cached prompt token costs, per (workload, target).
+	costs map[wtKey]*cachecost.Window
 }
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
@@ -163,12 +166,14 @@ func New(reg prometheus.Registerer) *Collector {
 		now:      time.Now,
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
+		costs:    map[wtKey]*cachecost.Window{},
 	}
 	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
-		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio, c.serverErrors)
+		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio, c.serverErrors,
+		newCostMetrics(c))
 	return c
 }
 
@@ -200,6 +205,9 @@ func (c *Collector) Start(workload, target string) {
 	if c.recent[wtKey{workload, target}] == nil {
 		c.recent[wtKey{workload, target}] = &recent{}
 	}
+	if c.costs[wtKey{workload, target}] == nil {
+		c.costs[wtKey{workload, target}] = newCostWindow()
+	}
 	c.mu.Unlock()
 }
 
@@ -216,6 +224,7 @@ func (c *Collector) Forget(workload, target string) {
 	}
 	c.mu.Lock()
 	delete(c.recent, wtKey{workload, target})
+	delete(c.costs, wtKey{workload, target})
 	c.mu.Unlock()
 }
 
@@ -307,6 +316,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	c.requests.WithLabelValues(w, t, string(r.Outcome)).Inc()
 	c.mu.Lock()
 	c.recordLocked(r)
+	c.addCostLocked(r, c.now())
 	c.mu.Unlock()
 
 	if r.Outcome != openai.OutcomeSuccess {

@@ -130,9 +130,10 @@ type wireChunk struct {
 
 // wireTimings is llama.cpp's timings object, the fields tests check.
 type wireTimings struct {
-	CacheN     int `json:"cache_n"`
-	PromptN    int `json:"prompt_n"`
-	PredictedN int `json:"predicted_n"`
+	CacheN     int     `json:"cache_n"`
+	PromptN    int     `json:"prompt_n"`
+	PromptMS   float64 `json:"prompt_ms"`
+	PredictedN int     `json:"predicted_n"`
 }
 
 type wireUsage struct {

@@ -1,6 +1,7 @@
 package emulate
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -552,5 +554,47 @@ func TestPersonalitiesConcurrent(t *testing.T) {
 				checkTrie(t, tc)
 			}
 		})
+	}
+}
+
+// llama.cpp's timings.prompt_ms is the request's own prefill by the timing
+// model (overhead plus the uncached tokens' cost), not the time it waited
+// for a slot: a request queued behind one that holds the only slot reports
+// the same prefill as one that did not wait.
+func TestTimingsPromptMS(t *testing.T) {
+	_, srv := newTestServer(t, Config{Engine: PersonalityLlamaCpp, Overhead: 2 * time.Millisecond,
+		PrefillPerToken: time.Millisecond, InterToken: 10 * time.Millisecond})
+	prompt := seq(1, 20)
+	promptMS := func() (float64, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		var c wireChunk
+		postDecode(t, srv.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1}, http.StatusOK, &c)
+		if c.Timings == nil {
+			t.Fatal("no timings")
+		}
+		return c.Timings.PromptMS, time.Since(start)
+	}
+	// Cold: 20 tokens computed; then 19 of them cached, 1 computed.
+	if got, _ := promptMS(); got != 22 {
+		t.Errorf("cold: prompt_ms %v, want 22 (2 + 20 × 1)", got)
+	}
+	if got, _ := promptMS(); got != 3 {
+		t.Errorf("warm: prompt_ms %v, want 3 (2 + 1 × 1)", got)
+	}
+	// Another prompt holds the only slot, decoding 30 tokens 10 ms apart.
+	resp := post(t, context.Background(), srv.URL+"/v1/completions",
+		map[string]any{"prompt": seq(100, 5), "max_tokens": 30, "stream": true})
+	defer resp.Body.Close()
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err) // its first token: it runs
+	}
+	got, waited := promptMS()
+	if waited < 200*time.Millisecond {
+		t.Fatalf("answered after %v: it did not wait for the slot", waited)
+	}
+	// The slot now holds the other prompt: all 20 tokens are computed again.
+	if got != 22 {
+		t.Errorf("after waiting %v: prompt_ms %v, want 22 (2 + 20 × 1)", waited, got)
 	}
 }

@@ -45,13 +45,17 @@ func (t *chunkTemplate) match(data []byte) (empty, ok bool) {
 // obj is data parsed.
 func (t *chunkTemplate) learn(data []byte, obj *fastjson.Object) {
 	t.valid = false
-	if obj.Get("usage") != nil || obj.Get("timings") != nil || obj.Get("error") != nil {
+	if obj.Get("usage") != nil || obj.Get("timings") != nil || obj.Get("metrics") != nil || obj.Get("error") != nil {
 		return
 	}
 	if o := obj.Get("object"); o != nil && string(o.GetStringBytes()) == "error" {
 		return
 	}
-	choices, err := obj.Get("choices").Array()
+	ch := obj.Get("choices")
+	if ch == nil {
+		return // fastjson's Array is not nil-safe
+	}
+	choices, err := ch.Array()
 	if err != nil || len(choices) != 1 || choices[0].Type() != fastjson.TypeObject {
 		return
 	}

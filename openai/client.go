@@ -511,6 +511,7 @@ func (c *Client) classify(ctx, rctx context.Context, otherwise Outcome) Outcome 
 // fillUsage copies token counts from the stream into res.
 func (c *Client) fillUsage(res *Response, st *streamState) {
 	res.FirstToken, res.LastToken = st.first, st.last
+	res.PrefillTime, res.PrefillKnown = st.prefill, st.prefillKnown
 	if st.usageBad {
 		res.OutputTokens = st.contentChunks
 		return

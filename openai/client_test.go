@@ -61,6 +61,8 @@ type want struct {
 	promptOK  bool
 	cached    int
 	cachedOK  bool
+	prefill   time.Duration // the engine's prefill time
+	prefillOK bool
 }
 
 func checkResult(t *testing.T, res *Response, w want) {
@@ -69,6 +71,7 @@ func checkResult(t *testing.T, res *Response, w want) {
 		outcome: res.Outcome, status: res.HTTPStatus, errSub: w.errSub,
 		content: !res.FirstToken.IsZero(), output: res.OutputTokens, fromUsage: res.OutputFromUsage,
 		prompt: res.PromptTokens, promptOK: res.PromptKnown, cached: res.CachedTokens, cachedOK: res.CachedKnown,
+		prefill: res.PrefillTime, prefillOK: res.PrefillKnown,
 	}
 	if got != w {
 		t.Errorf("result\n got %+v\nwant %+v\n(error %q)", got, w, res.Error)
@@ -101,6 +104,8 @@ func TestClientRecordedStreams(t *testing.T) {
 			output: 5, fromUsage: true, prompt: 1043, promptOK: true, cached: 1024, cachedOK: true}},
 		{"vllm_chat_details_null.sse", engine.DialectVLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 2, fromUsage: true, prompt: 37, promptOK: true}},
+		{"vllm_chat_metrics.sse", engine.DialectVLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+			output: 2, fromUsage: true, prompt: 812, promptOK: true, prefill: 41750 * time.Microsecond, prefillOK: true}},
 		{"vllm_tool_calls.sse", engine.DialectVLLM, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
 			output: 14, fromUsage: true, prompt: 210, promptOK: true, cached: 208, cachedOK: true}},
 		{"vllm_completions.sse", engine.DialectVLLM, APICompletions, want{outcome: OutcomeSuccess, status: 200, content: true,
@@ -124,7 +129,7 @@ func TestClientRecordedStreams(t *testing.T) {
 		{"dynamo_error_data.sse", engine.DialectDynamo, APIChat, want{outcome: OutcomeStreamError, status: 200,
 			errSub: "internal_server_error: worker 7587890000 disconnected", content: true, output: 1}},
 		{"llamacpp_chat.sse", engine.DialectLlamaCpp, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
-			output: 2, fromUsage: true, prompt: 24, promptOK: true, cached: 16, cachedOK: true}},
+			output: 2, fromUsage: true, prompt: 24, promptOK: true, cached: 16, cachedOK: true, prefill: 3200 * time.Microsecond, prefillOK: true}},
 		{"llamacpp_error.sse", engine.DialectLlamaCpp, APIChat, want{outcome: OutcomeStreamError, status: 200,
 			errSub: "server_error: Input prompt is too big", content: true, output: 1}},
 		{"llamacpp_no_done.sse", engine.DialectLlamaCpp, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,

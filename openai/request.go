@@ -77,6 +77,13 @@ type Response struct {
 	PromptKnown     bool
 	CachedTokens    int  // cached prompt tokens the server reported
 	CachedKnown     bool // false when the server said nothing (absent is not zero)
+
+	// PrefillTime is the engine's own time for the request's prefill, its
+	// queue left out, where it reports one (PrefillKnown): llama.cpp's
+	// timings.prompt_ms, vLLM's metrics.time_to_first_token_ms with
+	// --enable-per-request-metrics.
+	PrefillTime  time.Duration
+	PrefillKnown bool
 }
 
 // TTFT is the time from send to the first content chunk; ok is false when

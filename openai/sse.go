@@ -258,6 +258,8 @@ type streamState struct {
 	cachedKnown     bool
 	cacheN          int // llama.cpp timings.cache_n
 	cacheNKnown     bool
+	prefill         time.Duration // the engine's prefill time (see Response.PrefillTime)
+	prefillKnown    bool
 }
 
 func (s *streamState) reset() {
@@ -348,6 +350,13 @@ func (s *streamState) handle(ev sseEvent) (stop bool) {
 		s.content(ev.at)
 	}
 	s.tmpl.learn(data, obj)
+	return !s.accounts(obj)
+}
+
+// accounts reads what a chunk reports of the request as a whole: its
+// usage, llama.cpp's timings, vLLM's per-request metrics. It returns
+// false, having failed the stream, where a count is impossible.
+func (s *streamState) accounts(obj *fastjson.Object) bool {
 	if u := obj.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
 		// Fields present in a later usage object (continuous usage stats)
 		// replace earlier ones; absent ones keep what was seen.
@@ -355,10 +364,35 @@ func (s *streamState) handle(ev sseEvent) (stop bool) {
 		if !s.count(u.Get("prompt_tokens"), fieldPrompt, &s.prompt, &s.promptKnown) ||
 			!s.count(u.Get("completion_tokens"), fieldCompletion, &s.completion, &s.completionKnown) ||
 			!s.count(u.Get("prompt_tokens_details", "cached_tokens"), fieldCached, &s.cached, &s.cachedKnown) {
-			return true
+			return false
 		}
 	}
-	return !s.count(obj.Get("timings").Get("cache_n"), fieldCacheN, &s.cacheN, &s.cacheNKnown)
+	timings := obj.Get("timings")
+	if !s.count(timings.Get("cache_n"), fieldCacheN, &s.cacheN, &s.cacheNKnown) {
+		return false
+	}
+	s.duration(timings.Get("prompt_ms"), &s.prefill, &s.prefillKnown)
+	s.duration(obj.Get("metrics").Get("time_to_first_token_ms"), &s.prefill, &s.prefillKnown)
+	return true
+}
+
+// maxPrefill bounds a prefill time taken from a response: beyond it the
+// figure is a broken server's.
+const maxPrefill = time.Hour
+
+// duration reads a time in milliseconds into d. Unlike a token count, a
+// time that no request could take (negative, not finite, beyond
+// maxPrefill) or that is no number leaves d as it was: it says nothing of
+// the server's accounting of tokens, so the request still counts.
+func (s *streamState) duration(v *fastjson.Value, d *time.Duration, known *bool) {
+	if v == nil || v.Type() != fastjson.TypeNumber {
+		return
+	}
+	ms, err := v.Float64()
+	if err != nil || !(ms >= 0 && ms <= float64(maxPrefill/time.Millisecond)) {
+		return
+	}
+	*d, *known = time.Duration(ms*float64(time.Millisecond)), true
 }
 
 // content counts a chunk that carried content, arrived at.

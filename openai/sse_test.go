@@ -260,6 +260,47 @@ func TestStreamUsageFields(t *testing.T) {
 	}
 }
 
+// TestStreamPrefillTime: the engine's prefill time is read from llama.cpp's
+// timings and vLLM's per-request metrics, in milliseconds; a figure no
+// request could take is ignored without failing the stream.
+func TestStreamPrefillTime(t *testing.T) {
+	tests := []struct {
+		name  string
+		chunk string
+		want  time.Duration // -1 for unknown
+	}{
+		{"llama.cpp", `{"choices":[],"timings":{"cache_n":16,"prompt_n":8,"prompt_ms":43.237}}`, 43237 * time.Microsecond},
+		{"vLLM", `{"choices":[],"usage":{"prompt_tokens":9},"metrics":{"time_to_first_token_ms":85.2,"queue_time_ms":12.3}}`, 85200 * time.Microsecond},
+		{"zero", `{"timings":{"prompt_ms":0}}`, 0},
+		{"whole", `{"timings":{"prompt_ms":7}}`, 7 * time.Millisecond},
+		{"an hour", `{"timings":{"prompt_ms":3600000}}`, time.Hour},
+		{"absent", `{"timings":{"cache_n":16}}`, -1},
+		{"metrics null", `{"metrics":null}`, -1},
+		{"field null", `{"metrics":{"time_to_first_token_ms":null}}`, -1},
+		{"string", `{"timings":{"prompt_ms":"43"}}`, -1},
+		{"negative", `{"timings":{"prompt_ms":-1}}`, -1},
+		{"beyond an hour", `{"timings":{"prompt_ms":3600001}}`, -1},
+		{"infinite", `{"timings":{"prompt_ms":1e999}}`, -1},
+		{"timings not an object", `{"timings":[1,2]}`, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var st streamState
+			st.reset()
+			if st.handle(sseEvent{data: []byte(tt.chunk)}) {
+				t.Fatalf("stopped: %s", st.failMsg)
+			}
+			got := time.Duration(-1)
+			if st.prefillKnown {
+				got = st.prefill
+			}
+			if got != tt.want {
+				t.Errorf("prefill %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestStreamErrors(t *testing.T) {
 	tests := []struct {
 		name string
@@ -346,6 +387,9 @@ func FuzzSSE(f *testing.F) {
 			if r.OutputTokens < 0 || r.PromptTokens < 0 || r.CachedTokens < 0 {
 				t.Fatalf("negative count: %+v", r)
 			}
+			if r.PrefillTime < 0 || r.PrefillTime > maxPrefill || (!r.PrefillKnown && r.PrefillTime != 0) {
+				t.Fatalf("prefill time %v (known %v)", r.PrefillTime, r.PrefillKnown)
+			}
 			if !r.OutputFromUsage && r.OutputTokens > 0 && r.FirstToken.IsZero() {
 				t.Fatalf("counted %d content chunks without a first token", r.OutputTokens)
 			}
@@ -353,6 +397,7 @@ func FuzzSSE(f *testing.F) {
 		if whole.Outcome != cut.Outcome || whole.Error != cut.Error ||
 			whole.OutputTokens != cut.OutputTokens || whole.PromptTokens != cut.PromptTokens ||
 			whole.CachedKnown != cut.CachedKnown || whole.CachedTokens != cut.CachedTokens ||
+			whole.PrefillKnown != cut.PrefillKnown || whole.PrefillTime != cut.PrefillTime ||
 			whole.FirstToken.IsZero() != cut.FirstToken.IsZero() {
 			t.Fatalf("depends on read boundaries:\nwhole %+v\ncut   %+v", whole, cut)
 		}

@@ -1,0 +1,143 @@
+package collector
+
+import (
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvload-exporter/kvload-exporter/cachecost"
+	"github.com/kvload-exporter/kvload-exporter/openai"
+	"github.com/kvload-exporter/kvload-exporter/replay"
+)
+
+// The cost of a cached prompt token is fitted per (workload, target) over
+// the successful requests of the last costSpan, at most costRequests of
+// them, when /metrics is scraped.
+const (
+	costSpan     = 5 * time.Minute
+	costRequests = 512
+)
+
+// costMetrics exports each (workload, target)'s cachecost fit. The fit is
+// made at scrape time, off the request path, and reused while no request
+// finished and none aged out.
+type costMetrics struct {
+	c                                               *Collector
+	ratio, stdErr, perUncached, state, requests, pf *prometheus.Desc
+}
+
+func newCostMetrics(c *Collector) *costMetrics {
+	wt := []string{"workload", "target"}
+	desc := func(name, help string, extra ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, append(append([]string{}, wt...), extra...), nil)
+	}
+	return &costMetrics{
+		c: c,
+		ratio: desc("cache_cached_token_cost_ratio",
+			"What a prompt token an ideal cache would serve costs the target, over what a token it must compute costs, fitted on the successful requests of the last 5 minutes (at most 512): near 0 when the cache works, near 1 when it does not. Absent unless the fit's state is decided."),
+		stdErr: desc("cache_cached_token_cost_ratio_stderr",
+			"Standard error of kvload_cache_cached_token_cost_ratio; absent where the cost of an uncached token is not established."),
+		perUncached: desc("cache_uncached_token_cost_seconds",
+			"Fitted seconds of prefill (or TTFT) per prompt token an ideal cache would not serve; absent where not established."),
+		state: desc("cache_cost_fit_state",
+			"1 for the state of the cached-token cost fit, 0 for the others: decided, too_few_requests, too_little_spread, no_uncached_cost (the time is mostly something else, such as a queue), too_uncertain.", "state"),
+		requests: desc("cache_cost_fit_requests",
+			"Requests the cached-token cost fit rests on: successful, with a known theoretical side, in its window (only those timed by the engine, where its prefill time is used)."),
+		pf: desc("cache_cost_fit_prefill_timed",
+			"1 when the cached-token cost fit uses the engine's own prefill time, its queue left out (llama.cpp's timings.prompt_ms, vLLM's per-request metrics), 0 when it uses TTFT."),
+	}
+}
+
+// Kind says what the series made at scrape time are, which a registry
+// cannot tell while there are none.
+func (m *costMetrics) Kind() prometheus.ValueType { return prometheus.GaugeValue }
+
+// Describe implements prometheus.Collector.
+func (m *costMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.ratio, m.stdErr, m.perUncached, m.state, m.requests, m.pf} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: one fit per (workload, target),
+// outside the collector's lock.
+func (m *costMetrics) Collect(ch chan<- prometheus.Metric) {
+	now := m.c.now()
+	type pair struct {
+		k wtKey
+		w *cachecost.Window
+	}
+	m.c.mu.Lock()
+	pairs := make([]pair, 0, len(m.c.costs))
+	for k, w := range m.c.costs {
+		pairs = append(pairs, pair{k, w})
+	}
+	m.c.mu.Unlock()
+	for _, p := range pairs {
+		r := p.w.Estimate(now)
+		gauge := func(d *prometheus.Desc, v float64, extra ...string) {
+			if !math.IsNaN(v) {
+				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{p.k.workload, p.k.target}, extra...)...)
+			}
+		}
+		for _, s := range cachecost.States {
+			gauge(m.state, boolValue(s == r.State), string(s))
+		}
+		gauge(m.requests, float64(r.Requests))
+		gauge(m.pf, boolValue(r.Timing == cachecost.TimingPrefill))
+		gauge(m.ratio, r.Ratio)
+		gauge(m.stdErr, r.RatioStdErr)
+		if !math.IsNaN(r.RatioStdErr) {
+			gauge(m.perUncached, r.PerUncached)
+		}
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// costObservation is what the cost fit keeps of a finished request; ok is
+// false for one it cannot use: failed, without a theoretical side, or
+// without a first token.
+func costObservation(r *replay.Result, at time.Time) (cachecost.Observation, bool) {
+	if r.Outcome != openai.OutcomeSuccess || !r.TheoreticalKnown {
+		return cachecost.Observation{}, false
+	}
+	ttft, ok := r.TTFT()
+	if !ok {
+		return cachecost.Observation{}, false
+	}
+	return cachecost.Observation{
+		Sent:     r.Sent,
+		At:       at,
+		Uncached: max(r.TraceInputLength-r.TheoreticalCachedTokens, 0),
+		Cached:   r.TheoreticalCachedTokens,
+		TTFT:     ttft,
+		Prefill:  r.PrefillTime, PrefillKnown: r.PrefillKnown,
+	}, true
+}
+
+// addCostLocked gives a finished request to its pair's cost fit; c.mu is
+// held.
+func (c *Collector) addCostLocked(r *replay.Result, at time.Time) {
+	o, ok := costObservation(r, at)
+	if !ok {
+		return
+	}
+	k := wtKey{r.Workload, r.Target}
+	w := c.costs[k]
+	if w == nil {
+		w = newCostWindow()
+		c.costs[k] = w
+	}
+	w.Add(o)
+}
+
+func newCostWindow() *cachecost.Window {
+	return cachecost.NewWindow(costSpan, costRequests, cachecost.DefaultLimits)
+}
