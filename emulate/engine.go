@@ -17,7 +17,8 @@
 // tokens hit, vllm:* metrics and vllm:cache_config_info), SGLang
 // (token-granular, sglang:* metrics, /get_server_info), TensorRT-LLM
 // (32-token blocks with partial reuse) or llama.cpp (one remembered prompt
-// per slot, llamacpp:* metrics, /props, timings.cache_n). Config.BOS
+// per slot and a host prompt cache behind them, llamacpp:* metrics, /props,
+// timings.cache_n). Config.BOS
 // prepends a BOS token to text prompts, as Llama tokenizers do.
 //
 // Faults (errors, disconnects, malformed chunks, hangs, slow first tokens)
