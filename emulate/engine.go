@@ -18,8 +18,8 @@
 // (token-granular, sglang:* metrics, /get_server_info), TensorRT-LLM
 // (32-token blocks with partial reuse) or llama.cpp (one remembered prompt
 // per slot and a host prompt cache behind them, llamacpp:* metrics, /props,
-// timings.cache_n). Config.BOS
-// prepends a BOS token to text prompts, as Llama tokenizers do.
+// timings.cache_n). Config.BOS prepends a BOS token to text prompts, as
+// Llama tokenizers do.
 //
 // Faults (errors, disconnects, malformed chunks, hangs, slow first tokens)
 // can be injected with seeded probabilities, and the cache can be
