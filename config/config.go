@@ -77,6 +77,8 @@ type Emulate struct {
 	BlockSize          int           `yaml:"block_size"`
 	CapacityBlocks     int           `yaml:"capacity_blocks"`
 	Slots              int           `yaml:"slots"`
+	CacheRAMTokens     int           `yaml:"cache_ram_tokens"`
+	HideCacheConfig    bool          `yaml:"hide_cache_config"`
 	BOS                bool          `yaml:"bos"`
 	DisablePrefixCache bool          `yaml:"disable_prefix_cache"`
 	OmitCachedTokens   bool          `yaml:"omit_cached_tokens"`

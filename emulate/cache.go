@@ -38,10 +38,16 @@ type CacheState struct {
 	// CapacityBlocks is the capacity in blocks, 0 for unbounded; in the
 	// llamacpp personality it is the number of slots.
 	CapacityBlocks int `json:"capacity_blocks"`
-	// Blocks is the number of blocks held now (llamacpp: slots holding a
-	// prompt), Tokens the tokens they hold.
+	// Blocks is the number of blocks held now (llamacpp: prompts held in
+	// slots and in the host prompt cache), Tokens the tokens they hold.
 	Blocks int `json:"blocks"`
 	Tokens int `json:"tokens"`
+	// CacheRAMTokens is the llamacpp host prompt cache's size in tokens,
+	// 0 when it is off; HostPrompts and HostTokens are what it holds now
+	// (counted in Blocks and Tokens too).
+	CacheRAMTokens int `json:"cache_ram_tokens,omitempty"`
+	HostPrompts    int `json:"host_prompts,omitempty"`
+	HostTokens     int `json:"host_tokens,omitempty"`
 }
 
 // newPrefixCache returns the cache of a personality.

@@ -56,6 +56,16 @@ type Config struct {
 	// Each keeps the last prompt it ran; a request reuses the prefix it
 	// shares with its slot's prompt.
 	Slots int `yaml:"slots"`
+	// CacheRAMTokens sizes the llamacpp host prompt cache in tokens, where
+	// idle slots' prompts are kept and restored from (llama-server's
+	// --cache-ram, on by default): 0 picks DefaultCacheRAMTokens, -1 turns
+	// it off as --cache-ram 0 does, and slots then keep their prompts.
+	CacheRAMTokens int `yaml:"cache_ram_tokens"`
+	// HideCacheConfig leaves out the capacity the engine would export
+	// (vllm: vllm:cache_config_info; sglang: GET /get_server_info), as
+	// an engine whose capacity cannot be read. Not for trtllm and llamacpp,
+	// which export none.
+	HideCacheConfig bool `yaml:"hide_cache_config"`
 	// BOS prepends a beginning-of-sequence token (o200k_base's
 	// <|endoftext|>, id 199999) to every prompt given as text, chat
 	// messages included, as Llama tokenizers do. Every such prompt then
@@ -149,23 +159,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.BlockSize == 0 {
 		c.BlockSize = c.Engine.defaultBlockSize()
 	}
-	if c.Engine == PersonalityLlamaCpp {
-		if c.Slots == 0 {
-			c.Slots = DefaultSlots
-		}
-		if c.MaxRunning == 0 {
-			// llama.cpp runs one sequence per slot.
-			c.MaxRunning = c.Slots
-		}
-		if c.BlockSize != 1 {
-			errs = append(errs, fmt.Errorf("block_size must be 1 (or unset) for engine llamacpp, got %d", c.BlockSize))
-		}
-		if c.CapacityBlocks != 0 {
-			errs = append(errs, errors.New("capacity_blocks does not apply to engine llamacpp: set slots"))
-		}
-	} else if c.Slots != 0 {
-		errs = append(errs, fmt.Errorf("slots only applies to engine llamacpp, not %s", c.Engine))
-	}
+	c, engineErrs := c.engineDefaults()
+	errs = append(errs, engineErrs...)
 	if c.MaxRunning == 0 {
 		c.MaxRunning = DefaultMaxRunning
 	}
@@ -197,6 +192,43 @@ func (c Config) withDefaults() (Config, error) {
 		return Config{}, fmt.Errorf("emulate: invalid config: %w", err)
 	}
 	return c, nil
+}
+
+// engineDefaults fills and checks the keys that depend on the engine.
+func (c Config) engineDefaults() (Config, []error) {
+	var errs []error
+	if c.Engine == PersonalityLlamaCpp {
+		if c.Slots == 0 {
+			c.Slots = DefaultSlots
+		}
+		if c.MaxRunning == 0 {
+			// llama.cpp runs one sequence per slot.
+			c.MaxRunning = c.Slots
+		}
+		if c.BlockSize != 1 {
+			errs = append(errs, fmt.Errorf("block_size must be 1 (or unset) for engine llamacpp, got %d", c.BlockSize))
+		}
+		if c.CapacityBlocks != 0 {
+			errs = append(errs, errors.New("capacity_blocks does not apply to engine llamacpp: set slots"))
+		}
+		switch {
+		case c.CacheRAMTokens == 0:
+			c.CacheRAMTokens = DefaultCacheRAMTokens
+		case c.CacheRAMTokens < -1:
+			errs = append(errs, fmt.Errorf("cache_ram_tokens must be -1 (off), 0 (the default) or positive, got %d", c.CacheRAMTokens))
+		}
+	} else {
+		if c.Slots != 0 {
+			errs = append(errs, fmt.Errorf("slots only applies to engine llamacpp, not %s", c.Engine))
+		}
+		if c.CacheRAMTokens != 0 {
+			errs = append(errs, fmt.Errorf("cache_ram_tokens only applies to engine llamacpp, not %s", c.Engine))
+		}
+	}
+	if c.HideCacheConfig && c.Engine != PersonalityVLLM && c.Engine != PersonalitySGLang {
+		errs = append(errs, fmt.Errorf("hide_cache_config only applies to engines vllm and sglang, which export their capacity; %s exports none", c.Engine))
+	}
+	return c, errs
 }
 
 // withDefaults validates the probabilities and fills the slow delay.

@@ -17,8 +17,9 @@
 // tokens hit, vllm:* metrics and vllm:cache_config_info), SGLang
 // (token-granular, sglang:* metrics, /get_server_info), TensorRT-LLM
 // (32-token blocks with partial reuse) or llama.cpp (one remembered prompt
-// per slot, llamacpp:* metrics, /props, timings.cache_n). Config.BOS
-// prepends a BOS token to text prompts, as Llama tokenizers do.
+// per slot and a host prompt cache behind them, llamacpp:* metrics, /props,
+// timings.cache_n). Config.BOS prepends a BOS token to text prompts, as
+// Llama tokenizers do.
 //
 // Faults (errors, disconnects, malformed chunks, hangs, slow first tokens)
 // can be injected with seeded probabilities, and the cache can be
@@ -28,6 +29,7 @@
 package emulate
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -85,6 +87,9 @@ func New(cfg Config) (*Engine, error) {
 		now:    time.Now,
 		sleep:  sleepCtx,
 	}
+	if sc, ok := e.cache.(*slotCache); ok {
+		sc.setHostBudget(cfg.CacheRAMTokens)
+	}
 	if err := e.registerMetrics(); err != nil {
 		return nil, err
 	}
@@ -101,6 +106,7 @@ func (e *Engine) Config() Config {
 	c.DisablePrefixCache = !st.Enabled
 	if c.Engine == PersonalityLlamaCpp {
 		c.Slots = st.CapacityBlocks
+		c.CacheRAMTokens = cmp.Or(st.CacheRAMTokens, -1)
 	} else {
 		c.CapacityBlocks = st.CapacityBlocks
 	}
@@ -119,8 +125,8 @@ func (e *Engine) SetCacheEnabled(on bool) { e.cache.setEnabled(on) }
 // Resize sets the cache capacity in blocks (0 for unbounded), evicting
 // least recently used blocks beyond it; in the llamacpp personality it
 // sets the number of slots (at least 1). The capacity the engine exports
-// (vllm:cache_config_info, /get_server_info, /props) keeps its value from
-// the start, as on a real engine.
+// (vllm:cache_config_info, /get_server_info, /props) follows, as a real
+// engine's would after a restart with another KV size.
 func (e *Engine) Resize(capacityBlocks int) error {
 	if err := e.cache.resize(capacityBlocks); err != nil {
 		return fmt.Errorf("emulate: %w", err)
@@ -381,8 +387,8 @@ func (e *Engine) registerMetrics() error {
 		Name: orUnexported(names.waiting), Help: "Requests queued for a running slot.", ConstLabels: labels,
 	}, func() float64 { _, w := e.sched.counts(); return float64(w) })
 	keep(names.waiting, e.m.waitingFunc)
-	if e.cfg.Engine == PersonalityVLLM {
-		export = append(export, e.cacheConfigInfo())
+	if e.cfg.Engine == PersonalityVLLM && !e.cfg.HideCacheConfig {
+		export = append(export, newCacheConfigInfo(e))
 	}
 	// A real server's process start time (vLLM's Python client exports
 	// it): a scraper tells an engine restart by it, even when the new

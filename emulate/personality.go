@@ -19,8 +19,9 @@ const (
 	// PersonalityTRTLLM caches 32-token blocks with partial reuse: a hit
 	// may end inside a cached block.
 	PersonalityTRTLLM
-	// PersonalityLlamaCpp keeps one prompt per slot and no shared cache;
-	// it exports llamacpp:* metrics, GET /props and timings.cache_n.
+	// PersonalityLlamaCpp keeps one prompt per slot and a host prompt
+	// cache behind the slots; it exports llamacpp:* metrics, GET /props
+	// and timings.cache_n.
 	PersonalityLlamaCpp
 )
 

@@ -97,7 +97,9 @@ func TestSlotControl(t *testing.T) {
 	if got := complete(t, srv.URL, a, nil).cached(t); got != 9 {
 		t.Fatalf("warm hit %d", got)
 	}
-	if st := e.Stats().Cache; st != (CacheState{Enabled: true, BlockSize: 1, CapacityBlocks: 2, Blocks: 2, Tokens: 20}) {
+	// a is in its slot again, b in the host prompt cache.
+	if st := e.Stats().Cache; st != (CacheState{Enabled: true, BlockSize: 1, CapacityBlocks: 2, Blocks: 2, Tokens: 20,
+		CacheRAMTokens: DefaultCacheRAMTokens, HostPrompts: 1, HostTokens: 10}) {
 		t.Fatalf("state %+v", st)
 	}
 
@@ -350,36 +352,43 @@ func TestPersonalityMetrics(t *testing.T) {
 	}
 }
 
-// vllm:cache_config_info carries the configured capacity, and keeps it
-// through a run-time resize or disable, as vLLM only changes it on
-// restart.
+// vllm:cache_config_info carries the capacity and the cache's state in
+// force, as a restarted vLLM would show them after a run-time resize or
+// disable; hide_cache_config leaves it out.
 func TestCacheConfigInfo(t *testing.T) {
+	const head = "# HELP vllm:cache_config_info Prefix cache configuration, in the labels; num_gpu_blocks 0 means unbounded (emulator only).\n" +
+		"# TYPE vllm:cache_config_info gauge\n"
 	for _, tt := range []struct {
-		name string
-		cfg  Config
-		want string
+		name          string
+		cfg           Config
+		start, resize string // the series at start, and after Resize(3) and a toggle of the cache
 	}{
 		{"bounded", Config{BlockSize: 16, CapacityBlocks: 100},
-			`vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="100"} 1`},
+			`vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="100"} 1`,
+			`vllm:cache_config_info{block_size="16",enable_prefix_caching="False",engine="0",num_gpu_blocks="3"} 1`},
 		{"unbounded, disabled, other block size", Config{BlockSize: 4, DisablePrefixCache: true},
-			`vllm:cache_config_info{block_size="4",enable_prefix_caching="False",engine="0",num_gpu_blocks="0"} 1`},
+			`vllm:cache_config_info{block_size="4",enable_prefix_caching="False",engine="0",num_gpu_blocks="0"} 1`,
+			`vllm:cache_config_info{block_size="4",enable_prefix_caching="True",engine="0",num_gpu_blocks="3"} 1`},
+		{"hidden", Config{CapacityBlocks: 100, HideCacheConfig: true}, "", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e, srv := newTestServer(t, tt.cfg)
-			expo := "# HELP vllm:cache_config_info Prefix cache configuration at start, in the labels; num_gpu_blocks 0 means unbounded (emulator only).\n" +
-				"# TYPE vllm:cache_config_info gauge\n" + tt.want + "\n"
-			check := func() {
+			check := func(series string) {
 				t.Helper()
+				expo := ""
+				if series != "" {
+					expo = head + series + "\n"
+				}
 				if err := testutil.ScrapeAndCompare(srv.URL+"/metrics", strings.NewReader(expo), "vllm:cache_config_info"); err != nil {
 					t.Fatal(err)
 				}
 			}
-			check()
+			check(tt.start)
 			if err := e.Resize(3); err != nil {
 				t.Fatal(err)
 			}
-			e.SetCacheEnabled(!tt.cfg.DisablePrefixCache)
-			check()
+			e.SetCacheEnabled(tt.cfg.DisablePrefixCache)
+			check(tt.resize)
 		})
 	}
 }
@@ -405,8 +414,9 @@ func getJSON(t *testing.T, url string, want int, out any) {
 	}
 }
 
-// SGLang's /get_server_info and llama.cpp's /props give the configured
-// capacity, also after a resize; each exists only in its personality.
+// SGLang's /get_server_info and llama.cpp's /props give the capacity in
+// force, a resized one too; each exists only in its personality, and
+// hide_cache_config leaves SGLang's out.
 func TestCapacityEndpoints(t *testing.T) {
 	e, srv := newTestServer(t, Config{Engine: PersonalitySGLang, CapacityBlocks: 5000, MaxModelLen: 8192})
 	var info struct {
@@ -419,7 +429,7 @@ func TestCapacityEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	getJSON(t, srv.URL+"/get_server_info", http.StatusOK, &info)
-	if info.PageSize == nil || *info.PageSize != 1 || info.MaxTotalNumTokens == nil || *info.MaxTotalNumTokens != 5000 ||
+	if info.PageSize == nil || *info.PageSize != 1 || info.MaxTotalNumTokens == nil || *info.MaxTotalNumTokens != 10 ||
 		info.ContextLength != 8192 || info.ModelPath == nil {
 		t.Fatalf("server info %+v", info)
 	}
@@ -436,7 +446,7 @@ func TestCapacityEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	getJSON(t, srv.URL+"/props", http.StatusOK, &props)
-	if props.TotalSlots != 4 || props.DefaultGenerationSettings.NCtx != 4096 {
+	if props.TotalSlots != 2 || props.DefaultGenerationSettings.NCtx != 4096 {
 		t.Fatalf("props %+v", props)
 	}
 	getJSON(t, srv.URL+"/get_server_info", http.StatusNotFound, nil)
@@ -444,6 +454,9 @@ func TestCapacityEndpoints(t *testing.T) {
 	_, srv = newTestServer(t, Config{})
 	getJSON(t, srv.URL+"/get_server_info", http.StatusNotFound, nil)
 	getJSON(t, srv.URL+"/props", http.StatusNotFound, nil)
+
+	_, srv = newTestServer(t, Config{Engine: PersonalitySGLang, CapacityBlocks: 5000, HideCacheConfig: true})
+	getJSON(t, srv.URL+"/get_server_info", http.StatusNotFound, nil)
 }
 
 func TestPersonalityConfig(t *testing.T) {

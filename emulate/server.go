@@ -39,7 +39,9 @@ func (e *Engine) routes() *http.ServeMux {
 	// Each engine's own way of telling its cache capacity.
 	switch e.cfg.Engine {
 	case PersonalitySGLang:
-		mux.HandleFunc("GET /get_server_info", e.handleServerInfo)
+		if !e.cfg.HideCacheConfig {
+			mux.HandleFunc("GET /get_server_info", e.handleServerInfo)
+		}
 	case PersonalityLlamaCpp:
 		mux.HandleFunc("GET /props", e.handleProps)
 	}
@@ -573,24 +575,22 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleCacheControl applies {"enabled": bool, "capacity_blocks": n,
-// "flush": true} in that order (each optional) and answers the cache
-// state.
+// "cache_ram_tokens": n, "flush": true} in that order (each optional) and
+// answers the cache state. cache_ram_tokens is llamacpp's host prompt
+// cache, 0 turning it off.
 func (e *Engine) handleCacheControl(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Enabled        *bool `json:"enabled"`
 		CapacityBlocks *int  `json:"capacity_blocks"`
+		CacheRAMTokens *int  `json:"cache_ram_tokens"`
 		Flush          bool  `json:"flush"`
 	}
 	if err := readJSON(w, r, 1<<20, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	if req.CapacityBlocks != nil && *req.CapacityBlocks < 0 {
-		writeError(w, badRequest("capacity_blocks", "capacity_blocks must not be negative, got %d", *req.CapacityBlocks))
-		return
-	}
-	if req.CapacityBlocks != nil && *req.CapacityBlocks == 0 && e.cfg.Engine == PersonalityLlamaCpp {
-		writeError(w, badRequest("capacity_blocks", "capacity_blocks is the number of slots for engine llamacpp and must be at least 1"))
+	if err := e.checkCacheControl(req.CapacityBlocks, req.CacheRAMTokens); err != nil {
+		writeError(w, err)
 		return
 	}
 	if req.Enabled != nil {
@@ -599,10 +599,29 @@ func (e *Engine) handleCacheControl(w http.ResponseWriter, r *http.Request) {
 	if req.CapacityBlocks != nil {
 		_ = e.Resize(*req.CapacityBlocks) // checked above
 	}
+	if req.CacheRAMTokens != nil {
+		_ = e.SetCacheRAMTokens(*req.CacheRAMTokens) // checked above
+	}
 	if req.Flush {
 		e.Flush()
 	}
 	writeJSON(w, http.StatusOK, e.cache.state())
+}
+
+// checkCacheControl refuses a cache change before any is applied.
+func (e *Engine) checkCacheControl(capacityBlocks, cacheRAMTokens *int) *apiError {
+	llama := e.cfg.Engine == PersonalityLlamaCpp
+	switch {
+	case capacityBlocks != nil && *capacityBlocks < 0:
+		return badRequest("capacity_blocks", "capacity_blocks must not be negative, got %d", *capacityBlocks)
+	case capacityBlocks != nil && *capacityBlocks == 0 && llama:
+		return badRequest("capacity_blocks", "capacity_blocks is the number of slots for engine llamacpp and must be at least 1")
+	case cacheRAMTokens != nil && !llama:
+		return badRequest("cache_ram_tokens", "cache_ram_tokens is llamacpp's host prompt cache; engine %s has none", e.cfg.Engine)
+	case cacheRAMTokens != nil && *cacheRAMTokens < 0:
+		return badRequest("cache_ram_tokens", "cache_ram_tokens must not be negative (0 turns the host prompt cache off), got %d", *cacheRAMTokens)
+	}
+	return nil
 }
 
 // faultsJSON is Faults on the wire, with the delay as a Go duration string.

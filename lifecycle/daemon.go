@@ -579,6 +579,8 @@ func emulateConfig(t *config.Target) (emulate.Config, error) {
 		BlockSize:          e.BlockSize,
 		CapacityBlocks:     e.CapacityBlocks,
 		Slots:              e.Slots,
+		CacheRAMTokens:     e.CacheRAMTokens,
+		HideCacheConfig:    e.HideCacheConfig,
 		BOS:                e.BOS,
 		DisablePrefixCache: e.DisablePrefixCache,
 		OmitCachedTokens:   e.OmitCachedTokens,

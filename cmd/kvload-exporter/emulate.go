@@ -24,6 +24,8 @@ func emulateCommand(app *kingpin.Application) command {
 	cl.Flag("block-size", "Prefix cache block size in tokens; 0 is the engine's default (vllm 16, sglang 1, trtllm 32, llamacpp 1).").Default("0").IntVar(&cfg.BlockSize)
 	cl.Flag("capacity-blocks", "Prefix cache capacity in blocks, least recently used evicted first; 0 is unbounded (not for llamacpp, see --slots).").Default("0").IntVar(&cfg.CapacityBlocks)
 	cl.Flag("slots", "llamacpp only: slots, each remembering its last prompt; 0 is 1.").Default("0").IntVar(&cfg.Slots)
+	cl.Flag("cache-ram-tokens", fmt.Sprintf("llamacpp only: the host prompt cache that keeps idle slots' prompts (llama-server's --cache-ram), in tokens; 0 is %d, --cache-ram-tokens=-1 turns it off.", emulate.DefaultCacheRAMTokens)).Default("0").IntVar(&cfg.CacheRAMTokens)
+	cl.Flag("hide-cache-config", "vllm and sglang: do not export the cache's capacity (vllm:cache_config_info, /get_server_info), as an engine whose capacity cannot be read.").BoolVar(&cfg.HideCacheConfig)
 	cl.Flag("bos", "Prepend a BOS token to every text prompt, as Llama tokenizers do.").BoolVar(&cfg.BOS)
 	cl.Flag("disable-prefix-cache", "Start with the prefix cache off (POST /emulator/cache turns it on).").BoolVar(&cfg.DisablePrefixCache)
 	cl.Flag("omit-cached-tokens", "Send prompt_tokens_details null, like vLLM without --enable-prompt-tokens-details.").BoolVar(&cfg.OmitCachedTokens)
@@ -59,8 +61,8 @@ func runEmulate(ctx context.Context, s streams, listen string, cfg emulate.Confi
 	}
 	c := e.Config()
 	// The URL is the first line, so scripts and tests can read it.
-	fmt.Fprintf(s.stderr, "level=info msg=\"emulator listening\" url=%s model=%s engine=%s block_size=%d capacity_blocks=%d slots=%d max_running=%d overhead=%s prefill_per_token=%s inter_token=%s\n",
-		base, c.Model, c.Engine, c.BlockSize, c.CapacityBlocks, c.Slots, c.MaxRunning, c.Overhead, c.PrefillPerToken, c.InterToken)
+	fmt.Fprintf(s.stderr, "level=info msg=\"emulator listening\" url=%s model=%s engine=%s block_size=%d capacity_blocks=%d slots=%d cache_ram_tokens=%d max_running=%d overhead=%s prefill_per_token=%s inter_token=%s\n",
+		base, c.Model, c.Engine, c.BlockSize, c.CapacityBlocks, c.Slots, c.CacheRAMTokens, c.MaxRunning, c.Overhead, c.PrefillPerToken, c.InterToken)
 	start := time.Now()
 	err = wait()
 	st := e.Stats()

@@ -88,6 +88,9 @@ func TestEmulateCommandBadInput(t *testing.T) {
 		{"probabilities above one together", []string{"--error-rate", "0.6", "--hang-rate", "0.6"}},
 		{"bad duration", []string{"--inter-token", "fast"}},
 		{"negative capacity", []string{"--capacity-blocks", "-2"}},
+		{"host prompt cache without llamacpp", []string{"--cache-ram-tokens", "100"}},
+		{"host prompt cache below -1", []string{"--engine", "llamacpp", "--cache-ram-tokens=-2"}},
+		{"hidden capacity on llamacpp", []string{"--engine", "llamacpp", "--hide-cache-config"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -118,6 +121,63 @@ func TestEmulateCommandListenError(t *testing.T) {
 			}
 			if got := errOut.String(); !strings.HasPrefix(got, tt.want) || strings.Count(got, "emulate:") != 1 {
 				t.Errorf("stderr %q, want it to start %q with one \"emulate:\"", got, tt.want)
+			}
+		})
+	}
+}
+
+// The host prompt cache and hidden-capacity flags reach the emulator.
+func TestEmulateCommandCacheFlags(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		args  []string
+		log   string // in the first stderr line
+		path  string // fetched; its body must hold want and not avoid
+		want  string
+		avoid string
+	}{
+		{"host prompt cache", []string{"--engine", "llamacpp", "--cache-ram-tokens", "500"}, "cache_ram_tokens=500",
+			"/emulator/stats", `"cache_ram_tokens":500`, ""},
+		{"host prompt cache by default", []string{"--engine", "llamacpp"}, "cache_ram_tokens=65536",
+			"/emulator/stats", `"cache_ram_tokens":65536`, ""},
+		{"host prompt cache off", []string{"--engine", "llamacpp", "--cache-ram-tokens=-1"}, "cache_ram_tokens=-1",
+			"/emulator/stats", `"blocks"`, "cache_ram_tokens"},
+		{"capacity shown", []string{"--capacity-blocks", "64"}, "capacity_blocks=64",
+			"/metrics", `num_gpu_blocks="64"`, ""},
+		{"capacity hidden", []string{"--capacity-blocks", "64", "--hide-cache-config"}, "capacity_blocks=64",
+			"/metrics", "vllm:prefix_cache_hits_total", "vllm:cache_config_info"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			pr, pw := io.Pipe()
+			code := make(chan int, 1)
+			go func() {
+				code <- run(ctx, append([]string{"emulate", "--listen", "127.0.0.1:0"}, tt.args...), streams{stdout: io.Discard, stderr: pw})
+				pw.Close()
+			}()
+			br := bufio.NewReader(pr)
+			first, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("reading stderr: %v", err)
+			}
+			go func() { _, _ = io.Copy(io.Discard, br) }()
+			m := regexp.MustCompile(`url=(http://\S+)`).FindStringSubmatch(first)
+			if m == nil || !strings.Contains(first, " "+tt.log+" ") {
+				t.Fatalf("first line %q, want a url and %s", first, tt.log)
+			}
+			resp, err := http.Get(m[1] + tt.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || !strings.Contains(string(body), tt.want) || (tt.avoid != "" && strings.Contains(string(body), tt.avoid)) {
+				t.Fatalf("GET %s: %v\n%s\nwant %q, not %q", tt.path, err, body, tt.want, tt.avoid)
+			}
+			cancel()
+			if c := <-code; c != exitOK {
+				t.Fatalf("exit code %d", c)
 			}
 		})
 	}
