@@ -572,10 +572,11 @@ func TestPersonalitiesConcurrent(t *testing.T) {
 
 // llama.cpp's timings.prompt_ms is the request's own prefill by the timing
 // model (overhead plus the uncached tokens' cost), not the time it waited
-// for a slot: a request queued behind one that holds the only slot reports
+// for a slot: a request queued behind one that holds the only slot (and no
+// host prompt cache to restore its prompt from) reports
 // the same prefill as one that did not wait.
 func TestTimingsPromptMS(t *testing.T) {
-	_, srv := newTestServer(t, Config{Engine: PersonalityLlamaCpp, Overhead: 2 * time.Millisecond,
+	_, srv := newTestServer(t, Config{Engine: PersonalityLlamaCpp, CacheRAMTokens: -1, Overhead: 2 * time.Millisecond,
 		PrefillPerToken: time.Millisecond, InterToken: 10 * time.Millisecond})
 	prompt := seq(1, 20)
 	promptMS := func() (float64, time.Duration) {
