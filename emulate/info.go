@@ -8,8 +8,8 @@ import (
 )
 
 // The capacity each personality exports, where its real engine exports
-// it, so that the exporter can discover the cache size. All of it keeps
-// the values configured at start: a real engine only changes them on
+// it, so that the exporter can discover the cache size. It keeps the value
+// of the start or the last Redeploy: a real engine only changes it on a
 // restart, and a run-time Resize models a KV cache cut that the exporter
 // must detect from the hits, as a regression, not read from a label.
 //
@@ -20,23 +20,26 @@ import (
 // cacheConfigInfo is vLLM's info gauge vllm:cache_config_info: always 1,
 // its labels the cache config as strings (vllm/v1/metrics/loggers.py
 // log_metrics_info, from CacheConfig.metrics_info(), plus engine). vLLM
-// has many more labels; these are the ones the emulator models. The
-// labels are fixed here, at start, on purpose: vLLM only changes them on a
-// restart, and a run-time Resize stands for a KV cut that the exporter
-// must detect as a regression, so the exported figure must not follow it.
-func (e *Engine) cacheConfigInfo() prometheus.Collector {
-	g := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "vllm:cache_config_info",
-		Help: "Prefix cache configuration at start, in the labels; num_gpu_blocks 0 means unbounded (emulator only).",
-		ConstLabels: prometheus.Labels{
-			"block_size":            strconv.Itoa(e.cfg.BlockSize),
-			"num_gpu_blocks":        strconv.Itoa(e.cfg.CapacityBlocks),
-			"enable_prefix_caching": pythonBool(!e.cfg.DisablePrefixCache),
-			"engine":                "0",
-		},
-	})
-	g.Set(1)
-	return g
+// has many more labels; these are the ones the emulator models. vLLM only
+// changes them on a restart: here num_gpu_blocks follows a Redeploy, and
+// not a run-time Resize, which stands for a KV cut that the exporter must
+// detect as a regression.
+type cacheConfigInfo struct {
+	e    *Engine
+	desc *prometheus.Desc
+}
+
+func newCacheConfigInfo(e *Engine) cacheConfigInfo {
+	return cacheConfigInfo{e: e, desc: prometheus.NewDesc("vllm:cache_config_info",
+		"Prefix cache configuration of the engine's (re)deployment, in the labels; num_gpu_blocks 0 means unbounded (emulator only).",
+		[]string{"block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"}, nil)}
+}
+
+func (c cacheConfigInfo) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c cacheConfigInfo) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1, strconv.Itoa(c.e.cfg.BlockSize),
+		strconv.FormatInt(c.e.told.Load(), 10), pythonBool(!c.e.cfg.DisablePrefixCache), "0")
 }
 
 // pythonBool spells a bool as vLLM's str(bool) labels do.
@@ -63,7 +66,7 @@ func (e *Engine) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 		Status             string `json:"status"`
 		Version            string `json:"version"`
 	}{e.cfg.Model, e.cfg.Model, e.cfg.MaxModelLen, e.cfg.BlockSize, e.cfg.DisablePrefixCache, e.cfg.MaxRunning,
-		e.cfg.CapacityBlocks * e.cfg.BlockSize, "ready", "kvload-emulated"})
+		int(e.told.Load()) * e.cfg.BlockSize, "ready", "kvload-emulated"})
 }
 
 // handleProps answers llama.cpp's GET /props: total_slots and the
@@ -84,6 +87,6 @@ func (e *Engine) handleProps(w http.ResponseWriter, _ *http.Request) {
 		EndpointMetrics           bool     `json:"endpoint_metrics"`
 		BOSToken                  string   `json:"bos_token"`
 		BuildInfo                 string   `json:"build_info"`
-	}{settings{NCtx: e.cfg.MaxModelLen, Params: map[string]any{}}, e.cfg.Slots, e.cfg.Model, e.cfg.Model,
+	}{settings{NCtx: e.cfg.MaxModelLen, Params: map[string]any{}}, int(e.told.Load()), e.cfg.Model, e.cfg.Model,
 		false, false, true, bosText, "kvload-emulated"})
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -350,7 +351,7 @@ func TestPersonalityMetrics(t *testing.T) {
 
 // vllm:cache_config_info carries the configured capacity, and keeps it
 // through a run-time resize or disable, as vLLM only changes it on
-// restart.
+// restart; a redeploy changes it.
 func TestCacheConfigInfo(t *testing.T) {
 	for _, tt := range []struct {
 		name string
@@ -364,20 +365,27 @@ func TestCacheConfigInfo(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e, srv := newTestServer(t, tt.cfg)
-			expo := "# HELP vllm:cache_config_info Prefix cache configuration at start, in the labels; num_gpu_blocks 0 means unbounded (emulator only).\n" +
-				"# TYPE vllm:cache_config_info gauge\n" + tt.want + "\n"
-			check := func() {
+			check := func(want string) {
 				t.Helper()
+				expo := "# HELP vllm:cache_config_info Prefix cache configuration of the engine's (re)deployment, in the labels; num_gpu_blocks 0 means unbounded (emulator only).\n" +
+					"# TYPE vllm:cache_config_info gauge\n" + want + "\n"
 				if err := testutil.ScrapeAndCompare(srv.URL+"/metrics", strings.NewReader(expo), "vllm:cache_config_info"); err != nil {
 					t.Fatal(err)
 				}
 			}
-			check()
+			check(tt.want)
 			if err := e.Resize(3); err != nil {
 				t.Fatal(err)
 			}
 			e.SetCacheEnabled(!tt.cfg.DisablePrefixCache)
-			check()
+			check(tt.want)
+			var st CacheState
+			postDecode(t, srv.URL+"/emulator/cache", map[string]any{"capacity_blocks": 7, "redeploy": true}, http.StatusOK, &st)
+			if st.CapacityBlocks != 7 || st.Blocks != 0 {
+				t.Errorf("after a redeploy to 7 blocks the cache is %+v, want 7 blocks, empty", st)
+			}
+			check(strings.Replace(tt.want, `num_gpu_blocks="`+strconv.Itoa(tt.cfg.CapacityBlocks)+`"`, `num_gpu_blocks="7"`, 1))
+			postDecode(t, srv.URL+"/emulator/cache", map[string]any{"redeploy": true}, http.StatusBadRequest, nil)
 		})
 	}
 }
@@ -421,6 +429,13 @@ func TestCapacityEndpoints(t *testing.T) {
 		info.ContextLength != 8192 || info.ModelPath == nil {
 		t.Fatalf("server info %+v", info)
 	}
+	if err := e.Redeploy(4000); err != nil {
+		t.Fatal(err)
+	}
+	getJSON(t, srv.URL+"/get_server_info", http.StatusOK, &info)
+	if *info.MaxTotalNumTokens != 4000 {
+		t.Fatalf("server info after a redeploy to 4,000 blocks: %+v", info)
+	}
 	getJSON(t, srv.URL+"/props", http.StatusNotFound, nil)
 
 	e, srv = newTestServer(t, Config{Engine: PersonalityLlamaCpp, Slots: 4, MaxModelLen: 4096})
@@ -436,6 +451,13 @@ func TestCapacityEndpoints(t *testing.T) {
 	getJSON(t, srv.URL+"/props", http.StatusOK, &props)
 	if props.TotalSlots != 4 || props.DefaultGenerationSettings.NCtx != 4096 {
 		t.Fatalf("props %+v", props)
+	}
+	if err := e.Redeploy(3); err != nil {
+		t.Fatal(err)
+	}
+	getJSON(t, srv.URL+"/props", http.StatusOK, &props)
+	if props.TotalSlots != 3 {
+		t.Fatalf("props after a redeploy to 3 slots: %+v", props)
 	}
 	getJSON(t, srv.URL+"/get_server_info", http.StatusNotFound, nil)
 
