@@ -1,7 +1,9 @@
 // Package lifecycle owns the daemon's running set: the replay units, the
-// emulated engines and the server-metrics scrapers. One goroutine applies
-// every change to it (the first configuration, reloads asked for by a file
-// change, SIGHUP or HTTP, and the drain at shutdown), one after another.
+// emulated engines, the server-metrics scrapers and the watches of the
+// targets' cache layouts. One goroutine applies every change to it (the
+// first configuration, reloads asked for by a file change, SIGHUP or HTTP,
+// cache layouts the watches read, and the drain at shutdown), one after
+// another.
 package lifecycle
 
 import (
