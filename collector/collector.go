@@ -67,8 +67,11 @@ type Collector struct {
 	preambleTokens *prometheus.GaugeVec
 	tokenizeRatio  *prometheus.GaugeVec
 	serverErrors   *prometheus.CounterVec // by target and reason
-	reloadOK       prometheus.Gauge
-	reloadTime     prometheus.Gauge
+	// The re-reads of a target's KV cache layout.
+	layoutChanges     *prometheus.CounterVec // by target
+	discoveryFailures *prometheus.CounterVec // by target and reason
+	reloadOK          prometheus.Gauge
+	reloadTime        prometheus.Gauge
 
 	now      func() time.Time
 	mu       sync.Mutex
@@ -163,6 +166,12 @@ func New(reg prometheus.Registerer) *Collector {
 		serverErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "server_metrics_errors_total",
 			Help: "Scrapes of a target's own cached-token counter (observed: server_metrics) not credited, by reason: scrape (unreadable), not_finite, negative, too_large, jump."},
 			[]string{"target", "reason"}),
+		layoutChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "target_cache_layout_changes_total",
+			Help: "Changes of the KV cache layout read from a target at run time (capacity known after unknown, or other blocks or block size); the target's theoretical model follows each."},
+			[]string{"target"}),
+		discoveryFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "target_cache_discovery_failures_total",
+			Help: "Reads of a target's KV cache layout that failed, by reason: unreachable, timeout, bad_answer."},
+			[]string{"target", "reason"}),
 		now:      time.Now,
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
@@ -173,7 +182,7 @@ func New(reg prometheus.Registerer) *Collector {
 		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
 		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio, c.serverErrors,
-		newCostMetrics(c))
+		newCostMetrics(c), c.layoutChanges, c.discoveryFailures)
 	return c
 }
 
@@ -261,6 +270,33 @@ func (c *Collector) SetTargetCache(target string, blocks, blockSize int, known b
 	c.capacityKnown.WithLabelValues(target).Set(v)
 }
 
+// WatchCacheLayout creates at zero the counters of a target whose KV cache
+// layout is read again at run time, so that their increase exists before
+// the first change or failure.
+func (c *Collector) WatchCacheLayout(target string) {
+	c.layoutChanges.WithLabelValues(target)
+	for _, r := range engine.LayoutFailures {
+		c.discoveryFailures.WithLabelValues(target, string(r))
+	}
+}
+
+// UnwatchCacheLayout deletes those counters of a target whose layout is no
+// longer read (it is configured now).
+func (c *Collector) UnwatchCacheLayout(target string) {
+	c.layoutChanges.DeleteLabelValues(target)
+	c.discoveryFailures.DeletePartialMatch(prometheus.Labels{"target": target})
+}
+
+// CacheLayoutChanged counts a change of the layout read from target.
+func (c *Collector) CacheLayoutChanged(target string) {
+	c.layoutChanges.WithLabelValues(target).Inc()
+}
+
+// CacheDiscoveryFailed counts a failed read of target's layout.
+func (c *Collector) CacheDiscoveryFailed(target string, reason engine.LayoutFailure) {
+	c.discoveryFailures.WithLabelValues(target, string(reason)).Inc()
+}
+
 // SetTokenizeRatio publishes a target's tokenize check: the server's token
 // count over the exporter's for one built prompt; ok false (no endpoint,
 // no answer) removes the series.
@@ -279,6 +315,7 @@ func (c *Collector) ForgetTarget(target string) {
 		v.DeletePartialMatch(l)
 	}
 	c.serverErrors.DeletePartialMatch(l)
+	c.UnwatchCacheLayout(target)
 }
 
 // AddServerCredit adds cached tokens read from a target's own counter

@@ -56,6 +56,10 @@ type Engine struct {
 	m      engineMetrics
 	mux    *http.ServeMux
 	nextID atomic.Uint64
+	// told is the capacity the engine tells where its real engine does
+	// (info.go): blocks, or slots in the llamacpp personality. Only a
+	// redeploy changes it.
+	told atomic.Int64
 
 	statsMu sync.Mutex
 	stats   Stats // request and token counts only
@@ -89,6 +93,10 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if sc, ok := e.cache.(*slotCache); ok {
 		sc.setHostBudget(cfg.CacheRAMTokens)
+	}
+	e.told.Store(int64(cfg.CapacityBlocks))
+	if cfg.Engine == PersonalityLlamaCpp {
+		e.told.Store(int64(cfg.Slots))
 	}
 	if err := e.registerMetrics(); err != nil {
 		return nil, err
@@ -125,12 +133,25 @@ func (e *Engine) SetCacheEnabled(on bool) { e.cache.setEnabled(on) }
 // Resize sets the cache capacity in blocks (0 for unbounded), evicting
 // least recently used blocks beyond it; in the llamacpp personality it
 // sets the number of slots (at least 1). The capacity the engine exports
-// (vllm:cache_config_info, /get_server_info, /props) follows, as a real
-// engine's would after a restart with another KV size.
+// (vllm:cache_config_info, /get_server_info, /props) keeps its value, as
+// on a real engine whose KV memory shrinks under it: see Redeploy.
 func (e *Engine) Resize(capacityBlocks int) error {
 	if err := e.cache.resize(capacityBlocks); err != nil {
 		return fmt.Errorf("emulate: %w", err)
 	}
+	return nil
+}
+
+// Redeploy stands for the engine restarted with another KV cache size: the
+// cache empties and holds capacityBlocks blocks (slots in the llamacpp
+// personality) from now on, and the capacity the engine tells follows.
+// Only the cache is redeployed: the counters go on.
+func (e *Engine) Redeploy(capacityBlocks int) error {
+	if err := e.Resize(capacityBlocks); err != nil {
+		return err
+	}
+	e.Flush()
+	e.told.Store(int64(capacityBlocks))
 	return nil
 }
 

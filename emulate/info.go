@@ -8,11 +8,12 @@ import (
 )
 
 // The capacity each personality exports, where its real engine exports
-// it, so that the exporter can discover the cache size. Each shows the
-// cache as it is now: a run-time resize or disable stands for the engine
-// restarted with another KV size or without prefix caching, which a real
-// engine's figures would show. Config.HideCacheConfig leaves them out, as
-// an engine whose capacity cannot be read.
+// it, so that the exporter can discover the cache size. It keeps the value
+// of the start or the last Redeploy: a real engine only changes it on a
+// restart, and a run-time Resize models a KV cache cut that the exporter
+// must detect from the hits, as a regression, not read from a label.
+// Config.HideCacheConfig leaves them out, as an engine whose capacity
+// cannot be read.
 //
 // The emulator's cache may be unbounded (capacity 0), which no real engine
 // is: there the exported capacity is 0, meaning unbounded, for the
@@ -21,24 +22,26 @@ import (
 // cacheConfigInfo is vLLM's info gauge vllm:cache_config_info: always 1,
 // its labels the cache config as strings (vllm/v1/metrics/loggers.py
 // log_metrics_info, from CacheConfig.metrics_info(), plus engine). vLLM
-// has many more labels; these are the ones the emulator models.
+// has many more labels; these are the ones the emulator models. vLLM only
+// changes them on a restart: here num_gpu_blocks follows a Redeploy, and
+// not a run-time Resize, which stands for a KV cut that the exporter must
+// detect as a regression.
 type cacheConfigInfo struct {
 	e    *Engine
 	desc *prometheus.Desc
 }
 
-func newCacheConfigInfo(e *Engine) *cacheConfigInfo {
-	return &cacheConfigInfo{e: e, desc: prometheus.NewDesc("vllm:cache_config_info",
-		"Prefix cache configuration, in the labels; num_gpu_blocks 0 means unbounded (emulator only).",
+func newCacheConfigInfo(e *Engine) cacheConfigInfo {
+	return cacheConfigInfo{e: e, desc: prometheus.NewDesc("vllm:cache_config_info",
+		"Prefix cache configuration of the engine's (re)deployment, in the labels; num_gpu_blocks 0 means unbounded (emulator only).",
 		[]string{"block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"}, nil)}
 }
 
-func (c *cacheConfigInfo) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c cacheConfigInfo) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
-func (c *cacheConfigInfo) Collect(ch chan<- prometheus.Metric) {
-	st := c.e.cache.state()
-	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1,
-		strconv.Itoa(st.BlockSize), strconv.Itoa(st.CapacityBlocks), pythonBool(st.Enabled), "0")
+func (c cacheConfigInfo) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1, strconv.Itoa(c.e.cfg.BlockSize),
+		strconv.FormatInt(c.e.told.Load(), 10), pythonBool(!c.e.cfg.DisablePrefixCache), "0")
 }
 
 // pythonBool spells a bool as vLLM's str(bool) labels do.
@@ -54,7 +57,6 @@ func pythonBool(b bool) string {
 // scheduler's max_total_num_tokens, the KV pool size in tokens, into one
 // object. Only a few of its many fields are modelled.
 func (e *Engine) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
-	st := e.cache.state()
 	writeJSON(w, http.StatusOK, struct {
 		ModelPath          string `json:"model_path"`
 		ServedModelName    string `json:"served_model_name"`
@@ -65,15 +67,14 @@ func (e *Engine) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 		MaxTotalNumTokens  int    `json:"max_total_num_tokens"`
 		Status             string `json:"status"`
 		Version            string `json:"version"`
-	}{e.cfg.Model, e.cfg.Model, e.cfg.MaxModelLen, st.BlockSize, !st.Enabled, e.cfg.MaxRunning,
-		st.CapacityBlocks * st.BlockSize, "ready", "kvload-emulated"})
+	}{e.cfg.Model, e.cfg.Model, e.cfg.MaxModelLen, e.cfg.BlockSize, e.cfg.DisablePrefixCache, e.cfg.MaxRunning,
+		int(e.told.Load()) * e.cfg.BlockSize, "ready", "kvload-emulated"})
 }
 
 // handleProps answers llama.cpp's GET /props: total_slots and the
 // per-slot context in default_generation_settings.n_ctx, among others
 // (tools/server get_props).
 func (e *Engine) handleProps(w http.ResponseWriter, _ *http.Request) {
-	st := e.cache.state()
 	type settings struct {
 		NCtx   int            `json:"n_ctx"`
 		Params map[string]any `json:"params"`
@@ -88,6 +89,6 @@ func (e *Engine) handleProps(w http.ResponseWriter, _ *http.Request) {
 		EndpointMetrics           bool     `json:"endpoint_metrics"`
 		BOSToken                  string   `json:"bos_token"`
 		BuildInfo                 string   `json:"build_info"`
-	}{settings{NCtx: e.cfg.MaxModelLen, Params: map[string]any{}}, st.CapacityBlocks, e.cfg.Model, e.cfg.Model,
+	}{settings{NCtx: e.cfg.MaxModelLen, Params: map[string]any{}}, int(e.told.Load()), e.cfg.Model, e.cfg.Model,
 		false, false, true, bosText, "kvload-emulated"})
 }

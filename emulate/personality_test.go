@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -352,44 +353,53 @@ func TestPersonalityMetrics(t *testing.T) {
 	}
 }
 
-// vllm:cache_config_info carries the capacity and the cache's state in
-// force, as a restarted vLLM would show them after a run-time resize or
-// disable; hide_cache_config leaves it out.
+// vllm:cache_config_info carries the configured capacity, and keeps it
+// through a run-time resize or disable, as vLLM only changes it on
+// restart; a redeploy changes it.
 func TestCacheConfigInfo(t *testing.T) {
-	const head = "# HELP vllm:cache_config_info Prefix cache configuration, in the labels; num_gpu_blocks 0 means unbounded (emulator only).\n" +
-		"# TYPE vllm:cache_config_info gauge\n"
 	for _, tt := range []struct {
-		name          string
-		cfg           Config
-		start, resize string // the series at start, and after Resize(3) and a toggle of the cache
+		name string
+		cfg  Config
+		want string
 	}{
 		{"bounded", Config{BlockSize: 16, CapacityBlocks: 100},
-			`vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="100"} 1`,
-			`vllm:cache_config_info{block_size="16",enable_prefix_caching="False",engine="0",num_gpu_blocks="3"} 1`},
+			`vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="100"} 1`},
 		{"unbounded, disabled, other block size", Config{BlockSize: 4, DisablePrefixCache: true},
-			`vllm:cache_config_info{block_size="4",enable_prefix_caching="False",engine="0",num_gpu_blocks="0"} 1`,
-			`vllm:cache_config_info{block_size="4",enable_prefix_caching="True",engine="0",num_gpu_blocks="3"} 1`},
-		{"hidden", Config{CapacityBlocks: 100, HideCacheConfig: true}, "", ""},
+			`vllm:cache_config_info{block_size="4",enable_prefix_caching="False",engine="0",num_gpu_blocks="0"} 1`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e, srv := newTestServer(t, tt.cfg)
-			check := func(series string) {
+			check := func(want string) {
 				t.Helper()
-				expo := ""
-				if series != "" {
-					expo = head + series + "\n"
-				}
+				expo := "# HELP vllm:cache_config_info Prefix cache configuration of the engine's (re)deployment, in the labels; num_gpu_blocks 0 means unbounded (emulator only).\n" +
+					"# TYPE vllm:cache_config_info gauge\n" + want + "\n"
 				if err := testutil.ScrapeAndCompare(srv.URL+"/metrics", strings.NewReader(expo), "vllm:cache_config_info"); err != nil {
 					t.Fatal(err)
 				}
 			}
-			check(tt.start)
+			check(tt.want)
 			if err := e.Resize(3); err != nil {
 				t.Fatal(err)
 			}
-			e.SetCacheEnabled(tt.cfg.DisablePrefixCache)
-			check(tt.resize)
+			e.SetCacheEnabled(!tt.cfg.DisablePrefixCache)
+			check(tt.want)
+			var st CacheState
+			postDecode(t, srv.URL+"/emulator/cache", map[string]any{"capacity_blocks": 7, "redeploy": true}, http.StatusOK, &st)
+			if st.CapacityBlocks != 7 || st.Blocks != 0 {
+				t.Errorf("after a redeploy to 7 blocks the cache is %+v, want 7 blocks, empty", st)
+			}
+			check(strings.Replace(tt.want, `num_gpu_blocks="`+strconv.Itoa(tt.cfg.CapacityBlocks)+`"`, `num_gpu_blocks="7"`, 1))
+			postDecode(t, srv.URL+"/emulator/cache", map[string]any{"redeploy": true}, http.StatusBadRequest, nil)
 		})
+	}
+}
+
+// hide_cache_config leaves vllm:cache_config_info out, as an engine whose
+// capacity cannot be read.
+func TestCacheConfigInfoHidden(t *testing.T) {
+	_, srv := newTestServer(t, Config{CapacityBlocks: 100, HideCacheConfig: true})
+	if err := testutil.ScrapeAndCompare(srv.URL+"/metrics", strings.NewReader(""), "vllm:cache_config_info"); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -414,9 +424,10 @@ func getJSON(t *testing.T, url string, want int, out any) {
 	}
 }
 
-// SGLang's /get_server_info and llama.cpp's /props give the capacity in
-// force, a resized one too; each exists only in its personality, and
-// hide_cache_config leaves SGLang's out.
+// SGLang's /get_server_info and llama.cpp's /props give the capacity of
+// the engine's (re)deployment: a run-time resize (a KV cut the exporter
+// must see in the hits) leaves it, a redeploy changes it; each exists only
+// in its personality, and hide_cache_config leaves SGLang's out.
 func TestCapacityEndpoints(t *testing.T) {
 	e, srv := newTestServer(t, Config{Engine: PersonalitySGLang, CapacityBlocks: 5000, MaxModelLen: 8192})
 	var info struct {
@@ -429,9 +440,16 @@ func TestCapacityEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	getJSON(t, srv.URL+"/get_server_info", http.StatusOK, &info)
-	if info.PageSize == nil || *info.PageSize != 1 || info.MaxTotalNumTokens == nil || *info.MaxTotalNumTokens != 10 ||
+	if info.PageSize == nil || *info.PageSize != 1 || info.MaxTotalNumTokens == nil || *info.MaxTotalNumTokens != 5000 ||
 		info.ContextLength != 8192 || info.ModelPath == nil {
 		t.Fatalf("server info %+v", info)
+	}
+	if err := e.Redeploy(4000); err != nil {
+		t.Fatal(err)
+	}
+	getJSON(t, srv.URL+"/get_server_info", http.StatusOK, &info)
+	if *info.MaxTotalNumTokens != 4000 {
+		t.Fatalf("server info after a redeploy to 4,000 blocks: %+v", info)
 	}
 	getJSON(t, srv.URL+"/props", http.StatusNotFound, nil)
 
@@ -446,8 +464,15 @@ func TestCapacityEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	getJSON(t, srv.URL+"/props", http.StatusOK, &props)
-	if props.TotalSlots != 2 || props.DefaultGenerationSettings.NCtx != 4096 {
+	if props.TotalSlots != 4 || props.DefaultGenerationSettings.NCtx != 4096 {
 		t.Fatalf("props %+v", props)
+	}
+	if err := e.Redeploy(3); err != nil {
+		t.Fatal(err)
+	}
+	getJSON(t, srv.URL+"/props", http.StatusOK, &props)
+	if props.TotalSlots != 3 {
+		t.Fatalf("props after a redeploy to 3 slots: %+v", props)
 	}
 	getJSON(t, srv.URL+"/get_server_info", http.StatusNotFound, nil)
 

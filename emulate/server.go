@@ -577,12 +577,14 @@ func (e *Engine) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 // handleCacheControl applies {"enabled": bool, "capacity_blocks": n,
 // "cache_ram_tokens": n, "flush": true} in that order (each optional) and
 // answers the cache state. cache_ram_tokens is llamacpp's host prompt
-// cache, 0 turning it off.
+// cache, 0 turning it off. With "redeploy": true the capacity is that of a
+// redeployed engine (Redeploy): told, and the cache empty.
 func (e *Engine) handleCacheControl(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Enabled        *bool `json:"enabled"`
 		CapacityBlocks *int  `json:"capacity_blocks"`
 		CacheRAMTokens *int  `json:"cache_ram_tokens"`
+		Redeploy       bool  `json:"redeploy"`
 		Flush          bool  `json:"flush"`
 	}
 	if err := readJSON(w, r, 1<<20, &req); err != nil {
@@ -593,10 +595,17 @@ func (e *Engine) handleCacheControl(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if req.Redeploy && req.CapacityBlocks == nil {
+		writeError(w, badRequest("redeploy", "redeploy needs capacity_blocks"))
+		return
+	}
 	if req.Enabled != nil {
 		e.SetCacheEnabled(*req.Enabled)
 	}
-	if req.CapacityBlocks != nil {
+	switch {
+	case req.Redeploy:
+		_ = e.Redeploy(*req.CapacityBlocks) // checked above
+	case req.CapacityBlocks != nil:
 		_ = e.Resize(*req.CapacityBlocks) // checked above
 	}
 	if req.CacheRAMTokens != nil {

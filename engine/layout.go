@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 )
@@ -17,6 +19,42 @@ type Layout struct {
 
 // ErrNotExposed means the engine does not expose its layout.
 var ErrNotExposed = errors.New("the engine does not expose its KV cache size")
+
+// LayoutFailure is why a read of a target's layout failed: the reason
+// label of kvload_target_cache_discovery_failures_total.
+type LayoutFailure string
+
+// The reasons a layout read fails.
+const (
+	// LayoutUnreachable: no connection to the target, or it broke.
+	LayoutUnreachable LayoutFailure = "unreachable"
+	// LayoutTimeout: no whole answer within the read's bound.
+	LayoutTimeout LayoutFailure = "timeout"
+	// LayoutBadAnswer: the target answered, but with an error status, a
+	// redirect, or no usable layout.
+	LayoutBadAnswer LayoutFailure = "bad_answer"
+)
+
+// LayoutFailures lists every LayoutFailure, for initialising series.
+var LayoutFailures = [...]LayoutFailure{LayoutUnreachable, LayoutTimeout, LayoutBadAnswer}
+
+// LayoutFailureOf classifies an error of ReadLayout. The first two
+// reasons say the target is down (or not yet up); the third that it is
+// up and says nothing usable.
+func LayoutFailureOf(err error) LayoutFailure {
+	// *url.Error, *net.OpError and context.DeadlineExceeded are all
+	// net.Errors.
+	if ne := net.Error(nil); errors.As(err, &ne) {
+		if ne.Timeout() {
+			return LayoutTimeout
+		}
+		return LayoutUnreachable
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return LayoutUnreachable
+	}
+	return LayoutBadAnswer
+}
 
 // maxLayoutBody bounds what is read of one answer.
 const maxLayoutBody = 32 << 20

@@ -3,10 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 // vLLM 0.11's line, as its /metrics prints it.
@@ -79,4 +81,62 @@ func FuzzParseLayout(f *testing.F) {
 			}
 		}
 	})
+}
+
+// LayoutFailureOf tells a target that is down or slow from one that answers
+// without a usable layout, on the errors real reads return.
+func TestLayoutFailureOf(t *testing.T) {
+	// An address where nothing listens: a listener closed at once.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + l.Addr().String()
+	l.Close()
+	release := make(chan struct{})
+	defer close(release)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/slow/metrics":
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		case "/cut/metrics":
+			w.Header().Set("Content-Length", "1000")
+			w.Write([]byte("vllm:cache_config_info"))
+		case "/moved/metrics":
+			http.Redirect(w, r, "/elsewhere", http.StatusFound)
+		case "/down/metrics":
+			http.Error(w, "loading", http.StatusServiceUnavailable)
+		default:
+			w.Write([]byte("# TYPE x counter\nx 1\n"))
+		}
+	}))
+	defer srv.Close()
+	for _, tt := range []struct {
+		name, base string
+		want       LayoutFailure
+	}{
+		{"nothing listens", down, LayoutUnreachable},
+		{"no answer in time", srv.URL + "/slow", LayoutTimeout},
+		{"answer cut short", srv.URL + "/cut", LayoutUnreachable},
+		{"redirect", srv.URL + "/moved", LayoutBadAnswer},
+		{"error status", srv.URL + "/down", LayoutBadAnswer},
+		{"no gauge", srv.URL + "/plain", LayoutBadAnswer},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := srv.Client()
+			NoRedirects(c)
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_, err := For(DialectVLLM).ReadLayout(ctx, c, tt.base)
+			if err == nil {
+				t.Fatal("read succeeded")
+			}
+			if got := LayoutFailureOf(err); got != tt.want {
+				t.Errorf("LayoutFailureOf(%v) = %s, want %s", err, got, tt.want)
+			}
+		})
+	}
 }

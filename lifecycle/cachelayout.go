@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-kit/log/level"
@@ -14,8 +15,43 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
-// discoverTimeout bounds reading one target's cache size at a (re)load.
+// discoverTimeout bounds one read of a target's cache layout.
 const discoverTimeout = 3 * time.Second
+
+// How often a target's layout is read again (see discoverySchedule): with
+// reads at most discoverRetryMax apart while it fails, a target that comes
+// up is read within discoverRetryMax + discoverTimeout, under the two
+// minutes promised, and at once when a request finds it answering.
+const (
+	discoverRetry    = 15 * time.Second
+	discoverRetryMax = 30 * time.Second
+	discoverRefresh  = 5 * time.Minute
+)
+
+// discoverySchedule is when a target's layout is read again after a read:
+// retry after the first failure, twice as long after each further one up
+// to retryMax, and refresh after a success.
+type discoverySchedule struct {
+	retry, retryMax, refresh time.Duration
+	// ignoreAnswers, for tests, keeps a request's answer from hastening
+	// the read of a target that was down: only the schedule reads.
+	ignoreAnswers bool
+}
+
+var defaultDiscovery = discoverySchedule{retry: discoverRetry, retryMax: discoverRetryMax, refresh: discoverRefresh}
+
+// wait is the time before the next read, after failures reads in a row
+// failed (0: the last one succeeded).
+func (s discoverySchedule) wait(failures int) time.Duration {
+	if failures == 0 {
+		return s.refresh
+	}
+	d := s.retry
+	for i := 1; i < failures && d < s.retryMax; i++ {
+		d *= 2
+	}
+	return min(d, s.retryMax)
+}
 
 // targetCache is the cache a target's theoretical model stands for.
 type targetCache struct {
@@ -23,24 +59,36 @@ type targetCache struct {
 	params      replay.CacheParams // TraceBlock is the workload's, set per unit
 	known       bool               // capacity configured or read from the target
 	note        string             // how the figures were found, for the landing page
+	// read: the auto values are the target's, as its last read said;
+	// false while they are defaults, or the last read failed.
+	read bool
+	// lost: a read failed after one had succeeded, and the log said so.
+	lost bool
 	// chatTemplate is the target's chat template size, when its tokenize
 	// endpoint measured it (chatTemplateKnown); chat units start with it.
 	chatTemplate      int
 	chatTemplateKnown bool
 }
 
+// watchesLayout tells whether t's layout is read from it, and so read
+// again at run time.
+func watchesLayout(t *config.Target) bool {
+	return (t.Cache.BlockSize.Auto() || t.Cache.CapacityBlocks.Auto()) && engine.For(t.Dialect).ExposesLayout()
+}
+
 // applyCaches settles, for every target of cfg whose configuration changed,
 // the cache its model stands for: configured values as they are, auto ones
 // read from the target (all targets at once, each within discoverTimeout).
 // A capacity that is neither is unknown: the model is unbounded and the
-// user is told once, with the key to set.
+// user is told once, with the key to set. A target whose configuration did
+// not change is read again if its last read failed. Each target whose
+// layout is read gets a watch that reads it again at run time.
 func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
+	d.stopWatches(cfg)
 	next := map[string]targetCache{}
-	type template struct {
-		tokens int
-		known  bool
-	}
 	templates := map[string]template{}
+	settled := map[string]error{}         // targets read anew: the read's error
+	rereads := map[string]layoutReading{} // unchanged targets read again
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for i := range cfg.Targets {
@@ -51,24 +99,30 @@ func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 			mu.Lock()
 			next[t.Name] = old
 			mu.Unlock()
+			if watchesLayout(t) && !old.read {
+				url := d.targetBaseURL(t)
+				wg.Go(func() {
+					r := readLayout(ctx, t, url)
+					mu.Lock()
+					rereads[t.Name] = r
+					mu.Unlock()
+				})
+			}
 			continue
 		}
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			tc := d.settleCache(ctx, t, fp)
+		wg.Go(func() {
+			tc, err := d.settleCache(ctx, t, fp)
 			mu.Lock()
-			next[t.Name] = tc
+			next[t.Name], settled[t.Name] = tc, err
 			mu.Unlock()
-		}()
+		})
 		// The same moment and bound suit the tokenizer check.
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			n, known := d.checkTokenizer(ctx, t)
 			mu.Lock()
 			templates[t.Name] = template{n, known}
 			mu.Unlock()
-		}()
+		})
 	}
 	wg.Wait()
 	for name, tpl := range templates {
@@ -77,41 +131,90 @@ func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 		next[name] = tc
 	}
 	d.caches = next
-	for name, tc := range next {
+	for name, r := range rereads {
+		t, _ := cfg.Target(name)
+		d.applyReading(t, r)
+	}
+	for name, tc := range d.caches {
 		d.coll.SetTargetCache(name, tc.params.CapacityBlocks, tc.params.ServerBlock, tc.known)
 	}
+	d.startWatches(ctx, cfg, settled)
 }
 
-func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) targetCache {
+// template is a chat template's size as the tokenizer check measured it.
+type template struct {
+	tokens int
+	known  bool
+}
+
+// settleCache is the cache of t, whose configuration is new: configured
+// values, and auto ones read from t. The error is the read's.
+func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) (targetCache, error) {
+	tc := configuredCache(t, fp)
+	if !t.Cache.BlockSize.Auto() && !t.Cache.CapacityBlocks.Auto() {
+		return tc, nil
+	}
+	layout, err := discoverLayout(ctx, t, d.targetBaseURL(t))
+	if err == nil {
+		return tc.withLayout(t, layout), nil
+	}
+	if !errors.Is(err, engine.ErrNotExposed) && ctx.Err() == nil {
+		d.coll.CacheDiscoveryFailed(t.Name, engine.LayoutFailureOf(err))
+	}
+	if t.Cache.CapacityBlocks.Auto() {
+		why, then := "its engine does not expose it", "set cache.capacity_blocks (and cache.block_size) for it"
+		if !errors.Is(err, engine.ErrNotExposed) {
+			why, then = err.Error(), "it is read again until the target answers, or set cache.capacity_blocks (and cache.block_size) for it"
+			tc.note = "unknown: read again until the target answers, or set cache.capacity_blocks"
+		}
+		level.Warn(d.logger).Log("msg", "the target's KV cache size is unknown, so its theoretical model assumes an unbounded cache and cache efficiency will read low on a healthy server; "+then,
+			"target", t.Name, "reason", why)
+	}
+	return tc, err
+}
+
+// configuredCache is the cache of t before anything is read from it: the
+// configured values, the engine's default block size, and an unknown
+// capacity where it is auto.
+func configuredCache(t *config.Target, fp string) targetCache {
 	tc := targetCache{fingerprint: fp, params: replay.CacheParams{
 		ServerBlock:    t.Cache.BlockSize.N,
 		CapacityBlocks: t.Cache.CapacityBlocks.N,
 		Granularity:    engine.For(t.Dialect).Granularity,
-	}, known: !t.Cache.CapacityBlocks.Auto(), note: "configured"}
-	if !t.Cache.BlockSize.Auto() && !t.Cache.CapacityBlocks.Auto() {
-		return tc
-	}
-	layout, err := discoverLayout(ctx, t, d.targetBaseURL(t))
+	}, known: true, note: "configured"}
 	if t.Cache.BlockSize.Auto() {
 		tc.params.ServerBlock = engine.For(t.Dialect).BlockSize
-		if err == nil {
-			tc.params.ServerBlock = layout.BlockSize
-		}
 	}
 	if t.Cache.CapacityBlocks.Auto() {
-		if err == nil {
-			tc.params.CapacityBlocks, tc.known, tc.note = layout.Blocks, true, "read from "+layout.Source
-		} else {
-			tc.params.CapacityBlocks, tc.note = 0, "unknown: set cache.capacity_blocks"
-			why := "its engine does not expose it"
-			if !errors.Is(err, engine.ErrNotExposed) {
-				why = err.Error()
-			}
-			level.Warn(d.logger).Log("msg", "the target's KV cache size is unknown, so its theoretical model assumes an unbounded cache and cache efficiency will read low on a healthy server; set cache.capacity_blocks (and cache.block_size) for it, or reload once it answers",
-				"target", t.Name, "reason", why)
-		}
+		tc.params.CapacityBlocks, tc.known, tc.note = 0, false, "unknown: set cache.capacity_blocks"
 	}
 	return tc
+}
+
+// withLayout is tc with t's auto values taken from layout, read from t.
+func (tc targetCache) withLayout(t *config.Target, layout engine.Layout) targetCache {
+	if t.Cache.BlockSize.Auto() {
+		tc.params.ServerBlock = layout.BlockSize
+	}
+	if t.Cache.CapacityBlocks.Auto() {
+		tc.params.CapacityBlocks, tc.known = layout.Blocks, true
+		tc.note = "read from " + layout.Source
+	} else {
+		tc.note = "configured; block size read from " + layout.Source
+	}
+	tc.read = true
+	return tc
+}
+
+// describe says what the model stands for, for logs and the landing page.
+func (tc targetCache) describe() string {
+	switch {
+	case !tc.known:
+		return fmt.Sprintf("unknown capacity, %d-token blocks", tc.params.ServerBlock)
+	case tc.params.CapacityBlocks == 0:
+		return fmt.Sprintf("unbounded, %d-token blocks", tc.params.ServerBlock)
+	}
+	return fmt.Sprintf("%d blocks of %d tokens", tc.params.CapacityBlocks, tc.params.ServerBlock)
 }
 
 // discoverLayout reads the KV cache layout of t, answering at url, within
@@ -134,6 +237,251 @@ func discoverLayout(ctx context.Context, t *config.Target, url string) (engine.L
 		return layout, fmt.Errorf("target %s: cache discovery: %w", t.Name, err)
 	}
 	return layout, nil
+}
+
+// layoutReading is one read of a target's layout at run time.
+type layoutReading struct {
+	watch  *layoutWatch // the watch that read it; nil for a reload's read
+	layout engine.Layout
+	err    error
+	at     time.Time
+}
+
+// readLayout reads t's layout, at url, now.
+func readLayout(ctx context.Context, t *config.Target, url string) layoutReading {
+	layout, err := discoverLayout(ctx, t, url)
+	return layoutReading{layout: layout, err: err, at: time.Now()}
+}
+
+// applyReading takes a run-time read of t's layout, on the owner
+// goroutine. A failure is counted and keeps what the model stands for; a
+// layout other than the model's (or a capacity known at last) is logged,
+// counted and shown, and the models of t's units follow it from their
+// next row on.
+func (d *Daemon) applyReading(t *config.Target, r layoutReading) {
+	old := d.caches[t.Name]
+	if r.err != nil {
+		d.coll.CacheDiscoveryFailed(t.Name, engine.LayoutFailureOf(r.err))
+		if old.read {
+			level.Warn(d.logger).Log("msg", "the target's KV cache layout could not be read again; its model keeps the last one read, and it is read again soon",
+				"target", t.Name, "model", old.describe(), "err", r.err)
+			old.lost = true
+		} else {
+			level.Debug(d.logger).Log("msg", "the target's KV cache layout is still unknown", "target", t.Name, "err", r.err)
+		}
+		old.read = false
+		d.caches[t.Name] = old
+		return
+	}
+	if old.lost {
+		level.Info(d.logger).Log("msg", "the target's KV cache layout is read again", "target", t.Name)
+	}
+	tc := old.withLayout(t, r.layout)
+	tc.lost = false
+	if tc.params == old.params && tc.known == old.known {
+		old.read, old.lost = true, false // its note keeps an earlier change
+		d.caches[t.Name] = old
+		return
+	}
+	tc.note += fmt.Sprintf(", changed from %s to %s at %s", old.describe(), tc.describe(), r.at.UTC().Format(time.RFC3339))
+	d.caches[t.Name] = tc
+	level.Info(d.logger).Log("msg", "the target's KV cache layout changed; its theoretical model follows from the next request on",
+		"target", t.Name, "source", r.layout.Source, "old", old.describe(), "new", tc.describe())
+	d.followCache(t.Name, tc.params)
+	d.coll.CacheLayoutChanged(t.Name)
+	d.coll.SetTargetCache(t.Name, tc.params.CapacityBlocks, tc.params.ServerBlock, tc.known)
+	d.showTargetCache(t.Name, tc)
+}
+
+// followCache gives every unit of target a model of params, from the row
+// it sends next: the rows it sent before are the new model's warm-up.
+func (d *Daemon) followCache(target string, params replay.CacheParams) {
+	for k, u := range d.units {
+		if k.target != target {
+			continue
+		}
+		if err := u.followCache(params); err != nil {
+			// The pacer's options and position are the unit's own: this
+			// cannot fail unless they are broken.
+			level.Error(d.logger).Log("msg", "the unit's model could not follow the target's cache", "workload", k.workload, "target", target, "err", err)
+		}
+	}
+}
+
+// followCache makes u's model stand for params from the row it sends next.
+func (u *unit) followCache(params replay.CacheParams) error {
+	pacer, err := u.plan.NewPacer(u.pacerOpts)
+	if err != nil {
+		return fmt.Errorf("cache model: %w", err)
+	}
+	if err := pacer.Seek(u.workload.Position()); err != nil {
+		return fmt.Errorf("cache model: %w", err)
+	}
+	params.TraceBlock = u.traceBlock
+	u.workload.SetCache(replay.NewCacheModel(pacer, params))
+	return nil
+}
+
+// showTargetCache puts target's cache on the landing page.
+func (d *Daemon) showTargetCache(target string, tc targetCache) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	// A new slice: Status has handed the old one out.
+	targets := append([]Target(nil), d.targets...)
+	for i := range targets {
+		if targets[i].Name == target {
+			targets[i].BlockSize, targets[i].CapacityBlocks = tc.params.ServerBlock, tc.params.CapacityBlocks
+			targets[i].CapacityKnown, targets[i].CacheNote = tc.known, tc.note
+		}
+	}
+	d.targets = targets
+}
+
+// layoutWatch reads one target's layout again and again, in a goroutine
+// of its own, and hands each reading to the owner goroutine.
+type layoutWatch struct {
+	target      config.Target // a copy: the configuration it was started for
+	fingerprint string
+	read        func(ctx context.Context) layoutReading
+	schedule    discoverySchedule
+	newTimer    func(time.Duration) (<-chan time.Time, func() bool)
+	// down is set while the target did not answer the last scheduled
+	// read: the next answer to a request (answered) asks for a read at
+	// once, through recovered.
+	down      atomic.Bool
+	recovered chan struct{} // capacity 1
+	cancel    context.CancelFunc
+	done      chan struct{} // closed when run returned
+}
+
+// answered is told that the target answered a request; it is called for
+// every answer, so it costs one atomic load when nothing is to be done.
+func (w *layoutWatch) answered() {
+	if w.down.Load() && w.down.CompareAndSwap(true, false) {
+		select {
+		case w.recovered <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run reads on the schedule, starting after a read that failures reads in
+// a row failed, and hands each reading to report, until ctx is done or
+// report says to stop.
+func (w *layoutWatch) run(ctx context.Context, failures int, report func(context.Context, layoutReading) bool) {
+	defer close(w.done)
+	for {
+		c, stop := w.newTimer(w.schedule.wait(failures))
+		hastened := false
+		select {
+		case <-ctx.Done():
+			stop()
+			return
+		case <-c:
+		case <-w.recovered:
+			stop()
+			hastened = true
+		}
+		r := w.read(ctx)
+		if ctx.Err() != nil {
+			return // stopped during the read: it says nothing of the target
+		}
+		if r.err == nil {
+			failures = 0
+			w.down.Store(false)
+		} else {
+			failures++
+			// Only a scheduled read arms the hastened one, so that a
+			// target that answers requests but not this read is read at
+			// most twice per scheduled read.
+			if !hastened {
+				w.down.Store(!w.schedule.ignoreAnswers && targetDown(r.err))
+			}
+		}
+		r.watch = w
+		if !report(ctx, r) {
+			return
+		}
+	}
+}
+
+// targetDown tells whether a failed read says the target is not answering
+// (as opposed to answering without a usable layout).
+func targetDown(err error) bool {
+	f := engine.LayoutFailureOf(err)
+	return f == engine.LayoutUnreachable || f == engine.LayoutTimeout
+}
+
+// timer is the real clock's timer of a layout watch.
+func timer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
+}
+
+// startWatches starts a watch for every target of cfg whose layout is
+// read and that has none; settled holds the errors of the reads just
+// made of new targets.
+func (d *Daemon) startWatches(unitCtx context.Context, cfg *config.Config, settled map[string]error) {
+	for i := range cfg.Targets {
+		t := &cfg.Targets[i]
+		if !watchesLayout(t) {
+			d.coll.UnwatchCacheLayout(t.Name)
+			continue
+		}
+		if d.watches[t.Name] != nil {
+			continue
+		}
+		tc := d.caches[t.Name]
+		ctx, cancel := context.WithCancel(unitCtx)
+		w := &layoutWatch{target: *t, fingerprint: tc.fingerprint, schedule: d.discovery, newTimer: timer,
+			recovered: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+		url := d.targetBaseURL(t) // the emulators are the owner goroutine's
+		w.read = func(ctx context.Context) layoutReading { return readLayout(ctx, &w.target, url) }
+		failures := 0
+		if !tc.read {
+			failures = 1
+			err := settled[t.Name]
+			w.down.Store(!d.discovery.ignoreAnswers && err != nil && targetDown(err))
+		}
+		d.coll.WatchCacheLayout(t.Name)
+		d.watches[t.Name] = w
+		d.wg.Go(func() { w.run(ctx, failures, d.reportReading) })
+	}
+}
+
+// reportReading hands a watch's reading to the owner goroutine; false
+// once ctx is done.
+func (d *Daemon) reportReading(ctx context.Context, r layoutReading) bool {
+	select {
+	case d.readings <- r:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// takeReading applies a watch's reading on the owner goroutine, unless a
+// reload has replaced the watch since.
+func (d *Daemon) takeReading(r layoutReading) {
+	if w := d.watches[r.watch.target.Name]; w == r.watch && d.caches[w.target.Name].fingerprint == w.fingerprint {
+		d.applyReading(&w.target, r)
+	}
+}
+
+// stopWatches stops the watches of targets that cfg changed or removed
+// (all of them when cfg is nil) and waits for their end.
+func (d *Daemon) stopWatches(cfg *config.Config) {
+	for name, w := range d.watches {
+		if cfg != nil {
+			t, ok := cfg.Target(name)
+			if ok && watchesLayout(t) && cfg.Fingerprint("target", name)+"\x00"+d.emulatorURL(name) == w.fingerprint {
+				continue
+			}
+		}
+		w.cancel()
+		<-w.done
+		delete(d.watches, name)
+	}
 }
 
 // targetBaseURL is where a target answers: its url, or its emulator's.

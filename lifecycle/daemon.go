@@ -1,7 +1,9 @@
 // Package lifecycle owns the daemon's running set: the replay units, the
-// emulated engines and the server-metrics scrapers. One goroutine applies
-// every change to it (the first configuration, reloads asked for by a file
-// change, SIGHUP or HTTP, and the drain at shutdown), one after another.
+// emulated engines, the server-metrics scrapers and the watches of the
+// targets' cache layouts. One goroutine applies every change to it (the
+// first configuration, reloads asked for by a file change, SIGHUP or HTTP,
+// cache layouts the watches read, and the drain at shutdown), one after
+// another.
 package lifecycle
 
 import (
@@ -52,10 +54,13 @@ type Daemon struct {
 	// beforeApply, when set, runs after a configuration is parsed and before
 	// it is applied: tests make a reload slow with it.
 	beforeApply func(ctx context.Context)
+	// discovery is when targets' cache layouts are read again.
+	discovery discoverySchedule
 
 	wg sync.WaitGroup // every unit and emulator goroutine, and drains
 
 	reqs     chan reloadRequest // to the owner goroutine
+	readings chan layoutReading // from the layout watches, to the owner goroutine
 	stopping chan struct{}      // closed when the shutdown begins
 	done     chan struct{}      // closed when everything is drained
 
@@ -67,7 +72,8 @@ type Daemon struct {
 	emulators map[string]*emulated
 	scrapers  map[string]*scraping
 	caches    map[string]targetCache
-	traces    *traceCache // the traces of cfg, kept across reloads
+	watches   map[string]*layoutWatch // by target
+	traces    *traceCache             // the traces of cfg, kept across reloads
 
 	// Every running unit, for halt: the owner goroutine may be busy (a slow
 	// reload) when the shutdown begins, and dispatch must end at once.
@@ -89,8 +95,12 @@ type unit struct {
 	workload    *replay.Workload
 	client      *openai.Client
 	gate        *gatedObserver
-	plan        *replay.Plan  // the trace it replays, shared with the other units of the trace
-	done        chan struct{} // closed when Run returned
+	plan        *replay.Plan // the trace it replays, shared with the other units of the trace
+	// pacerOpts and traceBlock build its cache model again when the
+	// target's cache changes (followCache).
+	pacerOpts  replay.PacerOptions
+	traceBlock int
+	done       chan struct{} // closed when Run returned
 	// stopping is set before a reload or the shutdown stops the unit, so
 	// that its end is not taken for the end of its trace.
 	stopping atomic.Bool
@@ -125,14 +135,17 @@ func New(o Options) *Daemon {
 		shard:        o.Shard,
 		watch:        o.Watch,
 		beforeApply:  o.beforeApply,
+		discovery:    cmp.Or(o.discovery, defaultDiscovery),
 		anchor:       time.Unix(0, 0),
 		units:        map[unitKey]*unit{},
 		emulators:    map[string]*emulated{},
 		scrapers:     map[string]*scraping{},
 		caches:       map[string]targetCache{},
+		watches:      map[string]*layoutWatch{},
 		live:         map[*unit]struct{}{},
 		traces:       newTraceCache(),
 		reqs:         make(chan reloadRequest),
+		readings:     make(chan layoutReading),
 		stopping:     make(chan struct{}),
 		done:         make(chan struct{}),
 	}
@@ -382,14 +395,14 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 	if err != nil {
 		return nil, err
 	}
-	pacer, start, err := d.unitPacer(w, wd)
+	pacer, popts, start, err := d.unitPacer(w, wd)
 	if err != nil {
 		return nil, err
 	}
 	cache := d.caches[t.Name].params
 	cache.TraceBlock = w.BlockSize
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
-	gate := &gatedObserver{obs: d.truth, fails: newFailureLog(logger)}
+	gate := &gatedObserver{obs: d.truth, fails: newFailureLog(logger), watch: d.watches[t.Name]}
 	if t.API == openai.APIChat && !rb.tokenIDs {
 		// A chat template wraps the built prompt: its size, measured at
 		// the (re)load where the target can say, or learnt from answers.
@@ -423,7 +436,8 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 	if err != nil {
 		return nil, err
 	}
-	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, plan: wd.trace.plan, done: make(chan struct{})}, nil
+	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, plan: wd.trace.plan,
+		pacerOpts: popts, traceBlock: w.BlockSize, done: make(chan struct{})}, nil
 }
 
 // unitRequestBuilder is the request builder of workload w on target t:
@@ -448,10 +462,10 @@ func unitRequestBuilder(w *config.Workload, t *config.Target, wd *workloadData, 
 	return rb, err
 }
 
-// unitPacer is the unit's cursor over the trace's shared plan, and the
-// time its grid starts (zero for a single pass, which starts from the top
-// now).
-func (d *Daemon) unitPacer(w *config.Workload, wd *workloadData) (*replay.Pacer, time.Time, error) {
+// unitPacer is the unit's cursor over the trace's shared plan, the
+// options it was made with, and the time its grid starts (zero for a
+// single pass, which starts from the top now).
+func (d *Daemon) unitPacer(w *config.Workload, wd *workloadData) (*replay.Pacer, replay.PacerOptions, time.Time, error) {
 	shard := w.Shard
 	if d.shard != nil {
 		shard = *d.shard
@@ -464,20 +478,21 @@ func (d *Daemon) unitPacer(w *config.Workload, wd *workloadData) (*replay.Pacer,
 		// Replicas of a sharded workload must build the same prompts.
 		onceNS = uint64(now.UnixNano())
 	}
-	pacer, err := wd.trace.plan.NewPacer(replay.PacerOptions{
+	opts := replay.PacerOptions{
 		Loop:          w.Loop,
 		Shard:         replay.Shard{Index: shard.Index, Count: shard.Count},
 		OnceNamespace: onceNS,
-	})
+	}
+	pacer, err := wd.trace.plan.NewPacer(opts)
 	if err != nil || w.Loop == replay.LoopOnce {
-		return pacer, time.Time{}, err
+		return pacer, opts, time.Time{}, err
 	}
 	// Looping workloads keep the pass grid anchored in wall-clock time.
 	offset, err := pacer.SeekTime(now.Sub(d.anchor))
 	if err != nil {
-		return nil, time.Time{}, err
+		return nil, opts, time.Time{}, err
 	}
-	return pacer, d.anchor.Add(offset), nil
+	return pacer, opts, d.anchor.Add(offset), nil
 }
 
 // stopUnit stops dispatching at once, deletes the unit's series, and drains
@@ -694,6 +709,7 @@ func (d *Daemon) shutdown() {
 		}()
 	}
 	wg.Wait()
+	d.stopWatches(nil)
 	d.stopScrapers()
 	for _, e := range d.emulators {
 		e.cancel()

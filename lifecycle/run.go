@@ -34,6 +34,7 @@ type Options struct {
 	Watch bool
 
 	beforeApply func(ctx context.Context) // tests only
+	discovery   discoverySchedule         // tests only: the zero value is the default
 }
 
 // reloadRequest is a reload waiting for the owner goroutine.
@@ -123,6 +124,8 @@ func (d *Daemon) own(ctx, unitCtx context.Context, fileChanged <-chan struct{}) 
 			_ = d.reload(ctx, unitCtx, false)
 		case req := <-d.reqs:
 			req.reply <- d.reload(ctx, unitCtx, req.force)
+		case r := <-d.readings:
+			d.takeReading(r)
 		}
 	}
 }

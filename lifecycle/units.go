@@ -158,6 +158,7 @@ type gatedObserver struct {
 	obs      replay.Observer   // the cache-truth step
 	fails    *failureLog       // nil: failures are only counted
 	template *templateOverhead // nil: nothing to learn
+	watch    *layoutWatch      // nil: the target's layout is not read
 	mu       sync.RWMutex
 	closed   bool
 }
@@ -192,6 +193,9 @@ func (g *gatedObserver) Finished(r *replay.Result) {
 	if g.open() {
 		defer g.done()
 		g.obs.Finished(r)
+		if g.watch != nil && targetAnswered(r.Outcome) {
+			g.watch.answered()
+		}
 		if g.template != nil {
 			g.template.observe(r)
 		}
@@ -199,6 +203,16 @@ func (g *gatedObserver) Finished(r *replay.Result) {
 			g.fails.finished(r)
 		}
 	}
+}
+
+// targetAnswered tells whether a request's outcome says that its target
+// answered it, successfully or not.
+func targetAnswered(o openai.Outcome) bool {
+	switch o {
+	case openai.OutcomeSuccess, openai.OutcomeHTTPError, openai.OutcomeStreamError:
+		return true
+	}
+	return false
 }
 
 func (g *gatedObserver) Dropped(w, t string, reason replay.DropReason, scheduled time.Time) {

@@ -100,7 +100,7 @@ type WorkloadConfig struct {
 	Start time.Time
 	// Cache, when set, computes each request's theoretical cached tokens
 	// once its response is in (off the send path), and hears of the rows
-	// the server never got.
+	// the server never got. SetCache replaces it while the workload runs.
 	Cache *CacheModel
 	// OnBuildError, when set, hears why a row was dropped with
 	// DropBuildError (the error names the trace line), e.g. to log it.
@@ -148,6 +148,11 @@ type Workload struct {
 	finished []finishedTurn // completed turns whose conversation goes on
 	pos      TracePosition  // next first turn not yet dispatched
 
+	// cache is the model asked now (see SetCache); once cacheClosed is
+	// set, Run has ended and a model set after is closed at once.
+	cache       atomic.Pointer[CacheModel]
+	cacheClosed atomic.Bool
+
 	started  atomic.Bool
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -182,7 +187,7 @@ func NewWorkload(cfg WorkloadConfig, pacer *Pacer, send Sender, build RequestBui
 	if cfg.Clock == nil {
 		cfg.Clock = SystemClock()
 	}
-	return &Workload{
+	w := &Workload{
 		cfg:    cfg,
 		pacer:  pacer,
 		rows:   pacer.Rows(),
@@ -195,8 +200,31 @@ func NewWorkload(cfg WorkloadConfig, pacer *Pacer, send Sender, build RequestBui
 		stopCh: make(chan struct{}),
 		done:   make(chan struct{}),
 		pos:    pacer.Position(),
-	}, nil
+	}
+	if cfg.Cache != nil {
+		w.cache.Store(cfg.Cache)
+	}
+	return w, nil
 }
+
+// SetCache makes m the cache model from now on, from any goroutine, while
+// the workload runs: the target's cache turned out to be another size.
+// Every answer from now on is asked of m, also that of a request sent
+// before; the model it replaces is closed. m should start where the
+// replay stands (NewCacheModel on a pacer that Seek put at Position), so
+// that the rows sent before are its warm-up: hits that rest on them are
+// unknown, as after a restart.
+func (w *Workload) SetCache(m *CacheModel) {
+	if old := w.cache.Swap(m); old != nil {
+		old.Close()
+	}
+	if w.cacheClosed.Load() {
+		m.Close() // Run ended (see Run): nothing holds up its end
+	}
+}
+
+// Cache is the cache model asked now, or nil.
+func (w *Workload) Cache() *CacheModel { return w.cache.Load() }
 
 // Position is the next first turn not yet dispatched, for resuming the
 // replay in a new Workload (Pacer.Seek). Safe to call at any time.
@@ -292,10 +320,12 @@ wait:
 		}
 	}
 	cancel()
-	if w.cfg.Cache != nil {
-		// No request is answered after this: a model still warming up
-		// must not hold up the end of the run.
-		w.cfg.Cache.Close()
+	// No request is answered after this: a model still warming up must
+	// not hold up the end of the run. A model set from now on is closed
+	// by SetCache: one of the two sees the other.
+	w.cacheClosed.Store(true)
+	if m := w.cache.Load(); m != nil {
+		m.Close()
 	}
 	w.wg.Wait()
 	if ctx.Err() != nil {
@@ -574,11 +604,11 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 		w.mu.Unlock()
 	}
 	if res != nil {
-		if w.cfg.Cache != nil {
+		if m := w.cache.Load(); m != nil {
 			if res.Outcome.ServerNeverGotIt() {
-				w.cfg.Cache.Reject(it)
+				m.Reject(it)
 			} else {
-				res.TheoreticalCachedTokens, res.TheoreticalKnown = w.cfg.Cache.Accept(it)
+				res.TheoreticalCachedTokens, res.TheoreticalKnown = m.Accept(it)
 			}
 		}
 		w.obs.Finished(res)
@@ -596,8 +626,8 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 
 // drop reports a row that was never sent; the model forgets its blocks.
 func (w *Workload) drop(it PacerItem, reason DropReason, scheduled time.Time) {
-	if w.cfg.Cache != nil {
-		w.cfg.Cache.Reject(it)
+	if m := w.cache.Load(); m != nil {
+		m.Reject(it)
 	}
 	w.obs.Dropped(w.cfg.Name, w.cfg.Target, reason, scheduled)
 }
