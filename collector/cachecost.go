@@ -12,12 +12,13 @@ import (
 )
 
 // The cost of a cached prompt token is fitted per (workload, target) over
-// the successful requests of the last costSpan, at most costRequests of
-// them, when /metrics is scraped.
-const (
-	costSpan     = 5 * time.Minute
-	costRequests = 512
-)
+// the successful requests of its target's estimate window (DefaultWindow
+// unless SetEstimateWindow said otherwise), at most costRequests of them,
+// when /metrics is scraped.
+const costRequests = 512
+
+// DefaultWindow is the estimates' window of a target not given one.
+const DefaultWindow = 5 * time.Minute
 
 // costMetrics exports each (workload, target)'s cachecost fit. The fit is
 // made at scrape time, off the request path, and reused while no request
@@ -35,7 +36,7 @@ func newCostMetrics(c *Collector) *costMetrics {
 	return &costMetrics{
 		c: c,
 		ratio: desc("cache_cached_token_cost_ratio",
-			"What a prompt token an ideal cache would serve costs the target, over what a token it must compute costs, fitted on the successful requests of the last 5 minutes (at most 512): near 0 when the cache works, near 1 when it does not. Absent unless the fit's state is decided."),
+			"What a prompt token an ideal cache would serve costs the target, over what a token it must compute costs, fitted on the successful requests of the target's cache.estimate_window (5 minutes unless set; at most 512 requests): near 0 when the cache works, near 1 when it does not. Absent unless the fit's state is decided."),
 		stdErr: desc("cache_cached_token_cost_ratio_stderr",
 			"Standard error of kvload_cache_cached_token_cost_ratio; absent where the cost of an uncached token is not established."),
 		perUncached: desc("cache_uncached_token_cost_seconds",
@@ -132,12 +133,33 @@ func (c *Collector) addCostLocked(r *replay.Result, at time.Time) {
 	k := wtKey{r.Workload, r.Target}
 	w := c.costs[k]
 	if w == nil {
-		w = newCostWindow()
+		w = c.newCostWindow(r.Target)
 		c.costs[k] = w
 	}
 	w.Add(o)
 }
 
-func newCostWindow() *cachecost.Window {
-	return cachecost.NewWindow(costSpan, costRequests, cachecost.DefaultLimits)
+// newCostWindow is a fit window of target's span; c.mu is held.
+func (c *Collector) newCostWindow(target string) *cachecost.Window {
+	span := c.windows[target]
+	if span <= 0 {
+		span = DefaultWindow
+	}
+	return cachecost.NewWindow(span, costRequests, cachecost.DefaultLimits)
+}
+
+// SetEstimateWindow sets how far back target's estimates look. A changed
+// window starts its fits over.
+func (c *Collector) SetEstimateWindow(target string, span time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.windows[target] == span {
+		return
+	}
+	c.windows[target] = span
+	for k := range c.costs {
+		if k.target == target {
+			c.costs[k] = c.newCostWindow(target)
+		}
+	}
 }

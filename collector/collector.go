@@ -79,6 +79,8 @@ type Collector struct {
 	recent   map[wtKey]*recent
 	// costs fit what a cached prompt token costs, per (workload, target).
 	costs map[wtKey]*cachecost.Window
+	// windows: each target's estimate window, where set.
+	windows map[string]time.Duration
 }
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
@@ -176,6 +178,7 @@ func New(reg prometheus.Registerer) *Collector {
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
 		costs:    map[wtKey]*cachecost.Window{},
+		windows:  map[string]time.Duration{},
 	}
 	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
@@ -215,7 +218,7 @@ func (c *Collector) Start(workload, target string) {
 		c.recent[wtKey{workload, target}] = &recent{}
 	}
 	if c.costs[wtKey{workload, target}] == nil {
-		c.costs[wtKey{workload, target}] = newCostWindow()
+		c.costs[wtKey{workload, target}] = c.newCostWindow(target)
 	}
 	c.mu.Unlock()
 }
@@ -316,6 +319,9 @@ func (c *Collector) ForgetTarget(target string) {
 	}
 	c.serverErrors.DeletePartialMatch(l)
 	c.UnwatchCacheLayout(target)
+	c.mu.Lock()
+	delete(c.windows, target)
+	c.mu.Unlock()
 }
 
 // AddServerCredit adds cached tokens read from a target's own counter

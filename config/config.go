@@ -112,6 +112,9 @@ type Cache struct {
 	CapacityBlocks AutoInt         `yaml:"capacity_blocks,omitempty"`
 	Observed       engine.Observed `yaml:"observed,omitempty"`
 	MetricsURL     string          `yaml:"metrics_url,omitempty"`
+	// EstimateWindow is how far back the exporter's own cache estimates
+	// (the cached-token cost fit) look.
+	EstimateWindow Duration `yaml:"estimate_window,omitempty"`
 }
 
 // AutoInt is a whole number, or "auto" for a value the exporter reads from
@@ -213,6 +216,11 @@ const (
 	DefaultTokenizer      = "o200k_base"
 	DefaultRequestTimeout = Duration(10 * time.Minute)
 	DefaultObserved       = engine.ObservedUsage
+	DefaultEstimateWindow = Duration(5 * time.Minute)
+	// The shortest and longest estimate windows: under half a minute an
+	// estimate rests on a few requests, and a day is the baselines' reach.
+	MinEstimateWindow = Duration(30 * time.Second)
+	MaxEstimateWindow = Duration(24 * time.Hour)
 	DefaultTraceBlockSize = 512
 	DefaultLoop           = replay.LoopFresh
 	DefaultMaxInFlight    = 64
@@ -337,6 +345,9 @@ func (c *Config) applyDefaults() {
 			t.RequestTimeout = DefaultRequestTimeout
 		}
 		t.Cache.Observed = orDefault(t.Cache.Observed, DefaultObserved)
+		if t.Cache.EstimateWindow == 0 {
+			t.Cache.EstimateWindow = DefaultEstimateWindow
+		}
 		if t.Cache.Observed == engine.ObservedServerMetrics && t.Cache.MetricsURL == "" && t.URL != "" {
 			t.Cache.MetricsURL = strings.TrimSuffix(t.URL, "/") + "/metrics"
 		}
@@ -567,6 +578,9 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 		bad(p+".cache.capacity_blocks", "must be auto or ≥ 0 (0 is infinite), got %d", t.Cache.CapacityBlocks.N)
 	}
 	oneOf(t.Cache.Observed, p+".cache.observed", bad, engine.ObservedSources[:])
+	if w := t.Cache.EstimateWindow; w != 0 && (w < MinEstimateWindow || w > MaxEstimateWindow) {
+		bad(p+".cache.estimate_window", "must be between %v and %v, got %v", MinEstimateWindow, MaxEstimateWindow, w)
+	}
 	if t.Cache.MetricsURL != "" {
 		validateURL(t.Cache.MetricsURL, p+".cache.metrics_url", bad)
 	}

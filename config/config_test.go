@@ -171,6 +171,9 @@ func TestCacheAutoValues(t *testing.T) {
 		{"{block_size: 0}", AutoInt{}, AutoInt{}, "targets[0].cache.block_size: must be auto or at least 1, got 0"},
 		{"{capacity_blocks: -1}", AutoInt{}, AutoInt{}, "targets[0].cache.capacity_blocks: must be auto or ≥ 0 (0 is infinite), got -1"},
 		{"{capacity_blocks: lots}", AutoInt{}, AutoInt{}, `"lots" is neither auto nor a whole number`},
+		{"{estimate_window: 2m}", AutoInt{}, AutoInt{}, ""},
+		{"{estimate_window: 10s}", AutoInt{}, AutoInt{}, "targets[0].cache.estimate_window: must be between 30s and 1d, got 10s"},
+		{"{estimate_window: 2d}", AutoInt{}, AutoInt{}, "targets[0].cache.estimate_window: must be between 30s and 1d, got 2d"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.cache, func(t *testing.T) {

@@ -138,6 +138,10 @@ func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 	for name, tc := range d.caches {
 		d.coll.SetTargetCache(name, tc.params.CapacityBlocks, tc.params.ServerBlock, tc.known)
 	}
+	for i := range cfg.Targets {
+		t := &cfg.Targets[i]
+		d.coll.SetEstimateWindow(t.Name, time.Duration(t.Cache.EstimateWindow))
+	}
 	d.startWatches(ctx, cfg, settled)
 }
 
