@@ -219,8 +219,8 @@ const (
 	DefaultEstimateWindow = Duration(5 * time.Minute)
 	// The shortest and longest estimate windows: under half a minute an
 	// estimate rests on a few requests, and a day is the baselines' reach.
-	MinEstimateWindow = Duration(30 * time.Second)
-	MaxEstimateWindow = Duration(24 * time.Hour)
+	MinEstimateWindow     = Duration(30 * time.Second)
+	MaxEstimateWindow     = Duration(24 * time.Hour)
 	DefaultTraceBlockSize = 512
 	DefaultLoop           = replay.LoopFresh
 	DefaultMaxInFlight    = 64
@@ -579,7 +579,7 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	}
 	oneOf(t.Cache.Observed, p+".cache.observed", bad, engine.ObservedSources[:])
 	if w := t.Cache.EstimateWindow; w != 0 && (w < MinEstimateWindow || w > MaxEstimateWindow) {
-		bad(p+".cache.estimate_window", "must be between %v and %v, got %v", MinEstimateWindow, MaxEstimateWindow, w)
+		bad(p+".cache.estimate_window", "must be between %v and %v, got %v", model.Duration(MinEstimateWindow), model.Duration(MaxEstimateWindow), model.Duration(w))
 	}
 	if t.Cache.MetricsURL != "" {
 		validateURL(t.Cache.MetricsURL, p+".cache.metrics_url", bad)

@@ -34,14 +34,21 @@ const (
 	// alertCompression is F: rule seconds per real second, also the
 	// replay's speedup_ratio, so that rule time is the trace's time.
 	alertCompression = 30
-	// alertChangeAt: when a scenario breaks (or flushes) the cache.
-	alertChangeAt = 10 * time.Minute
+	// alertChangeAt: when a scenario breaks (or flushes) the cache: once
+	// the cache alerts' baselines have formed (10 evaluations, 30 s apart
+	// here, older than 10 minutes).
+	alertChangeAt = 16 * time.Minute
+	// healthySpan: how long a scenario without a change runs.
+	healthySpan = 40 * time.Minute
 	// alertScenarioSlots: scenarios at a time. Each keeps about 0.3 of a
 	// core busy (the emulator tokenizing, the exporter building prompts);
 	// three leave most of a second core free on a 2-core machine, so that
 	// the silent target's TTFT, which the contrast reads, is not delayed
 	// by a busy CPU.
 	alertScenarioSlots = 3
+	// boundShare: the share of a pass's distinct blocks the engines whose
+	// capacity cannot be read hold, in the scenarios that halve it.
+	boundShare = 0.25
 	// alertMaxISL keeps the emulator's tokenizer (it tokenizes every
 	// prompt) well within 2 shared cores: the shared trace's rows up to
 	// 8,000 prompt tokens are 6,546 of 12,031, 21.5 M tokens over its 59
@@ -65,10 +72,12 @@ const (
 	alertWorkload = "alerts"
 	alertTarget   = "vllm"
 
-	hitRegression  = "KvloadCacheHitRegression"
-	contrastLost   = "KvloadCacheTTFTContrastLost"
-	efficiencyRule = "workload_target:kvload_cache_efficiency:ratio_rate5m"
-	contrastRule   = "workload_target:kvload_cache_ttft_contrast:ratio_rate5m"
+	hitRegression = "KvloadCacheHitRegression"
+	contrastLost  = "KvloadCacheTTFTContrastLost"
+	// The signals the two cache alerts compare with their thresholds: the
+	// efficiency over its baseline, and the cached-token cost.
+	efficiencyRule = "workload_target:kvload_cache_efficiency:ratio_to_baseline"
+	contrastRule   = "workload_target:kvload_cache_cached_token_cost:ratio"
 	// pageWithin: a cache that breaks for good must page within 15
 	// minutes (issue #13, point 8).
 	pageWithin = 15 * time.Minute
@@ -91,6 +100,11 @@ type alertScenario struct {
 	name    string
 	emulate []string // emulator flags beyond the common ones
 	change  string   // JSON body of POST /emulator/cache; "" for none
+	// dialect: the target's (and the emulator's engine); vllm if empty.
+	dialect string
+	// startAfter: the engine comes up this long (rule time) after the
+	// exporter; requests fail to connect until then.
+	startAfter time.Duration
 	// restart: at alertChangeAt the emulator is killed (SIGKILL, as a
 	// crash), and engineDowntime later a new one starts on the same
 	// address with an empty cache.
@@ -147,7 +161,7 @@ func TestAlertScenarios(t *testing.T) {
 	silent := []string{"--omit-cached-tokens", "--overhead", "2ms", "--prefill-per-token", "50us"}
 
 	scenarios := []alertScenario{
-		{name: "healthy", span: 30 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+		{name: "healthy", span: healthySpan, check: func(t *testing.T, r *scenarioResult) {
 			// The first evaluations after a start rest on a few
 			// requests: pending there is allowed, firing never.
 			r.neverFiring(t, hitRegression)
@@ -156,23 +170,23 @@ func TestAlertScenarios(t *testing.T) {
 			r.neverActiveAfter(t, contrastLost, rateWindow)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
-		{name: "cache disabled", change: `{"enabled": false}`, span: 27 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+		{name: "cache disabled", change: `{"enabled": false}`, span: alertChangeAt + pageWithin + 2*time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			r.firesAfterChange(t, hitRegression)
 			r.neverActive(t, contrastLost)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
-		{name: "capacity cut", change: fmt.Sprintf(`{"capacity_blocks": %d}`, cut), span: 27 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+		{name: "capacity cut", change: fmt.Sprintf(`{"capacity_blocks": %d}`, cut), span: alertChangeAt + pageWithin + 2*time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			r.firesAfterChange(t, hitRegression)
 			r.neverActive(t, contrastLost)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
-		{name: "flush", change: `{"flush": true}`, span: 35 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+		{name: "flush", change: `{"flush": true}`, span: alertChangeAt + recoverWithin + 5*time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			r.neverFiring(t, hitRegression)
 			r.neverActive(t, contrastLost)
 			r.dipsAndRecovers(t)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
-		{name: "engine restart", restart: true, span: 35 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+		{name: "engine restart", restart: true, span: alertChangeAt + recoverWithin + 5*time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			// The engine was away: requests failed to connect.
 			t.Logf("requests by outcome at the end: %v", r.outcomes)
 			if r.outcomes["connection_error"] == 0 {
@@ -183,7 +197,7 @@ func TestAlertScenarios(t *testing.T) {
 			r.dipsAndRecovers(t)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
-		{name: "silent target, cache disabled", emulate: silent, change: `{"enabled": false}`, span: 27 * time.Minute,
+		{name: "silent target, cache disabled", emulate: silent, change: `{"enabled": false}`, span: alertChangeAt + pageWithin + 2*time.Minute,
 			check: func(t *testing.T, r *scenarioResult) {
 				r.firesAfterChange(t, contrastLost)
 				r.neverActive(t, hitRegression)
@@ -191,7 +205,7 @@ func TestAlertScenarios(t *testing.T) {
 				r.logContrast(t)
 				r.whatIf(t, r.contrastWhatIf())
 			}},
-		{name: "silent target, flush", emulate: silent, change: `{"flush": true}`, span: 35 * time.Minute,
+		{name: "silent target, flush", emulate: silent, change: `{"flush": true}`, span: alertChangeAt + recoverWithin + 5*time.Minute,
 			check: func(t *testing.T, r *scenarioResult) {
 				r.neverFiring(t, contrastLost)
 				r.neverActive(t, hitRegression)
@@ -199,7 +213,7 @@ func TestAlertScenarios(t *testing.T) {
 				r.logContrast(t)
 				r.whatIf(t, r.contrastWhatIf())
 			}},
-		{name: "silent target, healthy", emulate: silent, span: 30 * time.Minute, check: func(t *testing.T, r *scenarioResult) {
+		{name: "silent target, healthy", emulate: silent, span: healthySpan, check: func(t *testing.T, r *scenarioResult) {
 			// Right after a start the contrast rests on a handful of
 			// requests and may touch 0.5 for a minute: pending then,
 			// never firing, and never active once a window has passed.
@@ -210,6 +224,25 @@ func TestAlertScenarios(t *testing.T) {
 			r.logContrast(t)
 			r.whatIf(t, r.contrastWhatIf())
 		}},
+		healthyOnly("down for the first 2 minutes", scenarioEngine{dialect: "vllm"}, 2*time.Minute),
+	}
+	// Engines whose capacity the exporter cannot read, so that its model
+	// is an unbounded cache and reads them low: they must be judged
+	// against their own healthy past, quiet while healthy and paging when
+	// their cache is disabled or halved. Each holds a quarter of the
+	// pass's distinct blocks, where the hits depend on the capacity.
+	bound := int(float64(distinct) * boundShare)
+	for _, eng := range []scenarioEngine{
+		{name: "llama.cpp", dialect: "llamacpp", flags: []string{"--slots", "4", fmt.Sprintf("--cache-ram-tokens=%d", bound*emulatorBlockTokens)},
+			halve: fmt.Sprintf(`{"cache_ram_tokens": %d}`, bound*emulatorBlockTokens/2)},
+		{name: "vLLM hiding its capacity", dialect: "vllm", flags: []string{"--hide-cache-config", fmt.Sprintf("--capacity-blocks=%d", bound)},
+			halve: fmt.Sprintf(`{"capacity_blocks": %d}`, bound/2)},
+		{name: "TensorRT-LLM", dialect: "trtllm", flags: []string{fmt.Sprintf("--capacity-blocks=%d", bound/2)},
+			halve: fmt.Sprintf(`{"capacity_blocks": %d}`, bound/4)},
+	} {
+		scenarios = append(scenarios, healthyOnly(eng.name+", healthy", eng, 0),
+			pages(eng.name+", cache disabled", eng, `{"enabled": false}`),
+			pages(eng.name+", capacity halved", eng, eng.halve))
 	}
 	// alertScenarioSlots at a time: a scenario is mostly waiting for its
 	// rule time to pass, and the rule time of each scrape is its index,
@@ -239,16 +272,23 @@ func runAlertScenario(t *testing.T, kvload, promtool, trace string, files []stri
 	// Short outputs at 1 ms per token: the trace runs F times as fast but
 	// the engine does not, so full-length outputs would pile up in flight.
 	args := append([]string{"emulate", "--listen", emuAddr, "--model", e2eModel, "--inter-token", "1ms"}, sc.emulate...)
-	emu := startProcess(t, dir, "emulator", kvload, args...)
-	waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
+	var emu *process // nil while the engine is down
+	if sc.startAfter == 0 {
+		emu = startProcess(t, dir, "emulator", kvload, args...)
+		waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
+	}
+	dialect := sc.dialect
+	if dialect == "" {
+		dialect = "vllm"
+	}
 
-	// What a new user writes for a vLLM target: nothing about the cache,
-	// whose block size and capacity are read from vllm:cache_config_info.
+	// What a new user writes: nothing about the cache, whose block size
+	// and capacity are read from the engine where it says them.
 	cfg := fmt.Sprintf(`targets:
   - name: %s
     url: http://%s
     model: %s
-    dialect: vllm
+    dialect: %s
 workloads:
   - name: %s
     trace: %s
@@ -256,7 +296,7 @@ workloads:
     seed: 7
     synthesis: {speedup_ratio: %d, max_isl: %d, max_osl: 32}
     loop: fresh
-`, alertTarget, emuAddr, e2eModel, alertWorkload, trace, alertTarget, alertCompression, alertMaxISL)
+`, alertTarget, emuAddr, e2eModel, dialect, alertWorkload, trace, alertTarget, alertCompression, alertMaxISL)
 	writeFile(t, filepath.Join(dir, "kvload.yml"), cfg)
 	expAddr := freeAddr(t)
 	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"),
@@ -265,8 +305,11 @@ workloads:
 
 	rec := newRecorder(t, expAddr, alertCompression)
 	res := &scenarioResult{changeAt: -1}
-	engine := emu // nil while the engine is down for a restart
 	recordScenario(t, rec, exp, sc.span, func(at time.Duration) *process {
+		if emu == nil && sc.startAfter > 0 && res.changeAt < 0 && at >= sc.startAfter {
+			emu = startProcess(t, dir, "emulator", kvload, args...)
+			waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
+		}
 		if sc.change != "" && res.changeAt < 0 && at >= alertChangeAt {
 			if err := postCache(t.Context(), "http://"+emuAddr, sc.change); err != nil {
 				t.Fatal(err)
@@ -274,15 +317,15 @@ workloads:
 			res.changeAt = at
 		}
 		if sc.restart && res.changeAt < 0 && at >= alertChangeAt {
-			engine = nil
 			emu.kill()
+			emu = nil
 			res.changeAt = at
 		}
-		if sc.restart && engine == nil && at >= res.changeAt+engineDowntime {
-			engine = startProcess(t, dir, "emulator-restarted", kvload, args...)
-			waitHTTP(t, engine, "http://"+emuAddr+"/metrics", time.Minute)
+		if sc.restart && emu == nil && at >= res.changeAt+engineDowntime {
+			emu = startProcess(t, dir, "emulator-restarted", kvload, args...)
+			waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
 		}
-		return engine
+		return emu
 	})
 	evaluateScenario(t, res, rec, promtool, dir, files, alertWorkload, alertTarget)
 	return res
@@ -692,4 +735,43 @@ func num(v float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.3f", v)
+}
+
+// scenarioEngine is an emulated engine of the scenarios: its dialect,
+// emulator flags, and the POST /emulator/cache body that halves its cache.
+type scenarioEngine struct {
+	name, dialect string
+	flags         []string
+	halve         string
+}
+
+// healthyOnly: an engine left alone for healthySpan (up after startAfter):
+// no cache alert may fire, and none may stay pending once a window has
+// passed since it came up.
+func healthyOnly(name string, eng scenarioEngine, startAfter time.Duration) alertScenario {
+	return alertScenario{name: name, dialect: eng.dialect, emulate: engineFlags(eng), startAfter: startAfter, span: healthySpan,
+		check: func(t *testing.T, r *scenarioResult) {
+			r.neverFiring(t, hitRegression)
+			r.neverActiveAfter(t, hitRegression, startAfter+rateWindow)
+			r.neverFiring(t, contrastLost)
+			r.neverActive(t, contrastLost)
+			r.whatIf(t, r.efficiencyWhatIf())
+		}}
+}
+
+// pages: the engine's cache changes at alertChangeAt by the body of a
+// POST /emulator/cache; the hit-regression alert must page within
+// pageWithin.
+func pages(name string, eng scenarioEngine, change string) alertScenario {
+	return alertScenario{name: name, dialect: eng.dialect, emulate: engineFlags(eng), change: change,
+		span: alertChangeAt + pageWithin + 2*time.Minute,
+		check: func(t *testing.T, r *scenarioResult) {
+			r.firesAfterChange(t, hitRegression)
+			r.neverActive(t, contrastLost)
+			r.whatIf(t, r.efficiencyWhatIf())
+		}}
+}
+
+func engineFlags(eng scenarioEngine) []string {
+	return append([]string{"--engine", eng.dialect}, eng.flags...)
 }
