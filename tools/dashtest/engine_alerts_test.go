@@ -29,8 +29,9 @@ const (
 	// class at 0.01 requests/s of rule time: 0.1 real requests/s at 10.
 	ollamaCompression = 10
 	// engineChangeAt: when a real engine is restarted with its cache
-	// defeated (rule time; one real minute).
-	engineChangeAt = 10 * time.Minute
+	// defeated (rule time): once the cache alerts' baselines have formed
+	// (10 evaluations older than 10 minutes).
+	engineChangeAt = 16 * time.Minute
 	// engineAfterChange: how long a scenario records after the change,
 	// past the 15 minutes a page may take.
 	engineAfterChange = 17 * time.Minute
@@ -110,13 +111,12 @@ workloads:
 
 // TestRealEngineOllama: Ollama reports no cached tokens anywhere, so every
 // request counts as not reported, there is no efficiency, and only the
-// TTFT-by-cache-class signal, which needs nothing from the server, can
-// tell the cache works. It must separate the classes on a healthy Ollama
-// (per prompt token, prompts an ideal cache would mostly serve reach their
-// first token far sooner than prompts it would not) without an alert.
-// Then Ollama is restarted with OLLAMA_KEEP_ALIVE=0, a common setting to
-// free memory between requests, which unloads the model, and its cache,
-// after every request: the classes converge and the contrast alert pages.
+// signals that need nothing from the server can tell the cache works: the
+// cached-token cost fit, on TTFT, must read a cached token as nearly free
+// on a healthy Ollama, without an alert. Then Ollama is restarted with
+// OLLAMA_KEEP_ALIVE=0, a common setting to free memory between requests,
+// which unloads the model, and its cache, after every request: a cached
+// token must then cost as much as an uncached one.
 func TestRealEngineOllama(t *testing.T) {
 	root := repoRoot(t)
 	ollama := engineBinary(t, "OLLAMA_BIN")
@@ -147,6 +147,7 @@ workloads:
   - name: pairs
     trace: pairs.jsonl
     targets: [ollama]
+    cache: {estimate_window: 1m}
     synthesis: {max_osl: 8}
 `, addr))
 
@@ -184,31 +185,40 @@ workloads:
 			break
 		}
 	}
+	// The cost fit separates the two: a cached token nearly free while the
+	// cache works, as dear as an uncached one once it is defeated. (The
+	// fit's window is a real minute, 10 rule minutes here, so the alert's
+	// page, which also waits for a baseline, is the emulator scenarios'
+	// to show on a compressed clock: logged, not required.)
 	before, after := res.contrastAround()
 	if math.IsNaN(before) || before > res.contrastThreshold {
-		t.Errorf("TTFT contrast median %.3f before the change, want at most %g on a working cache", before, res.contrastThreshold)
+		t.Errorf("cached-token cost median %.3f before the change, want at most %g on a working cache", before, res.contrastThreshold)
 	}
 	if math.IsNaN(after) || after <= res.contrastThreshold {
-		t.Errorf("TTFT contrast median %.3f once the cache is defeated, want above %g", after, res.contrastThreshold)
+		t.Errorf("cached-token cost median %.3f once the cache is defeated, want above %g", after, res.contrastThreshold)
 	}
-	res.firesAfterChange(t, contrastLost)
+	if at, ok := res.first(contrastLost, "firing", res.changeAt); ok {
+		t.Logf("%s firing at %v, %v after the change", contrastLost, at, at-res.changeAt)
+	}
 }
 
-// pairsTrace is n rows, one every 2 s, of 2,112 prompt tokens each, in
-// pairs: a row with a new prefix of four 512-token blocks (cache class
-// none), then one with the same prefix (class most, 97 % cacheable). Its
-// classes have equal lengths, so a cache that serves nothing gives them
-// equal TTFT per token even when requests queue; and each class runs at
-// 0.25 requests/s, 0.025 at F = 10, above the contrast's 0.01. Ollama keeps
-// one slot, the last prompt it ran: it serves the second row of a pair
-// from it, as a longer trace interleaving conversations would not show as
-// reliably.
+// pairsTrace is n rows, one a second, in pairs: a row with a new prefix of
+// one to four 512-token blocks and a 64-token tail (cache class none),
+// then one with the same prefix and another tail (class most, 89-97 %
+// cacheable). Prefix lengths vary, so that the cost fit can tell what an
+// uncached token costs from what a cached one does (with every prompt of
+// one length the two are the same unknown). Ollama keeps one slot, the
+// last prompt it ran: it serves the second row of a pair from it.
 func pairsTrace(n int) string {
 	var b strings.Builder
 	for i := range n {
-		p := 5 * (i / 2)
-		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 2112, "output_length": 8, "hash_ids": [%d, %d, %d, %d, %d]}`+"\n",
-			2000*i, p, p+1, p+2, p+3, p+4+i%2*1000000)
+		pair := i / 2
+		blocks := 1 + pair%4
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 8, "hash_ids": [`, 1000*i, blocks*512+64)
+		for k := range blocks {
+			fmt.Fprintf(&b, "%d, ", 5*pair+k)
+		}
+		fmt.Fprintf(&b, "%d]}\n", 5*pair+4+i%2*1000000)
 	}
 	return b.String()
 }
