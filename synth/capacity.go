@@ -314,7 +314,8 @@ func (b *curveBuilder) add(need, delta int64) {
 }
 
 func (b *curveBuilder) result() *CapacityCurve {
-	c := &b.c
+	c := &CapacityCurve{}
+	*c = b.c // not a pointer into b, which holds the stack
 	c.FootprintBlocks = max(b.distinctWeight, (int64(c.DistinctBlocks)+b.per-1)/b.per)
 	end := c.EndBlocks() // every need is at most this
 	requested := map[int64]bool{}
@@ -469,13 +470,17 @@ func (h *fineHistogram) cumulate() *fineHistogram {
 
 // blockWeights is the weight of every trace block seen: in a slice where
 // the trace numbers its blocks densely from 0 (as Mooncake traces do),
-// else in a map.
+// else in a map. The slice takes 2 bytes a block: a scale trace has tens
+// of millions of them. A weight too large for it goes to the map.
 type blockWeights struct {
-	dense  []uint32 // weight+1; 0 for a block not seen
-	sparse map[int64]uint32
+	dense  []uint16 // weight+1; 0 for a block not seen, bigWeight for one in sparse
+	sparse map[int64]int64
 }
 
+const bigWeight = math.MaxUint16
+
 func newBlockWeights(rows *trace.Table) *blockWeights {
+	w := &blockWeights{sparse: map[int64]int64{}}
 	maxID, occurrences := int64(-1), 0
 	var ids []int64
 	for r := range rows.Len() {
@@ -483,26 +488,25 @@ func newBlockWeights(rows *trace.Table) *blockWeights {
 		occurrences += len(ids)
 		for _, id := range ids {
 			if id < 0 {
-				return &blockWeights{sparse: map[int64]uint32{}}
+				return w
 			}
 			maxID = max(maxID, id)
 		}
 	}
 	// Allow gaps, but keep the slice proportionate to the trace.
 	if maxID < 2*int64(occurrences)+1024 {
-		return &blockWeights{dense: make([]uint32, maxID+1)}
+		w.dense = make([]uint16, maxID+1)
 	}
-	return &blockWeights{sparse: map[int64]uint32{}}
+	return w
 }
 
 func (w *blockWeights) get(id int64) (int64, bool) {
-	var v uint32
-	if w.dense != nil {
-		v = w.dense[id]
-	} else {
-		v = w.sparse[id]
+	if w.dense != nil && w.dense[id] != bigWeight {
+		v := w.dense[id]
+		return int64(v) - 1, v != 0
 	}
-	return int64(v) - 1, v != 0
+	v, ok := w.sparse[id]
+	return v, ok
 }
 
 func (w *blockWeights) has(id int64) bool {
@@ -511,10 +515,14 @@ func (w *blockWeights) has(id int64) bool {
 }
 
 func (w *blockWeights) set(id, weight int64) {
-	v := uint32(weight + 1)
-	if w.dense != nil {
-		w.dense[id] = v
+	if w.dense == nil {
+		w.sparse[id] = weight
 		return
 	}
-	w.sparse[id] = v
+	if weight+1 >= bigWeight {
+		w.dense[id] = bigWeight
+		w.sparse[id] = weight
+		return
+	}
+	w.dense[id] = uint16(weight + 1)
 }

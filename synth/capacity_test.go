@@ -244,6 +244,35 @@ func TestCapacityCurveRandom(t *testing.T) {
 	}
 }
 
+// TestCapacityCurveBigWeights: blocks too heavy for the dense weight
+// table (70,000 one-token server blocks) give the same curve as the LRU.
+func TestCapacityCurveBigWeights(t *testing.T) {
+	const traceBlock = 70_000
+	var recs []trace.Record
+	for i, ids := range [][]int64{{1, 2}, {1, 3}, {1, 2}, {4}, {1, 3}, {1, 2}} {
+		ts, isl := float64(i), (len(ids)-1)*traceBlock+500*int(ids[len(ids)-1])
+		recs = append(recs, trace.Record{Timestamp: &ts, InputLength: &isl, HashIDs: ids})
+	}
+	rows, err := trace.TableOf(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order, err := ReplayOrder(rows, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := curveOf(t, rows, CurveOptions{TraceBlock: traceBlock, ServerBlock: 1, MaxCapacity: 1 << 20,
+		Capacities: []int64{1000, 70_999, 71_000, 71_500, 141_500, 142_500, 143_500}})
+	if c.DistinctBlocks != 4 || c.FootprintBlocks != traceBlock+1000+1500+2000 || c.WeightChanges != 0 {
+		t.Errorf("blocks %d, footprint %d, weight changes %d", c.DistinctBlocks, c.FootprintBlocks, c.WeightChanges)
+	}
+	for _, p := range c.Points {
+		if want := bruteHits(rows, order, traceBlock, 1, p.CapacityBlocks); p.HitTokens != want {
+			t.Errorf("capacity %d: curve %d, LRU %d", p.CapacityBlocks, p.HitTokens, want)
+		}
+	}
+}
+
 // byHand is three requests whose curve is worked out in the test below.
 const byHand = `{"timestamp": 0, "input_length": 1100, "hash_ids": [1, 2, 3]}
 {"timestamp": 5, "input_length": 600, "hash_ids": [1, 4]}
