@@ -1,6 +1,7 @@
 package synth
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -180,8 +181,10 @@ func newCurveBuilder(rows *trace.Table, o CurveOptions) *curveBuilder {
 	maxBlocks := o.MaxCapacity / int64(o.ServerBlock)
 	per := int64(o.perBlock())
 	b := &curveBuilder{
-		o:       o,
-		rows:    rows,
+		o:    o,
+		rows: rows,
+		// The packed ceiling forgets a block once the weight above it
+		// exceeds maxBlocks, whatever the count in the low bits.
 		stack:   stackdist.New[int64](maxBlocks<<countBits|countMask, int(maxBlocks*per)),
 		weights: newBlockWeights(rows),
 		per:     per,
@@ -329,7 +332,7 @@ func (b *curveBuilder) result() *CapacityCurve {
 			c.Points = append(c.Points, CurvePoint{CapacityBlocks: cp, HitTokens: sum, Requested: requested[cp]})
 		}
 	}
-	if i, found := slices.BinarySearchFunc(c.Points, end, func(p CurvePoint, v int64) int { return cmpInt(p.CapacityBlocks, v) }); !found && end > 0 {
+	if i, found := slices.BinarySearchFunc(c.Points, end, func(p CurvePoint, v int64) int { return cmp.Compare(p.CapacityBlocks, v) }); !found && end > 0 {
 		c.Points = slices.Insert(c.Points, i, CurvePoint{CapacityBlocks: end, HitTokens: b.fine.total})
 	}
 	c.fine = b.fine.cumulate()
@@ -337,16 +340,6 @@ func (b *curveBuilder) result() *CapacityCurve {
 		c.Targets = append(c.Targets, c.target(pct, end))
 	}
 	return c
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // target finds the least capacity, up to end, whose hits reach pct % of
