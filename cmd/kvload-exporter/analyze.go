@@ -25,12 +25,12 @@ type analyzeOptions struct {
 }
 
 func analyzeCommand(app *kingpin.Application) command {
-	cl := app.Command("analyze", "Print a trace's statistics: the numbers of AIPerf analyze-trace and Dynamo datagen analyze, in full precision.")
+	cl := app.Command("analyze", "Print a trace's statistics: the numbers of AIPerf analyze-trace and Dynamo datagen analyze, in full precision; or, with --capacity-curve, its hit rate by KV capacity.")
 	var o analyzeOptions
 	cl.Arg("trace", "Mooncake trace file (JSON lines).").Required().StringVar(&o.trace)
-	cl.Flag("block-size", "Tokens per hash block of the trace; used for Context Length.").
+	cl.Flag("block-size", "Tokens per hash block of the trace; used for Context Length and the capacity curve.").
 		Default("512").IntVar(&o.blockSize)
-	cl.Flag("format", "What to print on stdout: table or json (AIPerf's AnalysisStats keys).").
+	cl.Flag("format", "What to print on stdout: table or json (AIPerf's AnalysisStats keys; with --capacity-curve, the curve's).").
 		Default("table").EnumVar(&o.format, "table", "json")
 	cl.Flag("output-file", "Also write the JSON report to this file, creating its directory.").
 		PlaceHolder("FILE").StringVar(&o.outputFile)

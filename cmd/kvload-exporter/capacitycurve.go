@@ -15,6 +15,9 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
+// defaultMaxCapacity is synth.DefaultMaxCapacity as the flag shows it.
+const defaultMaxCapacity = "256M"
+
 // curveOptions are analyze's --capacity-curve and the flags that go with it.
 type curveOptions struct {
 	enabled     bool
@@ -36,7 +39,7 @@ func (c *curveOptions) flags(cl *kingpin.CmdClause) {
 	cl.Flag("capacities", "With --capacity-curve: capacities, in tokens, to evaluate besides the grid, comma-separated (k, M, G are 10³, 10⁶, 10⁹; Ki, Mi, Gi 2¹⁰, 2²⁰, 2³⁰).").
 		PlaceHolder("1M,4Mi").IsSetByUser(&c.setCapacities).StringVar(&c.capacities)
 	cl.Flag("max-capacity", "With --capacity-curve: the largest capacity modelled, in tokens; it bounds the memory, about 90 bytes per 512-token block below it.").
-		Default(strconv.Itoa(synth.DefaultMaxCapacity)).IsSetByUser(&c.setMaxCapacity).StringVar(&c.maxCapacity)
+		Default(defaultMaxCapacity).IsSetByUser(&c.setMaxCapacity).StringVar(&c.maxCapacity)
 	cl.Flag("plot", "With --capacity-curve: also draw the curve as an SVG image in this file, creating its directory.").
 		PlaceHolder("FILE.svg").IsSetByUser(&c.setPlot).StringVar(&c.plot)
 }

@@ -313,6 +313,9 @@ func TestParseTokenCount(t *testing.T) {
 	if got, err := parseTokenCounts("1k, 2Ki,3"); err != nil || len(got) != 3 || got[0] != 1000 || got[1] != 2048 || got[2] != 3 {
 		t.Errorf("parseTokenCounts = %v, %v", got, err)
 	}
+	if got, err := parseTokenCount(defaultMaxCapacity); err != nil || got != synth.DefaultMaxCapacity {
+		t.Errorf("the flag's default %q is %d (%v), not synth.DefaultMaxCapacity", defaultMaxCapacity, got, err)
+	}
 	if got, err := parseTokenCounts(" "); err != nil || got != nil {
 		t.Errorf("parseTokenCounts of nothing = %v, %v", got, err)
 	}
