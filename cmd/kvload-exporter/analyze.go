@@ -21,18 +21,20 @@ type analyzeOptions struct {
 	blockSize  int
 	format     string // table | json: what goes to stdout
 	outputFile string // if set, the JSON report is also written here
+	curve      curveOptions
 }
 
 func analyzeCommand(app *kingpin.Application) command {
-	cl := app.Command("analyze", "Print a trace's statistics: the numbers of AIPerf analyze-trace and Dynamo datagen analyze, in full precision.")
+	cl := app.Command("analyze", "Print a trace's statistics: the numbers of AIPerf analyze-trace and Dynamo datagen analyze, in full precision; or, with --capacity-curve, its hit rate by KV capacity.")
 	var o analyzeOptions
 	cl.Arg("trace", "Mooncake trace file (JSON lines).").Required().StringVar(&o.trace)
-	cl.Flag("block-size", "Tokens per hash block of the trace; used for Context Length.").
+	cl.Flag("block-size", "Tokens per hash block of the trace; used for Context Length and the capacity curve.").
 		Default("512").IntVar(&o.blockSize)
-	cl.Flag("format", "What to print on stdout: table or json (AIPerf's AnalysisStats keys).").
+	cl.Flag("format", "What to print on stdout: table or json (AIPerf's AnalysisStats keys; with --capacity-curve, the curve's).").
 		Default("table").EnumVar(&o.format, "table", "json")
 	cl.Flag("output-file", "Also write the JSON report to this file, creating its directory.").
 		PlaceHolder("FILE").StringVar(&o.outputFile)
+	o.curve.flags(cl)
 	return command{clause: cl, run: func(ctx context.Context, s streams) error {
 		return runAnalyze(ctx, s, o, time.Now)
 	}}
@@ -44,24 +46,37 @@ func runAnalyze(ctx context.Context, s streams, o analyzeOptions, now func() tim
 	if o.blockSize <= 0 {
 		return badInput(fmt.Errorf("--block-size must be positive, got %d", o.blockSize))
 	}
+	if o.curve.enabled {
+		return runCapacityCurve(ctx, s, o, now)
+	}
+	if flag := o.curve.flagWithout(); flag != "" {
+		return badInput(fmt.Errorf("--%s needs --capacity-curve", flag))
+	}
 	an, err := analyzeTrace(ctx, o.trace, o.blockSize, newProgress(s.stderr, now))
 	if err != nil {
 		return err
 	}
 
+	return writeReport(s, o, an.AppendJSON, an.WriteTable)
+}
+
+// writeReport writes a report to stdout as a table or JSON, and as JSON to
+// --output-file when one is given.
+func writeReport(s streams, o analyzeOptions, appendJSON func([]byte) []byte, writeTable func(io.Writer) error) error {
 	var js []byte
 	if o.format == "json" || o.outputFile != "" {
-		js = an.AppendJSON(nil)
+		js = appendJSON(nil)
 	}
 	if o.outputFile != "" {
 		if err := writeFileAll(o.outputFile, js); err != nil {
 			return err
 		}
 	}
+	var err error
 	if o.format == "json" {
 		_, err = s.stdout.Write(js)
 	} else {
-		err = an.WriteTable(s.stdout)
+		err = writeTable(s.stdout)
 	}
 	if err != nil {
 		return fmt.Errorf("writing the report: %w", err)
