@@ -41,11 +41,12 @@ const (
 	// healthySpan: how long a scenario without a change runs.
 	healthySpan = 40 * time.Minute
 	// alertScenarioSlots: scenarios at a time. Each keeps about 0.3 of a
-	// core busy (the emulator tokenizing, the exporter building prompts);
-	// three leave most of a second core free on a 2-core machine, so that
-	// the silent target's TTFT, which the contrast reads, is not delayed
-	// by a busy CPU.
-	alertScenarioSlots = 3
+	// core busy (the emulator tokenizing, the exporter building prompts)
+	// and mostly waits for its rule time; six at once are three rounds of
+	// the eighteen scenarios. The silent targets' cost fit, which reads
+	// TTFT, held under that load (it reads "undecided" rather than wrong
+	// when a busy CPU delays answers).
+	alertScenarioSlots = 6
 	// boundShare: the share of a pass's distinct blocks the engines whose
 	// capacity cannot be read hold. The shared trace's hit rate climbs
 	// steeply between 1 % and 7 % of them (analyze --capacity-curve):
