@@ -578,7 +578,7 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 			if res.Outcome.ServerNeverGotIt() {
 				w.cfg.Cache.Reject(it)
 			} else {
-				res.TheoreticalCachedTokens, res.TheoreticalKnown = w.cfg.Cache.Accept(it)
+				res.TheoreticalCachedTokens, res.TheoreticalKnown, res.TheoreticalByCapacity = w.cfg.Cache.AcceptProfile(it)
 			}
 		}
 		w.obs.Finished(res)
