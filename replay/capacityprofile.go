@@ -1,6 +1,8 @@
 package replay
 
 import (
+	"slices"
+
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/internal/stackdist"
 )
@@ -77,6 +79,8 @@ type capacityProfile struct {
 	// (unadmit) stay counted, so it can only be too high, and it is
 	// never taken above the weight tracked.
 	since int64
+	refs  []stackdist.Ref // scratch: where a row's leading blocks were found
+	steps []CapacityStep  // scratch: a row's profile, copied out at its size
 }
 
 func newCapacityProfile(c *idealCache) *capacityProfile {
@@ -124,14 +128,17 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, ids []int64, inputLen
 	// tracker knows; blocks beyond them are new to it (the ids of a trace
 	// row are a chain: a block seen means its prefix was seen).
 	counted := 0
+	cp.refs = cp.refs[:0]
 	if !warm {
 		var reach int64 // the running maximum of the distances
 		prof.Known = true
+		cp.steps = cp.steps[:0]
 		for i, id := range ids {
-			d := cp.stack.Distance(blockKey{ns, id})
+			ref, d := cp.stack.Lookup(blockKey{ns, id})
 			if d == stackdist.Infinite {
 				break
 			}
+			cp.refs = append(cp.refs, ref)
 			counted++
 			if d > cp.since {
 				// Last touched by a row assumed sent: using it now
@@ -146,20 +153,22 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, ids []int64, inputLen
 			}
 			reach = max(reach, d)
 			hit := c.quantise(i+1, inputLength)
-			switch n := len(prof.Steps); {
-			case n > 0 && prof.Steps[n-1].Capacity == reach:
-				prof.Steps[n-1].Tokens = hit
-			case n == 0 && hit > 0, n > 0 && hit > prof.Steps[n-1].Tokens:
-				if prof.Steps == nil {
-					prof.Steps = make([]CapacityStep, 0, len(ids))
-				}
-				prof.Steps = append(prof.Steps, CapacityStep{Capacity: reach, Tokens: hit})
+			switch n := len(cp.steps); {
+			case n > 0 && cp.steps[n-1].Capacity == reach:
+				cp.steps[n-1].Tokens = hit
+			case n == 0 && hit > 0, n > 0 && hit > cp.steps[n-1].Tokens:
+				cp.steps = append(cp.steps, CapacityStep{Capacity: reach, Tokens: hit})
 			}
 		}
+		prof.Steps = slices.Clone(cp.steps) // allocates nothing when empty
 	}
 	for i := len(ids) - 1; i >= 0; i-- {
 		w := cp.weight(c, c.blockTokens(i, len(ids), inputLength))
-		if !warm && i >= counted {
+		if i < counted {
+			cp.stack.UseRef(cp.refs[i], blockKey{ns, ids[i]}, w)
+			continue
+		}
+		if !warm {
 			cp.since += w
 		}
 		cp.stack.Use(blockKey{ns, ids[i]}, w)
