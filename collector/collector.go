@@ -73,6 +73,8 @@ type Collector struct {
 	mu       sync.Mutex
 	lastPass map[string]int // workload → the last pass counted in trace_loops_total
 	recent   map[wtKey]*recent
+
+	effective *effectiveCapacity
 }
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
@@ -169,6 +171,8 @@ func New(reg prometheus.Registerer) *Collector {
 		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
 		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio, c.serverErrors)
+	c.effective = newEffectiveCapacity(func() time.Time { return c.now() })
+	reg.MustRegister(c.effective)
 	return c
 }
 
@@ -194,6 +198,7 @@ func (c *Collector) Start(workload, target string) {
 		c.classTokens.WithLabelValues(workload, target, string(cl))
 	}
 	c.loops.WithLabelValues(workload)
+	c.effective.start(workload, target)
 	// The landing page lists the pair from now on, even while no request
 	// finishes (a target that hangs must not be invisible).
 	c.mu.Lock()
@@ -217,6 +222,7 @@ func (c *Collector) Forget(workload, target string) {
 	c.mu.Lock()
 	delete(c.recent, wtKey{workload, target})
 	c.mu.Unlock()
+	c.effective.forget(workload, target)
 }
 
 // ForgetWorkload deletes the per-workload series of a removed workload.
@@ -280,6 +286,7 @@ func (c *Collector) AddServerCredit(workload, target string, cached, reportedCac
 	if reportedCached > 0 {
 		c.reportedCached.WithLabelValues(workload, target).Add(reportedCached)
 	}
+	c.effective.addCredit(workload, target, reportedCached)
 }
 
 // ReloadDone records the outcome of a configuration (re)load.
@@ -308,6 +315,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	c.mu.Lock()
 	c.recordLocked(r)
 	c.mu.Unlock()
+	c.effective.add(r)
 
 	if r.Outcome != openai.OutcomeSuccess {
 		return
