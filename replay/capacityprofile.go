@@ -76,8 +76,9 @@ type capacityProfile struct {
 	// since is the weight of the distinct blocks used since the model
 	// reached its first row sent: a block at a greater distance was last
 	// touched only by rows assumed sent. Blocks taken out again
-	// (unadmit) stay counted, so it can only be too high, and it is
-	// never taken above the weight tracked.
+	// (unadmit), and blocks after a row's first new one that were not
+	// new (in a row whose ids are no chain), stay counted, so it can only
+	// be too high, and it is never taken above the weight tracked.
 	since int64
 	refs  []stackdist.Ref // scratch: where a row's leading blocks were found
 	steps []CapacityStep  // scratch: a row's profile, copied out at its size
