@@ -50,9 +50,9 @@ func newCostMetrics(c *Collector) *costMetrics {
 	}
 }
 
-// Kind says what the series made at scrape time are, which a registry
+// ValueType says what the series made at scrape time are, which a registry
 // cannot tell while there are none.
-func (m *costMetrics) Kind() prometheus.ValueType { return prometheus.GaugeValue }
+func (m *costMetrics) ValueType() prometheus.ValueType { return prometheus.GaugeValue }
 
 // Describe implements prometheus.Collector.
 func (m *costMetrics) Describe(ch chan<- *prometheus.Desc) {

@@ -81,6 +81,8 @@ type Collector struct {
 	costs map[wtKey]*cachecost.Window
 	// windows: each target's estimate window, where set.
 	windows map[string]time.Duration
+
+	effective *effectiveCapacity
 }
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
@@ -186,6 +188,8 @@ func New(reg prometheus.Registerer) *Collector {
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
 		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio, c.serverErrors,
 		newCostMetrics(c), c.layoutChanges, c.discoveryFailures)
+	c.effective = newEffectiveCapacity(func() time.Time { return c.now() })
+	reg.MustRegister(c.effective)
 	return c
 }
 
@@ -211,6 +215,7 @@ func (c *Collector) Start(workload, target string) {
 		c.classTokens.WithLabelValues(workload, target, string(cl))
 	}
 	c.loops.WithLabelValues(workload)
+	c.effective.start(workload, target)
 	// The landing page lists the pair from now on, even while no request
 	// finishes (a target that hangs must not be invisible).
 	c.mu.Lock()
@@ -238,6 +243,7 @@ func (c *Collector) Forget(workload, target string) {
 	delete(c.recent, wtKey{workload, target})
 	delete(c.costs, wtKey{workload, target})
 	c.mu.Unlock()
+	c.effective.forget(workload, target)
 }
 
 // ForgetWorkload deletes the per-workload series of a removed workload.
@@ -332,6 +338,7 @@ func (c *Collector) AddServerCredit(workload, target string, cached, reportedCac
 	if reportedCached > 0 {
 		c.reportedCached.WithLabelValues(workload, target).Add(reportedCached)
 	}
+	c.effective.addCredit(workload, target, reportedCached)
 }
 
 // ReloadDone records the outcome of a configuration (re)load.
@@ -361,6 +368,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	c.recordLocked(r)
 	c.addCostLocked(r, c.now())
 	c.mu.Unlock()
+	c.effective.add(r)
 
 	if r.Outcome != openai.OutcomeSuccess {
 		return

@@ -35,11 +35,17 @@ func scripted(c *Collector) {
 
 	ok := func(sched, ttft, last time.Duration, out, prompt, cached, trace, theo int) *replay.Result {
 		sent := t0.Add(sched + 2*time.Millisecond)
+		// All of the hit from a cache of 4,096 tokens on.
+		profile := replay.CapacityProfile{Known: true}
+		if theo > 0 {
+			profile.Steps = []replay.CapacityStep{{Capacity: 4096, Tokens: theo}}
+		}
 		return &replay.Result{
 			Response: openai.Response{Sent: sent, FirstToken: sent.Add(ttft), LastToken: sent.Add(last), Outcome: openai.OutcomeSuccess, HTTPStatus: 200, OutputTokens: out, OutputFromUsage: true, PromptTokens: prompt, PromptKnown: true, CachedTokens: cached, CachedKnown: true},
 			Workload: "canary", Target: "vllm-a",
 			Scheduled:        t0.Add(sched),
 			TraceInputLength: trace, TheoreticalCachedTokens: theo, TheoreticalKnown: true,
+			TheoreticalByCapacity: profile,
 		}
 	}
 	results := []*replay.Result{
@@ -62,7 +68,10 @@ func scripted(c *Collector) {
 func TestGoldenMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	c := New(reg)
+	now := time.Unix(1_700_000_000, 0)
+	c.now = func() time.Time { return now }
 	scripted(c)
+	now = now.Add(time.Minute)
 
 	golden := filepath.Join("testdata", "scripted.prom")
 	if *update {

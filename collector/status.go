@@ -142,6 +142,13 @@ type Status struct {
 	// reporting requests; 0 when not Reported or nothing could hit.
 	Efficiency      float64
 	EfficiencyState EfficiencyState
+	// EffectiveCapacityTokens is the capacity of the LRU cache whose
+	// theoretical hits equal the observed ones over EffectiveWindow, when
+	// EffectiveCapacityState is EffectiveMeasured; the window it covers
+	// is EffectiveCapacityWindow.
+	EffectiveCapacityTokens float64
+	EffectiveCapacityState  EffectiveCapacityState
+	EffectiveCapacityWindow time.Duration
 
 	Window time.Duration // span the figures cover
 	// HealthReason says why Health is what it is.
@@ -215,7 +222,10 @@ func (c *Collector) Status() []Status {
 	defer c.mu.Unlock()
 	out := make([]Status, 0, len(c.recent))
 	for k, w := range c.recent {
-		out = append(out, w.status(k, now))
+		st := w.status(k, now)
+		f := c.effective.figure(k.workload, k.target, now)
+		st.EffectiveCapacityTokens, st.EffectiveCapacityState, st.EffectiveCapacityWindow = f.tokens, f.state, f.window
+		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Workload != out[j].Workload {

@@ -115,6 +115,11 @@ type Cache struct {
 	// EstimateWindow is how far back the exporter's own cache estimates
 	// (the cached-token cost fit) look.
 	EstimateWindow Duration `yaml:"estimate_window,omitempty"`
+	// ModelCeilingTokens is the largest LRU capacity, in tokens, whose
+	// hits the model follows for the effective capacity; 0 is
+	// replay.DefaultModelCeilingTokens. A known capacity raises it to at
+	// least twice that.
+	ModelCeilingTokens int64 `yaml:"model_ceiling_tokens,omitempty"`
 }
 
 // AutoInt is a whole number, or "auto" for a value the exporter reads from
@@ -207,6 +212,10 @@ type Shard struct {
 	Index int `yaml:"index"`
 	Count int `yaml:"count"`
 }
+
+// MinModelCeilingTokens is the smallest cache.model_ceiling_tokens: a few
+// trace blocks.
+const MinModelCeilingTokens = 4096
 
 // Defaults of the contract.
 const (
@@ -576,6 +585,10 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	}
 	if !t.Cache.CapacityBlocks.Auto() && t.Cache.CapacityBlocks.N < 0 {
 		bad(p+".cache.capacity_blocks", "must be auto or ≥ 0 (0 is infinite), got %d", t.Cache.CapacityBlocks.N)
+	}
+	if c := t.Cache.ModelCeilingTokens; c != 0 && (c < MinModelCeilingTokens || c > replay.MaxModelCeilingTokens) {
+		bad(p+".cache.model_ceiling_tokens", "must be from %d to %d tokens (0 is the default, %d), got %d",
+			MinModelCeilingTokens, int64(replay.MaxModelCeilingTokens), replay.DefaultModelCeilingTokens, c)
 	}
 	oneOf(t.Cache.Observed, p+".cache.observed", bad, engine.ObservedSources[:])
 	if w := t.Cache.EstimateWindow; w != 0 && (w < MinEstimateWindow || w > MaxEstimateWindow) {

@@ -196,6 +196,41 @@ func TestCacheAutoValues(t *testing.T) {
 	}
 }
 
+// TestModelCeiling: cache.model_ceiling_tokens is left 0 (the model's
+// default) or taken within its bounds; outside them it names its path.
+func TestModelCeiling(t *testing.T) {
+	tests := []struct {
+		cache   string
+		want    int64
+		problem string
+	}{
+		{"{}", 0, ""},
+		{"{model_ceiling_tokens: 4096}", 4096, ""},
+		{"{model_ceiling_tokens: 1099511627776}", 1 << 40, ""},
+		{"{model_ceiling_tokens: 4095}", 0, "targets[0].cache.model_ceiling_tokens: must be from 4096 to 1099511627776 tokens (0 is the default, 33554432), got 4095"},
+		{"{model_ceiling_tokens: -1}", 0, "targets[0].cache.model_ceiling_tokens: must be from 4096"},
+		{"{model_ceiling_tokens: 1099511627777}", 0, "targets[0].cache.model_ceiling_tokens: must be from 4096"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.cache, func(t *testing.T) {
+			yml := "targets: [{name: a, url: 'http://h:1', model: m, cache: " + tt.cache + "}]\nworkloads: [{name: w, trace: t.jsonl, targets: [a]}]\n"
+			cfg, err := Parse([]byte(yml), ".")
+			if tt.problem != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.problem) {
+					t.Fatalf("error %v, want one containing %q", err, tt.problem)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.Targets[0].Cache.ModelCeilingTokens; got != tt.want {
+				t.Errorf("model_ceiling_tokens %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
 // validTarget parses a one-target config and returns it with its target,
 // for tests that change one field and validate again.
 func validTarget(t *testing.T) (*Config, *Target) {

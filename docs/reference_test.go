@@ -265,7 +265,7 @@ func (r *recorder) Unregister(prometheus.Collector) bool { return false }
 // kindOf is a collector's metric type: from its Go type where it is a vector
 // or a plain metric, else from what it collects.
 func kindOf(c prometheus.Collector) (string, error) {
-	switch c := c.(type) {
+	switch typed := c.(type) {
 	case *prometheus.CounterVec:
 		return "counter", nil
 	case *prometheus.GaugeVec:
@@ -280,15 +280,14 @@ func kindOf(c prometheus.Collector) (string, error) {
 		return "gauge", nil
 	case prometheus.Counter:
 		return "counter", nil
-	case interface{ Kind() prometheus.ValueType }:
-		// Series made at scrape time: none exist before the first request.
-		switch k := c.Kind(); k {
+	case interface{ ValueType() prometheus.ValueType }:
+		// A collector whose series are computed at each scrape, and may
+		// be none yet, says their type.
+		switch typed.ValueType() {
 		case prometheus.GaugeValue:
 			return "gauge", nil
 		case prometheus.CounterValue:
 			return "counter", nil
-		default:
-			return "", fmt.Errorf("%T: kind %v", c, k)
 		}
 	}
 	reg := prometheus.NewPedanticRegistry()

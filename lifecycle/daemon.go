@@ -401,6 +401,7 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 	}
 	cache := d.caches[t.Name].params
 	cache.TraceBlock = w.BlockSize
+	cache.CeilingTokens = t.Cache.ModelCeilingTokens
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	gate := &gatedObserver{obs: d.truth, fails: newFailureLog(logger), watch: d.watches[t.Name]}
 	if t.API == openai.APIChat && !rb.tokenIDs {

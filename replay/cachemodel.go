@@ -15,6 +15,10 @@ type CacheParams struct {
 	ServerBlock    int // tokens per server KV block
 	CapacityBlocks int // server blocks the cache holds; 0 is unbounded
 	Granularity    engine.Granularity
+	// CeilingTokens bounds the capacities the model follows the hits of
+	// (CapacityProfile): DefaultModelCeilingTokens when 0, and at least
+	// twice the capacity.
+	CeilingTokens int64
 }
 
 // CacheModel is the ideal prefix cache of one (workload, target): the
@@ -46,6 +50,8 @@ type CacheModel struct {
 	ahead map[modelPos]admitted // own rows simulated but not yet asked about
 	ids   []int64               // scratch for a row's hash ids
 
+	profile *capacityProfile // the same visits, at every capacity
+
 	closed atomic.Bool // see Close
 }
 
@@ -62,6 +68,7 @@ type admitted struct {
 	certain  bool // no block of the hit was only assumed sent
 	seq      uint64
 	inserted []blockKey
+	profile  CapacityProfile
 }
 
 // NewCacheModel returns a model of the cache params describe for the rows
@@ -76,36 +83,45 @@ func NewCacheModel(pacer *Pacer, params CacheParams) *CacheModel {
 		cache: newIdealCache(params),
 		ahead: map[modelPos]admitted{},
 	}
+	m.profile = newCapacityProfile(m.cache)
 	pass, row := pacer.FirstRow()
 	m.start = modelPos{pass: pass, pos: int(m.sched.rank[row])}
 	m.cur = modelPos{pass: pass}
 	// Warm up on the pass before, as a replica that never stopped would
-	// have; except for an unbounded cache with loop fresh: there the pass
-	// before has a namespace of its own, which no row this replica sends
-	// can hit, and whose blocks, never evicted, crowd nothing out.
-	if m.loop != LoopOnce && pass > 0 && !(m.loop == LoopFresh && params.CapacityBlocks <= 0) {
+	// have. (With loop fresh the pass before has a namespace of its own,
+	// which no row this replica sends can hit, but whose blocks crowd out
+	// others in every cache of bounded size the profile follows.)
+	if m.loop != LoopOnce && pass > 0 {
 		m.cur.pass--
 	}
 	m.shortenWarmUp()
 	return m
 }
 
-// shortenWarmUp starts the warm-up of a bounded cache at the latest row
-// that gives the same cache. A bounded LRU cache always holds the most
-// recently used blocks that fit, so once the blocks used since some row
-// overflow the capacity, what came before that row cannot be in the cache
-// at the start. On a trace of millions of rows this turns a warm-up of
-// minutes of CPU, for every target, into one of a few thousand rows. (The
-// one thing it does not reproduce is a block's weight when the block was
-// first seen in another position, as a partial last block, before that
-// row: its weight is set when it enters the model.)
+// shortenWarmUp starts the warm-up at the latest row that gives the same
+// model. A bounded LRU cache always holds the most recently used blocks
+// that fit, so once the blocks used since some row overflow the capacity,
+// what came before that row cannot be in the cache at the start; the
+// profile's stack likewise forgets what lies beyond its ceiling. On a trace
+// of millions of rows this turns a warm-up of minutes of CPU, for every
+// target, into one of a few thousand rows. An unbounded cache needs the
+// whole warm-up, except with loop fresh the pass before, which only the
+// profile needs, up to its ceiling. (The one thing it does not reproduce
+// is a block's weight when the block was first seen in another position,
+// as a partial last block, before that row: its weight is set when it
+// enters the model.)
 func (m *CacheModel) shortenWarmUp() {
 	c := m.cache
-	if c.p.CapacityBlocks == 0 || !m.cur.before(m.start) {
+	floor := m.cur // the earliest row an unbounded cache needs
+	if m.loop == LoopFresh {
+		floor = modelPos{pass: m.start.pass}
+	}
+	unbounded := c.p.CapacityBlocks == 0
+	if !m.cur.before(m.start) || (unbounded && floor == m.cur) {
 		return
 	}
 	seen := map[blockKey]bool{}
-	used := 0
+	used, weight := 0, int64(0)
 	for at := m.start; m.cur.before(at); {
 		at.pos--
 		if at.pos < 0 {
@@ -120,14 +136,21 @@ func (m *CacheModel) shortenWarmUp() {
 				continue
 			}
 			seen[k] = true
-			tokens := c.p.TraceBlock
-			if i == len(m.ids)-1 {
-				tokens = m.rows.ISL(row) - (len(m.ids)-1)*c.p.TraceBlock
-			}
-			used += c.weight(max(tokens, 0))
+			tokens := max(c.blockTokens(i, len(m.ids), m.rows.ISL(row)), 0)
+			used += c.weight(tokens)
+			weight += m.profile.weight(c, tokens)
 		}
-		if used > c.p.CapacityBlocks || len(seen) > c.maxEntries() {
+		cacheDone := !floor.before(at)
+		if !unbounded {
+			cacheDone = used > c.p.CapacityBlocks || len(seen) > c.maxEntries()
+		}
+		profileDone := weight > m.profile.ceiling || len(seen) > m.profile.maxKeys
+		switch {
+		case cacheDone && profileDone:
 			m.cur = at
+			return
+		case profileDone && unbounded:
+			m.cur = floor
 			return
 		}
 	}
@@ -140,7 +163,8 @@ func (m *CacheModel) shortenWarmUp() {
 // restart next to a warm engine and a cold start of both look the same
 // from here), or the row is from a pass the model has already forgotten.
 func (m *CacheModel) Accept(it PacerItem) (tokens int, known bool) {
-	return m.observe(it, true)
+	a, known := m.observe(it, true)
+	return a.tokens, known
 }
 
 // Reject records that the server never processed it (a connection error, an
@@ -155,9 +179,9 @@ func (m *CacheModel) Reject(it PacerItem) { m.observe(it, false) }
 // the warm-up does not hold up its end.
 func (m *CacheModel) Close() { m.closed.Store(true) }
 
-func (m *CacheModel) observe(it PacerItem, accepted bool) (int, bool) {
+func (m *CacheModel) observe(it PacerItem, accepted bool) (admitted, bool) {
 	if m.closed.Load() {
-		return 0, false
+		return admitted{}, false
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -165,20 +189,21 @@ func (m *CacheModel) observe(it PacerItem, accepted bool) (int, bool) {
 	if target.before(m.cur) {
 		a, ok := m.ahead[target]
 		if !ok {
-			return 0, false
+			return admitted{}, false
 		}
 		delete(m.ahead, target)
 		if !accepted {
+			m.profile.unadmit(m.cache, a)
 			m.cache.unadmit(a)
 		}
-		return a.tokens, a.certain
+		return a, a.certain
 	}
 	if !m.advance(target) {
-		return 0, false
+		return admitted{}, false
 	}
 	a := m.simulate(target, accepted)
 	m.step()
-	return a.tokens, a.certain
+	return a, a.certain
 }
 
 // advance simulates every row of the fleet schedule before target, keeping
@@ -225,7 +250,13 @@ func (m *CacheModel) step() {
 func (m *CacheModel) simulate(at modelPos, insert bool) admitted {
 	row := int(m.sched.order[at.pos])
 	m.ids, _ = m.rows.AppendHashIDs(m.ids[:0], row)
-	return m.cache.visit(m.sched.ns(at.pass), m.ids, m.rows.ISL(row), insert, at.before(m.start))
+	ns, isl, warm := m.sched.ns(at.pass), m.rows.ISL(row), at.before(m.start)
+	// Only this replica's rows from its start are asked about.
+	want := !warm && m.sched.owns(m.sched.order[at.pos])
+	profile := m.profile.visit(m.cache, ns, m.ids, isl, insert, warm, want)
+	a := m.cache.visit(ns, m.ids, isl, insert, warm)
+	a.profile = profile
+	return a
 }
 
 // idealCache is the cache itself: trace blocks by (namespace, hash id), in

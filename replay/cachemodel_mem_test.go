@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
@@ -79,9 +80,10 @@ func TestCacheModelWarmUpHoldsNoRows(t *testing.T) {
 	}
 }
 
-// TestCacheModelShortWarmUpSameAnswers: a bounded model that warms up on
-// the last rows only answers every request as one that warmed up on the
-// whole pass before.
+// TestCacheModelShortWarmUpSameAnswers: a model that warms up on the last
+// rows only (those whose blocks fill its capacity and its profile's
+// ceiling) answers every request, and gives every profile, as one that
+// warmed up on the whole pass before.
 func TestCacheModelShortWarmUpSameAnswers(t *testing.T) {
 	rows := wlTestReadSlice(t, 3000)
 	for _, tc := range []struct {
@@ -89,10 +91,12 @@ func TestCacheModelShortWarmUpSameAnswers(t *testing.T) {
 		params CacheParams
 		loop   LoopMode
 	}{
-		{"vllm blocks, fresh", CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: 4096}, LoopFresh},
-		{"vllm blocks, repeat", CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: 4096}, LoopRepeat},
-		{"sglang tokens, repeat", CacheParams{TraceBlock: 512, ServerBlock: 1, CapacityBlocks: 200000, Granularity: engine.GranularityToken}, LoopRepeat},
+		// A ceiling of 1 token is raised to twice the capacity.
+		{"vllm blocks, fresh", CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: 4096, CeilingTokens: 1}, LoopFresh},
+		{"vllm blocks, repeat", CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: 4096, CeilingTokens: 1}, LoopRepeat},
+		{"sglang tokens, repeat", CacheParams{TraceBlock: 512, ServerBlock: 1, CapacityBlocks: 200000, Granularity: engine.GranularityToken, CeilingTokens: 1}, LoopRepeat},
 		{"unbounded, fresh", CacheParams{TraceBlock: 512, ServerBlock: 16}, LoopFresh},
+		{"unbounded, fresh, small ceiling", CacheParams{TraceBlock: 512, ServerBlock: 16, CeilingTokens: 1 << 20}, LoopFresh},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			models := make([]*CacheModel, 2)
@@ -122,20 +126,24 @@ func TestCacheModelShortWarmUpSameAnswers(t *testing.T) {
 				t.Fatalf("the warm-up starts at %+v: not shortened", models[0].cur)
 			}
 			full.cur = modelPos{pass: 3} // the whole pass before, as before the shortcut
-			hits, unknown := 0, 0
+			hits, unknown, steps := 0, 0, 0
 			for _, it := range items {
-				a, ak := models[0].Accept(it)
-				b, bk := full.Accept(it)
+				a, ak, ap := models[0].AcceptProfile(it)
+				b, bk, bp := full.AcceptProfile(it)
 				if a != b || ak != bk {
 					t.Fatalf("row %d of pass %d: %d (known %v) after the short warm-up, %d (known %v) after the whole one", it.Index, it.Pass, a, ak, b, bk)
 				}
+				if !slices.Equal(ap.Steps, bp.Steps) || ap.Known != bp.Known {
+					t.Fatalf("row %d of pass %d: profile %+v after the short warm-up, %+v after the whole one", it.Index, it.Pass, ap, bp)
+				}
 				hits += a
+				steps += len(ap.Steps)
 				if !ak {
 					unknown++
 				}
 			}
-			if hits == 0 || unknown == 0 {
-				t.Errorf("%d tokens hit, %d answers unknown: the case tests nothing", hits, unknown)
+			if hits == 0 || unknown == 0 || steps == 0 {
+				t.Errorf("%d tokens hit, %d answers unknown, %d profile steps: the case tests nothing", hits, unknown, steps)
 			}
 		})
 	}

@@ -50,6 +50,10 @@ type Result struct {
 	// model, or when the model could not tell.
 	TheoreticalCachedTokens int
 	TheoreticalKnown        bool
+	// TheoreticalByCapacity is the same at every LRU capacity up to the
+	// model's ceiling, for the effective capacity; its Known is false
+	// without a model or when the model could not tell.
+	TheoreticalByCapacity CapacityProfile
 
 	// Counted says how the collector counts the request's cached tokens:
 	// the cache-truth step (package cachetruth) fills it before the

@@ -608,7 +608,7 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 			if res.Outcome.ServerNeverGotIt() {
 				m.Reject(it)
 			} else {
-				res.TheoreticalCachedTokens, res.TheoreticalKnown = m.Accept(it)
+				res.TheoreticalCachedTokens, res.TheoreticalKnown, res.TheoreticalByCapacity = m.AcceptProfile(it)
 			}
 		}
 		w.obs.Finished(res)

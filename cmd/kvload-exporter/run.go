@@ -269,8 +269,12 @@ func listen(flags *web.FlagConfig) ([]net.Listener, error) {
 // the registry.
 func landingOf(st lifecycle.Status, coll *collector.Collector, g prometheus.Gatherer) landingData {
 	targets := make([]landingTarget, len(st.Targets))
+	capacity := map[string]float64{}
 	for i, t := range st.Targets {
 		targets[i] = landingTarget(t)
+		if t.CapacityKnown && t.CapacityBlocks > 0 {
+			capacity[t.Name] = float64(t.CapacityBlocks) * float64(t.BlockSize)
+		}
 	}
 	rows := coll.Status()
 	updated := time.Now()
@@ -278,7 +282,7 @@ func landingOf(st lifecycle.Status, coll *collector.Collector, g prometheus.Gath
 	out := make([]landingRow, len(rows))
 	for i, r := range rows {
 		k := [2]string{r.Workload, r.Target}
-		out[i] = landingRow{Status: r, InFlight: inFlight[k], Dropped: dropped[k], Passes: passes[r.Workload]}
+		out[i] = landingRow{Status: r, InFlight: inFlight[k], Dropped: dropped[k], Passes: passes[r.Workload], TargetCapacityTokens: capacity[r.Target]}
 	}
 	return landingData{
 		ConfigFile:  st.ConfigFile,

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -52,6 +53,10 @@ type landingData struct {
 type landingRow struct {
 	collector.Status
 	InFlight, Dropped, Passes float64
+	// TargetCapacityTokens is the capacity of the target's model in
+	// tokens, to set the effective capacity beside; 0 when unbounded or
+	// unknown.
+	TargetCapacityTokens float64
 }
 
 type landingTarget struct {
@@ -128,6 +133,12 @@ var (
 		collector.EfficiencyNoSharing:   "none",
 		collector.EfficiencyNoSuccess:   "none",
 	}
+	effectiveClass = map[collector.EffectiveCapacityState]string{
+		collector.EffectiveMeasured:       "ok",
+		collector.EffectiveAboveModel:     "warn",
+		collector.EffectiveNothingToShare: "none",
+		collector.EffectiveNotReported:    "none",
+	}
 )
 
 //go:embed landing.html
@@ -143,6 +154,11 @@ var landingTemplate = template.Must(template.New("landing").Funcs(template.FuncM
 	"count":      func(f float64) string { return strconv.FormatFloat(f, 'f', 0, 64) },
 	"health":     func(h collector.Health) string { return healthClass[h] },
 	"efficiency": func(e collector.EfficiencyState) string { return efficiencyClass[e] },
+	"effective":  func(e collector.EffectiveCapacityState) string { return effectiveClass[e] },
+	"words":      func(e collector.EffectiveCapacityState) string { return strings.ReplaceAll(string(e), "_", " ") },
+	"tokens":     formatTokens,
+	"mul":        func(a, b int) float64 { return float64(a) * float64(b) },
+	"ratio":      func(a, b float64) string { return strconv.FormatFloat(a/b, 'f', 2, 64) },
 	"utc": func(t time.Time) string {
 		if t.IsZero() {
 			return "never"
@@ -157,6 +173,28 @@ func formatMillis(d time.Duration) string {
 		return "–"
 	}
 	return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + " ms"
+}
+
+// formatTokens is a count of tokens in three significant figures or more,
+// with k, M or G for thousands, millions and billions.
+func formatTokens(f float64) string {
+	for _, u := range []struct {
+		unit  string
+		scale float64
+	}{{"G", 1e9}, {"M", 1e6}, {"k", 1e3}} {
+		if f >= u.scale {
+			v := f / u.scale
+			digits := 2
+			switch {
+			case v >= 100:
+				digits = 0
+			case v >= 10:
+				digits = 1
+			}
+			return strconv.FormatFloat(v, 'f', digits, 64) + u.unit
+		}
+	}
+	return strconv.FormatFloat(f, 'f', 0, 64)
 }
 
 func formatPercent(f float64) string {

@@ -34,9 +34,11 @@ func testMux(ready bool, reloadErr error) *http.ServeMux {
 				ConfigFile:  "kvload.yml",
 				ReloadError: `workloads[0].name: "<b>x</b>" may hold only letters`,
 				LastReload:  time.Unix(0, 0),
-				Targets:     []landingTarget{{Name: "<img src=x>", Model: "m", API: "chat", Dialect: "vllm"}},
+				Targets:     []landingTarget{{Name: "<img src=x>", Model: "m", API: "chat", Dialect: "vllm", BlockSize: 16, CapacityBlocks: 20000, CapacityKnown: true}},
 				Rows: []landingRow{{Status: collector.Status{Workload: "<w>", Target: "t", RequestsPerSec: 2, TTFTP50: 3 * time.Millisecond,
-					Health: collector.HealthFailing, HealthReason: "<i>r</i>", LastError: `http_error (HTTP 500): <script>alert(1)</script>`}}},
+					Health: collector.HealthFailing, HealthReason: "<i>r</i>", LastError: `http_error (HTTP 500): <script>alert(1)</script>`,
+					EffectiveCapacityState: collector.EffectiveMeasured, EffectiveCapacityTokens: 304_000, EffectiveCapacityWindow: 5 * time.Minute},
+					TargetCapacityTokens: 320_000}},
 			}
 		},
 	})
@@ -59,6 +61,8 @@ func TestWebEndpoints(t *testing.T) {
 		{"reload fails with problems", testMux(true, errors.New("kvload.yml: workloads[1].targets[0]: unknown target \"vlm-a\"")), "POST", "/-/reload", 500, `unknown target "vlm-a"`},
 		{"metrics", testMux(true, nil), "GET", "/metrics", 200, "kvload_target_info"},
 		{"landing", testMux(true, nil), "GET", "/", 200, "3.0 ms"},
+		{"landing: effective capacity beside the model's", testMux(true, nil), "GET", "/", 200, "304k tokens<span class=\"reason\">0.95 × the model's 320k</span>"},
+		{"landing: the model's capacity in tokens", testMux(true, nil), "GET", "/", 200, "20000<span class=\"reason\">320k tokens</span>"},
 		{"unknown path", testMux(true, nil), "GET", "/nope", 404, ""},
 	}
 	for _, tt := range tests {
@@ -254,6 +258,25 @@ func TestStateClasses(t *testing.T) {
 		collector.EfficiencyNoSharing, collector.EfficiencyNoSuccess} {
 		if efficiencyClass[s] == "" {
 			t.Errorf("efficiency state %q has no colour class", s)
+		}
+	}
+	for _, s := range collector.EffectiveCapacityStates {
+		if effectiveClass[s] == "" {
+			t.Errorf("effective capacity state %q has no colour class", s)
+		}
+	}
+}
+
+func TestFormatTokens(t *testing.T) {
+	for _, tt := range []struct {
+		tokens float64
+		want   string
+	}{
+		{0, "0"}, {999.4, "999"}, {1000, "1.00k"}, {31_960, "32.0k"}, {319_600, "320k"},
+		{8_388_608, "8.39M"}, {33_554_432, "33.6M"}, {1.2e9, "1.20G"},
+	} {
+		if got := formatTokens(tt.tokens); got != tt.want {
+			t.Errorf("formatTokens(%v) = %q, want %q", tt.tokens, got, tt.want)
 		}
 	}
 }

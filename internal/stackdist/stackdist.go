@@ -19,25 +19,44 @@ import "math"
 const Infinite = math.MaxInt64
 
 // Tracker holds the LRU stack of keys of type K. The zero value is not
-// usable; call New.
+// usable; call New. It holds at most 2³¹ keys.
 type Tracker[K comparable] struct {
 	ceiling int64 // live weight kept; 0 keeps everything
 	maxKeys int   // live keys kept; 0 keeps everything
 
-	slot   map[K]int // key -> time of its last use
-	keys   []K       // time -> key
-	weight []int64   // time -> weight of the key last used then; 0 once it moved on
-	live   []bool    // time -> a key's last use is at this time
-	tree   fenwick   // prefix sums of weight over time
-	next   int       // the next time to hand out
-	oldest int       // no live entry is older than this
-	total  int64     // live weight
+	// A key's entry has a fixed place while the key is tracked, so that
+	// renumbering the times (compact) touches no map, and a Ref saves
+	// the second lookup of a key looked up and then used.
+	index   map[K]int32 // key -> its entry
+	entries []entry[K]
+	free    []int32 // entries of keys forgotten, for reuse
+
+	owner  []int32 // time -> the entry last used then; -1 once it moved on
+	weight []int64 // time -> weight of that use; 0 once it moved on
+	tree   fenwick // prefix sums of weight over time
+	next   int     // the next time to hand out
+	oldest int     // no live entry is older than this
+	total  int64   // live weight
+}
+
+type entry[K comparable] struct {
+	key K
+	at  int32  // the time of the key's last use
+	gen uint32 // counts the times the entry was freed: a Ref's check
+}
+
+// Ref is where Lookup found a key. Passed to UseRef with the same key, it
+// spares a second lookup; it goes stale, harmlessly, once the key is
+// forgotten.
+type Ref struct {
+	entry int32 // -1: not found
+	gen   uint32
 }
 
 // New returns a tracker that keeps keys while their total weight is at most
 // ceiling and their number at most maxKeys (0 for no bound on either).
 func New[K comparable](ceiling int64, maxKeys int) *Tracker[K] {
-	t := &Tracker[K]{ceiling: max(ceiling, 0), maxKeys: max(maxKeys, 0), slot: map[K]int{}}
+	t := &Tracker[K]{ceiling: max(ceiling, 0), maxKeys: max(maxKeys, 0), index: map[K]int32{}}
 	t.resize(1024)
 	return t
 }
@@ -46,11 +65,17 @@ func New[K comparable](ceiling int64, maxKeys int) *Tracker[K] {
 // every key used since its last use, its own included. It is Infinite for a
 // key not tracked.
 func (t *Tracker[K]) Distance(key K) int64 {
-	at, ok := t.slot[key]
+	_, d := t.Lookup(key)
+	return d
+}
+
+// Lookup is Distance, with a Ref for UseRef.
+func (t *Tracker[K]) Lookup(key K) (Ref, int64) {
+	e, ok := t.index[key]
 	if !ok {
-		return Infinite
+		return Ref{entry: -1}, Infinite
 	}
-	return t.total - t.tree.sum(at)
+	return Ref{entry: e, gen: t.entries[e].gen}, t.total - t.tree.sum(int(t.entries[e].at))
 }
 
 // Use makes key, of weight w, the most recently used. A key's weight is
@@ -59,79 +84,127 @@ func (t *Tracker[K]) Distance(key K) int64 {
 // stays forgotten, and an LRU cache is then no longer exactly the set of
 // distances within its capacity.
 func (t *Tracker[K]) Use(key K, w int64) {
-	if at, ok := t.slot[key]; ok {
-		t.clear(at)
+	e, ok := t.index[key]
+	if ok {
+		t.clear(int(t.entries[e].at))
+	} else {
+		e = t.alloc(key)
+		t.index[key] = e
 	}
-	if t.next == len(t.keys) {
-		t.compact()
+	t.place(e, w)
+}
+
+// UseRef is Use of key, which ref is a Lookup of since (of key, not
+// another): while the key is still tracked, it goes without a lookup.
+func (t *Tracker[K]) UseRef(ref Ref, key K, w int64) {
+	if ref.entry < 0 || t.entries[ref.entry].gen != ref.gen {
+		t.Use(key, w)
+		return
 	}
-	at := t.next
-	t.next++
-	t.keys[at], t.weight[at], t.live[at] = key, w, true
-	t.tree.add(at, w)
-	t.slot[key] = at
-	t.total += w
-	t.trim()
+	t.clear(int(t.entries[ref.entry].at))
+	t.place(ref.entry, w)
 }
 
 // Remove forgets key, as if it had never been used.
 func (t *Tracker[K]) Remove(key K) {
-	if at, ok := t.slot[key]; ok {
-		t.clear(at)
-		delete(t.slot, key)
+	if e, ok := t.index[key]; ok {
+		t.clear(int(t.entries[e].at))
+		t.forget(e)
 	}
 }
 
 // Len is the number of keys tracked.
-func (t *Tracker[K]) Len() int { return len(t.slot) }
+func (t *Tracker[K]) Len() int { return len(t.index) }
 
 // Weight is the total weight of the keys tracked.
 func (t *Tracker[K]) Weight() int64 { return t.total }
 
+// place gives entry e, of weight w, the next time.
+func (t *Tracker[K]) place(e int32, w int64) {
+	if t.next == len(t.owner) {
+		t.compact()
+	}
+	at := t.next
+	t.next++
+	t.owner[at], t.weight[at] = e, w
+	t.tree.add(at, w)
+	t.entries[e].at = int32(at)
+	t.total += w
+	t.trim()
+}
+
+func (t *Tracker[K]) alloc(key K) int32 {
+	if n := len(t.free); n > 0 {
+		e := t.free[n-1]
+		t.free = t.free[:n-1]
+		t.entries[e].key = key
+		return e
+	}
+	t.entries = append(t.entries, entry[K]{key: key})
+	return int32(len(t.entries) - 1)
+}
+
+// forget drops entry e, whose time is cleared, from the index.
+func (t *Tracker[K]) forget(e int32) {
+	var zero K
+	delete(t.index, t.entries[e].key)
+	t.entries[e].key = zero
+	t.entries[e].gen++
+	t.free = append(t.free, e)
+}
+
 func (t *Tracker[K]) clear(at int) {
 	t.tree.add(at, -t.weight[at])
 	t.total -= t.weight[at]
-	var zero K
-	t.keys[at], t.weight[at], t.live[at] = zero, 0, false
+	t.owner[at], t.weight[at] = -1, 0
 }
 
 // trim forgets the least recently used keys beyond the bounds.
 func (t *Tracker[K]) trim() {
-	for (t.ceiling > 0 && t.total > t.ceiling) || (t.maxKeys > 0 && len(t.slot) > t.maxKeys) {
-		for !t.live[t.oldest] {
+	for (t.ceiling > 0 && t.total > t.ceiling) || (t.maxKeys > 0 && len(t.index) > t.maxKeys) {
+		for t.owner[t.oldest] < 0 {
 			t.oldest++
 		}
-		key := t.keys[t.oldest]
+		e := t.owner[t.oldest]
 		t.clear(t.oldest)
-		delete(t.slot, key)
+		t.forget(e)
 	}
 }
 
 // compact renumbers the live entries from time 0, in order, into arrays
-// with room for as many again: a compaction every O(live) uses keeps the
-// cost per use O(log live) amortised.
+// with room for half as many again or more: a compaction every O(live)
+// uses keeps the cost per use O(log live) amortised. Arrays with that room,
+// and not four times too large, are reused: the live entries only move
+// down.
 func (t *Tracker[K]) compact() {
-	keys, weight := t.keys, t.weight
-	live := t.live
-	t.resize(max(2*len(t.slot), 1024))
+	owner, weight := t.owner, t.weight
+	if live := len(t.index); len(owner) < live+live/2 || len(owner) > 4*max(live, 1024) {
+		t.resize(max(2*live, 1024))
+	}
 	n := 0
-	for at := t.oldest; at < len(keys); at++ {
-		if !live[at] {
+	for at := t.oldest; at < t.next; at++ {
+		e := owner[at]
+		if e < 0 {
 			continue
 		}
-		t.keys[n], t.weight[n], t.live[n] = keys[at], weight[at], true
-		t.slot[keys[at]] = n
+		t.owner[n], t.weight[n] = e, weight[at]
+		t.entries[e].at = int32(n)
 		n++
+	}
+	for at := n; at < len(t.owner); at++ {
+		t.owner[at], t.weight[at] = -1, 0
 	}
 	t.tree.build(t.weight[:n])
 	t.next, t.oldest = n, 0
 }
 
 func (t *Tracker[K]) resize(n int) {
-	t.keys = make([]K, n)
+	t.owner = make([]int32, n)
 	t.weight = make([]int64, n)
-	t.live = make([]bool, n)
 	t.tree = make(fenwick, n+1)
+	for at := range t.owner {
+		t.owner[at] = -1
+	}
 }
 
 // fenwick is a binary indexed tree of int64 over times 0..len-2.

@@ -167,3 +167,51 @@ func TestRemove(t *testing.T) {
 		t.Errorf("Len %d Weight %d, want 2 and 4", tr.Len(), tr.Weight())
 	}
 }
+
+// TestUseRef: looking keys up in batches and using them through their
+// Refs, as the cache model does with a prompt's blocks, gives the stack
+// that Use gives, even when a use in between forgets a key looked up (its
+// Ref is then stale) or a batch names a key twice.
+func TestUseRef(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		ceiling int64
+		maxKeys int
+	}{
+		{name: "unbounded"},
+		{name: "weight ceiling", ceiling: 300},
+		{name: "key bound", maxKeys: 20},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			plain, byRef := New[int](tt.ceiling, tt.maxKeys), New[int](tt.ceiling, tt.maxKeys)
+			r := rand.New(rand.NewPCG(3, 4))
+			stale := 0
+			for range 5000 {
+				batch := make([]int, 1+r.IntN(12))
+				refs := make([]Ref, len(batch))
+				for i := range batch {
+					batch[i] = int(r.ExpFloat64() * 40)
+					var d int64
+					refs[i], d = byRef.Lookup(batch[i])
+					if want := plain.Distance(batch[i]); d != want {
+						t.Fatalf("key %d: Lookup says %d, Distance %d", batch[i], d, want)
+					}
+				}
+				for i := len(batch) - 1; i >= 0; i-- {
+					w := 1 + int64(batch[i]*7919)%16
+					if refs[i].entry >= 0 && byRef.entries[refs[i].entry].gen != refs[i].gen {
+						stale++
+					}
+					plain.Use(batch[i], w)
+					byRef.UseRef(refs[i], batch[i], w)
+				}
+				if plain.Len() != byRef.Len() || plain.Weight() != byRef.Weight() {
+					t.Fatalf("Len %d and %d, Weight %d and %d", plain.Len(), byRef.Len(), plain.Weight(), byRef.Weight())
+				}
+			}
+			if tt.name != "unbounded" && stale == 0 {
+				t.Errorf("no Ref went stale: the case tests nothing")
+			}
+		})
+	}
+}

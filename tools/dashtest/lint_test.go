@@ -77,6 +77,9 @@ var contract = map[string]metric{
 	"kvload_target_cache_preamble_tokens":                          {gauge, targetOnly},
 	"kvload_target_tokenize_ratio":                                 {gauge, targetOnly},
 	"kvload_server_metrics_errors_total":                           {counter, targetOnly},
+	"kvload_cache_effective_capacity_tokens":                       {gauge, workloadTarget},
+	"kvload_cache_effective_capacity_state":                        {gauge, workloadTarget},
+	"kvload_cache_effective_capacity_window_seconds":               {gauge, workloadTarget},
 
 	"vllm:prefix_cache_hits_total":    {counter, engine},
 	"vllm:prefix_cache_queries_total": {counter, engine},

@@ -1,0 +1,178 @@
+package collector
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/openai"
+	"github.com/kvload-exporter/kvload-exporter/replay"
+)
+
+// effResult is a successful request counted on both sides of the cache
+// efficiency with observed: usage: trace and server prompt tokens, its
+// observed cached tokens and its profile.
+func effResult(trace, prompt, cached int, steps ...replay.CapacityStep) *replay.Result {
+	return &replay.Result{
+		Workload: "w", Target: "t",
+		Response:         openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: prompt, PromptKnown: true, CachedTokens: cached, CachedKnown: true},
+		TraceInputLength: trace, TheoreticalKnown: true,
+		TheoreticalByCapacity: replay.CapacityProfile{Steps: steps, Known: true},
+		Counted:               replay.Counted{UsageCached: true, Reported: true},
+	}
+}
+
+// TestEffectiveCapacityFigure: the state and the capacity read from the
+// window's requests: the inverse of their theoretical hits at the observed
+// cached tokens, interpolated between grid points.
+func TestEffectiveCapacityFigure(t *testing.T) {
+	// Two grid points, and capacities between and below them.
+	c99, c100 := capacityGrid[99], capacityGrid[100]
+	at100 := int64(c100) // its grid point is c100
+	twoSteps := []replay.CapacityStep{{Capacity: at100, Tokens: 300}, {Capacity: int64(capacityGrid[200]), Tokens: 600}}
+	unknown := effResult(1000, 1000, 900, twoSteps...)
+	unknown.TheoreticalByCapacity.Known = false
+	unreported := effResult(1000, 1000, 0, twoSteps...)
+	unreported.Counted = replay.Counted{Unreported: true}
+	withPreamble := effResult(1000, 1010, 310, twoSteps...)
+	withPreamble.Counted.LeftOut = 10
+	tests := []struct {
+		name    string
+		results []*replay.Result
+		state   EffectiveCapacityState
+		tokens  float64
+	}{
+		{"nothing yet", nil, EffectiveNotReported, 0},
+		{"only unreported requests", []*replay.Result{unreported}, EffectiveNotReported, 0},
+		{"only unknown profiles", []*replay.Result{unknown}, EffectiveNotReported, 0},
+		{"at a grid point", []*replay.Result{effResult(1000, 1000, 300, twoSteps...)}, EffectiveMeasured, c100},
+		{"halfway between two, on a log scale", []*replay.Result{effResult(1000, 1000, 150, twoSteps...)}, EffectiveMeasured, math.Sqrt(c99 * c100)},
+		{"the server's prompt counts the template", []*replay.Result{effResult(1000, 1100, 330, twoSteps...)}, EffectiveMeasured, c100},
+		{"the preamble left out", []*replay.Result{withPreamble}, EffectiveMeasured, c100},
+		{"unknown profiles left out", []*replay.Result{effResult(1000, 1000, 300, twoSteps...), unknown}, EffectiveMeasured, c100},
+		{"requests added up", []*replay.Result{
+			effResult(1000, 1000, 0, replay.CapacityStep{Capacity: at100, Tokens: 600}),
+			effResult(1000, 1000, 300),
+		}, EffectiveMeasured, math.Sqrt(c99 * c100)},
+		{"below the first grid point, linear from 0", []*replay.Result{effResult(1000, 1000, 150, replay.CapacityStep{Capacity: 8, Tokens: 300})}, EffectiveMeasured, 8},
+		{"no hit observed: a cache of nothing", []*replay.Result{effResult(1000, 1000, 0, twoSteps...)}, EffectiveMeasured, 0},
+		{"the ceiling's hits, all observed", []*replay.Result{effResult(1000, 1000, 600, twoSteps...)}, EffectiveMeasured, capacityGrid[200]},
+		{"more than the ceiling's hits", []*replay.Result{effResult(1000, 1000, 601, twoSteps...)}, EffectiveAboveModel, 0},
+		{"nothing to share", []*replay.Result{effResult(1000, 1000, 0)}, EffectiveNothingToShare, 0},
+		{"under 1 % shared", []*replay.Result{effResult(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 9})}, EffectiveNothingToShare, 0},
+		{"1 % shared", []*replay.Result{effResult(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 10})}, EffectiveMeasured, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			c := New(reg)
+			now := time.Unix(1000, 0)
+			c.now = func() time.Time { return now }
+			c.Start("w", "t")
+			for _, r := range tt.results {
+				c.Finished(r)
+			}
+			st := c.Status()[0]
+			if st.EffectiveCapacityState != tt.state {
+				t.Fatalf("state %s, want %s", st.EffectiveCapacityState, tt.state)
+			}
+			if tt.tokens >= 0 && math.Abs(st.EffectiveCapacityTokens-tt.tokens) > 1e-6*max(tt.tokens, 1) {
+				t.Errorf("effective capacity %.3f tokens, want %.3f", st.EffectiveCapacityTokens, tt.tokens)
+			}
+			m := testutil.Gather(t, reg)
+			for _, s := range EffectiveCapacityStates {
+				want := 0.0
+				if s == tt.state {
+					want = 1
+				}
+				if got, n := m.Value("kvload_cache_effective_capacity_state", "workload", "w", "target", "t", "state", string(s)); n != 1 || got != want {
+					t.Errorf("state series %s: %v (%d series), want %v", s, got, n, want)
+				}
+			}
+			got, n := m.Value("kvload_cache_effective_capacity_tokens", "workload", "w", "target", "t")
+			if tt.state != EffectiveMeasured && n != 0 {
+				t.Errorf("a capacity of %v tokens exported in state %s", got, tt.state)
+			}
+			if tt.state == EffectiveMeasured && (n != 1 || got != st.EffectiveCapacityTokens) {
+				t.Errorf("exported %v (%d series), the landing page says %v", got, n, st.EffectiveCapacityTokens)
+			}
+		})
+	}
+}
+
+// TestEffectiveCapacityServerMetrics: with observed: server_metrics the
+// observed side is the engine's counter, credited per read, over the
+// prompt tokens of the requests counted.
+func TestEffectiveCapacityServerMetrics(t *testing.T) {
+	c := New(prometheus.NewRegistry())
+	now := time.Unix(1000, 0)
+	c.now = func() time.Time { return now }
+	c.Start("w", "t")
+	for range 4 {
+		r := effResult(1000, 1000, 0, replay.CapacityStep{Capacity: int64(capacityGrid[100]), Tokens: 500})
+		r.CachedKnown, r.Counted.UsageCached = false, false
+		c.Finished(r)
+	}
+	if st := c.Status()[0]; st.EffectiveCapacityState != EffectiveMeasured || st.EffectiveCapacityTokens != 0 {
+		t.Fatalf("before any credit: %s, %v tokens; want measured, 0", st.EffectiveCapacityState, st.EffectiveCapacityTokens)
+	}
+	c.AddServerCredit("w", "t", 2500, 2000)
+	if st := c.Status()[0]; st.EffectiveCapacityState != EffectiveMeasured || st.EffectiveCapacityTokens != capacityGrid[100] {
+		t.Errorf("after the credit: %s, %v tokens; want measured, %v", st.EffectiveCapacityState, st.EffectiveCapacityTokens, capacityGrid[100])
+	}
+}
+
+// TestEffectiveCapacityWindow: the figures cover the last 5 minutes in
+// steps of 30 s: requests older than that drop out, and the window
+// exported says how long the figures cover.
+func TestEffectiveCapacityWindow(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := New(reg)
+	start := time.Unix(3000, 0) // a sub-window boundary
+	now := start
+	c.now = func() time.Time { return now }
+	c.Start("w", "t")
+	small := replay.CapacityStep{Capacity: int64(capacityGrid[50]), Tokens: 500}
+	large := replay.CapacityStep{Capacity: int64(capacityGrid[150]), Tokens: 500}
+	check := func(after time.Duration, state EffectiveCapacityState, tokens float64, window time.Duration) {
+		t.Helper()
+		now = start.Add(after)
+		st := c.Status()[0]
+		if st.EffectiveCapacityState != state || st.EffectiveCapacityTokens != tokens || st.EffectiveCapacityWindow != window {
+			t.Errorf("after %v: %s, %v tokens over %v; want %s, %v over %v", after, st.EffectiveCapacityState, st.EffectiveCapacityTokens, st.EffectiveCapacityWindow, state, tokens, window)
+		}
+		if got := testutil.Gather(t, reg).Sum("kvload_cache_effective_capacity_window_seconds"); got != window.Seconds() {
+			t.Errorf("after %v: window %v s exported, want %v", after, got, window.Seconds())
+		}
+	}
+	c.Finished(effResult(1000, 1000, 500, small))
+	check(time.Minute, EffectiveMeasured, capacityGrid[50], time.Minute) // the pair is a minute old
+	now = start.Add(2 * time.Minute)
+	c.Finished(effResult(1000, 1000, 500, large))
+	// Both requests: half the hits by capacityGrid[50], all by [150].
+	check(2*time.Minute+10*time.Second, EffectiveMeasured, capacityGrid[150], 2*time.Minute+10*time.Second)
+	check(5*time.Minute-time.Second, EffectiveMeasured, capacityGrid[150], 5*time.Minute-time.Second)
+	// The first request's sub-window has left: the window starts 30 s on.
+	check(5*time.Minute, EffectiveMeasured, capacityGrid[150], 4*time.Minute+30*time.Second)
+	check(7*time.Minute-time.Second, EffectiveMeasured, capacityGrid[150], 5*time.Minute-time.Second)
+	check(7*time.Minute, EffectiveNotReported, 0, 4*time.Minute+30*time.Second)
+}
+
+// TestEffectiveCapacityForget: a pair removed by a reload takes its series
+// with it.
+func TestEffectiveCapacityForget(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := New(reg)
+	c.Start("w", "t")
+	c.Finished(effResult(1000, 1000, 300, replay.CapacityStep{Capacity: 4096, Tokens: 500}))
+	if n := len(testutil.Gather(t, reg).SeriesWith("target", "t")); n == 0 {
+		t.Fatal("no series of the pair")
+	}
+	c.Forget("w", "t")
+	for _, s := range testutil.Gather(t, reg).SeriesWith("target", "t") {
+		t.Errorf("left after Forget: %s", s)
+	}
+}

@@ -1,0 +1,200 @@
+package replay
+
+import (
+	"slices"
+
+	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/internal/stackdist"
+)
+
+// DefaultModelCeilingTokens is the largest LRU capacity, in tokens, whose
+// hits the model follows when the configuration does not say: 32 Mi tokens,
+// more KV than one engine holds today (an 80 GB GPU holds about 1M tokens
+// of an 8B model's KV). A known capacity raises it to at least twice that.
+const DefaultModelCeilingTokens = 32 << 20
+
+// MaxModelCeilingTokens bounds the ceiling a configuration may set.
+const MaxModelCeilingTokens = 1 << 40
+
+// CapacityStep is one step of a request's theoretical hit as a function of
+// the LRU cache's capacity: from Capacity tokens of KV on, an ideal cache
+// of that size serves Tokens of the prompt.
+type CapacityStep struct {
+	Capacity int64
+	Tokens   int
+}
+
+// CapacityProfile is a request's theoretical cached tokens at every LRU
+// capacity up to the model's ceiling: Steps ordered by capacity, both
+// fields increasing; below the first step the hit is 0, and beyond the
+// ceiling no step is given. Known is false when a step rests on a block
+// that only rows assumed sent (the warm-up) touched, as
+// Result.TheoreticalKnown is for the configured capacity.
+type CapacityProfile struct {
+	Steps []CapacityStep
+	Known bool
+}
+
+// At is the theoretical hit at a capacity of capacity tokens.
+func (p CapacityProfile) At(capacity int64) int {
+	hit := 0
+	for _, s := range p.Steps {
+		if s.Capacity > capacity {
+			break
+		}
+		hit = s.Tokens
+	}
+	return hit
+}
+
+// AcceptProfile is Accept, with the request's theoretical hit at every
+// capacity up to the model's ceiling.
+func (m *CacheModel) AcceptProfile(it PacerItem) (tokens int, known bool, profile CapacityProfile) {
+	a, known := m.observe(it, true)
+	profile = a.profile
+	profile.Known = profile.Known && known
+	return a.tokens, known, profile
+}
+
+// capacityProfile follows, beside the ideal cache of the configured size,
+// the LRU stack distances of the same blocks, fed the same visits in the
+// same order. By LRU's inclusion property a block is in a cache of
+// capacity C exactly when its distance is at most C, so one pass gives
+// every request's hit at every capacity. Distances are in tokens: a trace
+// block weighs the server blocks it fills (idealCache.weight) times their
+// size.
+type capacityProfile struct {
+	stack   *stackdist.Tracker[blockKey]
+	ceiling int64
+	maxKeys int
+	// entryWeight, when set, is the weight of every block that holds a
+	// token: with server blocks larger than trace blocks under
+	// engine.GranularityBlock, where a trace block fills no whole server
+	// block and the ideal cache is bounded by its count of trace blocks
+	// (idealCache.maxEntries): a block then costs its share of one.
+	entryWeight int64
+	// since is the weight of the distinct blocks used since the model
+	// reached its first row sent: a block at a greater distance was last
+	// touched only by rows assumed sent. Blocks taken out again
+	// (unadmit), and blocks after a row's first new one that were not
+	// new (in a row whose ids are no chain), stay counted, so it can only
+	// be too high, and it is never taken above the weight tracked.
+	since int64
+	refs  []stackdist.Ref // scratch: where a row's leading blocks were found
+	steps []CapacityStep  // scratch: a row's profile, copied out at its size
+}
+
+func newCapacityProfile(c *idealCache) *capacityProfile {
+	p := c.p
+	ceiling := p.CeilingTokens
+	if ceiling <= 0 {
+		ceiling = DefaultModelCeilingTokens
+	}
+	ceiling = min(max(ceiling, 2*int64(p.CapacityBlocks)*int64(p.ServerBlock)), MaxModelCeilingTokens)
+	cp := &capacityProfile{ceiling: ceiling}
+	if p.Granularity != engine.GranularityToken && p.TraceBlock < p.ServerBlock {
+		per := (p.ServerBlock + p.TraceBlock - 1) / p.TraceBlock
+		cp.entryWeight = int64(max(p.ServerBlock/per, 1))
+	}
+	// Blocks that weigh nothing (a short last block under
+	// GranularityBlock) would pile up without end: keep at most four
+	// times as many blocks as whole trace blocks fit under the ceiling.
+	// This binds only where the blocks tracked average under a quarter
+	// of a trace block, on traces of very short prompts.
+	full := max(cp.weight(c, p.TraceBlock), 1)
+	cp.maxKeys = int(min(4*ceiling/full, 1<<31))
+	cp.stack = stackdist.New[blockKey](ceiling, cp.maxKeys)
+	return cp
+}
+
+// weight is a trace block of tokens tokens' weight in tokens.
+func (cp *capacityProfile) weight(c *idealCache, tokens int) int64 {
+	if cp.entryWeight > 0 && tokens > 0 {
+		return cp.entryWeight
+	}
+	return int64(c.weight(max(tokens, 0))) * int64(c.p.ServerBlock)
+}
+
+// visit is the profile side of idealCache.visit: before touching, the
+// distance of the request's leading blocks gives its profile (when want);
+// then every block is used from the last to the first, as the ideal cache
+// touches them. Without insert it does nothing. warm marks a row assumed
+// sent.
+func (cp *capacityProfile) visit(c *idealCache, ns uint64, ids []int64, inputLength int, insert, warm, want bool) CapacityProfile {
+	var prof CapacityProfile
+	if !insert {
+		return prof
+	}
+	// counted is how many leading blocks were found at a distance the
+	// tracker knows; blocks beyond them are new to it (the ids of a trace
+	// row are a chain: a block seen means its prefix was seen).
+	counted := 0
+	cp.refs = cp.refs[:0]
+	if !warm {
+		var reach int64 // the running maximum of the distances
+		prof.Known = true
+		cp.steps = cp.steps[:0]
+		for i, id := range ids {
+			ref, d := cp.stack.Lookup(blockKey{ns, id})
+			if d == stackdist.Infinite {
+				break
+			}
+			cp.refs = append(cp.refs, ref)
+			counted++
+			if d > cp.since {
+				// Last touched by a row assumed sent: using it now
+				// counts it as touched since.
+				cp.since += cp.weight(c, c.blockTokens(i, len(ids), inputLength))
+				if want {
+					prof.Known = false
+				}
+			}
+			if !want {
+				continue
+			}
+			reach = max(reach, d)
+			hit := c.quantise(i+1, inputLength)
+			switch n := len(cp.steps); {
+			case n > 0 && cp.steps[n-1].Capacity == reach:
+				cp.steps[n-1].Tokens = hit
+			case n == 0 && hit > 0, n > 0 && hit > cp.steps[n-1].Tokens:
+				cp.steps = append(cp.steps, CapacityStep{Capacity: reach, Tokens: hit})
+			}
+		}
+		prof.Steps = slices.Clone(cp.steps) // allocates nothing when empty
+	}
+	for i := len(ids) - 1; i >= 0; i-- {
+		w := cp.weight(c, c.blockTokens(i, len(ids), inputLength))
+		if i < counted {
+			cp.stack.UseRef(cp.refs[i], blockKey{ns, ids[i]}, w)
+			continue
+		}
+		if !warm {
+			cp.since += w
+		}
+		cp.stack.Use(blockKey{ns, ids[i]}, w)
+	}
+	cp.since = min(cp.since, cp.stack.Weight())
+	return prof
+}
+
+// unadmit takes out of the stack the blocks the ideal cache is about to
+// take out (idealCache.unadmit): those a's visit added that no later visit
+// used. It is approximate: a block the ideal cache had evicted meanwhile
+// stays in the stack, and the blocks a's visit only touched keep their
+// place, as in the ideal cache.
+func (cp *capacityProfile) unadmit(c *idealCache, a admitted) {
+	for _, key := range a.inserted {
+		if e, ok := c.index[key]; ok && e.Value.(*cachedBlock).seq == a.seq {
+			cp.stack.Remove(key)
+		}
+	}
+}
+
+// blockTokens is the tokens of a row's block i of n, the last one partial.
+func (c *idealCache) blockTokens(i, n, inputLength int) int {
+	if i == n-1 {
+		return inputLength - (n-1)*c.p.TraceBlock
+	}
+	return c.p.TraceBlock
+}
