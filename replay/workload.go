@@ -575,9 +575,12 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 	}
 	if res != nil {
 		if w.cfg.Cache != nil {
-			if res.Outcome.ServerNeverGotIt() {
+			switch {
+			case res.Outcome.ServerNeverGotIt():
 				w.cfg.Cache.Reject(it)
-			} else {
+			case res.Outcome == openai.OutcomeSuccess && res.CachedKnown:
+				res.TheoreticalCachedTokens, res.TheoreticalKnown = w.cfg.Cache.AcceptObserved(it, res.CachedTokens)
+			default:
 				res.TheoreticalCachedTokens, res.TheoreticalKnown = w.cfg.Cache.Accept(it)
 			}
 		}
