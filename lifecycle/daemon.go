@@ -417,7 +417,7 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 		OnSaturation: w.OnSaturation,
 		MaxQueueLag:  time.Duration(w.MaxQueueLag),
 		Start:        start,
-		Cache:        replay.NewCacheModel(pacer, cache),
+		Cache:        unitCacheModel(pacer, cache, t, logger),
 		OnBuildError: func(err error) { level.Warn(logger).Log("msg", "request not built, counted as dropped", "err", err) },
 	}, pacer, replay.SendWith(client), rb, gate)
 	if err != nil {
