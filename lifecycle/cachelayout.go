@@ -321,8 +321,7 @@ func (u *unit) followCache(params replay.CacheParams) error {
 	if err := pacer.Seek(u.workload.Position()); err != nil {
 		return fmt.Errorf("cache model: %w", err)
 	}
-	params.TraceBlock = u.traceBlock
-	u.workload.SetCache(replay.NewCacheModel(pacer, params))
+	u.workload.SetCache(u.newModel(pacer, params))
 	return nil
 }
 

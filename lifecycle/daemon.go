@@ -96,10 +96,11 @@ type unit struct {
 	client      *openai.Client
 	gate        *gatedObserver
 	plan        *replay.Plan // the trace it replays, shared with the other units of the trace
-	// pacerOpts and traceBlock build its cache model again when the
-	// target's cache changes (followCache).
-	pacerOpts  replay.PacerOptions
-	traceBlock int
+	// pacerOpts and newModel build its cache model again when the
+	// target's cache changes (followCache): newModel takes the workload's
+	// trace block, the target's model ceiling and its warm-up learning.
+	pacerOpts replay.PacerOptions
+	newModel  func(*replay.Pacer, replay.CacheParams) *replay.CacheModel
 	done       chan struct{} // closed when Run returned
 	// stopping is set before a reload or the shutdown stops the unit, so
 	// that its end is not taken for the end of its trace.
@@ -399,10 +400,12 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 	if err != nil {
 		return nil, err
 	}
-	cache := d.caches[t.Name].params
-	cache.TraceBlock = w.BlockSize
-	cache.CeilingTokens = t.Cache.ModelCeilingTokens
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
+	newModel := func(pacer *replay.Pacer, params replay.CacheParams) *replay.CacheModel {
+		params.TraceBlock = w.BlockSize
+		params.CeilingTokens = t.Cache.ModelCeilingTokens
+		return unitCacheModel(pacer, params, t, logger)
+	}
 	gate := &gatedObserver{obs: d.truth, fails: newFailureLog(logger), watch: d.watches[t.Name]}
 	if t.API == openai.APIChat && !rb.tokenIDs {
 		// A chat template wraps the built prompt: its size, measured at
@@ -431,14 +434,14 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 		OnSaturation: w.OnSaturation,
 		MaxQueueLag:  time.Duration(w.MaxQueueLag),
 		Start:        start,
-		Cache:        replay.NewCacheModel(pacer, cache),
+		Cache:        newModel(pacer, d.caches[t.Name].params),
 		OnBuildError: func(err error) { level.Warn(logger).Log("msg", "request not built, counted as dropped", "err", err) },
 	}, pacer, replay.SendWith(client), rb, gate)
 	if err != nil {
 		return nil, err
 	}
 	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, plan: wd.trace.plan,
-		pacerOpts: popts, traceBlock: w.BlockSize, done: make(chan struct{})}, nil
+		pacerOpts: popts, newModel: newModel, done: make(chan struct{})}, nil
 }
 
 // unitRequestBuilder is the request builder of workload w on target t:

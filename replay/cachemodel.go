@@ -30,9 +30,11 @@ type CacheParams struct {
 // the fleet's rows of every pass in order (FleetSchedule), all shards
 // included, starting one pass before this replica's first row, so a replica
 // started or restarted mid-run holds what a replica that never stopped
-// would hold. What rests on those assumed rows is reported as unknown. The requests of this replica that the server never
-// accepted (Reject) take their blocks back out, unless a later row used
-// them since; other replicas' failures cannot be known and are not modelled.
+// would hold. What rests on those assumed rows is reported as unknown
+// until the server's answers say whether they reached it (warmup.go). The
+// requests of this replica that the server never accepted (Reject) take
+// their blocks back out, unless a later row used them since; other
+// replicas' failures cannot be known and are not modelled.
 //
 // For one request, k is the number of its leading trace blocks in the
 // cache; with engine.GranularityBlock the theoretical cached tokens are
@@ -49,6 +51,7 @@ type CacheModel struct {
 	cur   modelPos              // next row of the fleet schedule to simulate
 	ahead map[modelPos]admitted // own rows simulated but not yet asked about
 	ids   []int64               // scratch for a row's hash ids
+	warm  warmUp                // whether the rows assumed sent reached the server
 
 	profile *capacityProfile // the same visits, at every capacity
 
@@ -64,8 +67,8 @@ func (a modelPos) before(b modelPos) bool {
 
 // admitted is what simulating one row did.
 type admitted struct {
-	tokens   int
-	certain  bool // no block of the hit was only assumed sent
+	tokens   int // theoretical cached tokens, every block present counted
+	cold     int // the same without the blocks only assumed sent
 	seq      uint64
 	inserted []blockKey
 	profile  CapacityProfile
@@ -159,18 +162,36 @@ func (m *CacheModel) shortenWarmUp() {
 // Accept returns the theoretical cached tokens of it, a request of this
 // replica that the server accepted (it streamed, or failed only later).
 // known is false when the model cannot tell: the hit rests on a block that
-// only the warm-up assumed sent (the server may or may not hold it: a
-// restart next to a warm engine and a cold start of both look the same
-// from here), or the row is from a pass the model has already forgotten.
+// only the warm-up assumed sent and it is not yet decided whether those
+// rows reached the server (a restart next to a warm engine and a cold
+// start of both look the same until the server's answers tell them apart:
+// see AcceptObserved), or the row is from a pass the model has already
+// forgotten.
 func (m *CacheModel) Accept(it PacerItem) (tokens int, known bool) {
-	a, known := m.observe(it, true)
-	return a.tokens, known
+	tokens, known, _ = m.accept(it, 0, false)
+	return tokens, known
+}
+
+// AcceptObserved is Accept for a request whose response said how many of
+// its prompt tokens the server served from its cache: with LearnWarmUp,
+// that answer is evidence of whether the rows assumed sent reached the
+// server.
+func (m *CacheModel) AcceptObserved(it PacerItem, cached int) (tokens int, known bool) {
+	tokens, known, _ = m.accept(it, cached, true)
+	return tokens, known
 }
 
 // Reject records that the server never processed it (a connection error, an
 // error status before any chunk, a row dropped or never built): its blocks do
 // not warm the model.
-func (m *CacheModel) Reject(it PacerItem) { m.observe(it, false) }
+func (m *CacheModel) Reject(it PacerItem) {
+	if m.closed.Load() {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.observe(it, false)
+}
 
 // Close makes the model give up: a simulation under way stops within a few
 // rows, and every later question is answered unknown. The warm-up of a
@@ -179,12 +200,39 @@ func (m *CacheModel) Reject(it PacerItem) { m.observe(it, false) }
 // the warm-up does not hold up its end.
 func (m *CacheModel) Close() { m.closed.Store(true) }
 
-func (m *CacheModel) observe(it PacerItem, accepted bool) (admitted, bool) {
+// accept answers for it, which the server accepted; seen says whether the
+// server reported cached, its cached tokens, to weigh as evidence. The
+// profile is known only where the answer is and its own hits rest on no
+// block that only rows assumed sent touched.
+func (m *CacheModel) accept(it PacerItem, cached int, seen bool) (int, bool, CapacityProfile) {
 	if m.closed.Load() {
-		return admitted{}, false
+		return 0, false, CapacityProfile{}
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	a, ok := m.observe(it, true)
+	if !ok {
+		m.mu.Unlock()
+		return 0, false, CapacityProfile{}
+	}
+	var changed *WarmUpDecision
+	if seen {
+		changed = m.warm.weigh(a, cached)
+	}
+	tokens, known := m.warm.answer(a)
+	onChange := m.warm.onChange
+	m.mu.Unlock()
+	if changed != nil && onChange != nil {
+		onChange(*changed)
+	}
+	profile := a.profile
+	profile.Known = profile.Known && known
+	return tokens, known, profile
+}
+
+// observe simulates it, accepted or not, and returns what that did; ok is
+// false when the model cannot say (a forgotten pass, a closed model).
+// m.mu is held.
+func (m *CacheModel) observe(it PacerItem, accepted bool) (a admitted, ok bool) {
 	target := modelPos{it.Pass, int(m.sched.rank[it.Index])}
 	if target.before(m.cur) {
 		a, ok := m.ahead[target]
@@ -196,14 +244,14 @@ func (m *CacheModel) observe(it PacerItem, accepted bool) (admitted, bool) {
 			m.profile.unadmit(m.cache, a)
 			m.cache.unadmit(a)
 		}
-		return a, a.certain
+		return a, true
 	}
 	if !m.advance(target) {
 		return admitted{}, false
 	}
-	a := m.simulate(target, accepted)
+	a = m.simulate(target, accepted)
 	m.step()
-	return a, a.certain
+	return a, true
 }
 
 // advance simulates every row of the fleet schedule before target, keeping
@@ -295,23 +343,30 @@ func newIdealCache(p CacheParams) *idealCache {
 // marks a row from before the model started, which is assumed sent.
 func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert, warm bool) admitted {
 	c.seq++
-	a := admitted{seq: c.seq, certain: true}
+	a := admitted{seq: c.seq}
 	if insert && ns > c.newest {
 		c.newest = ns
 		c.forgetBefore(ns - 1)
 	}
-	k := 0
+	// k counts the leading blocks present; cold those before the first
+	// one only assumed sent, which a server that never got the warm-up's
+	// rows lacks, and with it every block after.
+	k, cold := 0, -1
 	for _, id := range ids {
 		e, ok := c.index[blockKey{ns, id}]
 		if !ok {
 			break
 		}
-		if e.Value.(*cachedBlock).assumed {
-			a.certain = false
+		if cold < 0 && e.Value.(*cachedBlock).assumed {
+			cold = k
 		}
 		k++
 	}
 	a.tokens = c.quantise(k, inputLength)
+	a.cold = a.tokens
+	if cold >= 0 {
+		a.cold = c.quantise(cold, inputLength)
+	}
 	if !insert {
 		return a
 	}

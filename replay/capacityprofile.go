@@ -50,10 +50,13 @@ func (p CapacityProfile) At(capacity int64) int {
 // AcceptProfile is Accept, with the request's theoretical hit at every
 // capacity up to the model's ceiling.
 func (m *CacheModel) AcceptProfile(it PacerItem) (tokens int, known bool, profile CapacityProfile) {
-	a, known := m.observe(it, true)
-	profile = a.profile
-	profile.Known = profile.Known && known
-	return a.tokens, known, profile
+	return m.accept(it, 0, false)
+}
+
+// AcceptObservedProfile is AcceptObserved, with the request's theoretical
+// hit at every capacity up to the model's ceiling.
+func (m *CacheModel) AcceptObservedProfile(it PacerItem, cached int) (tokens int, known bool, profile CapacityProfile) {
+	return m.accept(it, cached, true)
 }
 
 // capacityProfile follows, beside the ideal cache of the configured size,

@@ -605,9 +605,12 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 	}
 	if res != nil {
 		if m := w.cache.Load(); m != nil {
-			if res.Outcome.ServerNeverGotIt() {
+			switch {
+			case res.Outcome.ServerNeverGotIt():
 				m.Reject(it)
-			} else {
+			case res.Outcome == openai.OutcomeSuccess && res.CachedKnown:
+				res.TheoreticalCachedTokens, res.TheoreticalKnown, res.TheoreticalByCapacity = m.AcceptObservedProfile(it, res.CachedTokens)
+			default:
 				res.TheoreticalCachedTokens, res.TheoreticalKnown, res.TheoreticalByCapacity = m.AcceptProfile(it)
 			}
 		}

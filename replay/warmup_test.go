@@ -1,0 +1,235 @@
+package replay
+
+import (
+	"slices"
+	"testing"
+)
+
+// TestWarmUpDecide: how answers move the decision. Each answer is a
+// request's warm and cold theoretical values and the cached tokens the
+// server reported; want is the world after each answer.
+func TestWarmUpDecide(t *testing.T) {
+	type ans struct{ warm, cold, cached int }
+	repeat := func(n int, a ans) []ans {
+		out := make([]ans, n)
+		for i := range out {
+			out[i] = a
+		}
+		return out
+	}
+	const (
+		U = WarmUpUndecided
+		W = WarmUpWarm
+		C = WarmUpCold
+	)
+	tests := []struct {
+		name    string
+		answers []ans
+		want    []WarmUpWorld
+	}{
+		{"warm: the server hit what was assumed", repeat(8, ans{4096, 512, 4096}),
+			[]WarmUpWorld{U, U, U, U, U, U, U, W}},
+		{"cold: the server hit only what was sent", repeat(8, ans{4096, 512, 512}),
+			[]WarmUpWorld{U, U, U, U, U, U, U, C}},
+		{"cold with a preamble of 9 tokens", repeat(8, ans{1024, 0, 9}),
+			[]WarmUpWorld{U, U, U, U, U, U, U, C}},
+		{"warm with a chat header, and block rounding", repeat(8, ans{2032, 496, 2032 + 16}),
+			[]WarmUpWorld{U, U, U, U, U, U, U, W}},
+		{"undecided: too few answers", repeat(7, ans{4096, 512, 4096}),
+			[]WarmUpWorld{U, U, U, U, U, U, U}},
+		{"gaps too small to tell are no evidence", repeat(10, ans{612, 512, 612}),
+			[]WarmUpWorld{U, U, U, U, U, U, U, U, U, U}},
+		{"answers between the two values are no evidence", repeat(10, ans{4096, 512, 2304}),
+			[]WarmUpWorld{U, U, U, U, U, U, U, U, U, U}},
+		{"mixed: no clear majority", []ans{
+			{4096, 512, 4096}, {4096, 512, 512}, {4096, 512, 4096}, {4096, 512, 512},
+			{4096, 512, 4096}, {4096, 512, 4096}, {4096, 512, 4096}, {4096, 512, 512},
+			{4096, 512, 4096}, {4096, 512, 4096},
+		}, []WarmUpWorld{U, U, U, U, U, U, U, U, U, U}},
+		{"by tokens, not by count: a big warm answer outweighs small cold ones", append(repeat(7, ans{800, 512, 512}), ans{60000, 0, 60000}),
+			[]WarmUpWorld{U, U, U, U, U, U, U, W}},
+		{"taken back when later answers disagree", append(repeat(8, ans{4096, 512, 4096}), ans{4096, 512, 512}),
+			[]WarmUpWorld{U, U, U, U, U, U, U, W, U}},
+		{"and decided again when more agree", append(repeat(8, ans{4096, 512, 4096}), ans{4096, 512, 512}, ans{4096, 512, 4096}),
+			[]WarmUpWorld{U, U, U, U, U, U, U, W, U, W}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := warmUp{learn: true}
+			var changes []WarmUpWorld
+			for i, a := range tt.answers {
+				if d := w.weigh(admitted{tokens: a.warm, cold: a.cold}, a.cached); d != nil {
+					changes = append(changes, d.World)
+				}
+				if w.world != tt.want[i] {
+					t.Fatalf("after answer %d %+v: %v, want %v", i, a, w.world, tt.want[i])
+				}
+			}
+			// A change is reported exactly when the world changed.
+			var want []WarmUpWorld
+			prev := WarmUpUndecided
+			for _, world := range tt.want {
+				if world != prev {
+					want = append(want, world)
+				}
+				prev = world
+			}
+			if !slices.Equal(changes, want) {
+				t.Errorf("changes reported %v, want %v", changes, want)
+			}
+		})
+	}
+}
+
+// TestWarmUpAnswer: what a request is answered in each world, and that a
+// request whose two values agree is known whatever the world.
+func TestWarmUpAnswer(t *testing.T) {
+	for _, tt := range []struct {
+		world      WarmUpWorld
+		warm, cold int
+		want       int
+		known      bool
+	}{
+		{WarmUpUndecided, 4096, 512, 4096, false},
+		{WarmUpWarm, 4096, 512, 4096, true},
+		{WarmUpCold, 4096, 512, 512, true},
+		{WarmUpUndecided, 1024, 1024, 1024, true},
+		{WarmUpCold, 0, 0, 0, true},
+	} {
+		w := warmUp{world: tt.world}
+		got, known := w.answer(admitted{tokens: tt.warm, cold: tt.cold})
+		if got != tt.want || known != tt.known {
+			t.Errorf("%v, warm %d, cold %d: %d (known %v), want %d (known %v)", tt.world, tt.warm, tt.cold, got, known, tt.want, tt.known)
+		}
+	}
+}
+
+// refEngine is the truth the model is checked against, written without
+// the model's code: an unbounded prefix cache as a plain set of blocks,
+// fed in the order requests reach it, answering as vLLM rounds (whole
+// 16-token blocks, the last prompt token recomputed).
+type refEngine map[[2]int64]bool
+
+func (e refEngine) send(ns uint64, ids []int64, isl int) int {
+	k := 0
+	for _, id := range ids {
+		if !e[[2]int64{int64(ns), id}] {
+			break
+		}
+		k++
+	}
+	for _, id := range ids {
+		e[[2]int64{int64(ns), id}] = true
+	}
+	return max(min(k*512, isl-1), 0) / 16 * 16
+}
+
+// TestCacheModelWarmUpWorlds: a model started with loop repeat halfway
+// through a pass, next to a server that holds the passes before (warm), one
+// that holds nothing (cold), or one that holds every other conversation of
+// them (the exporter before dropped half its rows: mixed). Each request
+// is answered by the reference engine, with a preamble of 9 tokens as
+// llama.cpp reports. Warm and cold are decided within the first requests,
+// once, rightly, and the pass the model joined is then known: every
+// request the model says it knows reads what the engine served, and the
+// unknown ones are a few percent of the pass's tokens (nearly all of them
+// without the decision). Mixed is never decided: its requests stay
+// unknown rather than wrong.
+func TestCacheModelWarmUpWorlds(t *testing.T) {
+	const preamble = 9
+	recs := wlTestReadSlice(t, 2000)
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopRepeat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, items []PacerItem
+	for pass := 2; pass <= 4; pass++ {
+		all := ownItems(t, p, pass)
+		if pass < 4 {
+			before = append(before, all...)
+			continue
+		}
+		// The model starts halfway through pass 4: the first half is
+		// the pass before as well.
+		before = append(before, all[:len(all)/2]...)
+		items = all[len(all)/2:]
+	}
+	for _, world := range []string{"warm", "cold", "mixed"} {
+		t.Run(world, func(t *testing.T) {
+			engine := refEngine{}
+			for _, it := range before {
+				if world == "warm" || (world == "mixed" && it.Conv%2 == 0) {
+					engine.send(it.Namespace, recs[it.Index].HashIDs, recs[it.Index].ISL())
+				}
+			}
+			start, err := NewPacer(recs, PacerOptions{Loop: LoopRepeat})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := start.Seek(TracePosition{Pass: items[0].Pass, Conv: items[0].Conv}); err != nil {
+				t.Fatal(err)
+			}
+			m := NewCacheModel(start, CacheParams{TraceBlock: 512, ServerBlock: 16})
+			var changes []WarmUpDecision
+			m.LearnWarmUp(func(d WarmUpDecision) { changes = append(changes, d) })
+			var all, unknown, wrong int
+			for _, it := range items {
+				truth := engine.send(it.Namespace, recs[it.Index].HashIDs, recs[it.Index].ISL())
+				got, known := m.AcceptObserved(it, truth+preamble)
+				isl := recs[it.Index].ISL()
+				all += isl
+				switch {
+				case !known:
+					unknown += isl
+				case got != truth:
+					wrong++
+				}
+			}
+			share := float64(unknown) / float64(all)
+			t.Logf("%s: decisions %+v; unknown %.4f of %d tokens, %d known answers wrong", world, changes, share, all, wrong)
+			if wrong != 0 {
+				t.Errorf("%d known answers differ from what the engine served", wrong)
+			}
+			switch world {
+			case "mixed":
+				if len(changes) != 0 || m.WarmUpWorld() != WarmUpUndecided || share < 0.5 {
+					t.Errorf("decisions %+v, unknown %.4f: want none, and most of the pass unknown", changes, share)
+				}
+			default:
+				if len(changes) != 1 || changes[0].World.String() != world {
+					t.Errorf("decisions %+v, want one, %s", changes, world)
+				}
+				if share > 0.05 {
+					t.Errorf("unknown %.4f of the pass's tokens, want at most 0.05", share)
+				}
+			}
+		})
+	}
+}
+
+// TestCacheModelWarmUpOnlyRepeat: with loop fresh the rows assumed sent
+// stay unknown whatever the server answers, as they were.
+func TestCacheModelWarmUpOnlyRepeat(t *testing.T) {
+	recs := wlTestReadSlice(t, 2000)
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopFresh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := ownItems(t, p, 4)
+	if err := p.Seek(TracePosition{Pass: 4, Conv: items[len(items)/2].Conv}); err != nil {
+		t.Fatal(err)
+	}
+	m := NewCacheModel(p, CacheParams{TraceBlock: 512, ServerBlock: 16})
+	changed := false
+	m.LearnWarmUp(func(WarmUpDecision) { changed = true })
+	unknown := 0
+	for _, it := range items[len(items)/2:] {
+		warm, known := m.AcceptObserved(it, 0) // as a cold server answers
+		if !known && warm > 0 {
+			unknown++
+		}
+	}
+	if changed || m.WarmUpWorld() != WarmUpUndecided || unknown == 0 {
+		t.Errorf("loop fresh: decided %v (%v), %d answers unknown; want nothing decided and some unknown", changed, m.WarmUpWorld(), unknown)
+	}
+}
