@@ -101,7 +101,7 @@ type unit struct {
 	// trace block, the target's model ceiling and its warm-up learning.
 	pacerOpts replay.PacerOptions
 	newModel  func(*replay.Pacer, replay.CacheParams) *replay.CacheModel
-	done       chan struct{} // closed when Run returned
+	done      chan struct{} // closed when Run returned
 	// stopping is set before a reload or the shutdown stops the unit, so
 	// that its end is not taken for the end of its trace.
 	stopping atomic.Bool
