@@ -148,9 +148,10 @@ func (c *Collector) newCostWindow(target string) *cachecost.Window {
 	return cachecost.NewWindow(span, costRequests, cachecost.DefaultLimits)
 }
 
-// SetEstimateWindow sets how far back target's estimates look. A changed
-// window starts its fits over.
+// SetEstimateWindow sets how far back target's estimates look: the cost
+// fit and the effective capacity. A changed window starts them over.
 func (c *Collector) SetEstimateWindow(target string, span time.Duration) {
+	c.effective.setWindow(target, span)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.windows[target] == span {

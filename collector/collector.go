@@ -328,6 +328,7 @@ func (c *Collector) ForgetTarget(target string) {
 	c.mu.Lock()
 	delete(c.windows, target)
 	c.mu.Unlock()
+	c.effective.forgetTarget(target)
 }
 
 // AddServerCredit adds cached tokens read from a target's own counter

@@ -35,14 +35,13 @@ const (
 var EffectiveCapacityStates = [...]EffectiveCapacityState{EffectiveMeasured, EffectiveAboveModel, EffectiveNothingToShare, EffectiveNotReported}
 
 // The effective capacity is taken over a window of effectiveSlices
-// sub-windows of effectiveSlice each: a sub-window older than the window is
-// reused for the present, so the window moves on in steps of effectiveSlice
-// and covers between 270 and 300 s once the pair is that old.
+// sub-windows, a tenth of the target's estimate window each (DefaultWindow,
+// 5 minutes, unless SetEstimateWindow said otherwise): a sub-window older
+// than the window is reused for the present, so the window moves on in
+// steps of a tenth of it and covers 90 to 100 % of it once the pair is that
+// old.
 const (
-	effectiveSlice  = 30 * time.Second
 	effectiveSlices = 10
-	// EffectiveWindow is the window's length.
-	EffectiveWindow = effectiveSlices * effectiveSlice
 	// minSharedShare: below this share of the window's trace tokens even
 	// at the ceiling, there is nothing to share.
 	minSharedShare = 0.01
@@ -81,18 +80,21 @@ type effectiveCapacity struct {
 
 	mu    sync.Mutex
 	pairs map[wtKey]*effectiveSums
+	// windows: each target's window, where set; DefaultWindow otherwise.
+	windows map[string]time.Duration
 }
 
 // effectiveSums is one pair's sub-windows.
 type effectiveSums struct {
-	since  time.Time // when the pair started: the window covers no more
+	slice  time.Duration // a sub-window's length
+	since  time.Time     // when the pair started: the window covers no more
 	slices [effectiveSlices]effectiveSlot
 }
 
 // effectiveSlot is one sub-window's sums over the requests that count on
 // both sides of the cache efficiency and whose profile is known.
 type effectiveSlot struct {
-	epoch int64 // which effectiveSlice of time it holds
+	epoch int64 // which slice of time it holds
 	// hits[i] is theoretical hit tokens that a cache of capacityGrid[i]
 	// tokens gains over one of capacityGrid[i-1]: the hit at capacity
 	// capacityGrid[j] is the sum up to j.
@@ -118,8 +120,9 @@ func newEffectiveCapacity(now func() time.Time) *effectiveCapacity {
 		state: prometheus.NewDesc(namespace+"_cache_effective_capacity_state",
 			"1 for the effective capacity's state: measured, above_model (the engine served more than a cache at the model's ceiling would have), nothing_to_share (the requests share almost nothing at any capacity), not_reported (no request counted).", append(wt, "state"), nil),
 		window: prometheus.NewDesc(namespace+"_cache_effective_capacity_window_seconds",
-			"The time the effective capacity's figures cover: 5 minutes once the pair is that old, moving in steps of 30 s.", wt, nil),
-		pairs: map[wtKey]*effectiveSums{},
+			"The time the effective capacity's figures cover: the target's cache.estimate_window (5 minutes unless set) once the pair is that old, moving in steps of a tenth of it.", wt, nil),
+		pairs:   map[wtKey]*effectiveSums{},
+		windows: map[string]time.Duration{},
 	}
 }
 
@@ -174,10 +177,37 @@ func (e *effectiveCapacity) forget(workload, target string) {
 func (e *effectiveCapacity) pairLocked(k wtKey) *effectiveSums {
 	p := e.pairs[k]
 	if p == nil {
-		p = &effectiveSums{since: e.now()}
+		window := e.windows[k.target]
+		if window <= 0 {
+			window = DefaultWindow
+		}
+		p = &effectiveSums{slice: max(window/effectiveSlices, time.Millisecond), since: e.now()}
 		e.pairs[k] = p
 	}
 	return p
+}
+
+// setWindow sets target's window; its pairs start over when it changes.
+func (e *effectiveCapacity) setWindow(target string, window time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.windows[target] == window {
+		return
+	}
+	e.windows[target] = window
+	for k := range e.pairs {
+		if k.target == target {
+			delete(e.pairs, k)
+			e.pairLocked(k)
+		}
+	}
+}
+
+// forgetTarget drops a removed target's window.
+func (e *effectiveCapacity) forgetTarget(target string) {
+	e.mu.Lock()
+	delete(e.windows, target)
+	e.mu.Unlock()
 }
 
 // add adds a finished request: its profile and, with observed: usage, its
@@ -236,11 +266,11 @@ func (e *effectiveCapacity) figure(workload, target string, now time.Time) effec
 	return p.figure(now)
 }
 
-func epochOf(t time.Time) int64 { return t.UnixNano() / int64(effectiveSlice) }
+func (p *effectiveSums) epochOf(t time.Time) int64 { return t.UnixNano() / int64(p.slice) }
 
 // slot is the sub-window of at, emptied first when it held an older one.
 func (p *effectiveSums) slot(at time.Time) *effectiveSlot {
-	ep := epochOf(at)
+	ep := p.epochOf(at)
 	s := &p.slices[int(ep%effectiveSlices+effectiveSlices)%effectiveSlices]
 	if s.epoch != ep {
 		hits := s.hits
@@ -256,8 +286,8 @@ func (p *effectiveSums) slot(at time.Time) *effectiveSlot {
 // observed cached tokens are to the server's prompt tokens (the cache
 // efficiency's two sides).
 func (p *effectiveSums) figure(now time.Time) effectiveFigure {
-	cur := epochOf(now)
-	start := time.Unix(0, (cur-effectiveSlices+1)*int64(effectiveSlice))
+	cur := p.epochOf(now)
+	start := time.Unix(0, (cur-effectiveSlices+1)*int64(p.slice))
 	if p.since.After(start) {
 		start = p.since
 	}

@@ -161,6 +161,33 @@ func TestEffectiveCapacityWindow(t *testing.T) {
 	check(7*time.Minute, EffectiveNotReported, 0, 4*time.Minute+30*time.Second)
 }
 
+// TestEffectiveCapacityEstimateWindow: a target's cache.estimate_window
+// sets the window, in tenths of it; a change starts the pair over.
+func TestEffectiveCapacityEstimateWindow(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := New(reg)
+	start := time.Unix(3000, 0) // a boundary of 1 s and of 30 s sub-windows
+	now := start
+	c.now = func() time.Time { return now }
+	c.SetEstimateWindow("t", 10*time.Second)
+	c.Start("w", "t")
+	step := replay.CapacityStep{Capacity: int64(capacityGrid[50]), Tokens: 500}
+	c.Finished(effResult(1000, 1000, 500, step))
+	now = start.Add(9 * time.Second)
+	if st := c.Status()[0]; st.EffectiveCapacityState != EffectiveMeasured || st.EffectiveCapacityWindow != 9*time.Second {
+		t.Errorf("9 s on: %s over %v, want measured over 9s", st.EffectiveCapacityState, st.EffectiveCapacityWindow)
+	}
+	now = start.Add(10 * time.Second)
+	if st := c.Status()[0]; st.EffectiveCapacityState != EffectiveNotReported || st.EffectiveCapacityWindow != 9*time.Second {
+		t.Errorf("10 s on: %s over %v, want not_reported over 9s: the request has left a 10 s window", st.EffectiveCapacityState, st.EffectiveCapacityWindow)
+	}
+	c.Finished(effResult(1000, 1000, 500, step))
+	c.SetEstimateWindow("t", 5*time.Minute)
+	if st := c.Status()[0]; st.EffectiveCapacityState != EffectiveNotReported {
+		t.Errorf("after the window changed: %s, want not_reported (started over)", st.EffectiveCapacityState)
+	}
+}
+
 // TestEffectiveCapacityForget: a pair removed by a reload takes its series
 // with it.
 func TestEffectiveCapacityForget(t *testing.T) {

@@ -143,7 +143,7 @@ type Status struct {
 	Efficiency      float64
 	EfficiencyState EfficiencyState
 	// EffectiveCapacityTokens is the capacity of the LRU cache whose
-	// theoretical hits equal the observed ones over EffectiveWindow, when
+	// theoretical hits equal the observed ones over its estimate window, when
 	// EffectiveCapacityState is EffectiveMeasured; the window it covers
 	// is EffectiveCapacityWindow.
 	EffectiveCapacityTokens float64

@@ -113,7 +113,7 @@ type Cache struct {
 	Observed       engine.Observed `yaml:"observed,omitempty"`
 	MetricsURL     string          `yaml:"metrics_url,omitempty"`
 	// EstimateWindow is how far back the exporter's own cache estimates
-	// (the cached-token cost fit) look.
+	// (the cached-token cost fit, the effective capacity) look.
 	EstimateWindow Duration `yaml:"estimate_window,omitempty"`
 	// ModelCeilingTokens is the largest LRU capacity, in tokens, whose
 	// hits the model follows for the effective capacity; 0 is
@@ -226,9 +226,9 @@ const (
 	DefaultRequestTimeout = Duration(10 * time.Minute)
 	DefaultObserved       = engine.ObservedUsage
 	DefaultEstimateWindow = Duration(5 * time.Minute)
-	// The shortest and longest estimate windows: under half a minute an
+	// The shortest and longest estimate windows: under 10 s an
 	// estimate rests on a few requests, and a day is the baselines' reach.
-	MinEstimateWindow     = Duration(30 * time.Second)
+	MinEstimateWindow     = Duration(10 * time.Second)
 	MaxEstimateWindow     = Duration(24 * time.Hour)
 	DefaultTraceBlockSize = 512
 	DefaultLoop           = replay.LoopFresh

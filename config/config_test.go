@@ -172,8 +172,8 @@ func TestCacheAutoValues(t *testing.T) {
 		{"{capacity_blocks: -1}", AutoInt{}, AutoInt{}, "targets[0].cache.capacity_blocks: must be auto or ≥ 0 (0 is infinite), got -1"},
 		{"{capacity_blocks: lots}", AutoInt{}, AutoInt{}, `"lots" is neither auto nor a whole number`},
 		{"{estimate_window: 2m}", AutoInt{}, AutoInt{}, ""},
-		{"{estimate_window: 10s}", AutoInt{}, AutoInt{}, "targets[0].cache.estimate_window: must be between 30s and 1d, got 10s"},
-		{"{estimate_window: 2d}", AutoInt{}, AutoInt{}, "targets[0].cache.estimate_window: must be between 30s and 1d, got 2d"},
+		{"{estimate_window: 5s}", AutoInt{}, AutoInt{}, "targets[0].cache.estimate_window: must be between 10s and 1d, got 5s"},
+		{"{estimate_window: 2d}", AutoInt{}, AutoInt{}, "targets[0].cache.estimate_window: must be between 10s and 1d, got 2d"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.cache, func(t *testing.T) {
