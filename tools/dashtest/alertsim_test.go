@@ -288,12 +288,17 @@ func runAlertScenario(t *testing.T, kvload, promtool, trace string, files []stri
 	}
 
 	// What a new user writes: nothing about the cache, whose block size
-	// and capacity are read from the engine where it says them.
+	// and capacity are read from the engine where it says them. One thing
+	// more: the exporter's own estimates (the effective capacity, the cost
+	// fit) look back over real time, 5 minutes by default, which is 150
+	// minutes of rule time here; estimate_window scales them by 1/F, to 5
+	// minutes of rule time like the rules' rate windows.
 	cfg := fmt.Sprintf(`targets:
   - name: %s
     url: http://%s
     model: %s
     dialect: %s
+    cache: {estimate_window: %s}
 workloads:
   - name: %s
     trace: %s
@@ -301,7 +306,7 @@ workloads:
     seed: 7
     synthesis: {speedup_ratio: %d, max_isl: %d, max_osl: 32}
     loop: fresh
-`, alertTarget, emuAddr, e2eModel, dialect, alertWorkload, trace, alertTarget, alertCompression, alertMaxISL)
+`, alertTarget, emuAddr, e2eModel, dialect, rateWindow/alertCompression, alertWorkload, trace, alertTarget, alertCompression, alertMaxISL)
 	writeFile(t, filepath.Join(dir, "kvload.yml"), cfg)
 	expAddr := freeAddr(t)
 	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"),
