@@ -82,6 +82,9 @@ const (
 	// efficiency over its baseline, and the cached-token cost.
 	efficiencyRule = "workload_target:kvload_cache_efficiency:ratio_to_baseline"
 	contrastRule   = "workload_target:kvload_cache_cached_token_cost:ratio"
+	// capacityRule: the effective capacity over its baseline, which holds
+	// the hit-regression alert back while it stays at 3/4 or more.
+	capacityRule = "workload_target:kvload_cache_effective_capacity:ratio_to_baseline"
 	// pageWithin: a cache that breaks for good must page within 15
 	// minutes (issue #13, point 8).
 	pageWithin = 15 * time.Minute
@@ -726,7 +729,7 @@ func median(v []float64) float64 {
 func (r *scenarioResult) logTimeline(t *testing.T) {
 	t.Helper()
 	var b strings.Builder
-	fmt.Fprintf(&b, "rule time  efficiency  ttft_contrast  %s  %s", hitRegression, contrastLost)
+	fmt.Fprintf(&b, "rule time  eff/base  capacity/base  token cost  %s  %s", hitRegression, contrastLost)
 	if r.changeAt >= 0 {
 		fmt.Fprintf(&b, "   (change at %v)", r.changeAt)
 	}
@@ -734,7 +737,7 @@ func (r *scenarioResult) logTimeline(t *testing.T) {
 		if s.at%time.Minute != 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "\n%8v  %10s  %13s  %-24s  %s", s.at, num(s.efficiency), num(s.contrast),
+		fmt.Fprintf(&b, "\n%8v  %8s  %13s  %10s  %-24s  %s", s.at, num(s.efficiency), num(s.capacity), num(s.contrast),
 			s.state(hitRegression), s.state(contrastLost))
 	}
 	t.Log(b.String())

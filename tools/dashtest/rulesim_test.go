@@ -119,6 +119,7 @@ type ruleStep struct {
 	at         time.Duration // rule time from the first scrape
 	efficiency float64       // NaN when absent
 	contrast   float64       // NaN when absent
+	capacity   float64       // effective capacity over its baseline; NaN when absent
 	states     map[string]rules.AlertState
 	// firing: every alert of the rule files firing at this step, any
 	// workload and target, with its labels (alertname included) and
@@ -242,6 +243,9 @@ func evaluateRules(ctx context.Context, files []string, st storage.Storage, last
 			return nil, err
 		}
 		if s.contrast, err = query(contrastRule, ts); err != nil {
+			return nil, err
+		}
+		if s.capacity, err = query(capacityRule, ts); err != nil {
 			return nil, err
 		}
 		for _, a := range alerting {
