@@ -80,6 +80,7 @@ var contract = map[string]metric{
 	"kvload_cache_effective_capacity_tokens":                       {gauge, workloadTarget},
 	"kvload_cache_effective_capacity_state":                        {gauge, workloadTarget},
 	"kvload_cache_effective_capacity_window_seconds":               {gauge, workloadTarget},
+	"kvload_cache_cached_token_cost_ratio":                         {gauge, workloadTarget},
 
 	"vllm:prefix_cache_hits_total":    {counter, engine},
 	"vllm:prefix_cache_queries_total": {counter, engine},
