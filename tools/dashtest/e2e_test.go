@@ -57,8 +57,11 @@ func TestPrometheusEndToEnd(t *testing.T) {
 
 	// The engine emulator, with fast token timing so traffic is steady.
 	emuAddr := freeAddr(t)
+	// A capacity far above what the trace's first 1,000 rows need (the
+	// cache dashboard draws the model's capacity beside the effective one
+	// where it is known and finite).
 	emu := startProcess(t, dir, "emulator", kvload, "emulate", "--listen", emuAddr, "--model", e2eModel,
-		"--overhead", "1ms", "--inter-token", "1ms")
+		"--overhead", "1ms", "--inter-token", "1ms", "--capacity-blocks", "1000000")
 	waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
 
 	sglangAddr := sglangStub(t, "http://"+emuAddr+"/metrics")
@@ -136,6 +139,11 @@ rule_files:
 		recorded, _ := loadRules(t)
 		var qs []check
 		for name := range recorded {
+			// A baseline forms 20 minutes after the first requests, longer
+			// than this test runs; the alert scenarios cover those rules.
+			if strings.HasSuffix(name, ":baseline_1d") || strings.HasSuffix(name, ":ratio_to_baseline") {
+				continue
+			}
 			qs = append(qs, check{name: name, expr: fmt.Sprintf(`%s{workload=%q,target=%q}`, name, e2eWorkload, e2eTarget)})
 		}
 		pollChecks(t, prom, qs, 3*time.Minute)
