@@ -55,10 +55,14 @@ func TestRealEngineCacheRegression(t *testing.T) {
 	modelFile := engineBinary(t, "TINY_MODEL")
 	kvload, promtool, files := alertTools(t, root)
 	for _, observed := range []string{"", "server_metrics"} {
+		// The exporter's own estimates (the effective capacity, the cost
+		// fit) look back over real time, 5 minutes by default: 75 rule
+		// minutes at F = 15. Scaled by 1/F, like the rules' rate windows.
+		window := fmt.Sprintf("estimate_window: %s", rateWindow/llamaCompression)
 		name := "observed usage (default)"
-		cache := ""
+		cache := "\n    cache: {" + window + "}"
 		if observed != "" {
-			name, cache = "observed "+observed, "\n    cache: {observed: "+observed+"}"
+			name, cache = "observed "+observed, "\n    cache: {observed: "+observed+", "+window+"}"
 		}
 		t.Run(name, func(t *testing.T) {
 			res := newEngineScenario(t, files)
@@ -143,11 +147,11 @@ func TestRealEngineOllama(t *testing.T) {
     url: http://%s
     model: tiny
     dialect: ollama
+    cache: {estimate_window: 1m}
 workloads:
   - name: pairs
     trace: pairs.jsonl
     targets: [ollama]
-    cache: {estimate_window: 1m}
     synthesis: {max_osl: 8}
 `, addr))
 
