@@ -35,6 +35,9 @@ const (
 	// engineAfterChange: how long a scenario records after the change,
 	// past the 15 minutes a page may take.
 	engineAfterChange = 17 * time.Minute
+	// ollamaAfterChange: Ollama's, past a whole window of the cost fit
+	// (2 real minutes, 20 rule minutes at F = 10) after the change.
+	ollamaAfterChange = 30 * time.Minute
 )
 
 // TestRealEngineCacheRegression: a deploy restarts llama-server with its
@@ -147,7 +150,7 @@ func TestRealEngineOllama(t *testing.T) {
     url: http://%s
     model: tiny
     dialect: ollama
-    cache: {estimate_window: 1m}
+    cache: {estimate_window: 2m}
 workloads:
   - name: pairs
     trace: pairs.jsonl
@@ -157,7 +160,9 @@ workloads:
 
 	rec := newRecorder(t, expAddr, ollamaCompression)
 	engine := srv
-	recordScenario(t, rec, exp, engineChangeAt+engineAfterChange, func(at time.Duration) *process {
+	// The cost fit's window is 2 real minutes (60 requests), 20 rule
+	// minutes here: the recording runs on until it is past the change.
+	recordScenario(t, rec, exp, engineChangeAt+ollamaAfterChange, func(at time.Duration) *process {
 		if res.changeAt < 0 && at >= engineChangeAt {
 			srv.kill()
 			engine = startOllama(t, dir, "ollama-keepalive0", ollama, addr, append(env, "OLLAMA_KEEP_ALIVE=0"))
@@ -191,7 +196,7 @@ workloads:
 	}
 	// The cost fit separates the two: a cached token nearly free while the
 	// cache works, as dear as an uncached one once it is defeated. (The
-	// fit's window is a real minute, 10 rule minutes here, so the alert's
+	// fit's window is 2 real minutes, 20 rule minutes here, so the alert's
 	// page, which also waits for a baseline, is the emulator scenarios'
 	// to show on a compressed clock: logged, not required.)
 	before, after := res.contrastAround()
@@ -206,19 +211,21 @@ workloads:
 	}
 }
 
-// pairsTrace is n rows, one a second, in pairs: a row with a new prefix of
+// pairsTrace is n rows, one every 2 s, in pairs: a row with a new prefix of
 // one to four 512-token blocks and a 64-token tail (cache class none),
 // then one with the same prefix and another tail (class most, 89-97 %
 // cacheable). Prefix lengths vary, so that the cost fit can tell what an
 // uncached token costs from what a cached one does (with every prompt of
 // one length the two are the same unknown). Ollama keeps one slot, the
-// last prompt it ran: it serves the second row of a pair from it.
+// last prompt it ran: it serves the second row of a pair from it. Rows
+// come 2 s apart: closer, Ollama keeps the model loaded between queued
+// requests even with OLLAMA_KEEP_ALIVE=0, and its cache with it.
 func pairsTrace(n int) string {
 	var b strings.Builder
 	for i := range n {
 		pair := i / 2
 		blocks := 1 + pair%4
-		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 8, "hash_ids": [`, 1000*i, blocks*512+64)
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 8, "hash_ids": [`, 2000*i, blocks*512+64)
 		for k := range blocks {
 			fmt.Fprintf(&b, "%d, ", 5*pair+k)
 		}
