@@ -120,7 +120,9 @@ type ruleStep struct {
 	efficiency float64       // NaN when absent
 	contrast   float64       // NaN when absent
 	capacity   float64       // effective capacity over its baseline; NaN when absent
-	states     map[string]rules.AlertState
+	// ttftContrast: the TTFT contrast between cache classes; NaN when absent.
+	ttftContrast float64
+	states       map[string]rules.AlertState
 	// firing: every alert of the rule files firing at this step, any
 	// workload and target, with its labels (alertname included) and
 	// annotations, for the cross-check by promtool.
@@ -246,6 +248,9 @@ func evaluateRules(ctx context.Context, files []string, st storage.Storage, last
 			return nil, err
 		}
 		if s.capacity, err = query(capacityRule, ts); err != nil {
+			return nil, err
+		}
+		if s.ttftContrast, err = query("workload_target:kvload_cache_ttft_contrast:ratio_rate5m", ts); err != nil {
 			return nil, err
 		}
 		for _, a := range alerting {
