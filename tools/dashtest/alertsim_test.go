@@ -692,17 +692,24 @@ func (r *scenarioResult) logContrast(t *testing.T) {
 // contrastAround is the TTFT contrast's median up to the change, and from
 // a window past it on (NaN where there is none).
 func (r *scenarioResult) contrastAround() (before, after float64) {
+	return r.medianAround(func(s ruleStep) float64 { return s.contrast })
+}
+
+// medianAround is a signal's median up to the change, and from a rate
+// window past it on (NaN where there is none).
+func (r *scenarioResult) medianAround(value func(ruleStep) float64) (before, after float64) {
 	split := r.split()
 	var b, a []float64
 	for _, s := range r.steps {
-		if math.IsNaN(s.contrast) {
+		v := value(s)
+		if math.IsNaN(v) {
 			continue
 		}
 		switch {
 		case s.at <= split:
-			b = append(b, s.contrast)
+			b = append(b, v)
 		case s.at >= split+rateWindow:
-			a = append(a, s.contrast) // the window past the change
+			a = append(a, v) // the window past the change
 		}
 	}
 	return median(b), median(a)

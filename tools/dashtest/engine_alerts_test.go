@@ -193,7 +193,7 @@ workloads:
 	// cached-token cost fit, which the alert reads, is logged: on this
 	// trace at 0.5 requests/s it has not been shown to separate them yet
 	// (issue #23 stays open on it).
-	before, after := medianAround(res, func(s ruleStep) float64 { return s.ttftContrast })
+	before, after := res.medianAround(func(s ruleStep) float64 { return s.ttftContrast })
 	t.Logf("TTFT contrast: median %.3f before the change, %.3f after", before, after)
 	if math.IsNaN(before) || before > 0.5 {
 		t.Errorf("TTFT contrast median %.3f before the change, want at most 0.5 on a working cache", before)
@@ -256,24 +256,4 @@ func startOllama(t *testing.T, dir, name, ollama, addr string, env []string) *pr
 	srv := startProcessEnv(t, dir, name, env, ollama, "serve")
 	waitHTTP(t, srv, "http://"+addr+"/api/version", 2*time.Minute)
 	return srv
-}
-
-// medianAround is a signal's median up to the change, and from a rate
-// window past it on (NaN where there is none).
-func medianAround(r *scenarioResult, value func(ruleStep) float64) (before, after float64) {
-	split := r.split()
-	var b, a []float64
-	for _, s := range r.steps {
-		v := value(s)
-		if math.IsNaN(v) {
-			continue
-		}
-		switch {
-		case s.at <= split:
-			b = append(b, v)
-		case s.at >= split+rateWindow:
-			a = append(a, v)
-		}
-	}
-	return median(b), median(a)
 }
