@@ -29,7 +29,7 @@ func TestReadLayout(t *testing.T) {
 		{"vllm", "vllm", "/metrics", vllmInfo, Layout{BlockSize: 16, Blocks: 27484, Source: "vllm:cache_config_info"}, ""},
 		{"vllm without the gauge", "vllm", "/metrics", "# TYPE x counter\nx 1\n", Layout{}, "not found"},
 		{"vllm with a bad label", "vllm", "/metrics", `vllm:cache_config_info{block_size="16",num_gpu_blocks="many"} 1` + "\n", Layout{}, "not usable"},
-		{"vllm garbage", "vllm", "/metrics", "{not metrics", Layout{}, "vllm metrics"},
+		{"vllm garbage", "vllm", "/metrics", "vllm:cache_config_info{not metrics", Layout{}, "vllm metrics"},
 		{"sglang", "sglang", "/get_server_info", `{"max_total_num_tokens": 831234, "page_size": 1, "other": [1]}`, Layout{BlockSize: 1, Blocks: 831234, Source: "/get_server_info"}, ""},
 		{"sglang pages of 64", "sglang", "/get_server_info", `{"max_total_num_tokens": 6400, "page_size": 64}`, Layout{BlockSize: 64, Blocks: 100, Source: "/get_server_info"}, ""},
 		{"sglang without the size", "sglang", "/get_server_info", `{"page_size": 1}`, Layout{}, "no max_total_num_tokens"},

@@ -4,19 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
+	"net"
 	"net/http"
 	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
-
-// maxMetricsBytes bounds one scrape of a server's /metrics.
-const maxMetricsBytes = 32 << 20
 
 // ServerCounts is what one read of an engine's /metrics counted since the
 // read before.
@@ -42,11 +37,14 @@ type ServerScraper struct {
 	Dialect  Dialect
 	Client   *http.Client
 	Interval time.Duration
+	// Timeout bounds each scrape of Run, from the request to the parsed
+	// page; HeaderTimeout bounds the wait for the answer's head within it.
+	// Zero: only the context passed bounds a scrape.
+	Timeout, HeaderTimeout time.Duration
 
-	last       float64
-	lastPrompt float64
-	lastStart  float64 // the server's process_start_time_seconds, 0 if it has none
-	seen       bool
+	cached, prompt counterBaseline
+	lastStart      float64 // the server's process_start_time_seconds, 0 if it has none
+	seen           bool
 }
 
 // Prime takes the counter's baseline now, so that what the server counted
@@ -61,9 +59,12 @@ func (s *ServerScraper) Prime(ctx context.Context) error {
 	return err
 }
 
-// Run scrapes every Interval until ctx is done. A failed scrape is
-// reported through onError and retried at the next tick.
+// Run scrapes every Interval until ctx is done, then closes the client's
+// idle connections: a stopped scraper leaves none behind. A failed scrape
+// is reported through onError and retried at the next tick; with Timeout
+// below Interval, a target that hangs delays no tick.
 func (s *ServerScraper) Run(ctx context.Context, c CountSink, onError func(error)) {
+	defer s.Client.CloseIdleConnections()
 	t := time.NewTicker(s.Interval)
 	defer t.Stop()
 	for {
@@ -78,12 +79,22 @@ func (s *ServerScraper) Run(ctx context.Context, c CountSink, onError func(error
 	}
 }
 
-// ScrapeOnce reads the counters once and hands the increase, or why it
-// was not credited, to c.
+// ScrapeOnce reads the counters once, within Timeout, and hands the
+// increase, or why it was not credited, to c. A scrape cut short because
+// ctx ended (the scraper stopped) is not counted: it says nothing of the
+// target, whose series may be gone by then.
 func (s *ServerScraper) ScrapeOnce(ctx context.Context, c CountSink) error {
-	r, err := s.read(ctx)
+	sctx, cancel := ctx, context.CancelFunc(func() {})
+	if s.Timeout > 0 {
+		sctx, cancel = context.WithTimeoutCause(ctx, s.Timeout, fmt.Errorf("no whole page within %v: %w", s.Timeout, context.DeadlineExceeded))
+	}
+	defer cancel()
+	r, err := s.read(sctx)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
 	if err != nil {
-		c.ServerMetricsError(s.Target, ServerErrorScrape)
+		c.ServerMetricsError(s.Target, readFailure(err))
 		return err
 	}
 	counts, err := s.counts(r)
@@ -93,6 +104,17 @@ func (s *ServerScraper) ScrapeOnce(ctx context.Context, c CountSink) error {
 	}
 	c.AddServerCounts(s.Target, counts)
 	return nil
+}
+
+// readFailure is the reason a failed read is counted under.
+func readFailure(err error) ServerMetricsErrorReason {
+	if ne := net.Error(nil); errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		return ServerErrorTimeout
+	}
+	if errors.Is(err, ErrDuplicateSeries) {
+		return ServerErrorDuplicate
+	}
+	return ServerErrorScrape
 }
 
 // Bounds of a plausible cached-token counter. Above maxServerCount a
@@ -112,7 +134,13 @@ type ServerMetricsErrorReason string
 
 // The reasons: the scrape failed, or its value is implausible.
 const (
-	ServerErrorScrape    ServerMetricsErrorReason = "scrape"
+	ServerErrorScrape ServerMetricsErrorReason = "scrape"
+	// ServerErrorTimeout: no whole page within the scrape's timeout (a
+	// target that hangs, or drips its answer).
+	ServerErrorTimeout ServerMetricsErrorReason = "timeout"
+	// ServerErrorDuplicate: the page holds a series of a counter read
+	// twice.
+	ServerErrorDuplicate ServerMetricsErrorReason = "duplicate"
 	ServerErrorNotFinite ServerMetricsErrorReason = "not_finite"
 	ServerErrorNegative  ServerMetricsErrorReason = "negative"
 	ServerErrorTooLarge  ServerMetricsErrorReason = "too_large"
@@ -121,8 +149,10 @@ const (
 
 // RejectedCount is a scraped counter value that is not credited, and why.
 type RejectedCount struct {
-	Target      string
-	Reason      ServerMetricsErrorReason // not scrape
+	Target string
+	Reason ServerMetricsErrorReason // a value's: not scrape, timeout or duplicate
+	// Value is the offending series' value; for a jump, the counter's sum
+	// over its series, and Last the sum the same series had before.
 	Value, Last float64
 }
 
@@ -136,49 +166,52 @@ func (e *RejectedCount) Error() string {
 	return fmt.Sprintf("target %s: server metrics: cached-token counter %g is %s: not credited", e.Target, e.Value, strings.ReplaceAll(string(e.Reason), "_", " "))
 }
 
+// seriesValues is one read of a counter: each series' value, by label set
+// (seriesKey).
+type seriesValues map[string]float64
+
 // engineRead is one read of a server's counters.
 type engineRead struct {
-	cached      float64
-	prompt      float64 // cached or not; when promptKnown
-	promptKnown bool
-	start       float64 // process_start_time_seconds, 0 if none
+	cached seriesValues
+	prompt seriesValues // cached or not; nil when the engine has none
+	start  float64      // process_start_time_seconds, 0 if none
 }
 
-// counts turns a read into increases since the read before (see delta). A
-// rejected cached-token count leaves both baselines as they were.
+// counts turns a read into increases since the read before, series by
+// series (see counterBaseline.advance). The server restarted when its
+// process start time changed: then every series began again from zero,
+// even one whose new count has already passed the old. A rejected
+// cached-token count leaves every baseline as it was, so that a one-off
+// glitch costs nothing once the counter reads sane again.
 func (s *ServerScraper) counts(r engineRead) (ServerCounts, error) {
-	var c ServerCounts
-	seen, last, lastStart := s.seen, s.last, s.lastStart
-	cached, err := s.delta(r.cached, r.start)
-	if err != nil {
-		return ServerCounts{}, err
-	}
-	c.Cached = cached
-	if r.promptKnown {
-		c.PromptKnown = true
-		switch {
-		case !seen:
-		case r.start != lastStart && r.start != 0 && lastStart != 0, r.prompt < s.lastPrompt, r.cached < last:
-			// The server restarted: its counters began again.
-			c.Prompt = r.prompt
-		default:
-			c.Prompt = r.prompt - s.lastPrompt
+	restarted := s.seen && r.start != s.lastStart && r.start != 0 && s.lastStart != 0
+	for _, v := range r.cached {
+		if err := s.plausible(v); err != nil {
+			return ServerCounts{}, err
 		}
-		s.lastPrompt = r.prompt
 	}
+	cached, nextCached := s.cached.advance(r.cached, restarted)
+	if cached > maxServerIncrease {
+		return ServerCounts{}, &RejectedCount{Target: s.Target, Reason: ServerErrorJump, Value: r.cached.sum(), Last: s.cached.sumOf(r.cached)}
+	}
+	c := ServerCounts{Cached: cached}
+	if r.prompt != nil {
+		var nextPrompt counterBaseline
+		c.Prompt, nextPrompt = s.prompt.advance(r.prompt, restarted)
+		c.PromptKnown = true
+		if For(s.Dialect).Metrics.PromptExcludesCached {
+			c.Prompt += cached
+		}
+		s.prompt = nextPrompt
+	}
+	s.cached, s.lastStart, s.seen = nextCached, r.start, true
 	return c, nil
 }
 
-// delta is the counter's increase since the last scrape. A restarted
-// server's counter began again from zero: a new process start time says so
-// (even when the new count has already passed the old one), and so does a
-// decrease. The first scrape only sets the baseline: what the server
-// counted before the exporter started is not ours. An implausible value is
-// a *RejectedCount and leaves the baseline as it was, so that a one-off
-// glitch costs nothing once the counter reads sane again.
-func (s *ServerScraper) delta(v, start float64) (float64, error) {
-	reject := func(reason ServerMetricsErrorReason) (float64, error) {
-		return 0, &RejectedCount{Target: s.Target, Reason: reason, Value: v, Last: s.last}
+// plausible checks one series' value of the cached-token counter.
+func (s *ServerScraper) plausible(v float64) error {
+	reject := func(reason ServerMetricsErrorReason) error {
+		return &RejectedCount{Target: s.Target, Reason: reason, Value: v}
 	}
 	switch {
 	case math.IsNaN(v) || math.IsInf(v, 0):
@@ -188,56 +221,102 @@ func (s *ServerScraper) delta(v, start float64) (float64, error) {
 	case v > maxServerCount:
 		return reject(ServerErrorTooLarge)
 	}
-	var d float64
-	switch {
-	case !s.seen:
-	case start != s.lastStart && start != 0 && s.lastStart != 0, v < s.last:
-		d = v
-	default:
-		d = v - s.last
-	}
-	if d > maxServerIncrease {
-		return reject(ServerErrorJump)
-	}
-	s.last, s.lastStart, s.seen = v, start, true
-	return d, nil
+	return nil
 }
 
-// read returns the server's cached-token count, its prompt-token count
+// How long a series that is missing from the page is remembered, and how
+// many such series at most: a series that comes back within the window is
+// credited what it gained meanwhile; one forgotten comes back as new,
+// which credits nothing (never too much).
+const (
+	maxMissedReads  = 60 // 5 minutes at the 5 s interval
+	maxMissedSeries = 1024
+)
+
+// counterBaseline is what the reads so far said of a counter's series.
+type counterBaseline map[string]lastValue
+
+type lastValue struct {
+	v      float64
+	missed int // reads in a row the series was missing from
+}
+
+// advance is the counter's increase from b to now, and the baseline after
+// now. Each series counts on its own: its increase since it was last
+// seen; its new value after a decrease (that series began again, and no
+// other did); nothing for a series not seen before, whose count so far is
+// its baseline, unless the server restarted, when every series began again
+// from zero. A series missing from now is kept for a while, so that its
+// return credits only what it gained. The first read (b nil) credits
+// nothing.
+func (b counterBaseline) advance(now seriesValues, restarted bool) (float64, counterBaseline) {
+	var inc float64
+	next := make(counterBaseline, len(now))
+	for k, v := range now {
+		last, ok := b[k]
+		switch {
+		case restarted:
+			inc += v
+		case !ok:
+		case v < last.v:
+			inc += v
+		default:
+			inc += v - last.v
+		}
+		next[k] = lastValue{v: v}
+	}
+	if restarted {
+		return inc, next
+	}
+	missing := 0
+	for k, last := range b {
+		if _, ok := now[k]; ok || last.missed >= maxMissedReads || missing >= maxMissedSeries {
+			continue
+		}
+		next[k] = lastValue{v: last.v, missed: last.missed + 1}
+		missing++
+	}
+	return inc, next
+}
+
+// sumOf is the sum of the last values of now's series, for messages.
+func (b counterBaseline) sumOf(now seriesValues) float64 {
+	var sum float64
+	for k := range now {
+		sum += b[k].v
+	}
+	return sum
+}
+
+func (v seriesValues) sum() float64 {
+	var sum float64
+	for _, x := range v {
+		sum += x
+	}
+	return sum
+}
+
+// families are the families a read of the dialect's counters parses.
+func (s *ServerScraper) families() []string {
+	m := For(s.Dialect).Metrics
+	return append(append(append([]string{}, m.CachedTokens...), m.PromptTokens...), "process_start_time_seconds")
+}
+
+// read returns the server's cached-token counter, its prompt-token counter
 // where it has one, and its process start time.
 func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
-	if err != nil {
-		return engineRead{}, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
-	}
-	req.Header.Set("Accept", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
-	resp, err := s.Client.Do(req)
-	if err != nil {
-		return engineRead{}, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
-	}
-	defer resp.Body.Close()
-	if err := RedirectError(resp); err != nil {
-		return engineRead{}, fmt.Errorf("target %s: server metrics %s: %w", s.Target, req.URL.Redacted(), err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return engineRead{}, fmt.Errorf("target %s: server metrics: HTTP %d", s.Target, resp.StatusCode)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, maxMetricsBytes))
+	mfs, err := metricsRead{client: s.Client, url: s.URL, families: s.families(), headerTimeout: s.HeaderTimeout}.read(ctx)
 	if err != nil {
 		return engineRead{}, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
 	var r engineRead
-	if r.cached, err = cachedTokens(mfs, s.Dialect, s.Target); err != nil {
-		return engineRead{}, err
+	names := For(s.Dialect).Metrics.CachedTokens
+	var found bool
+	if r.cached, found = firstPresent(mfs, names); !found {
+		return engineRead{}, fmt.Errorf("target %s: server metrics: none of %v found (is the engine's metrics switch on?)", s.Target, names)
 	}
 	if pm := For(s.Dialect).Metrics; len(pm.PromptTokens) > 0 {
-		if v, found := sumFirst(mfs, pm.PromptTokens); found {
-			r.prompt, r.promptKnown = v, true
-			if pm.PromptExcludesCached {
-				r.prompt += r.cached
-			}
-		}
+		r.prompt, _ = firstPresent(mfs, pm.PromptTokens)
 	}
 	if mf := mfs["process_start_time_seconds"]; mf != nil && len(mf.GetMetric()) > 0 {
 		m := mf.GetMetric()[0]
@@ -246,38 +325,31 @@ func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
 	return r, nil
 }
 
-// cachedTokens sums the dialect's cached-token metric over all its series
-// (every model and engine label of the server).
-func cachedTokens(mfs map[string]*dto.MetricFamily, dialect Dialect, target string) (float64, error) {
-	names := For(dialect).Metrics.CachedTokens
-	if v, ok := sumFirst(mfs, names); ok {
-		return v, nil
-	}
-	return 0, fmt.Errorf("target %s: server metrics: none of %v found (is the engine's metrics switch on?)", target, names)
-}
-
-// sumFirst sums the first of names present over all its series.
-func sumFirst(mfs map[string]*dto.MetricFamily, names []string) (float64, bool) {
+// firstPresent is the series of the first of names present (the text
+// parser keys a counter by its exposed name, with _total); a histogram
+// counts by its sum.
+func firstPresent(mfs map[string]*dto.MetricFamily, names []string) (seriesValues, bool) {
 	for _, name := range names {
 		mf, ok := mfs[name]
 		if !ok {
-			// The text parser keys counters by their exposed name, with _total.
 			continue
 		}
-		var sum float64
+		v := make(seriesValues, len(mf.GetMetric()))
 		for _, m := range mf.GetMetric() {
+			var x float64
 			switch {
 			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
+				x = m.GetCounter().GetValue()
 			case m.Untyped != nil:
-				sum += m.GetUntyped().GetValue()
+				x = m.GetUntyped().GetValue()
 			case m.Histogram != nil:
-				sum += m.GetHistogram().GetSampleSum()
+				x = m.GetHistogram().GetSampleSum()
 			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
+				x = m.GetGauge().GetValue()
 			}
+			v[seriesKey(m)] = x
 		}
-		return sum, true
+		return v, true
 	}
-	return 0, false
+	return nil, false
 }

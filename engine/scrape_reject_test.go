@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -50,7 +51,7 @@ func TestServerScraperRejectsImplausible(t *testing.T) {
 				t.Fatalf("baseline: %v", err)
 			}
 			for i, want := range tt.want {
-				before := s.last
+				before := maps.Clone(s.cached)
 				r, err := s.read(context.Background())
 				var credit float64
 				if err == nil {
@@ -75,8 +76,8 @@ func TestServerScraperRejectsImplausible(t *testing.T) {
 					if err == nil || string(reason) != w {
 						t.Errorf("scrape %d (%s): credit %v, err %v; want rejected as %s", i, tt.values[i+1], credit, err, w)
 					}
-					if s.last != before {
-						t.Errorf("scrape %d (%s): the baseline moved from %v to %v", i, tt.values[i+1], before, s.last)
+					if !maps.Equal(s.cached, before) {
+						t.Errorf("scrape %d (%s): the baseline moved from %v to %v", i, tt.values[i+1], before, s.cached)
 					}
 				}
 			}

@@ -22,8 +22,9 @@ func TestServerScraperDialects(t *testing.T) {
 		{"vllm hits only", "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 5\n", 5, 0, false},
 		{"sglang", "# TYPE sglang:cached_tokens_total counter\nsglang:cached_tokens_total{model_name=\"m\"} 7\n# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total{model_name=\"m\"} 70\n", 7, 70, true},
 		{"trtllm", "# TYPE trtllm_prompt_cached_tokens_total counter\ntrtllm_prompt_cached_tokens_total 9\n", 9, 0, false},
-		// llama-server's prompt_tokens_total leaves the cached tokens out.
-		{"llamacpp", "# TYPE llamacpp:prompt_tokens_cached_total counter\nllamacpp:prompt_tokens_cached_total 1234\n# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 766\n", 1234, 2000, true},
+		// llama-server's prompt_tokens_total leaves the cached tokens out:
+		// counts adds them back (TestServerScraperPromptExcludesCached).
+		{"llamacpp", "# TYPE llamacpp:prompt_tokens_cached_total counter\nllamacpp:prompt_tokens_cached_total 1234\n# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 766\n", 1234, 766, true},
 		{"dynamo", "# TYPE dynamo_frontend_cached_tokens histogram\ndynamo_frontend_cached_tokens_bucket{model=\"m\",le=\"+Inf\"} 3\ndynamo_frontend_cached_tokens_sum{model=\"m\"} 4096\ndynamo_frontend_cached_tokens_count{model=\"m\"} 3\n", 4096, 0, false},
 	}
 	for _, tt := range tests {
@@ -38,8 +39,8 @@ func TestServerScraperDialects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.cached != tt.want || got.prompt != tt.wantPrompt || got.promptKnown != tt.promptKnown {
-				t.Errorf("cached %v, prompt %v (known %v); want %v, %v (%v)", got.cached, got.prompt, got.promptKnown, tt.want, tt.wantPrompt, tt.promptKnown)
+			if got.cached.sum() != tt.want || got.prompt.sum() != tt.wantPrompt || (got.prompt != nil) != tt.promptKnown {
+				t.Errorf("cached %v, prompt %v (known %v); want %v, %v (%v)", got.cached.sum(), got.prompt.sum(), got.prompt != nil, tt.want, tt.wantPrompt, tt.promptKnown)
 			}
 		})
 	}
@@ -69,8 +70,25 @@ func TestServerScraperDelta(t *testing.T) {
 		{960, 0, 10},  // a server without a start time
 		{100, 0, 100}, // then only a decrease tells
 	} {
-		if got, err := s.delta(step.value, step.start); err != nil || got != step.want {
-			t.Errorf("step %d: delta(%v, %v) = %v, %v, want %v", i, step.value, step.start, got, err, step.want)
+		got, err := s.counts(engineRead{cached: seriesValues{"": step.value}, start: step.start})
+		if err != nil || got.Cached != step.want {
+			t.Errorf("step %d: counts(%v, start %v) = %v, %v, want %v", i, step.value, step.start, got.Cached, err, step.want)
+		}
+	}
+}
+
+// TestServerScraperPromptExcludesCached: an engine whose prompt counter
+// leaves the cached tokens out (llama.cpp) gets them added back to its
+// prompt increase.
+func TestServerScraperPromptExcludesCached(t *testing.T) {
+	s := &ServerScraper{Dialect: DialectLlamaCpp}
+	for i, step := range []struct{ cached, prompt, wantPrompt float64 }{
+		{1234, 766, 0},
+		{1300, 800, 100},
+	} {
+		got, err := s.counts(engineRead{cached: seriesValues{"": step.cached}, prompt: seriesValues{"": step.prompt}})
+		if err != nil || got.Prompt != step.wantPrompt || !got.PromptKnown {
+			t.Errorf("step %d: prompt %v (known %v), %v; want %v", i, got.Prompt, got.PromptKnown, err, step.wantPrompt)
 		}
 	}
 }

@@ -1,15 +1,14 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // vLLM: max_completion_tokens on chat, ignore_eos and min_tokens; cached
@@ -28,11 +27,11 @@ var _ = register(&Spec{
 	tokenize:         &tokenizeRoute{path: "/tokenize", body: openAITokenizeBody},
 	tokenizeChat:     vllmTokenizeChat,
 	readLayout: func(ctx context.Context, c *http.Client, base string) (Layout, error) {
-		body, err := get(ctx, c, base+"/metrics")
+		mfs, err := metricsRead{client: c, url: base + "/metrics", families: []string{vllmCacheConfig}}.read(ctx)
 		if err != nil {
-			return Layout{}, err
+			return Layout{}, fmt.Errorf("vllm metrics: %w", err)
 		}
-		return parseVLLMLayout(body)
+		return vllmLayoutOf(mfs)
 	},
 })
 
@@ -54,15 +53,22 @@ func vllmTokenizeChat(ctx context.Context, c *http.Client, base, model string, m
 	return parseAt(b, where)
 }
 
-// parseVLLMLayout reads the layout from a vLLM /metrics page: the gauge
-// vllm:cache_config_info, with the labels num_gpu_blocks and block_size.
+// vllmCacheConfig is the gauge of a vLLM /metrics page that holds its
+// layout, in the labels num_gpu_blocks and block_size.
+const vllmCacheConfig = "vllm:cache_config_info"
+
+// parseVLLMLayout reads the layout from a vLLM /metrics page.
 func parseVLLMLayout(body []byte) (Layout, error) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	mfs, err := parseFamilies(bytes.NewReader(body), []string{vllmCacheConfig})
 	if err != nil {
 		return Layout{}, fmt.Errorf("vllm metrics: %w", err)
 	}
-	mf := mfs["vllm:cache_config_info"]
+	return vllmLayoutOf(mfs)
+}
+
+// vllmLayoutOf is the layout in the families of a vLLM /metrics page.
+func vllmLayoutOf(mfs map[string]*dto.MetricFamily) (Layout, error) {
+	mf := mfs[vllmCacheConfig]
 	if mf == nil || len(mf.GetMetric()) == 0 {
 		return Layout{}, errors.New("vllm:cache_config_info not found in /metrics")
 	}

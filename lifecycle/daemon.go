@@ -308,6 +308,9 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 		return err
 	}
 	d.applyCaches(unitCtx, cfg)
+	// The scrapers of removed and changed targets end before those
+	// targets' series are deleted, so that no scrape recreates one.
+	d.stopScrapers(cfg)
 	// The collector learns each target's mode before any request or
 	// scrape of it, so that none is counted under the wrong one.
 	d.publishTargets(cfg)
@@ -714,7 +717,7 @@ func (d *Daemon) shutdown() {
 	}
 	wg.Wait()
 	d.stopWatches(nil)
-	d.stopScrapers()
+	d.stopScrapers(nil)
 	for _, e := range d.emulators {
 		e.cancel()
 		_ = e.wait() // a server cancelled at shutdown has nothing to report

@@ -15,8 +15,15 @@ import (
 
 // serverScrapeInterval is how often a server_metrics target's /metrics is
 // read. The increase between two scrapes is credited to the workloads that
-// sent prompts in between.
-const serverScrapeInterval = 5 * time.Second
+// sent prompts in between. A scrape ends within serverScrapeTimeout,
+// below the interval, so that a target that hangs or drips its page costs
+// one counted timeout per scrape and delays no other; its answer's head
+// must come within serverScrapeHeaderTimeout.
+const (
+	serverScrapeInterval      = 5 * time.Second
+	serverScrapeTimeout       = 4 * time.Second
+	serverScrapeHeaderTimeout = 3 * time.Second
+)
 
 // scraping is a running server-metrics scraper of one target.
 type scraping struct {
@@ -25,26 +32,46 @@ type scraping struct {
 	done        chan struct{}
 }
 
-// applyScrapers runs one scraper per target with observed: server_metrics
-// and stops those no longer wanted. The reload goroutine owns d.scrapers.
-func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) error {
+// scrapedTargets are the targets of cfg with observed: server_metrics, by
+// name.
+func scrapedTargets(cfg *config.Config) map[string]*config.Target {
 	want := map[string]*config.Target{}
 	for i := range cfg.Targets {
 		if t := &cfg.Targets[i]; t.Cache.Observed == engine.ObservedServerMetrics {
 			want[t.Name] = t
 		}
 	}
-	fingerprint := func(t *config.Target) string {
-		return cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name)
+	return want
+}
+
+// scraperFingerprint is what a scraper of t is restarted on a change of.
+func (d *Daemon) scraperFingerprint(cfg *config.Config, t *config.Target) string {
+	return cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name)
+}
+
+// stopScrapers stops the scrapers of targets that cfg changed, removed or
+// no longer scrapes (all of them when cfg is nil) and waits for their end,
+// so that none counts anything for its target after that.
+func (d *Daemon) stopScrapers(cfg *config.Config) {
+	want := map[string]*config.Target{}
+	if cfg != nil {
+		want = scrapedTargets(cfg)
 	}
 	for name, s := range d.scrapers {
-		if t := want[name]; t == nil || fingerprint(t) != s.fingerprint {
+		if t := want[name]; t == nil || d.scraperFingerprint(cfg, t) != s.fingerprint {
 			s.cancel()
 			<-s.done
 			delete(d.scrapers, name)
 		}
 	}
-	for name, t := range want {
+}
+
+// applyScrapers runs one scraper per target with observed: server_metrics
+// that has none (stopScrapers stopped those no longer wanted). The reload
+// goroutine owns d.scrapers.
+func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) error {
+	d.stopScrapers(cfg)
+	for name, t := range scrapedTargets(cfg) {
 		if d.scrapers[name] != nil {
 			continue
 		}
@@ -63,7 +90,7 @@ func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) erro
 		}
 		pcancel()
 		ctx, cancel := context.WithCancel(unitCtx)
-		s := &scraping{fingerprint: fingerprint(t), cancel: cancel, done: make(chan struct{})}
+		s := &scraping{fingerprint: d.scraperFingerprint(cfg, t), cancel: cancel, done: make(chan struct{})}
 		d.scrapers[name] = s
 		d.wg.Add(1)
 		go func() {
@@ -83,7 +110,8 @@ func newServerScraper(t *config.Target, url string) (*engine.ServerScraper, erro
 	if err != nil {
 		return nil, fmt.Errorf("target %s: server metrics client: %w", t.Name, err)
 	}
-	return &engine.ServerScraper{Target: t.Name, URL: url, Dialect: t.Dialect, Client: client, Interval: serverScrapeInterval}, nil
+	return &engine.ServerScraper{Target: t.Name, URL: url, Dialect: t.Dialect, Client: client,
+		Interval: serverScrapeInterval, Timeout: serverScrapeTimeout, HeaderTimeout: serverScrapeHeaderTimeout}, nil
 }
 
 // targetHTTPClient is a client with t's http_client_config for what the
@@ -96,13 +124,4 @@ func targetHTTPClient(t *config.Target, name string) (*http.Client, error) {
 	}
 	engine.NoRedirects(c)
 	return c, nil
-}
-
-// stopScrapers ends every scraper (at shutdown).
-func (d *Daemon) stopScrapers() {
-	for name, s := range d.scrapers {
-		s.cancel()
-		<-s.done
-		delete(d.scrapers, name)
-	}
 }
