@@ -6,6 +6,7 @@ import (
 	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 )
@@ -13,7 +14,7 @@ import (
 // maxTemplateTokens bounds a believable chat template: a larger difference
 // between the server's prompt_tokens and the prompt built is a tokenizer
 // that does not match the server's, not a template.
-const maxTemplateTokens = 1024
+const maxTemplateTokens = engine.MaxChatTemplateTokens
 
 // templateOverhead learns, per (workload, target), how many tokens the
 // server's chat template adds to a prompt of one user message, from the
