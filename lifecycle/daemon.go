@@ -307,11 +307,13 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 	if err := d.applyEmulators(unitCtx, cfg); err != nil {
 		return err
 	}
-	d.applyCaches(unitCtx, cfg)
+	if err := d.applyCaches(ctx, unitCtx, cfg); err != nil {
+		return err // shutting down: start nothing
+	}
 	// The collector learns each target's mode before any request or
 	// scrape of it, so that none is counted under the wrong one.
 	d.publishTargets(cfg)
-	if err := d.applyScrapers(unitCtx, cfg); err != nil {
+	if err := d.applyScrapersUntil(ctx, unitCtx, cfg); err != nil {
 		return err
 	}
 
@@ -358,6 +360,22 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 	d.cfg, d.cfgBytes, d.traces = cfg, data, traces
 	level.Info(d.logger).Log("msg", "configuration applied", "file", d.configFile, "units", len(d.units))
 	return errors.Join(errs...)
+}
+
+// applyScrapersUntil is applyScrapers, whose baseline reads end when ctx
+// does (the shutdown): the scrapers it starts then stop with them, and
+// ctx's error is returned. Once it returned they live on their own, past
+// ctx, through the drain, until stopScrapers or a reload stops them.
+func (d *Daemon) applyScrapersUntil(ctx, unitCtx context.Context, cfg *config.Config) error {
+	// Not a child of unitCtx: each scraper's own context is its child,
+	// and nothing is left registered anywhere once they stop.
+	scrapeCtx, cancel := context.WithCancel(context.WithoutCancel(unitCtx))
+	stop := context.AfterFunc(ctx, cancel)
+	err := d.applyScrapers(scrapeCtx, cfg)
+	if !stop() {
+		return ctx.Err() // the shutdown began during the reads
+	}
+	return err
 }
 
 // startUnit builds the unit of workload w on target t and starts its
