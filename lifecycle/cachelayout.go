@@ -194,6 +194,17 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) (
 	if !errors.Is(err, engine.ErrNotExposed) {
 		d.coll.CacheDiscoveryFailed(t.Name, engine.LayoutFailureOf(err))
 	}
+	if errors.Is(err, engine.ErrImplausibleLayout) {
+		// Taken as true, such a size overflowed the model, or made one
+		// that never evicts: the values read are refused, as unknown.
+		tc.note = "configured; the block size read is implausible, the engine's is used"
+		if t.Cache.CapacityBlocks.Auto() {
+			tc.note = "unknown: the layout read is implausible; set cache.capacity_blocks and cache.block_size"
+		}
+		level.Warn(d.logger).Log("msg", "the target reports a KV cache layout no server has: it is refused, and its model takes the configured values, else an unknown (unbounded) capacity and the engine's block size",
+			"target", t.Name, "reason", err, "what_to_do", "set cache.capacity_blocks and cache.block_size for it")
+		return tc, err
+	}
 	if t.Cache.CapacityBlocks.Auto() {
 		why, then := "its engine does not expose it", "set cache.capacity_blocks (and cache.block_size) for it"
 		if !errors.Is(err, engine.ErrNotExposed) {
