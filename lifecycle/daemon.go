@@ -391,6 +391,10 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	}
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	d.coll.Start(w.Name, t.Name)
+	if tpl := u.gate.template; tpl != nil {
+		d.coll.StartChatTemplate(w.Name, t.Name)
+		tpl.start()
+	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -429,7 +433,7 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 		// A chat template wraps the built prompt: its size, measured at
 		// the (re)load where the target can say, or learnt from answers.
 		tc := d.caches[t.Name]
-		rb.template = newTemplateOverhead(logger, tc.chatTemplate, tc.chatTemplateKnown)
+		rb.template = newTemplateOverhead(logger, tc.chatTemplate, tc.chatTemplateKnown, d.templatePublisher(w.Name, t.Name))
 		gate.template = rb.template
 	}
 	url := t.URL
@@ -460,6 +464,17 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 	}
 	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, plan: wd.trace.plan,
 		pacerOpts: popts, newModel: newModel, done: make(chan struct{})}, nil
+}
+
+// templatePublisher exports the chat template size of workload w on
+// target t as its unit settles it.
+func (d *Daemon) templatePublisher(w, t string) templatePublisher {
+	return func(tokens int, source collector.TemplateSource, corrected bool) {
+		d.coll.SetChatTemplate(w, t, tokens, source)
+		if corrected {
+			d.coll.ChatTemplateCorrected(w, t)
+		}
+	}
 }
 
 // unitRequestBuilder is the request builder of workload w on target t:
