@@ -21,9 +21,11 @@ var ErrNoEndpoint = errors.New("the engine has no tokenize endpoint")
 // so such an answer is not a count of that text.
 var ErrTooManyTokens = errors.New("more tokens than the text sent could have")
 
-// maxTokenizeBody bounds what is read of one tokenize answer: the ids of
-// the exporter's 512-token check, with pieces, are a few kilobytes.
-const maxTokenizeBody = 4 << 20
+// maxTokenizeBody bounds what is read of one tokenize answer: the ids the
+// exporter's check of a 512-token prompt may accept, with llama.cpp's
+// pieces, are about 100 KiB. The JSON decoder keeps a run of blanks
+// whole, so the bound is also what one answer may cost in memory.
+const maxTokenizeBody = 1 << 20
 
 // maxExtraTokens is what a tokenizer may add to a text besides its own
 // tokens: a BOS, an EOS, a few control tokens.

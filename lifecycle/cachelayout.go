@@ -81,10 +81,10 @@ func watchesLayout(t *config.Target) bool {
 // once (cache layouts, tokenize checks): each holds a connection and its
 // answer's parse, so that a configuration of many targets neither opens
 // a connection to each at once nor holds all their answers together.
-// With N targets whose reads all hang, the load waits
-// ⌈reads / maxTargetReads⌉ × discoverTimeout before it is applied (two
-// reads a target at most); the web server answers meanwhile.
-const maxTargetReads = 16
+// With N targets whose reads all hang, a load waits ⌈2N / maxTargetReads⌉
+// × discoverTimeout before it is applied (two reads a target); the web
+// server answers meanwhile, and the shutdown ends the reads.
+const maxTargetReads = 32
 
 // applyCaches settles, for every target of cfg whose configuration changed,
 // the cache its model stands for: configured values as they are, auto ones

@@ -121,10 +121,10 @@ func TestStartupWithHangingTargets(t *testing.T) {
 			arrived, _, _ := h.Counts()
 			t.Logf("/-/healthy answered %v after the start, with %d reads hanging; exit %v after SIGTERM; %d reads came, %d after SIGTERM",
 				healthyAfter.Round(time.Millisecond), held, exitAfter.Round(time.Millisecond), arrived, arrived-before)
-			// The reads hang until cancelled, each holding one of the 16
-			// slots: none starts after SIGTERM.
-			if arrived > 16 {
-				t.Errorf("%d reads came, want at most 16, those under way at SIGTERM", arrived)
+			// The reads hang until cancelled, each holding one of the
+			// daemon's 32 slots: none starts after SIGTERM.
+			if arrived > 32 {
+				t.Errorf("%d reads came, want at most 32, those under way at SIGTERM", arrived)
 			}
 			if log := p.stderr.String(); !strings.Contains(log, "stopped before the configuration was applied") {
 				t.Errorf("the log does not say the start was cut short:\n%s", log)
@@ -136,11 +136,11 @@ func TestStartupWithHangingTargets(t *testing.T) {
 // largestTokenizeAnswers is a vLLM whose tokenize answers are the largest
 // the exporter accepts: as many ids as the text sent has bytes, plus the
 // specials' and, for a chat, a template's allowance, padded with blanks to
-// just under the 4 MiB body bound. With absurd set it answers 2M ids
+// just under the 1 MiB body bound. With absurd set it answers 2M ids
 // instead, as a hostile target did (250 MB each, read whole).
 func largestTokenizeAnswers(t *testing.T, absurd bool) *httptest.Server {
 	t.Helper()
-	const bodyBound, specials, template = 4 << 20, 16, 1024
+	const bodyBound, specials, template = 1 << 20, 16, 1024
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
 			io.WriteString(w, testutil.VLLMMetrics)
@@ -192,7 +192,7 @@ func peakRSS(t *testing.T, pid int) (int64, bool) {
 }
 
 // TestStartupReadsMemory: 20 targets answering their tokenize checks, all
-// at once, with the largest answers the exporter accepts (4 MiB each, for
+// at once, with the largest answers the exporter accepts (1 MiB each, for
 // the text and the chat form), or with 2M ids: the process's resident
 // memory stays under 300 MiB. Answers of 2M ids, read whole, once took it
 // to 4.2 GB and exported a ratio of 3906. Not under the race detector,
