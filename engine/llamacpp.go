@@ -55,8 +55,11 @@ func llamaCppTokenizeChat(ctx context.Context, c *http.Client, base, _ string, m
 	var rendered struct {
 		Prompt *string `json:"prompt"`
 	}
-	if err := json.NewDecoder(rc).Decode(&rendered); err != nil || rendered.Prompt == nil {
-		return 0, fmt.Errorf("%s: the answer has no prompt string (%v)", where, err)
+	if err := json.NewDecoder(rc).Decode(&rendered); err != nil {
+		return 0, fmt.Errorf("%s: the answer has no prompt string: %w", where, err)
+	}
+	if rendered.Prompt == nil {
+		return 0, fmt.Errorf("%s: the answer has no prompt string", where)
 	}
 	if n, most := len(*rendered.Prompt), messagesBytes(msgs)+maxTemplateBytes; n > most {
 		return 0, fmt.Errorf("%s: the rendered chat has %d bytes, more than its messages' and a template's %d: not a rendering of them", where, n, most)

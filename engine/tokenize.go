@@ -186,8 +186,11 @@ func CountTokens(r io.Reader, limit int, each func(id int)) (int, error) {
 	if err := expectDelim(dec, '}'); err != nil {
 		return 0, fmt.Errorf("tokenize answer: %w", err)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return 0, fmt.Errorf("tokenize answer: more after its object (%v)", err)
+	switch t, err := dec.Token(); {
+	case err == nil:
+		return 0, fmt.Errorf("tokenize answer: more after its object: %.40v", t)
+	case !errors.Is(err, io.EOF):
+		return 0, fmt.Errorf("tokenize answer: after its object: %w", err)
 	}
 	if n < 0 {
 		return 0, errors.New("tokenize answer has no tokens list")

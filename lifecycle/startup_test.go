@@ -40,7 +40,7 @@ func manyTargets(t *testing.T, url string, n int, scraped bool) config.Config {
 
 // startInBackground starts a daemon on path under ctx, handing Start's
 // error to the channel returned; the test's cleanup ends it.
-func startInBackground(t *testing.T, path string, ctx context.Context) (*Daemon, <-chan error) {
+func startInBackground(ctx context.Context, t *testing.T, path string) (*Daemon, <-chan error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	d := New(Options{ConfigFile: path, DrainTimeout: time.Second, Collector: collector.New(prometheus.NewRegistry())})
@@ -63,7 +63,7 @@ func TestStartupReadsBounded(t *testing.T) {
 	h := testutil.NewHangingServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
 	daemontest.WriteConfig(t, path, manyTargets(t, h.URL, targets, false))
-	d, started := startInBackground(t, path, context.Background())
+	d, started := startInBackground(context.Background(), t, path)
 	testutil.Eventually(t, "as many reads held as the bound allows", func() (bool, string) {
 		_, held, _ := h.Counts()
 		return held >= maxTargetReads, fmt.Sprint(held, " held")
@@ -108,7 +108,7 @@ func TestStartupEndsWithShutdown(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "kvload.yml")
 			daemontest.WriteConfig(t, path, manyTargets(t, h.URL, targets, scraped))
 			ctx, shutdown := context.WithCancel(context.Background())
-			d, started := startInBackground(t, path, ctx)
+			d, started := startInBackground(ctx, t, path)
 			testutil.Eventually(t, "reads held", func() (bool, string) {
 				_, held, _ := h.Counts()
 				return held > 0, fmt.Sprint(held, " held")
