@@ -39,7 +39,6 @@ type templateOverhead struct {
 
 	mu       sync.Mutex
 	tokens   int  // the size in use
-	known    bool // tokens is in use, measured or learnt
 	measured bool // tokens came from the tokenize endpoint
 	settled  bool // the answers confirmed or replaced it: nothing more to learn
 	// The last answer's sample and its prompt's built length.
@@ -55,7 +54,7 @@ type templatePublisher func(tokens int, source collector.TemplateSource, correct
 func newTemplateOverhead(logger log.Logger, tokens int, known bool, publish templatePublisher) *templateOverhead {
 	o := &templateOverhead{logger: logger, publish: publish}
 	if known {
-		o.tokens, o.known, o.measured = tokens, true, true
+		o.tokens, o.measured = tokens, true
 	}
 	return o
 }
@@ -124,7 +123,7 @@ func (o *templateOverhead) settle(answered int) {
 	if o.publish != nil {
 		o.publish(answered, collector.TemplateFromAnswers, o.measured)
 	}
-	o.tokens, o.known = answered, true
+	o.tokens = answered
 }
 
 func abs(n int) int {
