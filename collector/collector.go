@@ -72,6 +72,8 @@ type Collector struct {
 	discoveryFailures *prometheus.CounterVec // by target and reason
 	reloadOK          prometheus.Gauge
 	reloadTime        prometheus.Gauge
+	// The chat template's size, per (workload, target).
+	template chatTemplateMetrics
 
 	now      func() time.Time
 	mu       sync.Mutex
@@ -176,6 +178,7 @@ func New(reg prometheus.Registerer) *Collector {
 		discoveryFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "target_cache_discovery_failures_total",
 			Help: "Reads of a target's KV cache layout that failed, by reason: unreachable, timeout, bad_answer."},
 			[]string{"target", "reason"}),
+		template: newChatTemplateMetrics(),
 		now:      time.Now,
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
@@ -188,6 +191,7 @@ func New(reg prometheus.Registerer) *Collector {
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
 		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio, c.serverErrors,
 		newCostMetrics(c), c.layoutChanges, c.discoveryFailures)
+	reg.MustRegister(c.template.collectors()...)
 	c.effective = newEffectiveCapacity(func() time.Time { return c.now() })
 	reg.MustRegister(c.effective)
 	return c
@@ -239,6 +243,7 @@ func (c *Collector) Forget(workload, target string) {
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens} {
 		v.DeletePartialMatch(l)
 	}
+	c.template.forget(l)
 	c.mu.Lock()
 	delete(c.recent, wtKey{workload, target})
 	delete(c.costs, wtKey{workload, target})

@@ -580,12 +580,7 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	if err := t.HTTPClientConfig.Validate(); err != nil {
 		bad(p+".http_client_config", "%v", err)
 	}
-	if !t.Cache.BlockSize.Auto() && t.Cache.BlockSize.N < 1 {
-		bad(p+".cache.block_size", "must be auto or at least 1, got %d", t.Cache.BlockSize.N)
-	}
-	if !t.Cache.CapacityBlocks.Auto() && t.Cache.CapacityBlocks.N < 0 {
-		bad(p+".cache.capacity_blocks", "must be auto or ≥ 0 (0 is infinite), got %d", t.Cache.CapacityBlocks.N)
-	}
+	validateCacheSize(t, p, bad)
 	if c := t.Cache.ModelCeilingTokens; c != 0 && (c < MinModelCeilingTokens || c > replay.MaxModelCeilingTokens) {
 		bad(p+".cache.model_ceiling_tokens", "must be from %d to %d tokens (0 is the default, %d), got %d",
 			MinModelCeilingTokens, int64(replay.MaxModelCeilingTokens), replay.DefaultModelCeilingTokens, c)
@@ -692,4 +687,29 @@ func joinValues[T ~string](values []T) string {
 		s[i] = string(v)
 	}
 	return strings.Join(s, ", ")
+}
+
+// validateCacheSize checks a target's configured KV cache against the
+// bounds a layout read from a server must keep (engine.CheckLayout): no
+// server has more, and within them the model's arithmetic cannot
+// overflow.
+func validateCacheSize(t *Target, p string, bad func(string, string, ...any)) {
+	size, blocks := t.Cache.BlockSize, t.Cache.CapacityBlocks
+	perBlock := 1 // what a block holds at least
+	switch {
+	case size.Auto():
+	case size.N < 1:
+		bad(p+".cache.block_size", "must be auto or at least 1, got %d", size.N)
+	case size.N > engine.MaxBlockSize:
+		bad(p+".cache.block_size", "must be auto or at most %d tokens, got %d", engine.MaxBlockSize, size.N)
+	default:
+		perBlock = size.N
+	}
+	switch {
+	case blocks.Auto():
+	case blocks.N < 0:
+		bad(p+".cache.capacity_blocks", "must be auto or ≥ 0 (0 is infinite), got %d", blocks.N)
+	case blocks.N > engine.MaxCapacityTokens/perBlock:
+		bad(p+".cache.capacity_blocks", "must hold at most %d tokens, got %d blocks of %d", int64(engine.MaxCapacityTokens), blocks.N, perBlock)
+	}
 }

@@ -169,6 +169,11 @@ func TestCacheAutoValues(t *testing.T) {
 		{"{block_size: 32, capacity_blocks: 0}", Fixed(32), Fixed(0), ""},
 		{"{capacity_blocks: 65536}", AutoInt{}, Fixed(65536), ""},
 		{"{block_size: 0}", AutoInt{}, AutoInt{}, "targets[0].cache.block_size: must be auto or at least 1, got 0"},
+		// Beyond any server: no overflow in the model's arithmetic.
+		{"{block_size: 2147483648}", AutoInt{}, AutoInt{}, "targets[0].cache.block_size: must be auto or at most 65536 tokens, got 2147483648"},
+		{"{block_size: 1024, capacity_blocks: 4611686018427387904}", AutoInt{}, AutoInt{}, "targets[0].cache.capacity_blocks: must hold at most 4294967296 tokens, got 4611686018427387904 blocks of 1024"},
+		{"{capacity_blocks: 1000000000000000}", AutoInt{}, AutoInt{}, "targets[0].cache.capacity_blocks: must hold at most 4294967296 tokens, got 1000000000000000 blocks of 1"},
+		{"{block_size: 16, capacity_blocks: 268435456}", Fixed(16), Fixed(268435456), ""},
 		{"{capacity_blocks: -1}", AutoInt{}, AutoInt{}, "targets[0].cache.capacity_blocks: must be auto or ≥ 0 (0 is infinite), got -1"},
 		{"{capacity_blocks: lots}", AutoInt{}, AutoInt{}, `"lots" is neither auto nor a whole number`},
 		{"{estimate_window: 2m}", AutoInt{}, AutoInt{}, ""},

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -19,6 +20,34 @@ type Layout struct {
 
 // ErrNotExposed means the engine does not expose its layout.
 var ErrNotExposed = errors.New("the engine does not expose its KV cache size")
+
+// ErrImplausibleLayout is wrapped by the error of a layout read from a
+// target that no server could have: it is refused, the capacity is then
+// unknown, rather than modelled.
+var ErrImplausibleLayout = errors.New("no server has such a KV cache")
+
+// Plausible bounds of a KV cache. Block (page) sizes in use are 1 to a few
+// hundred tokens. A cache of 2^32 tokens is some 100 times the largest a
+// server holds (eight 141 GB GPUs at 32 KiB a token hold 34M), and keeps
+// every product of blocks and block size, and the model's per-block
+// counts, far inside an int64.
+const (
+	MaxBlockSize      = 1 << 16
+	MaxCapacityTokens = 1 << 32
+)
+
+// CheckLayout refuses a layout outside the plausible bounds, naming the
+// values and where they were read. Blocks 0 (unbounded) passes: only an
+// emulated engine says so.
+func CheckLayout(l Layout) error {
+	switch {
+	case l.BlockSize < 1 || l.BlockSize > MaxBlockSize:
+		return fmt.Errorf("%s: block size %d is not from 1 to %d tokens: %w", l.Source, l.BlockSize, MaxBlockSize, ErrImplausibleLayout)
+	case l.Blocks < 0 || l.Blocks > MaxCapacityTokens/l.BlockSize:
+		return fmt.Errorf("%s: %d blocks of %d tokens is not from 0 to %d tokens: %w", l.Source, l.Blocks, l.BlockSize, MaxCapacityTokens, ErrImplausibleLayout)
+	}
+	return nil
+}
 
 // LayoutFailure is why a read of a target's layout failed: the reason
 // label of kvload_target_cache_discovery_failures_total.
@@ -70,12 +99,20 @@ type layoutReader func(ctx context.Context, c *http.Client, base string) (Layout
 func (s *Spec) ExposesLayout() bool { return s.readLayout != nil }
 
 // ReadLayout asks the server at baseURL (without /v1) for its KV cache
-// layout. Its error wraps ErrNotExposed for an engine that does not say.
+// layout. Its error wraps ErrNotExposed for an engine that does not say,
+// and ErrImplausibleLayout for a layout CheckLayout refuses.
 func (s *Spec) ReadLayout(ctx context.Context, c *http.Client, baseURL string) (Layout, error) {
 	if s.readLayout == nil {
 		return Layout{}, ErrNotExposed
 	}
-	return s.readLayout(ctx, c, strings.TrimSuffix(baseURL, "/"))
+	l, err := s.readLayout(ctx, c, strings.TrimSuffix(baseURL, "/"))
+	if err == nil {
+		err = CheckLayout(l)
+	}
+	if err != nil {
+		return Layout{}, err
+	}
+	return l, nil
 }
 
 func get(ctx context.Context, c *http.Client, url string) ([]byte, error) {

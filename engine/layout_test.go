@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
+	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -70,17 +72,88 @@ func TestReadLayoutHTTPError(t *testing.T) {
 	}
 }
 
-// FuzzParse: no answer makes the parsers panic or return an unusable layout.
+// FuzzParse: no answer makes the parsers panic or return an unusable layout,
+// SGLang's none of 0 blocks (which reads as unbounded), and CheckLayout
+// passes only layouts within the bounds, their product computed exactly.
 func FuzzParseLayout(f *testing.F) {
 	f.Add([]byte(vllmInfo))
 	f.Add([]byte(`{"max_total_num_tokens": 10, "page_size": 0}`))
+	f.Add([]byte(`{"max_total_num_tokens": 10, "page_size": 64}`))
+	f.Add([]byte(`vllm:cache_config_info{block_size="1024",num_gpu_blocks="4611686018427387904"} 1` + "\n"))
+	f.Add([]byte(`vllm:cache_config_info{block_size="65536",num_gpu_blocks="65536"} 1` + "\n"))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, parse := range []func([]byte) (Layout, error){parseVLLMLayout, parseSGLangLayout} {
-			if l, err := parse(body); err == nil && (l.BlockSize < 1 || l.Blocks < 0) {
+			l, err := parse(body)
+			if err != nil {
+				continue
+			}
+			if l.BlockSize < 1 || l.Blocks < 0 {
 				t.Fatalf("accepted %+v", l)
+			}
+			if l.Source == "/get_server_info" && l.Blocks == 0 {
+				t.Fatalf("SGLang's %+v reads as unbounded", l)
+			}
+			tokens := new(big.Int).Mul(big.NewInt(int64(l.Blocks)), big.NewInt(int64(l.BlockSize)))
+			within := l.BlockSize <= MaxBlockSize && tokens.Cmp(big.NewInt(MaxCapacityTokens)) <= 0
+			if err := CheckLayout(l); (err == nil) != within {
+				t.Fatalf("CheckLayout(%+v) = %v, %d tokens", l, err, tokens)
 			}
 		}
 	})
+}
+
+// TestReadLayoutPlausible: a layout no server could have is refused,
+// naming its values: taken as true, 2^62 blocks of 1,024 tokens overflowed
+// the model's arithmetic (it then evicted everything, and its hit rate
+// read 0), as did a block size of 2^31; 10^15 blocks made a model that
+// never evicts; and an SGLang page larger than its whole pool made 0
+// blocks, which reads as unbounded.
+func TestReadLayoutPlausible(t *testing.T) {
+	vllm := func(blockSize, blocks string) string {
+		return `vllm:cache_config_info{block_size="` + blockSize + `",num_gpu_blocks="` + blocks + `"} 1` + "\n"
+	}
+	tests := []struct {
+		name    string
+		dialect Dialect
+		body    string
+		want    Layout
+		err     string // "": accepted
+	}{
+		{"2^62 blocks of 1024", DialectVLLM, vllm("1024", "4611686018427387904"), Layout{}, "4611686018427387904 blocks of 1024 tokens is not from 0 to 4294967296 tokens"},
+		{"blocks of 2^31 tokens", DialectVLLM, vllm("2147483648", "100"), Layout{}, "block size 2147483648 is not from 1 to 65536 tokens"},
+		{"10^15 blocks", DialectVLLM, vllm("16", "1000000000000000"), Layout{}, "1000000000000000 blocks of 16 tokens"},
+		{"2^32 tokens", DialectVLLM, vllm("16", "268435456"), Layout{BlockSize: 16, Blocks: 1 << 28, Source: "vllm:cache_config_info"}, ""},
+		{"a block more", DialectVLLM, vllm("16", "268435457"), Layout{}, "268435457 blocks of 16 tokens"},
+		{"the largest block", DialectVLLM, vllm("65536", "10"), Layout{BlockSize: 65536, Blocks: 10, Source: "vllm:cache_config_info"}, ""},
+		{"an emulator's unbounded cache", DialectVLLM, vllm("16", "0"), Layout{BlockSize: 16, Source: "vllm:cache_config_info"}, ""},
+		{"sglang page above the pool", DialectSGLang, `{"max_total_num_tokens": 100, "page_size": 128}`, Layout{}, "page_size 128 is above max_total_num_tokens 100"},
+		{"sglang 2^40 tokens", DialectSGLang, `{"max_total_num_tokens": 1099511627776, "page_size": 1}`, Layout{}, "1099511627776 blocks of 1 tokens"},
+		{"sglang pages of 2^20", DialectSGLang, `{"max_total_num_tokens": 2097152, "page_size": 1048576}`, Layout{}, "block size 1048576"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.WriteString(w, tt.body)
+			}))
+			defer srv.Close()
+			got, err := For(tt.dialect).ReadLayout(context.Background(), srv.Client(), srv.URL)
+			if tt.err == "" {
+				if err != nil || got != tt.want {
+					t.Fatalf("ReadLayout = %+v, %v; want %+v", got, err, tt.want)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.err) || got != (Layout{}) {
+				t.Fatalf("ReadLayout = %+v, %v; want an error containing %q", got, err, tt.err)
+			}
+			if !errors.Is(err, ErrImplausibleLayout) {
+				t.Errorf("%v does not wrap ErrImplausibleLayout", err)
+			}
+			if f := LayoutFailureOf(err); f != LayoutBadAnswer {
+				t.Errorf("LayoutFailureOf(%v) = %s, want bad_answer", err, f)
+			}
+		})
+	}
 }
 
 // LayoutFailureOf tells a target that is down or slow from one that answers

@@ -46,20 +46,25 @@ type llamaCppTemplateBody struct {
 // tokenizes it as the chat endpoint does: special tokens added where the
 // model asks for them, and special-token text in the template read as
 // special tokens.
-func llamaCppTokenizeChat(ctx context.Context, c *http.Client, base, _ string, msgs []chatMessage) ([]int, error) {
-	b, where, err := post(ctx, c, base, "/apply-template", llamaCppTemplateBody{Messages: msgs})
+func llamaCppTokenizeChat(ctx context.Context, c *http.Client, base, _ string, msgs []chatMessage) (int, error) {
+	rc, where, err := open(ctx, c, base, "/apply-template", llamaCppTemplateBody{Messages: msgs})
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
+	defer rc.Close()
 	var rendered struct {
 		Prompt *string `json:"prompt"`
 	}
-	if err := json.Unmarshal(b, &rendered); err != nil || rendered.Prompt == nil {
-		return nil, fmt.Errorf("%s: the answer has no prompt string: %.60q", where, b)
+	if err := json.NewDecoder(rc).Decode(&rendered); err != nil {
+		return 0, fmt.Errorf("%s: the answer has no prompt string: %w", where, err)
 	}
-	b, where, err = post(ctx, c, base, "/tokenize", llamaCppTokenizeBody{Content: *rendered.Prompt, AddSpecial: true, ParseSpecial: true})
-	if err != nil {
-		return nil, err
+	if rendered.Prompt == nil {
+		return 0, fmt.Errorf("%s: the answer has no prompt string", where)
 	}
-	return parseAt(b, where)
+	if n, most := len(*rendered.Prompt), messagesBytes(msgs)+maxTemplateBytes; n > most {
+		return 0, fmt.Errorf("%s: the rendered chat has %d bytes, more than its messages' and a template's %d: not a rendering of them", where, n, most)
+	}
+	// The template is in the text sent: its tokens are bounded with it.
+	return postTokens(ctx, c, base, "/tokenize", llamaCppTokenizeBody{Content: *rendered.Prompt, AddSpecial: true, ParseSpecial: true},
+		tokenLimit(len(*rendered.Prompt), false), nil)
 }

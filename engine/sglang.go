@@ -50,5 +50,9 @@ func parseSGLangLayout(body []byte) (Layout, error) {
 	if info.PageSize != nil && *info.PageSize > 0 {
 		page = *info.PageSize
 	}
+	if page > *info.MaxTotalNumTokens {
+		// Not one page: a count of 0 blocks would read as unbounded.
+		return Layout{}, fmt.Errorf("sglang server info: page_size %d is above max_total_num_tokens %d: %w", page, *info.MaxTotalNumTokens, ErrImplausibleLayout)
+	}
 	return Layout{BlockSize: page, Blocks: *info.MaxTotalNumTokens / page, Source: "/get_server_info"}, nil
 }

@@ -45,12 +45,9 @@ type vllmChatBody struct {
 	AddGenerationPrompt bool          `json:"add_generation_prompt"`
 }
 
-func vllmTokenizeChat(ctx context.Context, c *http.Client, base, model string, msgs []chatMessage) ([]int, error) {
-	b, where, err := post(ctx, c, base, "/tokenize", vllmChatBody{Model: model, Messages: msgs, AddGenerationPrompt: true})
-	if err != nil {
-		return nil, err
-	}
-	return parseAt(b, where)
+func vllmTokenizeChat(ctx context.Context, c *http.Client, base, model string, msgs []chatMessage) (int, error) {
+	return postTokens(ctx, c, base, "/tokenize", vllmChatBody{Model: model, Messages: msgs, AddGenerationPrompt: true},
+		tokenLimit(messagesBytes(msgs), true), nil)
 }
 
 // vllmCacheConfig is the gauge of a vLLM /metrics page that holds its

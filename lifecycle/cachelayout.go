@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-kit/log/level"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/engine"
@@ -76,21 +77,42 @@ func watchesLayout(t *config.Target) bool {
 	return (t.Cache.BlockSize.Auto() || t.Cache.CapacityBlocks.Auto()) && engine.For(t.Dialect).ExposesLayout()
 }
 
+// maxTargetReads bounds the reads of targets that a (re)load makes at
+// once (cache layouts, tokenize checks): each holds a connection and its
+// answer's parse, so that a configuration of many targets neither opens
+// a connection to each at once nor holds all their answers together.
+// With N targets whose reads all hang, a load waits ⌈2N / maxTargetReads⌉
+// × discoverTimeout before it is applied (two reads a target); the web
+// server answers meanwhile, and the shutdown ends the reads.
+const maxTargetReads = 32
+
 // applyCaches settles, for every target of cfg whose configuration changed,
 // the cache its model stands for: configured values as they are, auto ones
-// read from the target (all targets at once, each within discoverTimeout).
-// A capacity that is neither is unknown: the model is unbounded and the
-// user is told once, with the key to set. A target whose configuration did
-// not change is read again if its last read failed. Each target whose
-// layout is read gets a watch that reads it again at run time.
-func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
+// read from the target (at most maxTargetReads reads at once, each within
+// discoverTimeout). A capacity that is neither is unknown: the model is
+// unbounded and the user is told once, with the key to set. A target whose
+// configuration did not change is read again if its last read failed.
+// Each target whose layout is read gets a watch, under unitCtx, that reads
+// it again at run time. The reads end when ctx does (the shutdown): then
+// nothing is applied and ctx's error returned.
+func (d *Daemon) applyCaches(ctx, unitCtx context.Context, cfg *config.Config) error {
 	d.stopWatches(cfg)
 	next := map[string]targetCache{}
 	templates := map[string]template{}
 	settled := map[string]error{}         // targets read anew: the read's error
 	rereads := map[string]layoutReading{} // unchanged targets read again
 	var mu sync.Mutex
-	var wg sync.WaitGroup
+	var reads errgroup.Group
+	reads.SetLimit(maxTargetReads)
+	// read runs f unless the shutdown began; Go waits for a free slot.
+	read := func(f func()) {
+		reads.Go(func() error {
+			if ctx.Err() == nil {
+				f()
+			}
+			return nil
+		})
+	}
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
 		fp := cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name)
@@ -101,7 +123,7 @@ func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 			mu.Unlock()
 			if watchesLayout(t) && !old.read {
 				url := d.targetBaseURL(t)
-				wg.Go(func() {
+				read(func() {
 					r := readLayout(ctx, t, url)
 					mu.Lock()
 					rereads[t.Name] = r
@@ -110,21 +132,24 @@ func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 			}
 			continue
 		}
-		wg.Go(func() {
+		read(func() {
 			tc, err := d.settleCache(ctx, t, fp)
 			mu.Lock()
 			next[t.Name], settled[t.Name] = tc, err
 			mu.Unlock()
 		})
 		// The same moment and bound suit the tokenizer check.
-		wg.Go(func() {
+		read(func() {
 			n, known := d.checkTokenizer(ctx, t)
 			mu.Lock()
 			templates[t.Name] = template{n, known}
 			mu.Unlock()
 		})
 	}
-	wg.Wait()
+	_ = reads.Wait() // the reads report through the maps, never an error
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	for name, tpl := range templates {
 		tc := next[name]
 		tc.chatTemplate, tc.chatTemplateKnown = tpl.tokens, tpl.known
@@ -142,7 +167,8 @@ func (d *Daemon) applyCaches(ctx context.Context, cfg *config.Config) {
 		t := &cfg.Targets[i]
 		d.coll.SetEstimateWindow(t.Name, time.Duration(t.Cache.EstimateWindow))
 	}
-	d.startWatches(ctx, cfg, settled)
+	d.startWatches(unitCtx, cfg, settled)
+	return nil
 }
 
 // template is a chat template's size as the tokenizer check measured it.
@@ -162,8 +188,22 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) (
 	if err == nil {
 		return tc.withLayout(t, layout), nil
 	}
-	if !errors.Is(err, engine.ErrNotExposed) && ctx.Err() == nil {
+	if ctx.Err() != nil {
+		return tc, err // shutting down: the read says nothing of the target
+	}
+	if !errors.Is(err, engine.ErrNotExposed) {
 		d.coll.CacheDiscoveryFailed(t.Name, engine.LayoutFailureOf(err))
+	}
+	if errors.Is(err, engine.ErrImplausibleLayout) {
+		// Taken as true, such a size overflowed the model, or made one
+		// that never evicts: the values read are refused, as unknown.
+		tc.note = "configured; the block size read is implausible, the engine's is used"
+		if t.Cache.CapacityBlocks.Auto() {
+			tc.note = "unknown: the layout read is implausible; set cache.capacity_blocks and cache.block_size"
+		}
+		level.Warn(d.logger).Log("msg", "the target reports a KV cache layout no server has: it is refused, and its model takes the configured values, else an unknown (unbounded) capacity and the engine's block size",
+			"target", t.Name, "reason", err, "what_to_do", "set cache.capacity_blocks and cache.block_size for it")
+		return tc, err
 	}
 	if t.Cache.CapacityBlocks.Auto() {
 		why, then := "its engine does not expose it", "set cache.capacity_blocks (and cache.block_size) for it"

@@ -307,14 +307,16 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 	if err := d.applyEmulators(unitCtx, cfg); err != nil {
 		return err
 	}
-	d.applyCaches(unitCtx, cfg)
+	if err := d.applyCaches(ctx, unitCtx, cfg); err != nil {
+		return err // shutting down: start nothing
+	}
 	// The scrapers of removed and changed targets end before those
 	// targets' series are deleted, so that no scrape recreates one.
 	d.stopScrapers(cfg)
 	// The collector learns each target's mode before any request or
 	// scrape of it, so that none is counted under the wrong one.
 	d.publishTargets(cfg)
-	if err := d.applyScrapers(unitCtx, cfg); err != nil {
+	if err := d.applyScrapersUntil(ctx, unitCtx, cfg); err != nil {
 		return err
 	}
 
@@ -363,6 +365,22 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 	return errors.Join(errs...)
 }
 
+// applyScrapersUntil is applyScrapers, whose baseline reads end when ctx
+// does (the shutdown): the scrapers it starts then stop with them, and
+// ctx's error is returned. Once it returned they live on their own, past
+// ctx, through the drain, until stopScrapers or a reload stops them.
+func (d *Daemon) applyScrapersUntil(ctx, unitCtx context.Context, cfg *config.Config) error {
+	// Not a child of unitCtx: each scraper's own context is its child,
+	// and nothing is left registered anywhere once they stop.
+	scrapeCtx, cancel := context.WithCancel(context.WithoutCancel(unitCtx))
+	stop := context.AfterFunc(ctx, cancel)
+	err := d.applyScrapers(scrapeCtx, cfg)
+	if !stop() {
+		return ctx.Err() // the shutdown began during the reads
+	}
+	return err
+}
+
 // startUnit builds the unit of workload w on target t and starts its
 // replay.
 func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]tokenizer.Tokenizer, fp string) (*unit, error) {
@@ -376,6 +394,10 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	}
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	d.coll.Start(w.Name, t.Name)
+	if tpl := u.gate.template; tpl != nil {
+		d.coll.StartChatTemplate(w.Name, t.Name)
+		tpl.start()
+	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -414,7 +436,7 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 		// A chat template wraps the built prompt: its size, measured at
 		// the (re)load where the target can say, or learnt from answers.
 		tc := d.caches[t.Name]
-		rb.template = newTemplateOverhead(logger, tc.chatTemplate, tc.chatTemplateKnown)
+		rb.template = newTemplateOverhead(logger, tc.chatTemplate, tc.chatTemplateKnown, d.templatePublisher(w.Name, t.Name))
 		gate.template = rb.template
 	}
 	url := t.URL
@@ -445,6 +467,17 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 	}
 	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, plan: wd.trace.plan,
 		pacerOpts: popts, newModel: newModel, done: make(chan struct{})}, nil
+}
+
+// templatePublisher exports the chat template size of workload w on
+// target t as its unit settles it.
+func (d *Daemon) templatePublisher(w, t string) templatePublisher {
+	return func(tokens int, source collector.TemplateSource, corrected bool) {
+		d.coll.SetChatTemplate(w, t, tokens, source)
+		if corrected {
+			d.coll.ChatTemplateCorrected(w, t)
+		}
+	}
 }
 
 // unitRequestBuilder is the request builder of workload w on target t:

@@ -45,7 +45,14 @@ func (d *Daemon) checkTokenizer(ctx context.Context, t *config.Target) (template
 		return 0, false
 	}
 	res, err := d.tokenizeCheck(ctx, t)
-	if err != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return 0, false // shutting down: the check says nothing of the target
+	case errors.Is(err, engine.ErrTooManyTokens):
+		d.coll.SetTokenizeRatio(t.Name, 0, false)
+		level.Warn(logger).Log("msg", "prompt length not checked: the target's tokenize endpoint counts more tokens than the prompt has bytes, which no tokenizer does", "err", err)
+		return 0, false
+	case err != nil:
 		d.coll.SetTokenizeRatio(t.Name, 0, false)
 		level.Info(logger).Log("msg", "prompt length not checked: the target's tokenize endpoint did not answer", "err", err)
 		return 0, false
@@ -90,6 +97,18 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 		return tokenizeResult{}, err
 	}
 	text := string(b.AppendBlockText(nil, 0, 0, tokenizeCheckTokens))
+	// With token-id prompts, the ids the exporter sends for text: each of
+	// the server's is compared as it is read.
+	var mine []int
+	if t.PromptFormat == openai.PromptFormatTokenIDs {
+		tok, err := tokenizer.Load(t.Tokenizer)
+		if err != nil {
+			return tokenizeResult{}, fmt.Errorf("tokenizer: %w", err)
+		}
+		if mine, err = tok.Encode(text); err != nil {
+			return tokenizeResult{}, fmt.Errorf("tokenizer %s: %w", t.Tokenizer, err)
+		}
+	}
 	client, err := targetHTTPClient(t, "kvload_tokenize_check")
 	if err != nil {
 		return tokenizeResult{}, fmt.Errorf("target %s: tokenize client: %w", t.Name, err)
@@ -98,48 +117,42 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 	cctx, cancel := context.WithTimeout(ctx, discoverTimeout)
 	defer cancel()
 	base := d.targetBaseURL(t)
-	ids, err := engine.For(t.Dialect).Tokenize(cctx, client, base, t.Model, text)
-	if err != nil {
-		return tokenizeResult{}, err
-	}
-	if len(ids) == 0 {
-		return tokenizeResult{}, errors.New("the tokenize endpoint answered no tokens for a non-empty prompt")
-	}
-	res := tokenizeResult{built: tokenizeCheckTokens, server: len(ids)}
-	if t.PromptFormat != openai.PromptFormatTokenIDs {
-		if t.API == openai.APIChat && engine.For(t.Dialect).CanTokenizeChat() {
-			res.template, res.templateKnown, res.templateErr = chatTemplate(cctx, client, base, t, text, len(ids))
+	res := tokenizeResult{built: tokenizeCheckTokens}
+	var each func(int)
+	if mine != nil {
+		each = func(id int) {
+			if i := res.server; i >= len(mine) || mine[i] != id {
+				res.mismatched++
+			}
+			res.server++
 		}
-		return res, nil
 	}
-	tok, err := tokenizer.Load(t.Tokenizer)
+	n, err := engine.For(t.Dialect).Tokenize(cctx, client, base, t.Model, text, each)
 	if err != nil {
-		return tokenizeResult{}, fmt.Errorf("tokenizer: %w", err)
+		return tokenizeResult{}, fmt.Errorf("target %s: %w", t.Name, err)
 	}
-	mine, err := tok.Encode(text)
-	if err != nil {
-		return tokenizeResult{}, fmt.Errorf("tokenizer %s: %w", t.Tokenizer, err)
+	if n == 0 {
+		return tokenizeResult{}, fmt.Errorf("target %s: the tokenize endpoint answered no tokens for a non-empty prompt", t.Name)
 	}
-	for i := range max(len(mine), len(ids)) {
-		if i >= len(mine) || i >= len(ids) || mine[i] != ids[i] {
-			res.mismatched++
-		}
+	res.server = n
+	res.mismatched += max(len(mine)-n, 0) // the ids the server's answer lacks
+	if mine == nil && t.API == openai.APIChat && engine.For(t.Dialect).CanTokenizeChat() {
+		res.template, res.templateKnown, res.templateErr = chatTemplate(cctx, client, base, t, text, n)
 	}
 	return res, nil
 }
 
 // chatTemplate measures the chat template: the server's count of text as a
 // chat of one user message, less plain, its count of text alone. A
-// difference out of [0, maxTemplateTokens] is an endpoint that renders
-// messages unlike the chat route, and is not used.
+// difference out of [0, engine.MaxChatTemplateTokens] is an endpoint that
+// renders messages unlike the chat route, and is not used.
 func chatTemplate(ctx context.Context, c *http.Client, baseURL string, t *config.Target, text string, plain int) (int, bool, error) {
-	ids, err := engine.For(t.Dialect).TokenizeChat(ctx, c, baseURL, t.Model, text)
+	n, err := engine.For(t.Dialect).TokenizeChat(ctx, c, baseURL, t.Model, text)
 	if err != nil {
 		return 0, false, err
 	}
-	n := len(ids) - plain
-	if n < 0 || n > maxTemplateTokens {
-		return 0, false, fmt.Errorf("the chat form counts %d tokens against %d for the text alone, not a template", len(ids), plain)
+	if d := n - plain; d < 0 || d > engine.MaxChatTemplateTokens {
+		return 0, false, fmt.Errorf("the chat form counts %d tokens against %d for the text alone, not a template", n, plain)
 	}
-	return n, true, nil
+	return n - plain, true, nil
 }

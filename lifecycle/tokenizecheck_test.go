@@ -38,6 +38,13 @@ func TestTokenizeCheck(t *testing.T) {
 		fmt.Fprintf(w, `{"count": %d, "tokens": [%s]}`, n, strings.TrimSuffix(strings.Repeat("7,", n), ","))
 	}))
 	t.Cleanup(doubling.Close)
+	// A server that answers 2M ids for the 512-token prompt: once read
+	// whole, 250 MB a target, and exported as a ratio of 3906.
+	absurdAnswer := []byte(`{"tokens": [` + strings.TrimSuffix(strings.Repeat("7,", 2_000_000), ",") + `]}`)
+	absurd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(absurdAnswer)
+	}))
+	t.Cleanup(absurd.Close)
 
 	const (
 		checked    = "prompt length checked against the target's tokenizer"
@@ -45,6 +52,7 @@ func TestTokenizeCheck(t *testing.T) {
 		idsOff     = "does not match the target's"
 		noAnswer   = "tokenize endpoint did not answer"
 		noEndpoint = "the engine has no tokenize endpoint"
+		tooMany    = "level=warn target=tgt msg=\"prompt length not checked: the target's tokenize endpoint counts more tokens than the prompt has bytes"
 		// The chat template, measured or not.
 		tplRead = "chat template overhead read from the target's tokenize endpoint; chat prompts leave it room\" tokens=22"
 		tplNot  = "chat template not measured through the tokenize endpoint"
@@ -89,6 +97,7 @@ func TestTokenizeCheck(t *testing.T) {
 		{"twice as many tokens", doublingAs(func(t *config.Target) { t.Dialect = "vllm" }), 2, lengthOff, []string{checked, tplRead}, tplNot},
 		{"llama.cpp route missing", doublingAs(func(t *config.Target) { t.Dialect = "llamacpp" }), 0, noAnswer, []string{checked, lengthOff, tplRead, tplNot}, ""},
 		{"no endpoint", doublingAs(func(t *config.Target) { t.Dialect = "openai" }), 0, "", []string{checked, lengthOff, noAnswer, tplRead, tplNot}, ""},
+		{"absurd count", config.Target{Name: "tgt", Model: "m", URL: absurd.URL, Dialect: "vllm"}, 0, tooMany, []string{checked, lengthOff, noAnswer}, ""},
 		// SGLang's tokenize takes a prompt only: its length is checked,
 		// and its template is not asked for (then learnt from answers).
 		{"sglang", doublingAs(func(t *config.Target) { t.Dialect = "sglang" }), 2, lengthOff, []string{checked, tplRead, tplNot}, ""},

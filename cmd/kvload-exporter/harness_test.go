@@ -60,9 +60,13 @@ type daemonRun struct {
 	ended  bool
 }
 
+// readyLogged finds the line the daemon logs once its first configuration
+// is applied: the web server answers before.
+var readyLogged = regexp.MustCompile(`msg="` + regexp.QuoteMeta(readyMessage) + `"`)
+
 // startDaemon runs the daemon with args (plus a loopback listen address and
-// a short drain unless args set them) and waits until it serves HTTP. The
-// test's cleanup stops it.
+// a short drain unless args set them) and waits until it serves HTTP with
+// its configuration applied. The test's cleanup stops it.
 func startDaemon(t *testing.T, args ...string) *daemonRun {
 	t.Helper()
 	all := append([]string{}, args...)
@@ -85,7 +89,7 @@ func startDaemon(t *testing.T, args ...string) *daemonRun {
 		default:
 		}
 		m := listenRE.FindStringSubmatch(d.stderr.String())
-		if m == nil {
+		if m == nil || !readyLogged.MatchString(d.stderr.String()) {
 			return false, d.stderr.String()
 		}
 		d.url = "http://" + m[1]
@@ -192,8 +196,24 @@ func startProcessEnv(t *testing.T, env []string, args ...string) *process {
 	return p
 }
 
-// waitListening waits for the address the process bound.
+// waitListening waits for the address the process bound and for its
+// first configuration applied.
 func (p *process) waitListening(t *testing.T) {
+	t.Helper()
+	p.waitServing(t)
+	testutil.Eventually(t, "process ready", func() (bool, string) {
+		select {
+		case <-p.exited:
+			t.Fatalf("exited before it was ready (%v):\n%s", p.err, p.stderr.String())
+		default:
+		}
+		return readyLogged.MatchString(p.stderr.String()), p.stderr.String()
+	})
+}
+
+// waitServing waits for the address the process bound, which answers
+// before the configuration is applied.
+func (p *process) waitServing(t *testing.T) {
 	t.Helper()
 	testutil.Eventually(t, "process listening", func() (bool, string) {
 		select {

@@ -191,23 +191,25 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 		Shard:        shard,
 		Watch:        true,
 	})
-	if err := d.Start(runCtx); err != nil {
-		if errors.Is(err, lifecycle.ErrShuttingDown) {
-			level.Info(logger).Log("msg", "stopped before the configuration was applied")
-			return nil
-		}
-		return badInput(err)
-	}
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
 
-	wg.Go(func() { reloadOnSIGHUP(runCtx, d, hup, logger) })
-
+	// The web server answers before the first configuration is applied,
+	// which waits for the targets' reads: /-/healthy at once, /-/ready
+	// once applied.
 	webLogger := newSlogBridge(baseLogger, minLevel)
 	server := daemonWebServer(d, reg, coll, f.telemetryPath, webLogger)
 	webErr := make(chan error, 1)
-	wg.Go(func() { webErr <- serve(server, listeners, f.web, webLogger) })
+	wg.Go(func() {
+		webErr <- serve(server, listeners, f.web, webLogger)
+		stopRun() // the web server failing ends the daemon
+	})
+	if err := d.Start(runCtx); err != nil {
+		return startFailed(err, server, webErr, logger)
+	}
+	level.Info(logger).Log("msg", readyMessage)
+	wg.Go(func() { reloadOnSIGHUP(runCtx, d, hup, logger) })
 
 	var failed error
 	select {
@@ -229,13 +231,44 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	if failed != nil {
 		return failed
 	}
-	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := server.Shutdown(shutCtx); err != nil {
-		level.Warn(logger).Log("msg", "web server shutdown", "err", err)
-	}
+	stopWeb(server, logger)
 	level.Info(logger).Log("msg", "stopped")
 	return nil
+}
+
+// readyMessage is logged once the first configuration is applied, when
+// /-/ready starts answering 200.
+const readyMessage = "ready: the first configuration is applied"
+
+// startFailed ends a start whose first configuration was not applied:
+// the web server stops, and the error is the web server's failure, none
+// for a shutdown asked for meanwhile, or the configuration's (bad input).
+func startFailed(err error, server *http.Server, webErr <-chan error, logger log.Logger) error {
+	var failed error
+	select {
+	case werr := <-webErr:
+		failed = fmt.Errorf("web server: %w", werr)
+	default:
+		stopWeb(server, logger)
+	}
+	switch {
+	case failed != nil:
+		return failed
+	case errors.Is(err, lifecycle.ErrShuttingDown):
+		level.Info(logger).Log("msg", "stopped before the configuration was applied")
+		return nil
+	}
+	return badInput(err)
+}
+
+// stopWeb shuts the web server down, letting answers under way finish for
+// a few seconds.
+func stopWeb(server *http.Server, logger log.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := server.Shutdown(ctx); err != nil {
+		level.Warn(logger).Log("msg", "web server shutdown", "err", err)
+	}
 }
 
 // listen binds every --web.listen-address. It returns no listener when the

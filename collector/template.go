@@ -1,0 +1,66 @@
+package collector
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// TemplateSource is where the size of a target's chat template, which
+// chat prompts leave room for, was found: the source label of
+// kvload_chat_template_tokens.
+type TemplateSource string
+
+// The sources of a chat template's size.
+const (
+	// TemplateFromTokenize: measured through the target's tokenize
+	// endpoint, and not contradicted by its answers.
+	TemplateFromTokenize TemplateSource = "tokenize"
+	// TemplateFromAnswers: learnt from the answers' prompt_tokens, where
+	// the endpoint could not measure it or measured another size.
+	TemplateFromAnswers TemplateSource = "answers"
+)
+
+// chatTemplateMetrics are the chat template's size per (workload, target)
+// and the times the answers corrected the measured one.
+type chatTemplateMetrics struct {
+	tokens      *prometheus.GaugeVec
+	corrections *prometheus.CounterVec
+}
+
+func newChatTemplateMetrics() chatTemplateMetrics {
+	wt := []string{"workload", "target"}
+	return chatTemplateMetrics{
+		tokens: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "chat_template_tokens",
+			Help: "Tokens the target's chat template adds to a prompt, which chat prompts leave room for, by where the size was found: tokenize (its tokenize endpoint), answers (the answers' prompt_tokens); absent until known."},
+			append(wt, "source")),
+		corrections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "chat_template_corrections_total",
+			Help: "Chat template sizes measured through the target's tokenize endpoint that its first answers' prompt_tokens contradicted, and that were replaced by theirs."},
+			wt),
+	}
+}
+
+func (m chatTemplateMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.tokens, m.corrections}
+}
+
+func (m chatTemplateMetrics) forget(l prometheus.Labels) {
+	m.tokens.DeletePartialMatch(l)
+	m.corrections.DeletePartialMatch(l)
+}
+
+// StartChatTemplate creates the corrections counter of a (workload,
+// target) whose chat prompts leave room for a template, at zero.
+func (c *Collector) StartChatTemplate(workload, target string) {
+	c.template.corrections.WithLabelValues(workload, target)
+}
+
+// SetChatTemplate publishes the size of the chat template a (workload,
+// target)'s prompts leave room for, and where it was found, replacing
+// what was published before.
+func (c *Collector) SetChatTemplate(workload, target string, tokens int, source TemplateSource) {
+	c.template.tokens.DeletePartialMatch(prometheus.Labels{"workload": workload, "target": target})
+	c.template.tokens.WithLabelValues(workload, target, string(source)).Set(float64(tokens))
+}
+
+// ChatTemplateCorrected counts a measured template size that the answers
+// replaced.
+func (c *Collector) ChatTemplateCorrected(workload, target string) {
+	c.template.corrections.WithLabelValues(workload, target).Inc()
+}
