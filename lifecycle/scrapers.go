@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-kit/log/level"
 	promconfig "github.com/prometheus/common/config"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/engine"
@@ -67,10 +68,18 @@ func (d *Daemon) stopScrapers(cfg *config.Config) {
 }
 
 // applyScrapers runs one scraper per target with observed: server_metrics
-// that has none (stopScrapers stopped those no longer wanted). The reload
-// goroutine owns d.scrapers.
+// that has none (stopScrapers stopped those no longer wanted). Their
+// baselines are read first, at most maxTargetReads at once, each within
+// discoverTimeout and all ending with unitCtx. The reload goroutine owns
+// d.scrapers.
 func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) error {
 	d.stopScrapers(cfg)
+	type started struct {
+		name string
+		t    *config.Target
+		sc   *engine.ServerScraper
+	}
+	var todo []started
 	for name, t := range scrapedTargets(cfg) {
 		if d.scrapers[name] != nil {
 			continue
@@ -83,21 +92,35 @@ func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) erro
 		if err != nil {
 			return err
 		}
-		// The baseline comes before the target's first request.
-		pctx, pcancel := context.WithTimeout(unitCtx, discoverTimeout)
-		if err := sc.Prime(pctx); err != nil {
-			level.Warn(d.logger).Log("msg", "server metrics: no baseline before the first request; hits until the first good scrape are not counted", "target", name, "err", err)
-		}
-		pcancel()
+		todo = append(todo, started{name, t, sc})
+	}
+	// The baselines come before the targets' first requests.
+	var primes errgroup.Group
+	primes.SetLimit(maxTargetReads)
+	for _, s := range todo {
+		primes.Go(func() error {
+			if unitCtx.Err() != nil {
+				return nil
+			}
+			pctx, pcancel := context.WithTimeout(unitCtx, discoverTimeout)
+			defer pcancel()
+			if err := s.sc.Prime(pctx); err != nil {
+				level.Warn(d.logger).Log("msg", "server metrics: no baseline before the first request; hits until the first good scrape are not counted", "target", s.name, "err", err)
+			}
+			return nil
+		})
+	}
+	_ = primes.Wait() // each logs its own failure
+	for _, st := range todo {
 		ctx, cancel := context.WithCancel(unitCtx)
-		s := &scraping{fingerprint: d.scraperFingerprint(cfg, t), cancel: cancel, done: make(chan struct{})}
-		d.scrapers[name] = s
+		s := &scraping{fingerprint: d.scraperFingerprint(cfg, st.t), cancel: cancel, done: make(chan struct{})}
+		d.scrapers[st.name] = s
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
 			defer close(s.done)
-			sc.Run(ctx, d.truth, func(err error) {
-				level.Warn(d.logger).Log("msg", "server metrics scrape failed", "target", name, "err", err)
+			st.sc.Run(ctx, d.truth, func(err error) {
+				level.Warn(d.logger).Log("msg", "server metrics scrape failed", "target", st.name, "err", err)
 			})
 		}()
 	}

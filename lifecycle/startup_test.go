@@ -88,6 +88,39 @@ func TestStartupReadsBounded(t *testing.T) {
 	}
 }
 
+// TestStartupBaselinesBounded: the server-metrics baselines of a load's
+// targets are read side by side, at most maxTargetReads at once, like
+// its other reads. They were read one after another, so that 10 targets
+// whose /metrics hung held the load back ten times discoverTimeout.
+func TestStartupBaselinesBounded(t *testing.T) {
+	t.Parallel()
+	const targets = 40
+	// Only the baselines hang: the layout and tokenize reads fail at once.
+	h := testutil.NewHangingServer(t, func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/hang/") })
+	path := filepath.Join(t.TempDir(), "kvload.yml")
+	daemontest.WriteConfig(t, path, manyTargets(t, h.URL, targets, true))
+	d, started := startInBackground(context.Background(), t, path)
+	testutil.Eventually(t, "as many baselines held as the bound allows", func() (bool, string) {
+		_, held, _ := h.Counts()
+		return held >= maxTargetReads, fmt.Sprint(held, " held")
+	})
+	h.LetGo()
+	if err := testutil.Wait(t, "the start", started); err != nil {
+		t.Fatal(err)
+	}
+	arrived, _, most := h.Counts()
+	t.Logf("%d baseline reads, at most %d at once", arrived, most)
+	if most != maxTargetReads {
+		t.Errorf("at most %d baselines held at once, want %d", most, maxTargetReads)
+	}
+	if arrived < targets {
+		t.Errorf("%d baseline reads, want %d", arrived, targets)
+	}
+	if !d.Ready() {
+		t.Error("not ready after the start")
+	}
+}
+
 // TestStartupEndsWithShutdown: a shutdown during the first load ends the
 // targets' reads under way, starts no more, and Start returns
 // ErrShuttingDown, whether it comes during the cache layouts' and
