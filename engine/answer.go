@@ -37,29 +37,31 @@ func OpenAnswer(c *http.Client, req *http.Request, maxBody int64) (io.ReadCloser
 		resp.Body.Close()
 		return nil, fmt.Errorf("%s: HTTP %d: %.200s", where, resp.StatusCode, bytes.TrimSpace(b))
 	}
-	return &boundedBody{body: resp.Body, max: maxBody}, nil
+	return boundedBody{http.MaxBytesReader(nil, resp.Body, maxBody)}, nil
 }
 
-// boundedBody fails its reads once more than max bytes came.
-type boundedBody struct {
-	body      io.ReadCloser
-	read, max int64
-}
+// boundedBody names a read past the bound ErrAnswerTooLarge.
+type boundedBody struct{ io.ReadCloser }
 
-func (b *boundedBody) Read(p []byte) (int, error) {
-	if b.read > b.max {
-		return 0, fmt.Errorf("%w (%d bytes)", ErrAnswerTooLarge, b.max)
-	}
-	// One byte past the bound is enough to know.
-	if room := b.max + 1 - b.read; int64(len(p)) > room {
-		p = p[:room]
-	}
-	n, err := b.body.Read(p)
-	b.read += int64(n)
-	if b.read > b.max {
-		return 0, fmt.Errorf("%w (%d bytes)", ErrAnswerTooLarge, b.max)
+func (b boundedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+		err = fmt.Errorf("%w (%d bytes)", ErrAnswerTooLarge, tooLarge.Limit)
 	}
 	return n, err
 }
 
-func (b *boundedBody) Close() error { return b.body.Close() }
+// ReadAnswer is OpenAnswer's answer read whole: for small answers (a
+// cache layout).
+func ReadAnswer(c *http.Client, req *http.Request, maxBody int64) ([]byte, error) {
+	rc, err := OpenAnswer(c, req, maxBody)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Redacted(), err)
+	}
+	return b, nil
+}

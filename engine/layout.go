@@ -85,8 +85,9 @@ func LayoutFailureOf(err error) LayoutFailure {
 	return LayoutBadAnswer
 }
 
-// maxLayoutBody bounds what is read of one answer.
-const maxLayoutBody = 32 << 20
+// maxLayoutBody bounds what is read of one answer, read whole: SGLang's
+// server info is a few KiB.
+const maxLayoutBody = 1 << 20
 
 // layoutReader reads an engine's layout from the server at base (no
 // trailing slash, no /v1).

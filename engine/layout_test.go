@@ -72,6 +72,21 @@ func TestReadLayoutHTTPError(t *testing.T) {
 	}
 }
 
+// TestReadLayoutTooLarge: an SGLang server info past maxLayoutBody is
+// refused as too large, not parsed cut or held whole (it was read up to
+// 32 MiB, per target, up to 32 targets at once).
+func TestReadLayoutTooLarge(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Valid JSON whatever its length: the size alone is wrong.
+		_, _ = io.WriteString(w, `{"max_total_num_tokens": 4096, "page_size": 16, "pad": "`+strings.Repeat("x", maxLayoutBody)+`"}`)
+	}))
+	defer srv.Close()
+	_, err := For(DialectSGLang).ReadLayout(context.Background(), srv.Client(), srv.URL)
+	if !errors.Is(err, ErrAnswerTooLarge) || LayoutFailureOf(err) != LayoutBadAnswer {
+		t.Fatalf("error %v (%s), want ErrAnswerTooLarge, a bad answer", err, LayoutFailureOf(err))
+	}
+}
+
 // FuzzParse: no answer makes the parsers panic or return an unusable layout,
 // SGLang's none of 0 blocks (which reads as unbounded), and CheckLayout
 // passes only layouts within the bounds, their product computed exactly.

@@ -1,10 +1,8 @@
 package engine
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 )
 
@@ -34,29 +32,4 @@ func RedirectError(resp *http.Response) error {
 		to = loc.Redacted()
 	}
 	return fmt.Errorf("HTTP %d to %s: %w (credentials go only to the configured URL)", resp.StatusCode, to, ErrRedirect)
-}
-
-// ReadAnswer sends req with c (a NoRedirects client) and returns the body
-// of its 200 answer, at most maxBody bytes: the exporter's reads of a
-// target beside the replay (cache size, tokenize check). A redirect or
-// any other status is an error naming the method and URL, with the start
-// of the body.
-func ReadAnswer(c *http.Client, req *http.Request, maxBody int64) ([]byte, error) {
-	where := req.Method + " " + req.URL.Redacted()
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	if err := RedirectError(resp); err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: HTTP %d: %.200s", where, resp.StatusCode, bytes.TrimSpace(b))
-	}
-	return b, nil
 }
