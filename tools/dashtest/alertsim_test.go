@@ -698,21 +698,8 @@ func (r *scenarioResult) contrastAround() (before, after float64) {
 // medianAround is a signal's median up to the change, and from a rate
 // window past it on (NaN where there is none).
 func (r *scenarioResult) medianAround(value func(ruleStep) float64) (before, after float64) {
-	split := r.split()
-	var b, a []float64
-	for _, s := range r.steps {
-		v := value(s)
-		if math.IsNaN(v) {
-			continue
-		}
-		switch {
-		case s.at <= split:
-			b = append(b, v)
-		case s.at >= split+rateWindow:
-			a = append(a, v) // the window past the change
-		}
-	}
-	return median(b), median(a)
+	before, after, _, _ = r.medianAroundSettled(value, rateWindow)
+	return before, after
 }
 
 // split is the change's rule time, or alertChangeAt without one.
@@ -794,4 +781,23 @@ func pages(name string, eng scenarioEngine, change string) alertScenario {
 
 func engineFlags(eng scenarioEngine) []string {
 	return append([]string{"--engine", eng.dialect}, eng.flags...)
+}
+
+// medianAroundSettled is a signal's median, and how many steps it has, up
+// to the change and from settle past it on: for a signal whose own window
+// (settle, in rule time) must first hold only what followed the change.
+func (r *scenarioResult) medianAroundSettled(value func(ruleStep) float64, settle time.Duration) (before, after float64, nBefore, nAfter int) {
+	split := r.split()
+	var b, a []float64
+	for _, s := range r.steps {
+		v := value(s)
+		switch {
+		case math.IsNaN(v):
+		case s.at <= split:
+			b = append(b, v)
+		case s.at >= split+settle:
+			a = append(a, v)
+		}
+	}
+	return median(b), median(a), len(b), len(a)
 }

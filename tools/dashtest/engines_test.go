@@ -104,13 +104,15 @@ func writeLines(t *testing.T, src, dst string, from, to int) {
 }
 
 // startLlamaServer runs the real llama-server on the model at addr with
-// its defaults, plus /metrics, two threads (the exporter waits on the
-// network most of the time) and any extra flags, and returns it once it
-// is healthy.
+// its defaults, plus /metrics, one compute thread and any extra flags,
+// and returns it once it is healthy. One thread because the llama-server
+// tests run side by side (llamaParallel): ggml's threads wait for each
+// other by spinning, and two engines of two threads each on two cores
+// starve each other.
 func startLlamaServer(t *testing.T, dir, name, server, modelFile, addr string, extra ...string) *process {
 	t.Helper()
 	host, port, _ := strings.Cut(addr, ":")
-	args := append([]string{"-m", modelFile, "--host", host, "--port", port, "--metrics", "-t", "2"}, extra...)
+	args := append([]string{"-m", modelFile, "--host", host, "--port", port, "--metrics", "-t", "1"}, extra...)
 	srv := startProcess(t, dir, name, server, args...)
 	waitHTTP(t, srv, "http://"+addr+"/health", 2*time.Minute)
 	return srv
@@ -141,6 +143,7 @@ func replayOnce(t *testing.T, dir, kvload, cfg string, within time.Duration) str
 // user would (dialect llamacpp, nothing about its cache), and checks the
 // exporter's counters against the server's own /metrics.
 func TestRealEngineLlamaServer(t *testing.T) {
+	t.Parallel() // see llamaParallel
 	root := repoRoot(t)
 	server := engineBinary(t, "LLAMA_SERVER_BIN")
 	modelFile := engineBinary(t, "TINY_MODEL")
@@ -279,6 +282,7 @@ func waitLog(t *testing.T, p *process, path, want string, within time.Duration) 
 // it room: over 30 short prompts (100 to 390 tokens, sent one at a time)
 // the server counts the trace's tokens within 1 %.
 func TestRealEngineChatPromptLength(t *testing.T) {
+	t.Parallel() // see llamaParallel
 	root := repoRoot(t)
 	server := engineBinary(t, "LLAMA_SERVER_BIN")
 	modelFile := engineBinary(t, "TINY_MODEL")
@@ -329,6 +333,7 @@ workloads:
 // the exporter's prompts as built, and the exporter's counters must equal
 // the server's.
 func TestRealEngineLlamaCppExample(t *testing.T) {
+	t.Parallel() // see llamaParallel
 	root := repoRoot(t)
 	server := engineBinary(t, "LLAMA_SERVER_BIN")
 	modelFile := engineBinary(t, "TINY_MODEL")
