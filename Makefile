@@ -173,9 +173,12 @@ $(TINY_MODEL): | $(LLAMA_SERVER)
 	  $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/src/gguf-py $(TOKENIZER_VERSION) $@
 
 ## test-engines: the exporter against the real llama-server (counters checked against its own) and Ollama (reports nothing).
+# Ollama's test runs alone first (it judges times); then the llama-server
+# tests two at a time, one engine thread each (they judge counts; four at
+# once starved the engines and paged late).
 test-engines: build engines $(PROMTOOL)
 	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) LLAMA_SERVER_BIN=$(LLAMA_SERVER) OLLAMA_BIN=$(OLLAMA) TINY_MODEL=$(TINY_MODEL) \
-	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) $(GO) test -count=1 -timeout 30m -v -run '^TestRealEngine' ./dashtest
+	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) $(GO) test -count=1 -timeout 30m -v -parallel 2 -run '^TestRealEngine' ./dashtest
 
 ## lint: gofmt, go vet and golangci-lint (.golangci.yml; depguard holds the import direction of the packages).
 lint: fmt-check vet golangci-lint
