@@ -12,6 +12,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/dlclark/regexp2/v2"
 	tiktoken "github.com/tiktoken-go/tokenizer"
@@ -128,7 +130,15 @@ type hfTokenizer struct {
 	byteID       [256]int32 // id of each single byte
 	byteRune     [256]rune
 	runeByte     map[rune]byte
+	// pieces caches the ids of pre-tokens seen, as Hugging Face's BPE
+	// model does: text repeats its words, and the merges are most of the
+	// cost of a word. At most maxCachedPieces are kept.
+	pieces       sync.Map // string → []int32
+	cachedPieces atomic.Int64
 }
+
+// maxCachedPieces bounds the pre-token cache (a few MB).
+const maxCachedPieces = 1 << 16
 
 type merge struct{ rank, id int32 }
 
@@ -494,6 +504,28 @@ func (t *hfTokenizer) bpe(out []int, piece string) []int {
 	if len(piece) == 1 {
 		return append(out, int(t.byteID[piece[0]]))
 	}
+	if ids, ok := t.pieces.Load(piece); ok {
+		for _, id := range ids.([]int32) {
+			out = append(out, int(id))
+		}
+		return out
+	}
+	n := len(out)
+	out = t.bpeUncached(out, piece)
+	if len(piece) <= smallPiece && t.cachedPieces.Load() < maxCachedPieces {
+		ids := make([]int32, len(out)-n)
+		for i, id := range out[n:] {
+			ids[i] = int32(id)
+		}
+		if _, loaded := t.pieces.LoadOrStore(strings.Clone(piece), ids); !loaded {
+			t.cachedPieces.Add(1)
+		}
+	}
+	return out
+}
+
+// bpeUncached is bpe without the cache.
+func (t *hfTokenizer) bpeUncached(out []int, piece string) []int {
 	if t.ignoreMerges {
 		var sb strings.Builder
 		sb.Grow(2 * len(piece))
