@@ -163,8 +163,11 @@ func (a AutoInt) IsZero() bool { return a.Auto() }
 
 // Workload is one trace replayed against one or more targets.
 type Workload struct {
-	Name         string                  `yaml:"name"`
-	Trace        string                  `yaml:"trace"`
+	Name  string `yaml:"name"`
+	Trace string `yaml:"trace,omitempty"`
+	// Generate, instead of a trace, makes the rows of a shared-prefix
+	// workload in memory.
+	Generate     *Generate               `yaml:"generate,omitempty"`
 	Targets      []string                `yaml:"targets"`
 	BlockSize    int                     `yaml:"block_size,omitempty"`
 	Seed         uint64                  `yaml:"seed,omitempty"`
@@ -188,6 +191,49 @@ type Synthesis struct {
 	OutputLenMultiplier  float64 `yaml:"output_len_multiplier,omitempty"`
 	MaxISL               int     `yaml:"max_isl,omitempty"`
 	MaxOSL               int     `yaml:"max_osl,omitempty"`
+}
+
+// Generate is a shared-prefix workload (synth.SharedPrefix): the trace
+// synthesize --prefixes would write, made in memory. Its block size and seed
+// are the workload's.
+type Generate struct {
+	Prefixes     int          `yaml:"prefixes"`
+	PrefixTokens int          `yaml:"prefix_tokens"`
+	Requests     int          `yaml:"requests"`
+	InputTokens  TokenLengths `yaml:"input_tokens"`
+	OutputTokens TokenLengths `yaml:"output_tokens"`
+	Turns        int          `yaml:"turns,omitempty"`
+	TurnDelay    Duration     `yaml:"turn_delay,omitempty"`
+	Rate         float64      `yaml:"rate"`
+	Arrival      string       `yaml:"arrival,omitempty"`
+}
+
+// TokenLengths is a normal distribution of token counts.
+type TokenLengths struct {
+	Mean   float64 `yaml:"mean"`
+	StdDev float64 `yaml:"stddev,omitempty"`
+}
+
+// SharedPrefix is the generator w names, with its defaults; nil without
+// one.
+func (w *Workload) SharedPrefix() *synth.SharedPrefix {
+	g := w.Generate
+	if g == nil {
+		return nil
+	}
+	turns := g.Turns
+	if turns == 0 {
+		turns = 1
+	}
+	return &synth.SharedPrefix{
+		Prefixes: g.Prefixes, PrefixTokens: g.PrefixTokens, Requests: g.Requests,
+		InputTokens:  synth.Lengths{Mean: g.InputTokens.Mean, StdDev: g.InputTokens.StdDev},
+		OutputTokens: synth.Lengths{Mean: g.OutputTokens.Mean, StdDev: g.OutputTokens.StdDev},
+		Turns:        turns,
+		TurnDelay:    float64(time.Duration(g.TurnDelay)) / float64(time.Millisecond),
+		Rate:         g.Rate, Arrival: synth.Arrival(orDefault(g.Arrival, string(synth.ArrivalPoisson))),
+		BlockSize: w.BlockSize, Seed: w.Seed,
+	}
 }
 
 // Duration is a Prometheus-style duration ("30s", "10m", "1h30m").
@@ -517,8 +563,11 @@ func (c *Config) Validate() error {
 		w := &c.Workloads[i]
 		p := fmt.Sprintf("workloads[%d]", i)
 		checkName("workload", w.Name, p, seenW)
-		if w.Trace == "" {
-			bad(p+".trace", "is required")
+		switch {
+		case w.Trace == "" && w.Generate == nil:
+			bad(p+".trace", "is required (or generate, for a shared-prefix workload)")
+		case w.Trace != "" && w.Generate != nil:
+			bad(p+".generate", "cannot be given with trace: a workload replays a trace or generates its rows")
 		}
 		if len(w.Targets) == 0 {
 			bad(p+".targets", "at least one target is required")
@@ -625,6 +674,17 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 		for _, line := range strings.Split(err.Error(), "\n") {
 			path, msg, _ := strings.Cut(line, ": ")
 			bad(path, "%s", msg)
+		}
+	}
+	if g := w.SharedPrefix(); g != nil {
+		err := g.Validate(func(key string) string { return p + ".generate." + key + ":" })
+		if err != nil {
+			for _, line := range strings.Split(err.Error(), "\n") {
+				path, msg, _ := strings.Cut(line, ": ")
+				if path != p+".generate.block_size" { // told above, as block_size
+					bad(path, "%s", msg)
+				}
+			}
 		}
 	}
 	oneOf(w.Loop, p+".loop", bad, replay.LoopModes[:])

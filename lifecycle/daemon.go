@@ -206,13 +206,23 @@ func (d *Daemon) reload(ctx, unitCtx context.Context, force bool) error {
 }
 
 // Check reads the configuration file and everything it references, as a
-// reload would, and returns every problem it finds.
-func Check(path string) error {
+// reload would, and returns every problem it finds, and the warnings about
+// its traces that a start would log.
+func Check(path string) (notes []string, err error) {
 	data, err := os.ReadFile(path)
-	if err == nil {
-		_, _, _, err = loadConfig(context.Background(), path, data, newTraceCache())
+	if err != nil {
+		return nil, err
 	}
-	return err
+	cfg, loaded, _, err := loadConfig(context.Background(), path, data, newTraceCache())
+	if err != nil {
+		return nil, err
+	}
+	for i := range cfg.Workloads {
+		if wd := loaded[cfg.Workloads[i].Name]; wd != nil && wd.note != "" {
+			notes = append(notes, wd.note)
+		}
+	}
+	return notes, nil
 }
 
 // loadConfig parses a configuration and everything it references (traces,
@@ -361,8 +371,20 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 		}
 	}
 	d.cfg, d.cfgBytes, d.traces = cfg, data, traces
+	d.logTraceNotes(cfg, loaded)
 	level.Info(d.logger).Log("msg", "configuration applied", "file", d.configFile, "units", len(d.units))
 	return errors.Join(errs...)
+}
+
+// logTraceNotes logs the warnings about the workloads' traces, once per
+// trace as read: a reload that keeps a file says nothing again.
+func (d *Daemon) logTraceNotes(cfg *config.Config, loaded map[string]*workloadData) {
+	for i := range cfg.Workloads {
+		if wd := loaded[cfg.Workloads[i].Name]; wd.note != "" && !wd.trace.file.noted {
+			wd.trace.file.noted = true
+			level.Warn(d.logger).Log("msg", wd.note)
+		}
+	}
 }
 
 // applyScrapersUntil is applyScrapers, whose baseline reads end when ctx

@@ -51,6 +51,10 @@ type parsedFile struct {
 	info os.FileInfo // the file when it was read: its identity, size and mtime
 	hash string      // of its bytes, to tell a touched file from a changed one
 	rows *trace.Table
+	// surplus counts the rows whose hash_ids run past their input_length,
+	// cut to the ids that fit in rows; noted once the daemon logged it.
+	surplus trace.Surplus
+	noted   bool
 }
 
 // tracePlan is a workload's trace ready to replay.
@@ -83,7 +87,7 @@ func (c *traceCache) plan(ctx context.Context, prev *traceCache, path string, w 
 	pf := c.files[fk] // already read for another workload of this load
 	if pf == nil {
 		var err error
-		if pf, err = c.readFile(ctx, prev.files[fk], fk); err != nil {
+		if pf, err = c.fileOf(ctx, prev.files[fk], fk, w); err != nil {
 			if access := (*traceAccessError)(nil); errors.As(err, &access) {
 				return nil, err // named by the caller, with its YAML key
 			}
@@ -160,8 +164,12 @@ func (c *traceCache) readFile(ctx context.Context, old *parsedFile, fk fileKey) 
 	if err != nil {
 		return nil, err
 	}
+	rows, surplus, err := trace.FitTable(rows, fk.blockSize)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", fk.path, err)
+	}
 	sum := h.Sum(nil)
-	pf := &parsedFile{info: fi, hash: hex.EncodeToString(sum), rows: rows}
+	pf := &parsedFile{info: fi, hash: hex.EncodeToString(sum), rows: rows, surplus: surplus}
 	if old != nil && old.hash == pf.hash {
 		old.info = fi // touched, not changed: keep what was built from it
 		return old, nil

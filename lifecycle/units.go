@@ -26,6 +26,9 @@ const promptCacheBytes = 64 << 20
 type workloadData struct {
 	trace   *tracePlan
 	builder *prompt.Builder
+	// note, when not empty, is a warning about the trace that the daemon
+	// logs once and --config.check prints.
+	note string
 }
 
 // rows is the number of rows the workload replays.
@@ -46,11 +49,19 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 		MaxOSL:               w.Synthesis.MaxOSL,
 		Seed:                 w.Seed,
 	}
-	tp, err := traces.plan(ctx, prev, cfg.TracePath(w), w, k)
+	path := cfg.TracePath(w)
+	if g := w.SharedPrefix(); g != nil {
+		path = generatedName(g)
+	}
+	tp, err := traces.plan(ctx, prev, path, w, k)
 	if ae := (*traceAccessError)(nil); errors.As(err, &ae) {
 		// The file could not be read at all: name the YAML key and line,
 		// and where relative paths resolve.
 		return nil, cfg.TraceError(w, ae.err)
+	}
+	if errors.Is(err, trace.ErrTooFewHashIDs) {
+		return nil, fmt.Errorf("%w; %s is %d tokens: it must be the block size the trace's hash_ids were made with",
+			err, blockSizeKey(cfg, w), w.BlockSize)
 	}
 	if err != nil {
 		return nil, err
@@ -59,7 +70,22 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
-	return &workloadData{trace: tp, builder: builder}, nil
+	wd := &workloadData{trace: tp, builder: builder}
+	if sp := tp.file.surplus; sp.Rows > 0 {
+		wd.note = fmt.Sprintf("workload %s: %s: %s; their prompts use the ids that fit. Is %s (%d) the block size the trace was made with?",
+			w.Name, path, sp, blockSizeKey(cfg, w), w.BlockSize)
+	}
+	return wd, nil
+}
+
+// blockSizeKey is the YAML path of w's block_size, for messages.
+func blockSizeKey(cfg *config.Config, w *config.Workload) string {
+	for i := range cfg.Workloads {
+		if &cfg.Workloads[i] == w {
+			return fmt.Sprintf("workloads[%d].block_size", i)
+		}
+	}
+	return "block_size"
 }
 
 // ctxReader fails its reads once ctx is done.

@@ -71,7 +71,7 @@ func fastRow(l []byte, blockSize int, b *TableBuilder, line int) (ok bool) {
 	}
 	if blockSize > 0 && len(ids) > 0 {
 		n := int64(len(ids))
-		if isl < 1 || (isl-1)/int64(blockSize)+1 != n {
+		if isl < 1 || (isl-1)/int64(blockSize)+1 > n {
 			return false
 		}
 	}

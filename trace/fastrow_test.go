@@ -17,8 +17,9 @@ func TestFastRowAgreesWithParseRecord(t *testing.T) {
 		`{"timestamp": 3, "input_length": 10, "output_length": 2}`,
 		`{"timestamp": 3, "input_length": 10, "hash_ids": [1]}`,
 		`{"timestamp": 3, "input_length": 0, "hash_ids": []}`,
-		`{"timestamp": 3, "input_length": 0, "hash_ids": [1]}`,    // does not fit
-		`{"timestamp": 3, "input_length": 1000, "hash_ids": [1]}`, // needs 2 ids
+		`{"timestamp": 3, "input_length": 0, "hash_ids": [1]}`,                              // does not fit
+		`{"timestamp": 3, "input_length": 1000, "hash_ids": [1]}`,                           // needs 2 ids
+		`{"timestamp": 0, "input_length": 655, "output_length": 52, "hash_ids": [0, 1, 2]}`, // an id to spare
 		`{"timestamp": 3, "input_length": 10, "hash_ids": [01]}`,
 		`{"timestamp": 3.5, "input_length": 10}`,
 		`{"timestamp": 1e3, "input_length": 10}`,

@@ -29,10 +29,11 @@ var ErrEmpty = errors.New("trace has no rows")
 
 // ReadOptions tunes the checks the reader applies to each row.
 type ReadOptions struct {
-	// BlockSize, when positive, requires hash_ids to fit input_length: the
-	// last block holds input_length − (n−1)·BlockSize tokens, which must lie
-	// in (0, BlockSize]. AIPerf checks this only when it builds a prompt;
-	// checking it here names the line.
+	// BlockSize, when positive, requires hash_ids to cover input_length:
+	// at least ⌈input_length/BlockSize⌉ ids, and input_length ≥ 1. More ids
+	// than that are accepted, as AIPerf's analyze-trace takes them; FitTable
+	// and FitRecords keep the ids that fit, for what is sent. AIPerf checks
+	// the blocks only when it builds a prompt; checking here names the line.
 	BlockSize int
 }
 
@@ -605,16 +606,9 @@ func (rec *Record) Validate(blockSize int) error {
 		}
 	}
 	if blockSize > 0 && len(rec.HashIDs) > 0 {
-		// Divide rather than multiply: (n−1)·blockSize overflows for a huge
-		// configured block size.
 		n, isl := len(rec.HashIDs), *rec.InputLength
-		if isl < 1 {
-			return fmt.Errorf("input_length %d does not fit %d hash_ids of %d-token blocks: it needs at least 1 token",
-				isl, n, blockSize)
-		}
-		if need := (isl-1)/blockSize + 1; need != n {
-			return fmt.Errorf("input_length %d does not fit %d hash_ids of %d-token blocks: it needs %d",
-				isl, n, blockSize, need)
+		if need := FittingIDs(isl, blockSize); isl < 1 || need > n {
+			return &blocksError{isl: isl, ids: n, blockSize: blockSize, need: need}
 		}
 	}
 	return nil

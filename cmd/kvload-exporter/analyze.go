@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,20 +19,24 @@ import (
 // analyzeOptions are the analyze command's arguments.
 type analyzeOptions struct {
 	trace      string
+	inputFile  string // AIPerf's name for the trace
 	blockSize  int
-	format     string // table | json: what goes to stdout
+	format     string // table | json | aiperf: what goes to stdout
 	outputFile string // if set, the JSON report is also written here
 	curve      curveOptions
 }
 
 func analyzeCommand(app *kingpin.Application) command {
-	cl := app.Command("analyze", "Print a trace's statistics: the numbers of AIPerf analyze-trace and Dynamo datagen analyze, in full precision; or, with --capacity-curve, its hit rate by KV capacity.")
+	cl := app.Command("analyze", "Print a trace's statistics: the numbers of AIPerf analyze-trace and Dynamo datagen analyze, in full precision; or, with --capacity-curve, its hit rate by KV capacity. Also called analyze-trace, AIPerf's name.").
+		Alias("analyze-trace")
 	var o analyzeOptions
-	cl.Arg("trace", "Mooncake trace file (JSON lines).").Required().StringVar(&o.trace)
+	cl.Arg("trace", "Mooncake trace file (JSON lines).").StringVar(&o.trace)
+	cl.Flag("input-file", "The trace, as AIPerf's analyze-trace names it (instead of the TRACE argument).").
+		PlaceHolder("FILE").StringVar(&o.inputFile)
 	cl.Flag("block-size", "Tokens per hash block of the trace; used for Context Length and the capacity curve.").
 		Default("512").IntVar(&o.blockSize)
-	cl.Flag("format", "What to print on stdout: table or json (AIPerf's AnalysisStats keys; with --capacity-curve, the curve's).").
-		Default("table").EnumVar(&o.format, "table", "json")
+	cl.Flag("format", "What to print on stdout: table, json (AIPerf's AnalysisStats keys; with --capacity-curve, the curve's), or aiperf (the report as AIPerf's analyze-trace prints it, rates in percent).").
+		Default("table").EnumVar(&o.format, "table", "json", "aiperf")
 	cl.Flag("output-file", "Also write the JSON report to this file, creating its directory.").
 		PlaceHolder("FILE").StringVar(&o.outputFile)
 	o.curve.flags(cl)
@@ -40,24 +45,50 @@ func analyzeCommand(app *kingpin.Application) command {
 	}}
 }
 
+// tracePath settles the trace from the argument and --input-file, which
+// may each name it, but not differently.
+func tracePath(arg, inputFile string) (string, error) {
+	switch {
+	case arg == "" && inputFile == "":
+		return "", errors.New("a trace is required: give TRACE or --input-file")
+	case arg != "" && inputFile != "" && arg != inputFile:
+		return "", fmt.Errorf("TRACE %q and --input-file %q disagree; give one", arg, inputFile)
+	}
+	return cmp.Or(arg, inputFile), nil
+}
+
 // runAnalyze is the analyze command; now is the clock of the progress
 // lines, a parameter so that tests need not sleep.
 func runAnalyze(ctx context.Context, s streams, o analyzeOptions, now func() time.Time) error {
+	path, err := tracePath(o.trace, o.inputFile)
+	if err != nil {
+		return badInput(err)
+	}
+	o.trace = path
 	if o.blockSize <= 0 {
 		return badInput(fmt.Errorf("--block-size must be positive, got %d", o.blockSize))
 	}
 	if o.curve.enabled {
+		if o.format == "aiperf" {
+			return badInput(errors.New("--format aiperf is AIPerf's report, which has no capacity curve: use table or json"))
+		}
 		return runCapacityCurve(ctx, s, o, now)
 	}
 	if flag := o.curve.flagWithout(); flag != "" {
 		return badInput(fmt.Errorf("--%s needs --capacity-curve", flag))
 	}
-	an, err := analyzeTrace(ctx, o.trace, o.blockSize, newProgress(s.stderr, now))
+	an, surplus, err := analyzeTrace(ctx, o.trace, o.blockSize, newProgress(s.stderr, now))
 	if err != nil {
 		return err
 	}
-
-	return writeReport(s, o, an.AppendJSON, an.WriteTable)
+	if surplus.Rows > 0 {
+		fmt.Fprintf(s.stderr, "analyze: %s: %s; counted with all their ids, as AIPerf counts them\n", o.trace, surplus)
+	}
+	writeTable := an.WriteTable
+	if o.format == "aiperf" {
+		writeTable = an.WriteAIPerf
+	}
+	return writeReport(s, o, an.AppendJSON, writeTable)
 }
 
 // writeReport writes a report to stdout as a table or JSON, and as JSON to
@@ -90,10 +121,13 @@ const ctxCheckRows = 4096
 
 // analyzeTrace streams the trace at path into an Analyzer, so that only the
 // compact per-row data the analysis needs is held in memory.
-func analyzeTrace(ctx context.Context, path string, blockSize int, p *progress) (synth.Analysis, error) {
+// Rows whose hash_ids run past their input_length are analysed with all
+// their ids, as AIPerf does, and counted in the Surplus.
+func analyzeTrace(ctx context.Context, path string, blockSize int, p *progress) (synth.Analysis, trace.Surplus, error) {
+	surplus := trace.Surplus{BlockSize: blockSize}
 	f, err := os.Open(path)
 	if err != nil {
-		return synth.Analysis{}, err // *PathError names the file
+		return synth.Analysis{}, surplus, err // *PathError names the file
 	}
 	defer f.Close()
 
@@ -105,22 +139,23 @@ func analyzeTrace(ctx context.Context, path string, blockSize int, p *progress) 
 			break
 		}
 		if err != nil {
-			return synth.Analysis{}, err // a *LineError says file:line: reason
+			return synth.Analysis{}, surplus, err // a *LineError says file:line: reason
 		}
+		surplus.Count(&rec)
 		a.Add(&rec)
 		rows := a.Rows()
 		if rows%ctxCheckRows == 0 {
 			if err := ctx.Err(); err != nil {
-				return synth.Analysis{}, fmt.Errorf("reading %s: %w", path, err)
+				return synth.Analysis{}, surplus, fmt.Errorf("reading %s: %w", path, err)
 			}
 		}
 		p.tick(rows)
 	}
 	if a.Rows() == 0 {
-		return synth.Analysis{}, fmt.Errorf("%s: %w", path, trace.ErrEmpty)
+		return synth.Analysis{}, surplus, fmt.Errorf("%s: %w", path, trace.ErrEmpty)
 	}
 	p.done(a.Rows())
-	return a.Result(), nil
+	return a.Result(), surplus, nil
 }
 
 // writeFileAll writes data to path, creating missing parent directories as

@@ -86,6 +86,14 @@ func runCapacityCurve(ctx context.Context, s streams, o analyzeOptions, now func
 	if err != nil {
 		return err
 	}
+	// The curve is the replay's cache: the ids a prompt is built from.
+	rows, surplus, err := trace.FitTable(rows, o.blockSize)
+	if err != nil {
+		return fmt.Errorf("%s: %w", o.trace, err)
+	}
+	if surplus.Rows > 0 {
+		fmt.Fprintf(s.stderr, "analyze: %s: %s; the curve uses the ids that fit, as the replay does\n", o.trace, surplus)
+	}
 	p := newProgress(s.stderr, now)
 	opts.Progress = func(done int) { p.modelled(done, rows.Len()) }
 	curve, err := synth.CapacityCurveOf(ctx, rows, o.trace, opts)

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"unicode/utf8"
 
@@ -23,36 +25,76 @@ import (
 )
 
 // hashCommand turns a file of prompts into a Mooncake trace, giving equal
-// hash ids to equal token prefixes (Dynamo's datagen hasher).
+// hash ids to equal token prefixes (Dynamo's datagen hasher). The output and
+// block size may also come as arguments, as Dynamo's hasher script takes
+// them.
 func hashCommand(app *kingpin.Application) command {
-	cl := app.Command("hash", `Tokenize prompts (JSONL rows {"prompt": "..."} or {"messages": [...]}) and write a Mooncake trace with input_length and hash_ids.`)
+	cl := app.Command("hash", `Tokenize prompts (JSONL rows {"prompt": "..."} or {"messages": [...]}) and write a Mooncake trace with input_length and hash_ids. Also "hash PROMPTS OUT [BLOCK_SIZE]", as Dynamo's hasher script takes them.`)
 	in := cl.Arg("PROMPTS", "JSONL file of prompts.").Required().String()
-	out := cl.Flag("output-file", "Trace to write.").Short('o').Required().String()
-	blockSize := cl.Flag("block-size", "Hash block size in tokens.").Default("512").Int()
+	outArg := cl.Arg("OUT", "Trace to write (the same as -o).").String()
+	blockArg := cl.Arg("BLOCK_SIZE", "Hash block size in tokens (the same as --block-size).").String()
+	out := cl.Flag("output-file", "Trace to write.").Short('o').String()
+	var blockSet bool
+	blockSize := cl.Flag("block-size", "Hash block size in tokens; a workload replaying the trace needs the same block_size.").
+		Default("512").IsSetByUser(&blockSet).Int()
 	tok := cl.Flag("tokenizer", "o200k_base, cl100k_base, or the path of a Hugging Face tokenizer.json.").Default(tokenizer.O200kBase).String()
 	return command{clause: cl, run: func(ctx context.Context, s streams) error {
-		if *blockSize <= 0 {
-			return badInput(fmt.Errorf("hash: --block-size must be positive, got %d", *blockSize))
+		outPath, block, err := hashOutput(*out, *outArg, *blockSize, blockSet, *blockArg)
+		if err != nil {
+			return badInput(fmt.Errorf("hash: %w", err))
 		}
 		t, err := tokenizer.Load(*tok)
 		if err != nil {
 			return badInput(fmt.Errorf("hash: %w", err))
 		}
-		return hashFile(ctx, *in, *out, t, *blockSize)
+		rows, err := hashFile(ctx, *in, outPath, t, block)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(s.stderr, "hash: wrote %d rows of %d-token blocks to %s; a workload replaying it needs block_size: %d\n",
+			rows, block, outPath, block)
+		return nil
 	}}
+}
+
+// hashOutput settles the output path and block size from the flags and
+// the positional arguments, which may each give them, but not differently.
+func hashOutput(flagOut, argOut string, flagBlock int, flagBlockSet bool, argBlock string) (string, int, error) {
+	out := cmp.Or(argOut, flagOut)
+	switch {
+	case out == "":
+		return "", 0, errors.New("the trace to write is required: give OUT or -o")
+	case argOut != "" && flagOut != "" && argOut != flagOut:
+		return "", 0, fmt.Errorf("OUT %q and -o %q disagree; give one", argOut, flagOut)
+	}
+	block := flagBlock
+	if argBlock != "" {
+		n, err := strconv.Atoi(argBlock)
+		if err != nil {
+			return "", 0, fmt.Errorf("BLOCK_SIZE: want an integer, got %q", argBlock)
+		}
+		if flagBlockSet && n != flagBlock {
+			return "", 0, fmt.Errorf("BLOCK_SIZE %d and --block-size %d disagree; give one", n, flagBlock)
+		}
+		block = n
+	}
+	if block <= 0 {
+		return "", 0, fmt.Errorf("the block size must be positive, got %d", block)
+	}
+	return out, block, nil
 }
 
 // hashFile writes the trace to a temporary file beside out and renames it
 // at the end, so a bad row never leaves a partial trace behind.
-func hashFile(ctx context.Context, inPath, outPath string, t tokenizer.Tokenizer, blockSize int) (err error) {
+func hashFile(ctx context.Context, inPath, outPath string, t tokenizer.Tokenizer, blockSize int) (rows int, err error) {
 	in, err := os.Open(inPath)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer in.Close()
 	tmp, err := os.CreateTemp(filepath.Dir(outPath), "."+filepath.Base(outPath)+".*")
 	if err != nil {
-		return fmt.Errorf("hash: %w", err)
+		return 0, fmt.Errorf("hash: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -61,19 +103,19 @@ func hashFile(ctx context.Context, inPath, outPath string, t tokenizer.Tokenizer
 		}
 	}()
 	w := bufio.NewWriterSize(tmp, 1<<16)
-	if err := hashPrompts(ctx, in, inPath, w, t, blockSize); err != nil {
-		return err
+	if rows, err = hashPrompts(ctx, in, inPath, w, t, blockSize); err != nil {
+		return 0, err
 	}
 	if err := w.Flush(); err != nil {
-		return fmt.Errorf("hash: write %s: %w", outPath, err)
+		return 0, fmt.Errorf("hash: write %s: %w", outPath, err)
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("hash: write %s: %w", outPath, err)
+		return 0, fmt.Errorf("hash: write %s: %w", outPath, err)
 	}
 	if err := os.Rename(tmp.Name(), outPath); err != nil {
-		return fmt.Errorf("hash: %w", err)
+		return 0, fmt.Errorf("hash: %w", err)
 	}
-	return nil
+	return rows, nil
 }
 
 // promptRow is one parsed input row.
@@ -87,10 +129,10 @@ type promptRow struct {
 // hashPrompts reads prompt rows from r and writes trace rows to w. Rows are
 // tokenized in parallel batches (tokenizing is the slow part) and hashed in
 // file order, since ids depend on first appearance.
-func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t tokenizer.Tokenizer, blockSize int) error {
+func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t tokenizer.Tokenizer, blockSize int) (int, error) {
 	h, err := prompt.NewHasher(blockSize)
 	if err != nil {
-		return badInput(err)
+		return 0, badInput(err)
 	}
 	br := bufio.NewReaderSize(r, 1<<16)
 	workers := runtime.GOMAXPROCS(0)
@@ -136,14 +178,14 @@ func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t t
 			if b = bytes.TrimSpace(b); len(b) > 0 {
 				row, err := parsePromptRow(b)
 				if err != nil {
-					return &trace.LineError{File: name, Line: line, Err: err}
+					return 0, &trace.LineError{File: name, Line: line, Err: err}
 				}
 				row.line = line
 				batch = append(batch, row)
 				rows++
 				if len(batch) == batchSize {
 					if err := flush(); err != nil {
-						return err
+						return 0, err
 					}
 				}
 			}
@@ -152,16 +194,16 @@ func hashPrompts(ctx context.Context, r io.Reader, name string, w io.Writer, t t
 			break
 		}
 		if rerr != nil {
-			return fmt.Errorf("hash: read %s: %w", name, rerr)
+			return 0, fmt.Errorf("hash: read %s: %w", name, rerr)
 		}
 	}
 	if err := flush(); err != nil {
-		return err
+		return 0, err
 	}
 	if rows == 0 {
-		return fmt.Errorf("%s: %w", name, trace.ErrEmpty)
+		return 0, fmt.Errorf("%s: %w", name, trace.ErrEmpty)
 	}
-	return nil
+	return rows, nil
 }
 
 // parsePromptRow reads one row: exactly one of prompt (a non-empty string)

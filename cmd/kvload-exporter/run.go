@@ -395,9 +395,13 @@ func logDrained(logger log.Logger, g prometheus.Gatherer) {
 // checkConfig is --config.check: every problem of the file and of the traces
 // it names, then exit 0, or 2 (bad input) as a start would.
 func checkConfig(path string, s streams) error {
-	if err := lifecycle.Check(path); err != nil {
+	notes, err := lifecycle.Check(path)
+	if err != nil {
 		fmt.Fprintln(s.stdout, err)
 		return withExitCode(errors.New("configuration check failed"), exitBadInput)
+	}
+	for _, n := range notes {
+		fmt.Fprintf(s.stdout, "warning: %s\n", n)
 	}
 	fmt.Fprintf(s.stdout, "%s: configuration is valid\n", path)
 	return nil

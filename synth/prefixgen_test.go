@@ -1,0 +1,210 @@
+package synth
+
+import (
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/trace"
+)
+
+func sharedSpec() SharedPrefix {
+	return SharedPrefix{
+		Prefixes: 8, PrefixTokens: 1024, Requests: 4000,
+		InputTokens: Lengths{Mean: 256, StdDev: 32}, OutputTokens: Lengths{Mean: 64, StdDev: 16},
+		Turns: 1, Rate: 10, BlockSize: 16, Seed: 7,
+	}
+}
+
+func generateShared(t *testing.T, s SharedPrefix) []trace.Record {
+	t.Helper()
+	var rows []trace.Record
+	if err := GenerateSharedPrefix(s, func(r *trace.Record) error {
+		rows = append(rows, r.Clone())
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+func jsonLines(rows []trace.Record) string {
+	var b []byte
+	for i := range rows {
+		b = append(rows[i].AppendJSON(b), '\n')
+	}
+	return string(b)
+}
+
+func TestSharedPrefixReproducible(t *testing.T) {
+	s := sharedSpec()
+	s.Turns = 3
+	a, b := jsonLines(generateShared(t, s)), jsonLines(generateShared(t, s))
+	if a != b {
+		t.Fatal("two runs with the same parameters differ")
+	}
+	s.Seed++
+	if jsonLines(generateShared(t, s)) == a {
+		t.Fatal("another seed gives the same rows")
+	}
+}
+
+// TestSharedPrefixStreams: each random quantity has its own stream, so
+// changing the output lengths moves no input length, prefix or arrival.
+func TestSharedPrefixStreams(t *testing.T) {
+	s := sharedSpec()
+	base := generateShared(t, s)
+	s.OutputTokens = Lengths{Mean: 300, StdDev: 90}
+	other := generateShared(t, s)
+	for i := range base {
+		a, b := base[i], other[i]
+		if a.ISL() != b.ISL() || *a.Timestamp != *b.Timestamp || a.HashIDs[0] != b.HashIDs[0] {
+			t.Fatalf("row %d: input %d, arrival %v, first id %d became %d, %v, %d when only output lengths changed",
+				i, a.ISL(), *a.Timestamp, a.HashIDs[0], b.ISL(), *b.Timestamp, b.HashIDs[0])
+		}
+	}
+	if jsonLines(base) == jsonLines(other) {
+		t.Fatal("output lengths did not change")
+	}
+}
+
+// TestSharedPrefixRows: the rows' shape: count, sessions, delays, arrivals
+// at the rate, ids that fit, and later turns that extend the turn before.
+func TestSharedPrefixRows(t *testing.T) {
+	s := sharedSpec()
+	s.Requests, s.Turns, s.TurnDelay, s.Arrival = 1001, 4, 1500, ArrivalConstant
+	rows := generateShared(t, s)
+	if len(rows) != 1001 {
+		t.Fatalf("%d rows, want 1001", len(rows))
+	}
+	firsts := 0
+	for i, r := range rows {
+		if got, want := len(r.HashIDs), trace.FittingIDs(r.ISL(), s.BlockSize); got != want {
+			t.Fatalf("row %d: %d ids for %d tokens, want %d", i, got, r.ISL(), want)
+		}
+		if r.SessionID == nil {
+			t.Fatalf("row %d has no session_id", i)
+		}
+		turn := i % 4
+		if turn == 0 {
+			if r.Timestamp == nil || r.Delay != nil {
+				t.Fatalf("row %d, a first turn: timestamp %v, delay %v", i, r.Timestamp, r.Delay)
+			}
+			// Constant arrivals: session k at k/rate seconds.
+			if want := float64(firsts) * 100; math.Abs(*r.Timestamp-want) > 1e-3 {
+				t.Fatalf("session %d arrives at %v ms, want %v", firsts, *r.Timestamp, want)
+			}
+			firsts++
+			continue
+		}
+		prev := rows[i-1]
+		if r.Timestamp != nil || r.Delay == nil || *r.Delay != 1500 || *r.SessionID != *prev.SessionID {
+			t.Fatalf("row %d, turn %d: timestamp %v, delay %v, session %v after %v", i, turn, r.Timestamp, r.Delay, *r.SessionID, *prev.SessionID)
+		}
+		// A later turn holds the whole previous turn and its answer, and
+		// repeats the ids of the previous turn's whole blocks.
+		if r.ISL() <= prev.ISL()+prev.OSL() {
+			t.Fatalf("row %d: %d tokens after a turn of %d and an answer of %d", i, r.ISL(), prev.ISL(), prev.OSL())
+		}
+		whole := prev.ISL() / s.BlockSize
+		if !reflect.DeepEqual(r.HashIDs[:whole], prev.HashIDs[:whole]) || (whole < len(prev.HashIDs) && r.HashIDs[whole] == prev.HashIDs[whole]) {
+			t.Fatalf("row %d does not extend the previous turn's %d whole blocks", i, whole)
+		}
+	}
+	if firsts != 251 {
+		t.Fatalf("%d sessions, want 251 (the last one short)", firsts)
+	}
+}
+
+// TestSharedPrefixPoissonRate: exponential gaps average 1/rate.
+func TestSharedPrefixPoissonRate(t *testing.T) {
+	s := sharedSpec()
+	s.Requests, s.Rate = 20000, 50
+	rows := generateShared(t, s)
+	span := *rows[len(rows)-1].Timestamp / 1000
+	got := float64(len(rows)-1) / span
+	t.Logf("%.3f requests a second over %d, asked %v", got, len(rows), s.Rate)
+	if math.Abs(got/s.Rate-1) > 0.03 {
+		t.Errorf("%.2f requests a second, want %v within 3 %%", got, s.Rate)
+	}
+}
+
+// expectedTokenHitRate is the token hit rate an infinite cache gives on
+// s's rows, derived from the parameters alone: a session whose prefix was
+// used before hits the prefix's whole blocks; a later turn hits the whole
+// blocks of the turn before (in the mean, its length less half a block).
+func expectedTokenHitRate(s SharedPrefix) float64 {
+	B := float64(s.BlockSize)
+	L, mi, mo := float64(s.PrefixTokens), s.InputTokens.Mean, s.OutputTokens.Mean
+	sessions := float64(s.Requests / s.Turns)
+	P := float64(s.Prefixes)
+	used := P * (1 - math.Pow(1-1/P, sessions)) // prefixes drawn at least once
+	shared := math.Floor(L/B) * B
+	hits := shared * (sessions - used)
+	tokens := 0.0
+	for k := range s.Turns {
+		tokens += sessions * (L + float64(k+1)*mi + float64(k)*mo)
+		if k > 0 {
+			hits += sessions * (L + float64(k)*mi + float64(k-1)*mo - (B-1)/2)
+		}
+	}
+	return hits / tokens
+}
+
+func TestSharedPrefixHitRate(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*SharedPrefix)
+	}{
+		{"one turn", func(*SharedPrefix) {}},
+		{"prefix not whole blocks", func(s *SharedPrefix) { s.BlockSize, s.PrefixTokens = 512, 1000 }},
+		{"many prefixes", func(s *SharedPrefix) { s.Prefixes = 2000 }},
+		{"sessions", func(s *SharedPrefix) { s.Turns = 4 }},
+		{"no prefix", func(s *SharedPrefix) { s.PrefixTokens = 0 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := sharedSpec()
+			tt.modify(&s)
+			an := Analyze(generateShared(t, s), s.BlockSize)
+			want := expectedTokenHitRate(s)
+			t.Logf("token hit rate %.4f, implied %.4f", an.TokenHitRate, want)
+			if math.Abs(an.TokenHitRate-want) > 0.02 {
+				t.Errorf("token hit rate %.4f, the parameters imply %.4f", an.TokenHitRate, want)
+			}
+		})
+	}
+}
+
+func TestSharedPrefixValidate(t *testing.T) {
+	bad := SharedPrefix{Prefixes: 0, PrefixTokens: -1, Requests: 0, InputTokens: Lengths{Mean: 0.5, StdDev: -1},
+		OutputTokens: Lengths{Mean: math.NaN()}, Turns: 0, TurnDelay: -1, Rate: 0, Arrival: "burst", BlockSize: 0}
+	err := bad.Validate(func(key string) string { return key })
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, key := range []string{"prefixes", "prefix_tokens", "requests", "input_tokens.mean", "input_tokens.stddev",
+		"output_tokens.mean", "turns", "turn_delay", "rate", "arrival", "block_size"} {
+		if !strings.Contains(err.Error(), "\n"+key+" ") && !strings.HasPrefix(err.Error(), key+" ") {
+			t.Errorf("no error for %s in:\n%v", key, err)
+		}
+	}
+	if err := GenerateSharedPrefix(bad, func(*trace.Record) error { return nil }); err == nil {
+		t.Error("GenerateSharedPrefix accepted bad parameters")
+	}
+	if err := sharedSpec().Validate(func(key string) string { return key }); err != nil {
+		t.Errorf("good parameters: %v", err)
+	}
+}
+
+// TestSharedPrefixLengthsDraw: zero spread gives the mean, without a draw.
+func TestSharedPrefixLengthsDraw(t *testing.T) {
+	s := sharedSpec()
+	s.InputTokens, s.OutputTokens = Lengths{Mean: 99.6}, Lengths{Mean: 3}
+	for _, r := range generateShared(t, s)[:50] {
+		if r.ISL() != s.PrefixTokens+100 || r.OSL() != 3 {
+			t.Fatalf("row of %d/%d tokens, want %d/3", r.ISL(), r.OSL(), s.PrefixTokens+100)
+		}
+	}
+}
