@@ -62,8 +62,12 @@ type Target struct {
 	RequestTimeout   Duration                     `yaml:"request_timeout,omitempty"`
 	HTTPClientConfig *promconfig.HTTPClientConfig `yaml:"http_client_config,omitempty"`
 	ExtraBody        map[string]any               `yaml:"extra_body,omitempty"`
-	Cache            Cache                        `yaml:"cache,omitempty"`
-	Emulate          *Emulate                     `yaml:"emulate,omitempty"`
+	// SessionHeader names a request header that carries each request's
+	// session (the trace's session_id, else a per-row id), for a KV-aware
+	// router that keeps a session on one replica.
+	SessionHeader string   `yaml:"session_header,omitempty"`
+	Cache         Cache    `yaml:"cache,omitempty"`
+	Emulate       *Emulate `yaml:"emulate,omitempty"`
 }
 
 // Emulate is a target's emulated engine: the keys of package emulate's
@@ -180,6 +184,37 @@ type Workload struct {
 	// replay.DefaultMaxQueueLag.
 	MaxQueueLag Duration `yaml:"max_queue_lag,omitempty"`
 	Shard       Shard    `yaml:"shard,omitempty"`
+	// Schedule replaces the trace's timestamps: an open-loop rate or a
+	// closed loop of users. Unset, the trace's timestamps are the schedule.
+	Schedule Schedule `yaml:"schedule,omitempty"`
+	Prompts  Prompts  `yaml:"prompts,omitempty"`
+}
+
+// Schedule is a workload's schedule.
+type Schedule struct {
+	Rate      float64         `yaml:"rate,omitempty"`     // requests a second, whole fleet
+	Arrivals  replay.Arrivals `yaml:"arrivals,omitempty"` // with rate: poisson (default) or constant
+	Users     int             `yaml:"users,omitempty"`    // closed-loop users
+	ThinkTime Duration        `yaml:"think_time,omitempty"`
+}
+
+// Replay is the schedule as the replay takes it, seeded with the
+// workload's seed where it draws at random (Poisson arrivals), so that
+// workloads that differ only in their seed share a constant schedule.
+func (s Schedule) Replay(seed uint64) replay.Schedule {
+	r := replay.Schedule{Rate: s.Rate, Arrivals: s.Arrivals, Users: s.Users, ThinkTime: time.Duration(s.ThinkTime)}
+	if r.Rate > 0 && r.Arrivals == replay.ArrivalsPoisson {
+		r.Seed = seed
+	}
+	return r
+}
+
+// Prompts says how a workload's prompts are made.
+type Prompts struct {
+	// Reproducible makes a loop: once workload's prompts a function of its
+	// seed and trace alone, the same on every run, instead of new ones on
+	// every start (which a warm server cannot have cached).
+	Reproducible bool `yaml:"reproducible,omitempty"`
 }
 
 // Synthesis reshapes the trace before replay (AIPerf's per-row transform).
@@ -436,6 +471,9 @@ func (c *Config) applyDefaults() {
 		if w.Shard == (Shard{}) {
 			w.Shard = Shard{Index: 0, Count: 1}
 		}
+		if w.Schedule.Rate != 0 {
+			w.Schedule.Arrivals = orDefault(w.Schedule.Arrivals, replay.ArrivalsPoisson)
+		}
 	}
 }
 
@@ -641,6 +679,11 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	if t.Cache.MetricsURL != "" {
 		validateURL(t.Cache.MetricsURL, p+".cache.metrics_url", bad)
 	}
+	if t.SessionHeader != "" {
+		if err := openai.CheckSessionHeader(t.SessionHeader); err != nil {
+			bad(p+".session_header", "%v", err)
+		}
+	}
 	if t.Cache.Observed == engine.ObservedServerMetrics {
 		if t.Cache.MetricsURL == "" && t.Emulate == nil {
 			bad(p+".cache.metrics_url", "is required with observed: server_metrics")
@@ -695,10 +738,46 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 	if w.MaxQueueLag != 0 && w.OnSaturation != replay.SaturationQueue {
 		bad(p+".max_queue_lag", "applies only with on_saturation: queue")
 	}
+	validateSchedule(w, p, bad)
+	if w.Prompts.Reproducible && w.Loop != replay.LoopOnce {
+		bad(p+".prompts.reproducible", "applies only with loop: once (repeat sends the same prompts every pass already; fresh sends new ones by design)")
+	}
 	if w.Shard.Count < 1 {
 		bad(p+".shard.count", "must be at least 1, got %d", w.Shard.Count)
 	} else if w.Shard.Index < 0 || w.Shard.Index >= w.Shard.Count {
 		bad(p+".shard.index", "must be in 0..%d, got %d", w.Shard.Count-1, w.Shard.Index)
+	}
+}
+
+// validateSchedule checks a workload's schedule and what it excludes.
+func validateSchedule(w *Workload, p string, bad func(string, string, ...any)) {
+	s, sp := w.Schedule, p+".schedule"
+	if s.Rate != 0 && !(s.Rate >= replay.MinRate && s.Rate <= replay.MaxRate) {
+		bad(sp+".rate", "must be from 1/3600 (one an hour) to %d requests a second, got %v", int(replay.MaxRate), s.Rate)
+	}
+	if s.Users < 0 {
+		bad(sp+".users", "must not be negative, got %d", s.Users)
+	}
+	if s.Rate != 0 && s.Users != 0 {
+		bad(sp, "rate (an open loop) and users (a closed loop) exclude each other")
+	}
+	switch {
+	case s.Arrivals != "" && s.Rate == 0:
+		bad(sp+".arrivals", "applies only with a rate")
+	case s.Arrivals != "":
+		oneOf(s.Arrivals, sp+".arrivals", bad, replay.ArrivalProcesses[:])
+	}
+	switch {
+	case s.ThinkTime < 0:
+		bad(sp+".think_time", "must not be negative")
+	case s.ThinkTime != 0 && s.Users == 0:
+		bad(sp+".think_time", "applies only with users")
+	}
+	if s.Users > 0 && s.Users > w.MaxInFlight && w.MaxInFlight >= 1 {
+		bad(sp+".users", "%d users need max_in_flight %d at least, got %d", s.Users, s.Users, w.MaxInFlight)
+	}
+	if (s.Rate != 0 || s.Users != 0) && w.Synthesis.SpeedupRatio != 1 {
+		bad(p+".synthesis.speedup_ratio", "has no effect with a schedule of its own: the trace's timestamps are not used (set the rate instead)")
 	}
 }
 

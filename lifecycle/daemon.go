@@ -431,7 +431,7 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", wd.rows())
 		}
 	}()
-	level.Info(logger).Log("msg", "replay started", "rows", wd.rows())
+	level.Info(logger).Log("msg", "replay started", "rows", wd.rows(), "schedule", wd.trace.plan.Schedule())
 	return u, nil
 }
 
@@ -506,7 +506,7 @@ func (d *Daemon) templatePublisher(w, t string) templatePublisher {
 // the workload's prompts, or with token-id prompts a builder with t's
 // tokenizer (loaded once per reload into tokenizers).
 func unitRequestBuilder(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]tokenizer.Tokenizer) (*requestBuilder, error) {
-	rb := &requestBuilder{prompts: wd.builder}
+	rb := &requestBuilder{prompts: wd.builder, sessions: t.SessionHeader != ""}
 	if t.PromptFormat != openai.PromptFormatTokenIDs {
 		return rb, nil
 	}
@@ -534,10 +534,11 @@ func (d *Daemon) unitPacer(w *config.Workload, wd *workloadData) (*replay.Pacer,
 	}
 	now := time.Now()
 	var onceNS uint64
-	if shard.Count == 1 {
+	if shard.Count == 1 && !w.Prompts.Reproducible {
 		// A single pass of its own: a restarted exporter must not resend
 		// prompts a warm server still holds while its model starts cold.
-		// Replicas of a sharded workload must build the same prompts.
+		// Replicas of a sharded workload must build the same prompts, and
+		// reproducible ones are the same on every run.
 		onceNS = uint64(now.UnixNano())
 	}
 	opts := replay.PacerOptions{
@@ -553,6 +554,11 @@ func (d *Daemon) unitPacer(w *config.Workload, wd *workloadData) (*replay.Pacer,
 	offset, err := pacer.SeekTime(now.Sub(d.anchor))
 	if err != nil {
 		return nil, opts, time.Time{}, err
+	}
+	if wd.trace.plan.Schedule().Closed() {
+		// Users start now, where the grid stands: its pass numbers keep a
+		// restart's prompts apart from the last run's.
+		return pacer, opts, time.Time{}, nil
 	}
 	return pacer, opts, d.anchor.Add(offset), nil
 }

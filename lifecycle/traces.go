@@ -44,6 +44,7 @@ type fileKey struct {
 type planKey struct {
 	file  fileKey
 	knobs synth.Knobs
+	sched replay.Schedule
 }
 
 // parsedFile is a trace file as read.
@@ -95,7 +96,7 @@ func (c *traceCache) plan(ctx context.Context, prev *traceCache, path string, w 
 		}
 		c.files[fk] = pf
 	}
-	pk := planKey{file: fk, knobs: k}
+	pk := planKey{file: fk, knobs: k, sched: w.Schedule.Replay(w.Seed)}
 	if !k.Rewrites() {
 		pk.knobs.Seed = 0 // no random stream is drawn: workloads of other seeds share the plan
 	}
@@ -121,8 +122,9 @@ func (c *traceCache) plan(ctx context.Context, prev *traceCache, path string, w 
 	// Schedule problems (a row without a timestamp, one out of range) are
 	// found here, before a reload stops anything, rather than when a unit
 	// starts and the old one is already gone. Synthesis has already
-	// rescaled the timestamps: the plan's speedup is 1.
-	plan, err := replay.NewPlan(rows, 1, path)
+	// rescaled the timestamps: the plan's speedup is 1. A schedule of the
+	// workload's own replaces them.
+	plan, err := replay.NewScheduledPlan(rows, 1, path, pk.sched)
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 	"unsafe"
@@ -135,6 +136,9 @@ func fileKind(m os.FileMode) string {
 // requestBuilder turns trace rows into requests for one target.
 type requestBuilder struct {
 	prompts *prompt.Builder
+	// sessions: the target has a session header, which each request's
+	// session fills.
+	sessions bool
 	// tokenIDs sends token-id prompts, built with the target's tokenizer.
 	tokenIDs bool
 	// template, on chat, is the room the server's chat template takes,
@@ -144,8 +148,11 @@ type requestBuilder struct {
 }
 
 // Build implements replay.RequestBuilder.
-func (b *requestBuilder) Build(rec *trace.Record, _ int, ns uint64) (openai.Request, error) {
+func (b *requestBuilder) Build(rec *trace.Record, row int, ns uint64) (openai.Request, error) {
 	req := openai.Request{Extra: rec.Extra}
+	if b.sessions {
+		req.Session = sessionOf(rec, row)
+	}
 	if rec.OutputLength != nil {
 		req.MaxTokens = max(*rec.OutputLength, 1) // 0 would mean "server default"
 	}
@@ -173,6 +180,20 @@ func (b *requestBuilder) Build(rec *trace.Record, _ int, ns uint64) (openai.Requ
 		req.Prompt = unsafe.String(unsafe.SliceData(text), len(text))
 	}
 	return req, err
+}
+
+// sessionOf is the session a row's request carries: its session_id, else
+// an id of its own, "row-" and its line in the trace (its 1-based place
+// where the row has no line).
+func sessionOf(rec *trace.Record, row int) string {
+	if rec.SessionID != nil {
+		return *rec.SessionID
+	}
+	line := rec.Line
+	if line == 0 {
+		line = row + 1
+	}
+	return "row-" + strconv.Itoa(line)
 }
 
 // gatedObserver forwards to the cache-truth step in front of the collector
@@ -268,5 +289,6 @@ func targetConfig(t *config.Target, url string) openai.TargetConfig {
 		RequestTimeout:   time.Duration(t.RequestTimeout),
 		HTTPClientConfig: *t.HTTPClientConfig,
 		ExtraBody:        t.ExtraBody,
+		SessionHeader:    t.SessionHeader,
 	}
 }

@@ -38,6 +38,9 @@ type TargetConfig struct {
 	RequestTimeout   time.Duration
 	HTTPClientConfig config.HTTPClientConfig
 	ExtraBody        map[string]any // merged into every request body
+	// SessionHeader, when set, names the header that carries each
+	// request's Session, for a router that keeps a session on one replica.
+	SessionHeader string
 }
 
 // Client streams completions from one target and measures them. It is safe
@@ -51,6 +54,7 @@ type Client struct {
 	http     *http.Client
 	fresh    *http.Client // without keep-alive: a new connection per request
 	model    []byte       // JSON string, nil when no model is configured
+	session  string       // the session header's name; "" sends none
 	extra    []bodyField  // extra_body, encoded once
 	secrets  []string     // inline credentials, scrubbed from error texts
 	// extraSetsLength: extra_body holds one of lengthKeys, so max_tokens
@@ -118,6 +122,12 @@ func New(cfg TargetConfig) (*Client, error) {
 	}
 	if cfg.RequestTimeout < 0 {
 		errs = append(errs, fmt.Errorf("request_timeout %v is negative", cfg.RequestTimeout))
+	}
+	if cfg.SessionHeader != "" {
+		if err := CheckSessionHeader(cfg.SessionHeader); err != nil {
+			errs = append(errs, fmt.Errorf("session_header: %w", err))
+		}
+		c.session = cfg.SessionHeader
 	}
 	if err := c.setEndpoint(cfg.URL); err != nil {
 		errs = append(errs, err)
@@ -274,7 +284,7 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 		defer cancel()
 	}
 	res.Sent = time.Now()
-	resp, retry, err := c.send(rctx, c.http, body)
+	resp, retry, err := c.send(rctx, c.http, body, req.Session)
 	if err != nil && retry && rctx.Err() == nil {
 		// The server closed a kept-alive connection as the request went
 		// out on it (its idle timeout): it cannot have answered. Go's
@@ -283,7 +293,7 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 		// new send so that TTFT does not include the failed attempt.
 		first := err
 		res.Sent = time.Now()
-		resp, _, err = c.send(rctx, c.fresh, body)
+		resp, _, err = c.send(rctx, c.fresh, body, req.Session)
 		if err != nil {
 			// Only the retry's error classifies the request; the first is context.
 			err = fmt.Errorf("%w (retried once: a reused connection failed with %v)", err, first) //nolint:errorlint
@@ -371,7 +381,7 @@ func mentionsLengthKey(raw []byte) bool {
 // the attempt went out on a reused connection from the idle pool and
 // failed before any byte of a response arrived, which is what a server
 // closing an idle connection at that moment looks like.
-func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody) (resp *http.Response, retry bool, err error) {
+func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, session string) (resp *http.Response, retry bool, err error) {
 	// The transport may call these from its own goroutines.
 	var reusedIdle, responded atomic.Bool
 	tctx := httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
@@ -387,6 +397,9 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody) (
 	hreq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
+	if c.session != "" && session != "" {
+		hreq.Header.Set(c.session, sessionValue(session))
+	}
 	if c.user != nil {
 		p, _ := c.user.Password()
 		hreq.SetBasicAuth(c.user.Username(), p)

@@ -59,6 +59,9 @@ type Request struct {
 	// exporter built (Prompt or PromptTokenIDs); 0 when the row carried
 	// its own (Messages, Payload, text input).
 	BuiltTokens int
+	// Session identifies the request's conversation in the target's
+	// session header (TargetConfig.SessionHeader), when it has one.
+	Session string
 }
 
 // Response is what the client measures of one request.

@@ -48,6 +48,9 @@ type PacerOptions struct {
 	// OnceNamespace is the hash-id namespace of the single pass of
 	// LoopOnce. LoopFresh uses the pass number and LoopRepeat 0.
 	OnceNamespace uint64
+	// Schedule, when not the zero value, replaces the trace's timestamps
+	// (NewPacer only: a Plan has its own).
+	Schedule Schedule
 }
 
 // PacerItem is one row in one pass: a conversation's first turn from Next,
@@ -92,6 +95,10 @@ type TracePosition struct {
 // Unlike AIPerf's synthesis, which truncates ts/speedup to whole
 // milliseconds, the division here is exact (to the nanosecond).
 //
+// A Schedule replaces the timestamps with generated arrivals (see
+// Schedule): the first turns' due times and the pass length then come
+// from it, and no later turn is timed.
+//
 // A Pacer is not safe for concurrent use. Its schedule (the Plan) is
 // shared: many pacers over one trace cost their cursors only.
 type Pacer struct {
@@ -122,6 +129,7 @@ type Plan struct {
 	zero    float64     // the smallest first-turn timestamp, ms
 	speedup float64
 	period  time.Duration
+	sched   Schedule
 
 	fleetOnce sync.Once
 	fleet     fleetOrder // built at the first FleetSchedule
@@ -151,7 +159,7 @@ func NewPacer(records []trace.Record, opts PacerOptions) (*Pacer, error) {
 		}
 		return nil, err
 	}
-	plan, err := NewPlan(rows, opts.SpeedupRatio, opts.Trace)
+	plan, err := NewScheduledPlan(rows, opts.SpeedupRatio, opts.Trace, opts.Schedule)
 	if err != nil {
 		return nil, err
 	}
@@ -174,6 +182,16 @@ func (o PacerOptions) check() error {
 // speedup (0 means 1); file names the trace in errors. It fails as NewPacer
 // does on rows that cannot be scheduled.
 func NewPlan(rows *trace.Table, speedup float64, file string) (*Plan, error) {
+	return NewScheduledPlan(rows, speedup, file, Schedule{})
+}
+
+// NewScheduledPlan is NewPlan with a schedule that replaces the trace's
+// timestamps, unless it is the zero value. Rows need no timestamps then,
+// and speedup changes nothing.
+func NewScheduledPlan(rows *trace.Table, speedup float64, file string, sched Schedule) (*Plan, error) {
+	if err := sched.Validate(); err != nil {
+		return nil, fmt.Errorf("pacer: %w", err)
+	}
 	if speedup == 0 {
 		speedup = 1
 	}
@@ -187,9 +205,12 @@ func NewPlan(rows *trace.Table, speedup float64, file string) (*Plan, error) {
 	if n > math.MaxInt32 {
 		return nil, fmt.Errorf("pacer: %d rows is more than supported", n)
 	}
-	p := &Plan{rows: rows, next: make([]int32, n), speedup: speedup}
+	p := &Plan{rows: rows, next: make([]int32, n), speedup: speedup, sched: sched}
 	if err := p.linkConversations(file); err != nil {
 		return nil, err
+	}
+	if !sched.fixed() {
+		return p, p.placeArrivals()
 	}
 	if err := p.placeOnTimeAxis(file); err != nil {
 		return nil, err
@@ -234,11 +255,11 @@ func (p *Plan) linkConversations(file string) error {
 			convOf[s] = int32(len(p.convs))
 			last[s] = int32(i)
 		}
-		if _, ok := rows.Timestamp(i); !ok {
+		if _, ok := rows.Timestamp(i); !ok && p.sched.fixed() {
 			if hasSession {
-				return planLineErr(rows, file, i, fmt.Errorf("first turn of session %q has no timestamp; a fixed schedule needs one", sid))
+				return planLineErr(rows, file, i, fmt.Errorf("first turn of session %q has no timestamp; a fixed schedule needs one (a workload's schedule, a rate or users, needs none)", sid))
 			}
-			return planLineErr(rows, file, i, errors.New("row has no timestamp; a fixed schedule needs one on every conversation's first turn"))
+			return planLineErr(rows, file, i, errors.New("row has no timestamp; a fixed schedule needs one on every conversation's first turn (a workload's schedule, a rate or users, needs none)"))
 		}
 		p.convs = append(p.convs, pacerConv{first: int32(i), turns: 1})
 	}
@@ -290,6 +311,13 @@ func (p *Plan) rowDue(i int) time.Duration {
 
 // Rows returns the rows the plan schedules.
 func (p *Plan) Rows() *trace.Table { return p.rows }
+
+// Schedule is what replaces the trace's timestamps; the zero value when
+// nothing does.
+func (p *Plan) Schedule() Schedule { return p.sched }
+
+// Period is the length of one pass.
+func (p *Plan) Period() time.Duration { return p.period }
 
 // NewPacer returns a cursor over the plan. opts.SpeedupRatio and
 // opts.Trace are the plan's and are not looked at.
@@ -439,7 +467,7 @@ func (p *Pacer) NextTurn(it PacerItem) (next PacerItem, timed, ok bool) {
 	next.Index = int(n)
 	next.Turn++
 	next.Due = 0
-	if _, ok := p.plan.rows.Timestamp(int(n)); ok {
+	if p.plan.timedTurn(int(n)) {
 		next.Due = p.absolute(it.Pass, p.plan.rowDue(int(n))) - p.origin
 		timed = true
 	}
@@ -453,11 +481,17 @@ func (p *Pacer) Delay(i int) time.Duration {
 }
 
 func (p *Plan) delay(i int) time.Duration {
+	d, _ := p.delayOf(i)
+	return d
+}
+
+// delayOf is row i's delay, and whether it has one.
+func (p *Plan) delayOf(i int) (time.Duration, bool) {
 	d, ok := p.rows.Delay(i)
 	if !ok {
-		return 0
+		return 0, false
 	}
-	return time.Duration(math.Round(d * 1e6))
+	return time.Duration(math.Round(d * 1e6)), true
 }
 
 // PassRows is the number of rows this shard sends in pass: its whole share,

@@ -55,7 +55,7 @@ func (pl *Plan) buildFleetOrder() {
 		row := int(c.first)
 		for turn := 0; row >= 0; turn++ {
 			if turn > 0 {
-				if _, timed := pl.rows.Timestamp(row); timed {
+				if pl.timedTurn(row) {
 					at = max(at, pl.rowDue(row))
 				} else {
 					at += pl.delay(row)

@@ -113,9 +113,11 @@ type WorkloadConfig struct {
 //
 // Sessions follow AIPerf: turn k+1 goes only after turn k finished; then at
 // its own timestamp if it has one (at once if that is already past), else
-// `delay` ms after turn k finished, else at once. A turn that was dropped or
-// failed to build counts as finished when that happened, so the rest of its
-// conversation still runs. A later turn's Scheduled time is the moment the
+// `delay` ms after turn k finished, else at once. A generated schedule
+// (Schedule) places first turns at its own arrivals instead of the trace's
+// timestamps, or, as a closed loop, when a user is free (closedloop.go). A
+// turn that was dropped or failed to build counts as finished when that
+// happened, so the rest of its conversation still runs. A later turn's Scheduled time is the moment the
 // rules let it go (never before the previous turn's end), so schedule lag
 // measures the exporter, not how long the server took on the previous turn.
 //
@@ -173,6 +175,9 @@ func NewWorkload(cfg WorkloadConfig, pacer *Pacer, send Sender, build RequestBui
 	}
 	if cfg.MaxInFlight < 1 {
 		return nil, fmt.Errorf("workload %s: max_in_flight must be at least 1, got %d", cfg.Name, cfg.MaxInFlight)
+	}
+	if u := pacer.plan.sched.Users; u > cfg.MaxInFlight {
+		return nil, fmt.Errorf("workload %s: %d closed-loop users need max_in_flight %d at least, got %d", cfg.Name, u, u, cfg.MaxInFlight)
 	}
 	switch cfg.OnSaturation {
 	case "":
@@ -342,8 +347,9 @@ type workloadDispatcher struct {
 	head     PacerItem // next first turn from the pacer, if headOK
 	headOK   bool
 	turns    pendingTurns // later turns whose time is known
-	pending  int          // dispatched turns whose next turn waits for them
+	pending  int          // dispatched turns whose next turn (or user) waits for them
 	passLeft map[int]int  // rows of a pass not yet dispatched
+	users    *userPool    // a closed loop's free users; nil in an open loop
 }
 
 func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer) runEndReason {
@@ -352,6 +358,9 @@ func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer) ru
 		start = w.clock.Now()
 	}
 	d := &workloadDispatcher{w: w, reqCtx: reqCtx, start: start, passLeft: map[int]int{}}
+	if sched := w.pacer.plan.sched; sched.Closed() {
+		d.users = newUserPool(sched.Users, start)
+	}
 	d.advance()
 	for {
 		d.absorb()
@@ -393,14 +402,7 @@ func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer) ru
 		}
 
 		// Due: send it now, then loop straight back for anything else due.
-		var it PacerItem
-		if fromHeap {
-			it = heap.Pop(&d.turns).(pendingTurn).it
-		} else {
-			it = d.head
-			d.advance()
-		}
-		if r := d.launch(ctx, it, at); r >= 0 {
+		if r := d.launch(ctx, d.take(fromHeap), at); r >= 0 {
 			return r
 		}
 	}
@@ -408,14 +410,33 @@ func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer) ru
 
 // earliest returns the send time of the next row, from the pacer or the
 // later turns, and where it comes from; have is false when there is none.
+// In a closed loop the pacer's next first turn goes when a user is free.
 func (d *workloadDispatcher) earliest() (at time.Time, fromHeap, have bool) {
-	if d.headOK {
+	switch {
+	case !d.headOK:
+	case d.users == nil:
 		at, have = d.start.Add(d.head.Due), true
+	default:
+		at, have = d.users.next()
 	}
 	if len(d.turns) > 0 && (!have || !d.turns[0].at.After(at)) {
 		at, fromHeap, have = d.turns[0].at, true, true
 	}
 	return at, fromHeap, have
+}
+
+// take removes the row earliest named, a later turn or the pacer's next
+// first turn (and in a closed loop the user that sends it).
+func (d *workloadDispatcher) take(fromHeap bool) PacerItem {
+	if fromHeap {
+		return heap.Pop(&d.turns).(pendingTurn).it
+	}
+	it := d.head
+	if d.users != nil {
+		d.users.take()
+	}
+	d.advance()
+	return it
 }
 
 // advance takes the next first turn from the pacer and records where the
@@ -441,14 +462,7 @@ func (d *workloadDispatcher) shutdown(r runEndReason) runEndReason {
 		if !have || at.After(now) {
 			return r
 		}
-		var it PacerItem
-		if fromHeap {
-			it = heap.Pop(&d.turns).(pendingTurn).it
-		} else {
-			it = d.head
-			d.advance()
-		}
-		w.drop(it, DropShutdown, at)
+		w.drop(d.take(fromHeap), DropShutdown, at)
 	}
 }
 
@@ -500,12 +514,13 @@ func (d *workloadDispatcher) launch(ctx context.Context, it PacerItem, scheduled
 	}
 
 	_, _, more := w.pacer.NextTurn(it)
-	if more {
+	notify := more || d.users != nil // a closed loop's user waits for every end
+	if notify {
 		d.pending++
 	}
 	w.inflight.Add(1)
 	w.wg.Add(1)
-	go w.request(d.reqCtx, it, scheduled, more)
+	go w.request(d.reqCtx, it, scheduled, notify)
 	d.countRow(it.Pass)
 	return -1
 }
@@ -548,13 +563,21 @@ func (d *workloadDispatcher) absorb() {
 	}
 }
 
-// follow queues the turn after it, which finished (or was given up) at end.
+// follow queues the turn after it, which finished (or was given up) at end;
+// in a closed loop, a conversation's end frees its user.
 func (d *workloadDispatcher) follow(it PacerItem, end time.Time) {
 	next, timed, ok := d.w.pacer.NextTurn(it)
 	if !ok {
+		if d.users != nil {
+			d.users.free(end.Add(d.w.pacer.plan.sched.ThinkTime))
+		}
 		return
 	}
-	at := end.Add(d.w.pacer.Delay(next.Index))
+	delay, hasDelay := d.w.pacer.plan.delayOf(next.Index)
+	if !hasDelay && d.users != nil {
+		delay = d.w.pacer.plan.sched.ThinkTime
+	}
+	at := end.Add(delay)
 	if timed {
 		at = d.start.Add(next.Due)
 		if at.Before(end) {

@@ -6,8 +6,8 @@ package main
 // signals and process limits). The tests that use it are daemon_test.go,
 // shutdown_test.go, startup_test.go, conns_test.go, exitcodes_test.go,
 // security_test.go, badinput_test.go, faults_test.go, e2e_test.go,
-// cachetruth_test.go, quickstart_test.go, shipping_test.go and, with -tags
-// browser, browser_test.go.
+// cachetruth_test.go, schedule_e2e_test.go, quickstart_test.go,
+// shipping_test.go and, with -tags browser, browser_test.go.
 
 import (
 	"context"

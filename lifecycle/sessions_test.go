@@ -1,0 +1,152 @@
+package lifecycle
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
+)
+
+// recordingServer is the kit's fake server behind a handler that keeps
+// every completion request's body and session header.
+type recordingServer struct {
+	*httptest.Server
+	header string
+
+	mu       sync.Mutex
+	bodies   []string
+	sessions []string // "-" where the header was absent
+}
+
+func newRecordingServer(t *testing.T, header string) *recordingServer {
+	t.Helper()
+	fake := newFakeServer(t, nil)
+	rs := &recordingServer{header: header}
+	rs.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/completions") {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			session := "-"
+			if v := r.Header.Values(header); len(v) > 0 {
+				session = v[0]
+			}
+			rs.mu.Lock()
+			rs.bodies = append(rs.bodies, string(body))
+			rs.sessions = append(rs.sessions, session)
+			rs.mu.Unlock()
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		fake.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(rs.Close)
+	return rs
+}
+
+// recorded returns the bodies and sessions so far, each sorted: requests
+// go out concurrently, in no fixed order.
+func (rs *recordingServer) recorded() (bodies, sessions []string) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	bodies, sessions = slices.Clone(rs.bodies), slices.Clone(rs.sessions)
+	slices.Sort(bodies)
+	slices.Sort(sessions)
+	return bodies, sessions
+}
+
+// sessionTrace: a session of two turns, one whose id a header cannot hold
+// as it is, and a row without a session.
+const sessionTrace = `{"timestamp": 0, "session_id": "s1", "input_length": 20, "output_length": 2, "hash_ids": [1, 2]}
+{"timestamp": 0, "session_id": "sess ä", "input_length": 20, "output_length": 2, "hash_ids": [3, 4]}
+{"session_id": "s1", "input_length": 40, "output_length": 2, "hash_ids": [1, 2, 5]}
+{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [6, 7]}
+`
+
+// runOnce runs workload cfg once against its targets and returns when
+// every server has recorded rows requests.
+func runOnce(t *testing.T, cfg config.Config, rows int, servers ...*recordingServer) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kvload.yml")
+	daemontest.WriteConfig(t, path, cfg)
+	d, err := startDaemon(t, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, rs := range servers {
+		testutil.Eventually(t, fmt.Sprintf("server %d: %d requests", i, rows), func() (bool, string) {
+			bodies, _ := rs.recorded()
+			return len(bodies) == rows, fmt.Sprintf("%d requests", len(bodies))
+		})
+	}
+	d.stop()
+	testutil.Wait(t, "the daemon stopped", d.Done())
+}
+
+// TestSessionHeader: a target's session header carries each request's
+// session, the trace's session_id (percent-encoded where a header could
+// not hold it) or the row's own id; a target without one sends none.
+func TestSessionHeader(t *testing.T) {
+	t.Parallel()
+	const header = "X-Session-ID"
+	with, without := newRecordingServer(t, header), newRecordingServer(t, header)
+	trace := filepath.Join(t.TempDir(), "sessions.jsonl")
+	daemontest.WriteFile(t, trace, sessionTrace)
+	a, b := daemontest.Target("a", with.URL), daemontest.Target("b", without.URL)
+	a.SessionHeader = header
+	runOnce(t, config.Config{
+		Targets:   []config.Target{a, b},
+		Workloads: []config.Workload{daemontest.Workload("w", trace, "a", "b")},
+	}, 4, with, without)
+
+	if _, got := with.recorded(); !slices.Equal(got, []string{"row-4", "s1", "s1", "sess%20%C3%A4"}) {
+		t.Errorf("session headers %q, want the session ids (one percent-encoded) and row-4", got)
+	}
+	if _, got := without.recorded(); !slices.Equal(got, []string{"-", "-", "-", "-"}) {
+		t.Errorf("a target without session_header sent %q", got)
+	}
+}
+
+// TestReproduciblePrompts: two runs of a loop: once workload with
+// prompts: {reproducible: true} and the same seed send byte-identical
+// bodies; by default each run sends prompts of its own.
+func TestReproduciblePrompts(t *testing.T) {
+	t.Parallel()
+	trace := filepath.Join(t.TempDir(), "sessions.jsonl")
+	daemontest.WriteFile(t, trace, sessionTrace)
+	runs := func(reproducible bool) (first, second []string) {
+		for i := range 2 {
+			rs := newRecordingServer(t, "")
+			w := daemontest.Workload("w", trace, "t")
+			w.Seed = 7
+			w.Prompts.Reproducible = reproducible
+			runOnce(t, config.Config{Targets: []config.Target{daemontest.Target("t", rs.URL)}, Workloads: []config.Workload{w}}, 4, rs)
+			bodies, _ := rs.recorded()
+			if i == 0 {
+				first = bodies
+			} else {
+				second = bodies
+			}
+		}
+		return first, second
+	}
+	first, second := runs(true)
+	if !slices.Equal(first, second) {
+		t.Errorf("reproducible prompts differ between two runs:\n%q\n%q", first, second)
+	}
+	first, second = runs(false)
+	if len(first) != 4 || slices.Equal(first, second) {
+		t.Errorf("by default two runs sent the same bodies:\n%q", first)
+	}
+}
