@@ -85,8 +85,9 @@ func (w *e2eDoneWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // at a constant rate, once at a Poisson rate and once with 8 closed-loop
 // users, each against an emulated engine of its own. Every row reaches
 // its engine and none is dropped; the generated arrivals keep the rate
-// asked within 2 % over the 2,000 requests (the engines' arrival times,
-// which a loaded machine moves, are logged, not asserted); the users
+// asked within 2 % over the 2,000 requests, and so do the engines'
+// arrivals (asserted without the race detector, which slows the exporter
+// behind its schedule on a shared machine); the users
 // never have more than 8 requests out; the schedule lag of every request
 // is exported.
 func TestE2ESchedules(t *testing.T) {
@@ -127,6 +128,35 @@ func TestE2ESchedules(t *testing.T) {
 		m = e2eWaitPass(t, d, e2eDeadline, name, rows, name)
 	}
 
+	// The arrivals the rates generated: the same pacer over the same rows,
+	// and the span from the first to the last.
+	recs, err := trace.ReadFile(tracePath, trace.ReadOptions{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheduled := map[string]time.Duration{}
+	for _, arrivals := range []replay.Arrivals{replay.ArrivalsConstant, replay.ArrivalsPoisson} {
+		p, err := replay.NewPacer(recs, replay.PacerOptions{Loop: replay.LoopOnce, Schedule: replay.Schedule{Rate: rate, Arrivals: arrivals, Seed: 11}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		var first, last time.Duration
+		for it, ok := p.Next(); ok; it, ok = p.Next() {
+			if n == 0 {
+				first = it.Due
+			}
+			n, last = n+1, it.Due
+		}
+		scheduled[string(arrivals)] = last - first
+		// n requests over the pass: the last arrival plus the gap after it.
+		got := float64(n) / p.Period().Seconds()
+		t.Logf("%s: %d arrivals, the last at %v, in a pass of %v: %.3f/s", arrivals, n, last, p.Period(), got)
+		if n != rows || math.Abs(got-rate)/rate > 0.02 {
+			t.Errorf("%s: %d arrivals at %.3f/s, want %d at %v/s within 2%%", arrivals, n, got, rows, rate)
+		}
+	}
+
 	for name, eng := range engines {
 		tt := e2eTotalsOf(m, name, name)
 		eng.mu.Lock()
@@ -135,6 +165,7 @@ func TestE2ESchedules(t *testing.T) {
 		if tt.Success != rows || tt.Dropped != 0 || received != rows || tt.ScheduleLagSamples != rows {
 			t.Errorf("%s: %v succeeded, %v dropped, %d reached the engine, %v schedule lag samples; want %d, 0, %d, %d",
 				name, tt.Success, tt.Dropped, received, tt.ScheduleLagSamples, rows, rows, rows)
+			continue
 		}
 		span := arrivals[len(arrivals)-1].Sub(arrivals[0])
 		lag := e2eLagSum(m, name) / float64(rows)
@@ -143,28 +174,15 @@ func TestE2ESchedules(t *testing.T) {
 		if name == "users" && (peak > 8 || peak < 2) {
 			t.Errorf("users: at most %d requests out at once, want 8 at most, and more than one (users side by side)", peak)
 		}
-	}
-
-	// The arrivals the rates generated: the same pacer over the same rows.
-	recs, err := trace.ReadFile(tracePath, trace.ReadOptions{BlockSize: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, arrivals := range []replay.Arrivals{replay.ArrivalsConstant, replay.ArrivalsPoisson} {
-		p, err := replay.NewPacer(recs, replay.PacerOptions{Loop: replay.LoopOnce, Schedule: replay.Schedule{Rate: rate, Arrivals: arrivals, Seed: 11}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		var last time.Duration
-		for it, ok := p.Next(); ok; it, ok = p.Next() {
-			n, last = n+1, it.Due
-		}
-		// n requests over the pass: the last arrival plus the gap after it.
-		got := float64(n) / p.Period().Seconds()
-		t.Logf("%s: %d arrivals, the last at %v, in a pass of %v: %.3f/s", arrivals, n, last, p.Period(), got)
-		if n != rows || math.Abs(got-rate)/rate > 0.02 {
-			t.Errorf("%s: %d arrivals at %.3f/s, want %d at %v/s within 2%%", arrivals, n, got, rows, rate)
+		// The rate the engine saw, against the one asked: the span of its
+		// arrivals against the schedule's. Under the race detector the
+		// exporter falls behind on a shared machine (the lag says by how
+		// much), so there it is logged only.
+		if want, ok := scheduled[name]; ok && !raceEnabled {
+			if off := math.Abs(span.Seconds()-want.Seconds()) / want.Seconds(); off > 0.02 {
+				t.Errorf("%s: the engine's requests span %v, the schedule's %v: the rate achieved is %.1f%% off, want within 2%%",
+					name, span.Round(time.Millisecond), want.Round(time.Millisecond), 100*off)
+			}
 		}
 	}
 }
