@@ -48,6 +48,12 @@ type rareFields struct {
 	BigISL, BigOSL int
 }
 
+// onlyCounts tells whether x holds nothing but big counts.
+func (x *rareFields) onlyCounts() bool {
+	return x.TextInput == nil && x.Messages == nil && x.Tools == nil && x.Payload == nil &&
+		x.Extra == nil && x.Type == nil && x.Unknown == nil
+}
+
 // bigCount marks a count kept in rareFields.
 const bigCount = -2
 
@@ -159,6 +165,29 @@ func (t *Table) Record(i int) Record {
 	return r
 }
 
+// Row is the part of a row that synthesis rewrites, read from a Table or
+// appended to one without building a Record.
+type Row struct {
+	Timestamp float64 // ms; NaN when absent
+	ISL, OSL  int     // input_length and output_length; -1 when absent
+	HashIDs   []int64
+	HasIDs    bool // false: no hash_ids key (HashIDs is then empty)
+}
+
+// Row returns row i's rewritable fields; its hash ids are decoded into
+// buf[:0], so that a caller walking the table reuses one buffer.
+func (t *Table) Row(i int, buf []int64) Row {
+	r := Row{Timestamp: t.ts[i], ISL: -1, OSL: -1}
+	if t.isl[i] != -1 {
+		r.ISL = t.ISL(i)
+	}
+	if t.osl[i] != -1 {
+		r.OSL = t.OSL(i)
+	}
+	r.HashIDs, r.HasIDs = t.AppendHashIDs(buf[:0], i)
+	return r
+}
+
 // Bytes is an estimate of the memory the table holds, for reports and tests.
 func (t *Table) Bytes() int {
 	n := cap(t.ts)*8 + cap(t.isl)*4 + cap(t.osl)*4 + cap(t.line)*4 + cap(t.idOff)*4 + cap(t.ids) +
@@ -238,21 +267,10 @@ func (b *TableBuilder) Append(r *Record) error {
 	t.osl = append(t.osl, osl)
 	t.line = append(t.line, int32(r.Line))
 
-	if r.SessionID != nil && t.session == nil {
-		t.session = backfill(i, int32(-1))
-		b.sessionOf = map[string]int32{}
-	}
-	if t.session != nil {
-		s := int32(-1)
-		if r.SessionID != nil {
-			var ok bool
-			if s, ok = b.sessionOf[*r.SessionID]; !ok {
-				s = int32(len(t.sessions))
-				t.sessions = append(t.sessions, *r.SessionID)
-				b.sessionOf[*r.SessionID] = s
-			}
-		}
-		t.session = append(t.session, s)
+	if r.SessionID != nil {
+		b.appendSession(*r.SessionID, true)
+	} else {
+		b.appendSession("", false)
 	}
 	if r.Delay != nil && t.delay == nil {
 		t.delay = backfill(i, math.NaN())
@@ -272,6 +290,109 @@ func (b *TableBuilder) Append(r *Record) error {
 			Payload: r.Payload, Extra: r.Extra, Type: r.Type, Unknown: r.Unknown, BigISL: bigISL, BigOSL: bigOSL}
 	}
 	return nil
+}
+
+// NewTableBuilderFrom returns a builder for up to rows rows taken from
+// src with AppendEdited, with room for as many hash-id bytes as src holds:
+// growing the ids by appending would hold up to twice them while it copies.
+func NewTableBuilderFrom(src *Table, rows int) *TableBuilder {
+	b := NewTableBuilder(rows)
+	b.t.ids = make([]byte, 0, len(src.ids))
+	return b
+}
+
+// AppendEdited appends row i of src with r's fields in place of its own:
+// its line, session_id, delay and rare fields are src's. It allocates
+// nothing per row beyond the growth of the columns, so that synthesis over
+// millions of rows never holds them as Records.
+func (b *TableBuilder) AppendEdited(src *Table, i int, r *Row) error {
+	t := &b.t
+	n := len(t.ts)
+	if n >= math.MaxInt32 {
+		return fmt.Errorf("more than %d rows", math.MaxInt32)
+	}
+	isl, bigISL, err := count32("input_length", r.ISL)
+	if err != nil {
+		return err
+	}
+	osl, bigOSL, err := count32("output_length", r.OSL)
+	if err != nil {
+		return err
+	}
+	ids := t.ids
+	if !r.HasIDs {
+		ids = append(ids, 0)
+	} else {
+		ids = binary.AppendUvarint(ids, uint64(len(r.HashIDs))+1)
+		var prev int64
+		for _, h := range r.HashIDs {
+			ids = binary.AppendVarint(ids, h-prev)
+			prev = h
+		}
+	}
+	if len(ids) > math.MaxUint32 {
+		return fmt.Errorf("hash_ids take more than %d bytes", uint32(math.MaxUint32))
+	}
+	t.ids = ids
+	t.idOff = append(t.idOff, uint32(len(ids)))
+	t.ts = append(t.ts, r.Timestamp)
+	t.isl = append(t.isl, isl)
+	t.osl = append(t.osl, osl)
+	t.line = append(t.line, src.line[i])
+	b.appendSession(src.SessionID(i))
+	if src.delay != nil && t.delay == nil {
+		t.delay = backfill(n, math.NaN())
+	}
+	if t.delay != nil {
+		d := math.NaN()
+		if src.delay != nil {
+			d = src.delay[i]
+		}
+		t.delay = append(t.delay, d)
+	}
+	x := src.rare[int32(i)]
+	if (x == nil && bigISL+bigOSL > 0) || (x != nil && (x.BigISL != bigISL || x.BigOSL != bigOSL)) {
+		var c rareFields
+		if x != nil {
+			c = *x
+		}
+		c.BigISL, c.BigOSL = bigISL, bigOSL
+		x = &c
+		if c.onlyCounts() && bigISL+bigOSL == 0 {
+			x = nil // only the counts were rare
+		}
+	}
+	if x != nil {
+		if t.rare == nil {
+			t.rare = map[int32]*rareFields{}
+		}
+		t.rare[int32(n)] = x // immutable once in a table: shared, not copied
+	}
+	return nil
+}
+
+// appendSession adds the session of the row just appended (ok is false
+// when it has none), numbering sessions in their order of first appearance
+// in this table.
+func (b *TableBuilder) appendSession(id string, ok bool) {
+	t := &b.t
+	if ok && t.session == nil {
+		t.session = backfill(len(t.ts)-1, int32(-1))
+		b.sessionOf = map[string]int32{}
+	}
+	if t.session == nil {
+		return
+	}
+	s := int32(-1)
+	if ok {
+		var seen bool
+		if s, seen = b.sessionOf[id]; !seen {
+			s = int32(len(t.sessions))
+			t.sessions = append(t.sessions, id)
+			b.sessionOf[id] = s
+		}
+	}
+	t.session = append(t.session, s)
 }
 
 // appendPlain appends a row of the common shape: no session, delay or rare
@@ -348,6 +469,14 @@ func column32(key string, v *int) (c int32, big int, err error) {
 		return bigCount, *v, nil
 	}
 	return int32(*v), 0, nil
+}
+
+// count32 is column32 for a count held as an int, negative when absent.
+func count32(key string, v int) (c int32, big int, err error) {
+	if v < 0 {
+		return -1, 0, nil
+	}
+	return column32(key, &v)
 }
 
 func backfill[T any](n int, v T) []T {

@@ -96,6 +96,90 @@ func TestTableBigCounts(t *testing.T) {
 	}
 }
 
+// AppendEdited copies a row whole but for the fields it is given: the rows
+// of a table copied with their own Row are the same rows; an edit changes
+// only what it names, moving counts in and out of the rare fields.
+func TestTableAppendEdited(t *testing.T) {
+	text := tableRows + `{"timestamp": 8, "input_length": 3000000000, "output_length": 4000000000, "session_id": "a"}` + "\n"
+	src, err := ReadTable(strings.NewReader(text), "x", ReadOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := src.Records()
+	copied := NewTableBuilderFrom(src, src.Len())
+	for i := range src.Len() {
+		r := src.Row(i, nil)
+		if err := copied.AppendEdited(src, i, &r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := copied.Table().Records(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("copied rows differ:\n got %v\nwant %v", got, want)
+	}
+
+	// Edits, in reverse order so that sessions are numbered afresh.
+	edited := NewTableBuilder(0)
+	for i := src.Len() - 1; i >= 0; i-- {
+		r := src.Row(i, nil)
+		switch {
+		case r.ISL > 1<<31: // big counts become small ones
+			r.ISL, r.OSL = 5, -1
+		case r.ISL == 1000: // and small ones big
+			r.ISL, r.OSL = 1<<33, 1<<34
+		case r.HasIDs:
+			r.Timestamp, r.HashIDs, r.HasIDs = 42, nil, false
+		}
+		if err := edited.AppendEdited(src, i, &r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	et := edited.Table()
+	for n := range et.Len() {
+		i := src.Len() - 1 - n
+		got, w := et.Record(n), want[i]
+		switch {
+		case w.ISL() > 1<<31:
+			w.InputLength, w.OutputLength = Ptr(5), nil
+		case w.ISL() == 1000:
+			w.InputLength, w.OutputLength = Ptr(1<<33), Ptr(1<<34)
+		case w.HashIDs != nil:
+			w.Timestamp, w.HashIDs = Ptr(42.0), nil
+		}
+		if !reflect.DeepEqual(got, w) {
+			t.Errorf("row %d: got %s, want %s", n, got.AppendJSON(nil), w.AppendJSON(nil))
+		}
+		if s, _ := et.SessionID(n); s != "" && et.SessionOrdinal(n) != map[string]int{"a": 0, "b": 1}[s] {
+			t.Errorf("row %d: session %q numbered %d, want by first appearance", n, s, et.SessionOrdinal(n))
+		}
+	}
+	if got := src.Records(); !reflect.DeepEqual(got, want) {
+		t.Error("the source table changed")
+	}
+}
+
+// Copying rows with AppendEdited allocates for the columns, never per row.
+func TestTableAppendEditedAllocations(t *testing.T) {
+	src, err := ReadTable(strings.NewReader(readShared(t, "synthetic_trace.jsonl")+tableRows), "x", ReadOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	allocs := testing.AllocsPerRun(3, func() {
+		b := NewTableBuilderFrom(src, src.Len())
+		for i := range src.Len() {
+			r := src.Row(i, ids)
+			ids = r.HashIDs
+			if err := b.AppendEdited(src, i, &r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.Table()
+	})
+	if perRow := allocs / float64(src.Len()); perRow > 0.01 {
+		t.Errorf("%.0f allocations for %d rows (%.3f a row), want none per row", allocs, src.Len(), perRow)
+	}
+}
+
 // BenchmarkReadTableConversation: the conversation trace into a Table, on
 // every CPU, as the daemon reads traces.
 func BenchmarkReadTableConversation(b *testing.B) {
