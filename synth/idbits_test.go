@@ -35,18 +35,20 @@ func TestIDBitsMatchCounts(t *testing.T) {
 
 func TestIDSpanIsDense(t *testing.T) {
 	for _, tc := range []struct {
-		span        int64
-		occurrences int
-		want        bool
+		span       int64
+		tableBytes int
+		want       bool
 	}{
-		{30_000_000, 48_000_000, true}, // make bench-scale's trace
-		{182_789, 288_500, true},       // the conversation trace
-		{1 << 40, 20, false},
-		{1 << 30, 1000, false},
-		{1000, 1, true},
+		{30_000_000, 110 << 20, true}, // make bench-scale's trace
+		{182_789, 660_000, true},      // the conversation trace
+		{1 << 40, 1000, false},
+		{1 << 62, 1 << 40, false},
+		{1 << 30, 100 << 20, false},
+		{1000, 10, true},
+		{-1, 1 << 40, false}, // ids from 2^63 apart
 	} {
-		if got := idSpanIsDense(tc.span, tc.occurrences); got != tc.want {
-			t.Errorf("span %d, %d occurrences: dense %v, want %v", tc.span, tc.occurrences, got, tc.want)
+		if got := idSpanIsDense(tc.span, tc.tableBytes); got != tc.want {
+			t.Errorf("span %d, %d bytes of table: dense %v, want %v", tc.span, tc.tableBytes, got, tc.want)
 		}
 	}
 }

@@ -108,7 +108,8 @@ func (tt *tableTransform) run() (*trace.Table, error) {
 			return nil, err
 		}
 	}
-	b := trace.NewTableBuilderFrom(tt.t, len(tt.order))
+	b := trace.NewTableBuilder(len(tt.order))
+	b.ReserveHashIDs(tt.idBytesEstimate())
 	for _, i := range tt.order {
 		r := tt.t.Row(int(i), tt.ids)
 		tt.ids = r.HashIDs
@@ -125,6 +126,19 @@ func (tt *tableTransform) run() (*trace.Table, error) {
 		}
 	}
 	return b.Table(), nil
+}
+
+// idBytesEstimate is room for the hash ids of the rows written: the
+// source's, scaled by the multipliers that add blocks (up to 4 times), and
+// two long jumps a row (to fresh ids and back). Room left over is trimmed
+// off at the end, in one copy; too little room would copy the column each
+// time it grows.
+func (tt *tableTransform) idBytesEstimate() int {
+	scale := 1.0
+	if tt.k.multipliersSet() {
+		scale = min(4, max(1, tt.k.PrefixLenMultiplier, tt.k.PromptLenMultiplier))
+	}
+	return int(float64(tt.t.HashIDBytes())*scale) + 10*len(tt.order)
 }
 
 // rewrite applies the multipliers to row i, read into r: the timestamp,
@@ -150,50 +164,41 @@ func (tt *tableTransform) rewrite(w *idRewriter, roots *rootScatter, i int, r *t
 }
 
 // rewriter checks the block rule on every row with ids, in order, finds
-// the shared ids and returns the rewriter for them.
+// the shared ids and returns the rewriter for them. One pass over the ids
+// does both when they span few enough values for bitmaps; the table knows
+// their range.
 func (tt *tableTransform) rewriter() (*idRewriter, error) {
-	var lo, hi int64 = 1<<63 - 1, -1
-	occurrences := 0
+	var mark func(int64)
+	var shared interface {
+		sharedIDs
+		maxShared() int64
+	}
+	lo, hi, ok := tt.t.HashIDRange()
+	if ok && idSpanIsDense(hi-lo, tt.t.Bytes()) {
+		bits := newIDBits(lo, hi)
+		mark, shared = bits.add, bits
+	} else {
+		count := make(idCounts)
+		mark, shared = func(h int64) { count[h]++ }, count
+	}
 	for _, i := range tt.order {
-		r := tt.t.Row(int(i), tt.ids)
-		tt.ids = r.HashIDs
-		if len(r.HashIDs) == 0 {
+		n := tt.t.HashIDCount(int(i))
+		if n == 0 {
 			continue
 		}
 		var isl *int
-		if r.ISL >= 0 {
-			isl = &r.ISL
+		if v, ok := tt.t.InputLength(int(i)); ok {
+			isl = &v
 		}
-		if err := checkBlockRule(tt.t.Line(int(i)), isl, len(r.HashIDs), tt.k.BlockSize); err != nil {
+		if err := checkBlockRule(tt.t.Line(int(i)), isl, n, tt.k.BlockSize); err != nil {
 			return nil, err
 		}
-		for _, h := range r.HashIDs {
-			lo, hi = min(lo, h), max(hi, h)
-		}
-		occurrences += len(r.HashIDs)
-	}
-	var shared sharedIDs
-	var top int64
-	if hi >= lo && idSpanIsDense(hi-lo, occurrences) {
-		set := newIDBits(lo, hi)
-		tt.eachID(set.add)
-		shared, top = set, set.maxShared()
-	} else {
-		count := make(idCounts)
-		tt.eachID(func(h int64) { count[h]++ })
-		shared, top = count, count.maxShared()
-	}
-	return newIDRewriter(shared, top, tt.k)
-}
-
-// eachID calls f on every id of the rows in order.
-func (tt *tableTransform) eachID(f func(int64)) {
-	for _, i := range tt.order {
 		tt.ids, _ = tt.t.AppendHashIDs(tt.ids[:0], int(i))
 		for _, h := range tt.ids {
-			f(h)
+			mark(h)
 		}
 	}
+	return newIDRewriter(shared, shared.maxShared(), tt.k)
 }
 
 // rootScatter returns the prefix-root scatter, nil without one. Its base
@@ -222,11 +227,12 @@ func (tt *tableTransform) rootScatter(w *idRewriter) (*rootScatter, error) {
 	return newRootScatter(base, tt.k), nil
 }
 
-// idSpanIsDense tells whether ids spread over span+1 values, occurring
-// occurrences times, are better counted in bitmaps (two bits a value) than
-// in a map (tens of bytes a distinct id). Mooncake ids count up from 0.
-func idSpanIsDense(span int64, occurrences int) bool {
-	return span < 1<<40 && span <= 64*int64(occurrences)+1<<16
+// idSpanIsDense tells whether ids spread over span+1 values are counted in
+// bitmaps (two bits a value) rather than in a map (tens of bytes a distinct
+// id): when the bitmaps take at most twice the memory of the table that
+// holds the ids. Mooncake ids count up from 0, so they nearly always are.
+func idSpanIsDense(span int64, tableBytes int) bool {
+	return span >= 0 && span/4 <= 2*int64(tableBytes)+1<<16
 }
 
 // idBits marks the ids seen once and those seen more than once, over the

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"unsafe"
 )
@@ -26,6 +27,8 @@ type Table struct {
 	line     []int32
 	idOff    []uint32 // row i's ids are ids[idOff[i]:idOff[i+1]]
 	ids      []byte   // per row: uvarint count+1 (0: no hash_ids), then zigzag varint deltas
+	loID     int64    // the smallest and largest hash id; loID > hiID when there is none
+	hiID     int64
 
 	// Allocated at the first row that needs them.
 	session  []int32 // index into sessions; -1 when absent
@@ -103,6 +106,9 @@ func (t *Table) ISL(i int) int {
 	return max(int(t.isl[i]), 0)
 }
 
+// InputLength is row i's input_length; ok is false when it has none.
+func (t *Table) InputLength(i int) (n int, ok bool) { return t.ISL(i), t.isl[i] != -1 }
+
 // OSL is row i's output_length, 0 when absent.
 func (t *Table) OSL(i int) int {
 	if t.osl[i] == bigCount {
@@ -124,13 +130,33 @@ func (t *Table) AppendHashIDs(dst []int64, i int) (_ []int64, ok bool) {
 	}
 	b = b[k:]
 	var prev int64
+	dst = slices.Grow(dst, int(n-1))
 	for range n - 1 {
-		d, k := binary.Varint(b)
-		b = b[k:]
-		prev += d
+		// Most deltas are small (ids count up by one): one byte, decoded
+		// here rather than by a call.
+		if u := b[0]; u < 0x80 {
+			prev += int64(u>>1) ^ -int64(u&1)
+			b = b[1:]
+		} else {
+			d, k := binary.Varint(b)
+			prev += d
+			b = b[k:]
+		}
 		dst = append(dst, prev)
 	}
 	return dst, true
+}
+
+// HashIDCount is the number of row i's hash ids, without decoding them.
+func (t *Table) HashIDCount(i int) int {
+	n, _ := binary.Uvarint(t.ids[t.idOff[i]:t.idOff[i+1]])
+	return max(int(n)-1, 0)
+}
+
+// HashIDRange is the smallest and the largest hash id of the table; ok is
+// false when it has none.
+func (t *Table) HashIDRange() (lo, hi int64, ok bool) {
+	return t.loID, t.hiID, t.loID <= t.hiID
 }
 
 // Record returns row i as a Record of its own, which the caller may keep
@@ -212,6 +238,8 @@ type TableBuilder struct {
 func NewTableBuilder(rows int) *TableBuilder {
 	rows = max(rows, 0)
 	return &TableBuilder{t: Table{
+		loID:  math.MaxInt64,
+		hiID:  math.MinInt64,
 		ts:    make([]float64, 0, rows),
 		isl:   make([]int32, 0, rows),
 		osl:   make([]int32, 0, rows),
@@ -242,17 +270,7 @@ func (b *TableBuilder) Append(r *Record) error {
 	if r.Line > math.MaxInt32 {
 		return fmt.Errorf("line %d is past the last line a table holds", r.Line)
 	}
-	ids := t.ids
-	if r.HashIDs == nil {
-		ids = append(ids, 0)
-	} else {
-		ids = binary.AppendUvarint(ids, uint64(len(r.HashIDs))+1)
-		var prev int64
-		for _, h := range r.HashIDs {
-			ids = binary.AppendVarint(ids, h-prev)
-			prev = h
-		}
-	}
+	ids := t.encodeIDs(t.ids, r.HashIDs, r.HashIDs != nil)
 	if len(ids) > math.MaxUint32 {
 		return fmt.Errorf("hash_ids take more than %d bytes", uint32(math.MaxUint32))
 	}
@@ -292,14 +310,15 @@ func (b *TableBuilder) Append(r *Record) error {
 	return nil
 }
 
-// NewTableBuilderFrom returns a builder for up to rows rows taken from
-// src with AppendEdited, with room for as many hash-id bytes as src holds:
-// growing the ids by appending would hold up to twice them while it copies.
-func NewTableBuilderFrom(src *Table, rows int) *TableBuilder {
-	b := NewTableBuilder(rows)
-	b.t.ids = make([]byte, 0, len(src.ids))
-	return b
+// ReserveHashIDs makes room for n more bytes of hash ids, for a caller
+// that knows about how many its rows will take: growing the column by
+// appending copies it over and over.
+func (b *TableBuilder) ReserveHashIDs(n int) {
+	b.t.ids = slices.Grow(b.t.ids, n)
 }
+
+// HashIDBytes is the size of the hash-id column in bytes.
+func (t *Table) HashIDBytes() int { return len(t.ids) }
 
 // AppendEdited appends row i of src with r's fields in place of its own:
 // its line, session_id, delay and rare fields are src's. It allocates
@@ -319,17 +338,7 @@ func (b *TableBuilder) AppendEdited(src *Table, i int, r *Row) error {
 	if err != nil {
 		return err
 	}
-	ids := t.ids
-	if !r.HasIDs {
-		ids = append(ids, 0)
-	} else {
-		ids = binary.AppendUvarint(ids, uint64(len(r.HashIDs))+1)
-		var prev int64
-		for _, h := range r.HashIDs {
-			ids = binary.AppendVarint(ids, h-prev)
-			prev = h
-		}
-	}
+	ids := t.encodeIDs(t.ids, r.HashIDs, r.HasIDs)
 	if len(ids) > math.MaxUint32 {
 		return fmt.Errorf("hash_ids take more than %d bytes", uint32(math.MaxUint32))
 	}
@@ -395,20 +404,29 @@ func (b *TableBuilder) appendSession(id string, ok bool) {
 	t.session = append(t.session, s)
 }
 
+// encodeIDs appends a row's hash ids (has: whether it has the key) to dst
+// as the ids column holds them, and widens the table's id range to them.
+func (t *Table) encodeIDs(dst []byte, ids []int64, has bool) []byte {
+	if !has {
+		return append(dst, 0)
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(ids))+1)
+	var prev int64
+	lo, hi := t.loID, t.hiID
+	for _, h := range ids {
+		dst = binary.AppendVarint(dst, h-prev)
+		prev = h
+		lo, hi = min(lo, h), max(hi, h)
+	}
+	t.loID, t.hiID = lo, hi
+	return dst
+}
+
 // appendPlain appends a row of the common shape: no session, delay or rare
 // field; osl -1 when absent. The caller has checked every value.
 func (b *TableBuilder) appendPlain(ts float64, isl, osl int32, ids []int64, hasIDs bool, line int) {
 	t := &b.t
-	if hasIDs {
-		t.ids = binary.AppendUvarint(t.ids, uint64(len(ids))+1)
-		var prev int64
-		for _, h := range ids {
-			t.ids = binary.AppendVarint(t.ids, h-prev)
-			prev = h
-		}
-	} else {
-		t.ids = append(t.ids, 0)
-	}
+	t.ids = t.encodeIDs(t.ids, ids, hasIDs)
 	t.idOff = append(t.idOff, uint32(len(t.ids)))
 	t.ts = append(t.ts, ts)
 	t.isl = append(t.isl, isl)
@@ -686,6 +704,7 @@ func (b *TableBuilder) appendTable(c *Table) error {
 	}
 	off := uint32(len(t.ids))
 	t.ids = append(t.ids, c.ids...)
+	t.loID, t.hiID = min(t.loID, c.loID), max(t.hiID, c.hiID)
 	for _, o := range c.idOff[1:] {
 		t.idOff = append(t.idOff, off+o)
 	}

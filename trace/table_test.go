@@ -2,6 +2,7 @@ package trace
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"reflect"
 	"strings"
@@ -48,10 +49,18 @@ func TestTableRoundTrip(t *testing.T) {
 				}
 				t.Fatalf("got %d rows, want %d", len(got), len(want))
 			}
+			lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
 			for i := range want {
-				if tab.ISL(i) != want[i].ISL() || tab.OSL(i) != want[i].OSL() || tab.Line(i) != want[i].Line {
+				if tab.ISL(i) != want[i].ISL() || tab.OSL(i) != want[i].OSL() || tab.Line(i) != want[i].Line ||
+					tab.HashIDCount(i) != len(want[i].HashIDs) {
 					t.Fatalf("row %d: columns differ from the record", i)
 				}
+				for _, h := range want[i].HashIDs {
+					lo, hi = min(lo, h), max(hi, h)
+				}
+			}
+			if glo, ghi, ok := tab.HashIDRange(); glo != lo || ghi != hi || !ok {
+				t.Errorf("id range %d..%d (%v), want %d..%d", glo, ghi, ok, lo, hi)
 			}
 		})
 	}
@@ -106,15 +115,23 @@ func TestTableAppendEdited(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := src.Records()
-	copied := NewTableBuilderFrom(src, src.Len())
+	copied := NewTableBuilder(src.Len())
+	copied.ReserveHashIDs(src.HashIDBytes())
 	for i := range src.Len() {
 		r := src.Row(i, nil)
 		if err := copied.AppendEdited(src, i, &r); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := copied.Table().Records(); !reflect.DeepEqual(got, want) {
+	ct := copied.Table()
+	if got := ct.Records(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("copied rows differ:\n got %v\nwant %v", got, want)
+	}
+	if lo, hi, _ := ct.HashIDRange(); lo != 0 || hi != 1<<62 {
+		t.Errorf("id range %d..%d, want 0..2^62", lo, hi)
+	}
+	if _, _, ok := NewTableBuilder(0).Table().HashIDRange(); ok {
+		t.Error("an empty table has an id range")
 	}
 
 	// Edits, in reverse order so that sessions are numbered afresh.
@@ -165,7 +182,8 @@ func TestTableAppendEditedAllocations(t *testing.T) {
 	}
 	var ids []int64
 	allocs := testing.AllocsPerRun(3, func() {
-		b := NewTableBuilderFrom(src, src.Len())
+		b := NewTableBuilder(src.Len())
+		b.ReserveHashIDs(src.HashIDBytes())
 		for i := range src.Len() {
 			r := src.Row(i, ids)
 			ids = r.HashIDs
