@@ -326,10 +326,7 @@ func (w *idRewriter) fresh(ids []int64, n int) []int64 {
 // new ids are appended to dst, which must not overlap ids.
 func (w *idRewriter) rewrite(line int, ids []int64, isl int, dst []int64) ([]int64, int, error) {
 	B, Q := w.k.BlockSize, w.k.PromptLenMultiplier
-	lp := 0 // leading run of shared ids
-	for lp < len(ids) && w.shared.isShared(ids[lp]) {
-		lp++
-	}
+	lp := w.sharedRun(ids)
 	// short is how many tokens the row's last block lacks when the whole
 	// row is prefix; it stays on the last block of the new prefix.
 	short := 0
@@ -363,6 +360,21 @@ func (w *idRewriter) rewrite(line int, ids []int64, isl int, dst []int64) ([]int
 		kept = kept[:ceilDiv(isl, B)]
 	}
 	return kept, isl, nil
+}
+
+// sharedRun is the length of the leading run of shared ids.
+func (w *idRewriter) sharedRun(ids []int64) int {
+	n := 0
+	if bits, ok := w.shared.(*idBits); ok { // the common case, without a call per id
+		for n < len(ids) && bits.isShared(ids[n]) {
+			n++
+		}
+		return n
+	}
+	for n < len(ids) && w.shared.isShared(ids[n]) {
+		n++
+	}
+	return n
 }
 
 // scalePrefix appends to dst the new prefix ids for the shared ids of the

@@ -1,6 +1,7 @@
 package synth
 
 import (
+	"encoding/binary"
 	"math"
 	"math/bits"
 
@@ -99,17 +100,18 @@ type tableTransform struct {
 func (tt *tableTransform) run() (*trace.Table, error) {
 	var w *idRewriter
 	var roots *rootScatter
+	idBytes := tt.t.HashIDBytes() // at most: rows are only dropped
 	if tt.k.multipliersSet() {
 		var err error
 		if w, err = tt.rewriter(); err != nil {
 			return nil, err
 		}
-		if roots, err = tt.rootScatter(w); err != nil {
+		if idBytes, roots, err = tt.dryRun(w); err != nil {
 			return nil, err
 		}
 	}
 	b := trace.NewTableBuilder(len(tt.order))
-	b.ReserveHashIDs(tt.idBytesEstimate())
+	b.ReserveHashIDs(idBytes)
 	for _, i := range tt.order {
 		r := tt.t.Row(int(i), tt.ids)
 		tt.ids = r.HashIDs
@@ -126,19 +128,6 @@ func (tt *tableTransform) run() (*trace.Table, error) {
 		}
 	}
 	return b.Table(), nil
-}
-
-// idBytesEstimate is room for the hash ids of the rows written: the
-// source's, scaled by the multipliers that add blocks (up to 4 times), and
-// two long jumps a row (to fresh ids and back). Room left over is trimmed
-// off at the end, in one copy; too little room would copy the column each
-// time it grows.
-func (tt *tableTransform) idBytesEstimate() int {
-	scale := 1.0
-	if tt.k.multipliersSet() {
-		scale = min(4, max(1, tt.k.PrefixLenMultiplier, tt.k.PromptLenMultiplier))
-	}
-	return int(float64(tt.t.HashIDBytes())*scale) + 10*len(tt.order)
 }
 
 // rewrite applies the multipliers to row i, read into r: the timestamp,
@@ -201,30 +190,37 @@ func (tt *tableTransform) rewriter() (*idRewriter, error) {
 	return newIDRewriter(shared, shared.maxShared(), tt.k)
 }
 
-// rootScatter returns the prefix-root scatter, nil without one. Its base
-// lies above every id the rewriter will hand out, which only a dry run
-// over every row tells.
-func (tt *tableTransform) rootScatter(w *idRewriter) (*rootScatter, error) {
-	if tt.k.PrefixRootMultiplier <= 1 {
-		return nil, nil
-	}
+// dryRun rewrites every row's ids without keeping them, for what the
+// real run needs to know beforehand: the bytes the rewritten ids take, so
+// that the column is made once at its size (growing it would copy it over
+// and over, trimming it would copy it once more), and the prefix-root
+// scatter (nil without one), whose base lies above every id the rewriter
+// hands out.
+func (tt *tableTransform) dryRun(w *idRewriter) (idBytes int, roots *rootScatter, err error) {
 	dry := *w
 	for _, i := range tt.order {
 		r := tt.t.Row(int(i), tt.ids)
 		tt.ids = r.HashIDs
 		if len(r.HashIDs) == 0 {
+			idBytes += trace.HashIDsSize(nil, false)
 			continue
 		}
-		var err error
 		if tt.newIDs, _, err = dry.rewrite(tt.t.Line(int(i)), r.HashIDs, r.ISL, tt.newIDs[:0]); err != nil {
-			return nil, err
+			return 0, nil, err
 		}
+		idBytes += trace.HashIDsSize(tt.newIDs, true)
+		if tt.k.PrefixRootMultiplier > 1 {
+			idBytes += binary.MaxVarintLen64 // the first id may move far
+		}
+	}
+	if tt.k.PrefixRootMultiplier <= 1 {
+		return idBytes, nil, nil
 	}
 	base := dry.next + 1
 	if err := checkRootSpace(base, tt.k); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	return newRootScatter(base, tt.k), nil
+	return idBytes, newRootScatter(base, tt.k), nil
 }
 
 // idSpanIsDense tells whether ids spread over span+1 values are counted in

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"runtime"
 	"slices"
 	"sync"
@@ -403,6 +404,24 @@ func (b *TableBuilder) appendSession(id string, ok bool) {
 	}
 	t.session = append(t.session, s)
 }
+
+// HashIDsSize is the bytes a row's hash ids (has: whether it has the key)
+// take in a table, for a caller that reserves room for them.
+func HashIDsSize(ids []int64, has bool) int {
+	if !has {
+		return 1
+	}
+	n := uvarintSize(uint64(len(ids)) + 1)
+	var prev int64
+	for _, h := range ids {
+		d := h - prev
+		n += uvarintSize(uint64(d<<1) ^ uint64(d>>63)) // zigzag, as binary.AppendVarint
+		prev = h
+	}
+	return n
+}
+
+func uvarintSize(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
 
 // encodeIDs appends a row's hash ids (has: whether it has the key) to dst
 // as the ids column holds them, and widens the table's id range to them.

@@ -50,7 +50,9 @@ func TestTableRoundTrip(t *testing.T) {
 				t.Fatalf("got %d rows, want %d", len(got), len(want))
 			}
 			lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
+			size := 0
 			for i := range want {
+				size += HashIDsSize(want[i].HashIDs, want[i].HashIDs != nil)
 				if tab.ISL(i) != want[i].ISL() || tab.OSL(i) != want[i].OSL() || tab.Line(i) != want[i].Line ||
 					tab.HashIDCount(i) != len(want[i].HashIDs) {
 					t.Fatalf("row %d: columns differ from the record", i)
@@ -58,6 +60,9 @@ func TestTableRoundTrip(t *testing.T) {
 				for _, h := range want[i].HashIDs {
 					lo, hi = min(lo, h), max(hi, h)
 				}
+			}
+			if size != tab.HashIDBytes() {
+				t.Errorf("HashIDsSize adds up to %d bytes, the column holds %d", size, tab.HashIDBytes())
 			}
 			if glo, ghi, ok := tab.HashIDRange(); glo != lo || ghi != hi || !ok {
 				t.Errorf("id range %d..%d (%v), want %d..%d", glo, ghi, ok, lo, hi)
