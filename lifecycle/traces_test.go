@@ -175,6 +175,61 @@ func TestTracePlanSynthesisCompact(t *testing.T) {
 	}
 }
 
+// TestTraceRowsLetGo: a file whose plans all have rows of their own (from
+// synthesis) keeps none of its own between loads. A later load that needs
+// them for a new plan reads the file again; one that reuses its plans
+// reads nothing; a plan that replays the rows as they are keeps them.
+func TestTraceRowsLetGo(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	writeTrace(t, path, 100, 10, 0)
+	w := daemontest.Workload("w", path, "t")
+	fk := fileKey{path, w.BlockSize}
+	ctx := t.Context()
+	prev := newTraceCache()
+	// load is one (re)load with a workload of the file per speed-up.
+	load := func(speedups []float64) *traceCache {
+		t.Helper()
+		c := prev.next()
+		for _, s := range speedups {
+			k := synth.DefaultKnobs()
+			k.BlockSize, k.SpeedupRatio = w.BlockSize, s
+			if _, err := c.plan(ctx, prev, path, &w, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.letGoOfUnusedRows()
+		prev = c
+		return c
+	}
+	for _, st := range []struct {
+		what       string
+		speedups   []float64
+		wantParses int64
+		wantRows   bool
+	}{
+		{"synthesized", []float64{2}, 1, false},
+		{"the same again", []float64{2}, 1, false},
+		{"another speed-up beside it", []float64{2, 3}, 2, false},
+		{"the rows as they are beside it", []float64{2, 1}, 3, true},
+		{"the rows as they are alone", []float64{1}, 3, true},
+		{"synthesized again", []float64{4}, 3, false},
+	} {
+		c := load(st.speedups)
+		if got := c.stats.parses.Load(); got != st.wantParses {
+			t.Errorf("%s: %d parses in all, want %d", st.what, got, st.wantParses)
+		}
+		if got := c.files[fk].rows != nil; got != st.wantRows {
+			t.Errorf("%s: the file's own rows held: %v, want %v", st.what, got, st.wantRows)
+		}
+		for pk, tp := range c.plans {
+			if n := tp.plan.Rows().Len(); n != 100 {
+				t.Errorf("%s: the plan of %+v has %d rows, want 100", st.what, pk.knobs, n)
+			}
+		}
+	}
+}
+
 // TestReloadLeavesNeighbourAlone: while a workload replays a row every few
 // milliseconds, reloads add, change and remove another workload next to
 // it. The busy one keeps its unit and its schedule: it drops nothing, and
