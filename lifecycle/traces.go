@@ -53,8 +53,8 @@ type planKey struct {
 
 // parsedFile is a trace file as read.
 type parsedFile struct {
-	info os.FileInfo // the file when it was read: its identity, size and mtime
-	hash string      // of its bytes, to tell a touched file from a changed one
+	info os.FileInfo  // the file when it was read: its identity, size and mtime
+	hash string       // of its bytes, to tell a touched file from a changed one
 	rows *trace.Table // nil once let go (see letGoOfUnusedRows)
 }
 
