@@ -293,6 +293,7 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 	if err := errors.Join(errs...); err != nil {
 		return nil, nil, nil, err
 	}
+	traces.letGoOfUnusedRows()
 	return cfg, loaded, traces, nil
 }
 

@@ -27,6 +27,11 @@ import (
 // built from it is kept. A plan (the rows after synthesis, and their
 // schedule) is known by its file and the synthesis knobs.
 //
+// Synthesis makes rows of its own: once every plan of a file has them, the
+// file's own rows are let go (a trace of millions of rows is a hundred
+// megabytes), and read again only if a later load needs them for a plan
+// it does not already have.
+//
 // Only the daemon's owner goroutine uses a cache; each (re)load fills a new
 // one from the last, which replaces it once the configuration is applied,
 // so that traces no longer used are let go.
@@ -49,9 +54,9 @@ type planKey struct {
 
 // parsedFile is a trace file as read.
 type parsedFile struct {
-	info os.FileInfo // the file when it was read: its identity, size and mtime
-	hash string      // of its bytes, to tell a touched file from a changed one
-	rows *trace.Table
+	info os.FileInfo  // the file when it was read: its identity, size and mtime
+	hash string       // of its bytes, to tell a touched file from a changed one
+	rows *trace.Table // nil once let go (see letGoOfUnusedRows)
 	// surplus counts the rows whose hash_ids run past their input_length,
 	// cut to the ids that fit in rows; noted once the daemon logged it.
 	surplus trace.Surplus
@@ -107,6 +112,12 @@ func (c *traceCache) plan(ctx context.Context, prev *traceCache, path string, w 
 		c.plans[pk] = tp
 		return tp, nil
 	}
+	if pf.rows == nil {
+		var err error
+		if pf, err = c.readAgain(ctx, pf, fk, w); err != nil {
+			return nil, fmt.Errorf("workload %s: %w", w.Name, err)
+		}
+	}
 	rows, _, err := synth.TransformTable(pf.rows, k)
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: synthesis of %s: %w", w.Name, path, err)
@@ -131,6 +142,37 @@ func (c *traceCache) plan(ctx context.Context, prev *traceCache, path string, w 
 	tp := &tracePlan{file: pf, plan: plan}
 	c.plans[pk] = tp
 	return tp, nil
+}
+
+// readAgain returns pf with its rows, which were let go, read again from
+// its file (or generated again, for w's generator). A file whose bytes
+// changed without its size or modification time showing it is a new file.
+func (c *traceCache) readAgain(ctx context.Context, pf *parsedFile, fk fileKey, w *config.Workload) (*parsedFile, error) {
+	fresh, err := c.fileOf(ctx, nil, fk, w)
+	if err != nil {
+		return nil, err
+	}
+	if fresh.hash != pf.hash {
+		c.files[fk] = fresh
+		return fresh, nil
+	}
+	pf.rows = fresh.rows
+	return pf, nil
+}
+
+// letGoOfUnusedRows drops the rows of every file of c that no plan of c
+// replays as they are: synthesis gave each of its plans rows of their own.
+// Call it once c holds every plan of a load.
+func (c *traceCache) letGoOfUnusedRows() {
+	used := map[*trace.Table]bool{}
+	for _, tp := range c.plans {
+		used[tp.plan.Rows()] = true
+	}
+	for _, pf := range c.files {
+		if !used[pf.rows] {
+			pf.rows = nil
+		}
+	}
 }
 
 // readFile returns the parsed file, old itself when the file has not
@@ -174,6 +216,9 @@ func (c *traceCache) readFile(ctx context.Context, old *parsedFile, fk fileKey) 
 	pf := &parsedFile{info: fi, hash: hex.EncodeToString(sum), rows: rows, surplus: surplus}
 	if old != nil && old.hash == pf.hash {
 		old.info = fi // touched, not changed: keep what was built from it
+		if old.rows == nil {
+			old.rows = pf.rows
+		}
 		return old, nil
 	}
 	return pf, nil

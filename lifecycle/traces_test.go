@@ -11,6 +11,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
 // writeTrace writes rows rows, spaced gap ms apart, each with its own
@@ -124,6 +125,108 @@ func TestTraceParsedOnce(t *testing.T) {
 	}
 	if d.units[unitKey{"a", "t1"}] == a1 {
 		t.Error("the units of a changed trace kept running on the old rows")
+	}
+}
+
+// TestTracePlanSynthesisCompact: a workload with synthesis options is
+// planned from its trace's table, never from rows unpacked into Records:
+// what planning allocates does not grow with the rows. (Not parallel:
+// allocations are counted for the whole process.)
+func TestTracePlanSynthesisCompact(t *testing.T) {
+	const rows = 20000
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	writeTrace(t, path, rows, 10, 0)
+	w := daemontest.Workload("w", path, "t")
+	ctx := t.Context()
+	with := func(f func(*synth.Knobs)) synth.Knobs {
+		k := synth.DefaultKnobs()
+		k.BlockSize, k.Seed = w.BlockSize, 5
+		f(&k)
+		return k
+	}
+	read := newTraceCache() // holds the parsed file, and the plan of no synthesis
+	if _, err := read.plan(ctx, newTraceCache(), path, &w, with(func(*synth.Knobs) {})); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		k    synth.Knobs
+	}{
+		{"speedup_ratio", with(func(k *synth.Knobs) { k.SpeedupRatio = 147 })},
+		{"speedup_ratio max_osl", with(func(k *synth.Knobs) { k.SpeedupRatio = 147; k.MaxOSL = 16 })},
+		{"prefix multipliers", with(func(k *synth.Knobs) { k.PrefixLenMultiplier = 2; k.PrefixRootMultiplier = 3 })},
+		{"output_len_multiplier", with(func(k *synth.Knobs) { k.OutputLenMultiplier = 3 })},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var plan *tracePlan
+			allocs := testing.AllocsPerRun(2, func() {
+				var err error
+				if plan, err = read.next().plan(ctx, read, path, &w, tc.k); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if plan.file != read.files[fileKey{path, w.BlockSize}] {
+				t.Fatal("the file was read again")
+			}
+			if perRow := allocs / rows; perRow > 0.01 {
+				t.Errorf("%.0f allocations to plan %d rows (%.3f a row), want none per row", allocs, rows, perRow)
+			}
+		})
+	}
+}
+
+// TestTraceRowsLetGo: a file whose plans all have rows of their own (from
+// synthesis) keeps none of its own between loads. A later load that needs
+// them for a new plan reads the file again; one that reuses its plans
+// reads nothing; a plan that replays the rows as they are keeps them.
+func TestTraceRowsLetGo(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	writeTrace(t, path, 100, 10, 0)
+	w := daemontest.Workload("w", path, "t")
+	fk := fileKey{path, w.BlockSize}
+	ctx := t.Context()
+	prev := newTraceCache()
+	// load is one (re)load with a workload of the file per speed-up.
+	load := func(speedups []float64) *traceCache {
+		t.Helper()
+		c := prev.next()
+		for _, s := range speedups {
+			k := synth.DefaultKnobs()
+			k.BlockSize, k.SpeedupRatio = w.BlockSize, s
+			if _, err := c.plan(ctx, prev, path, &w, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.letGoOfUnusedRows()
+		prev = c
+		return c
+	}
+	for _, st := range []struct {
+		what       string
+		speedups   []float64
+		wantParses int64
+		wantRows   bool
+	}{
+		{"synthesized", []float64{2}, 1, false},
+		{"the same again", []float64{2}, 1, false},
+		{"another speed-up beside it", []float64{2, 3}, 2, false},
+		{"the rows as they are beside it", []float64{2, 1}, 3, true},
+		{"the rows as they are alone", []float64{1}, 3, true},
+		{"synthesized again", []float64{4}, 3, false},
+	} {
+		c := load(st.speedups)
+		if got := c.stats.parses.Load(); got != st.wantParses {
+			t.Errorf("%s: %d parses in all, want %d", st.what, got, st.wantParses)
+		}
+		if got := c.files[fk].rows != nil; got != st.wantRows {
+			t.Errorf("%s: the file's own rows held: %v, want %v", st.what, got, st.wantRows)
+		}
+		for pk, tp := range c.plans {
+			if n := tp.plan.Rows().Len(); n != 100 {
+				t.Errorf("%s: the plan of %+v has %d rows, want 100", st.what, pk.knobs, n)
+			}
+		}
 	}
 }
 

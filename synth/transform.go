@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"slices"
 
 	"github.com/kvload-exporter/kvload-exporter/internal/rng"
 	"github.com/kvload-exporter/kvload-exporter/trace"
@@ -146,28 +148,38 @@ func Transform(rows []trace.Record, k Knobs) ([]trace.Record, Stats, error) {
 			return nil, Stats{}, err
 		}
 		for i := range out {
-			r := &out[i]
-			if r.Timestamp != nil {
-				*r.Timestamp = math.Trunc(*r.Timestamp / k.SpeedupRatio)
-			}
-			if r.OutputLength != nil {
-				v := math.RoundToEven(float64(*r.OutputLength) * k.OutputLenMultiplier)
-				if k.MaxOSL > 0 && v > float64(k.MaxOSL) {
-					v = float64(k.MaxOSL)
-				}
-				*r.OutputLength = max(1, int(v))
+			if r := &out[i]; r.Timestamp != nil {
+				*r.Timestamp = k.timestamp(*r.Timestamp)
 			}
 		}
 	}
-	if k.MaxOSL > 0 {
-		for i := range out {
-			if r := &out[i]; r.OutputLength != nil && *r.OutputLength > k.MaxOSL {
-				*r.OutputLength = k.MaxOSL
-			}
+	for i := range out {
+		if r := &out[i]; r.OutputLength != nil {
+			*r.OutputLength = k.outputLength(*r.OutputLength)
 		}
 	}
 	st.RowsOut = len(out)
 	return out, st, nil
+}
+
+// timestamp is a row's timestamp after synthesis with multipliers:
+// divided by the speed-up and truncated, as AIPerf does.
+func (k Knobs) timestamp(ms float64) float64 { return math.Trunc(ms / k.SpeedupRatio) }
+
+// outputLength is a row's output_length after synthesis: scaled, rounded
+// half to even and kept ≥ 1 when multipliers are set, capped at MaxOSL.
+func (k Knobs) outputLength(osl int) int {
+	if k.multipliersSet() {
+		v := math.RoundToEven(float64(osl) * k.OutputLenMultiplier)
+		if k.MaxOSL > 0 && v > float64(k.MaxOSL) {
+			v = float64(k.MaxOSL)
+		}
+		osl = max(1, int(v))
+	}
+	if k.MaxOSL > 0 && osl > k.MaxOSL {
+		osl = k.MaxOSL
+	}
+	return osl
 }
 
 // sessionOrder groups rows by session_id in order of first appearance; a
@@ -208,15 +220,16 @@ func applyMultipliers(rows []trace.Record, k Knobs) error {
 	if err != nil {
 		return err
 	}
-	w, err := newIDRewriter(count, k)
+	w, err := newIDRewriter(count, count.maxShared(), k)
 	if err != nil {
 		return err
 	}
 	for i := range rows {
-		if len(rows[i].HashIDs) == 0 {
+		r := &rows[i]
+		if len(r.HashIDs) == 0 {
 			continue
 		}
-		if err := w.rewrite(&rows[i]); err != nil {
+		if r.HashIDs, *r.InputLength, err = w.rewrite(r.Line, r.HashIDs, *r.InputLength, nil); err != nil {
 			return err
 		}
 	}
@@ -231,10 +244,32 @@ func applyMultipliers(rows []trace.Record, k Knobs) error {
 	return nil
 }
 
+// sharedIDs tells which hash ids are shared prefix blocks: ids that occur
+// more than once over the rows synthesis rewrites.
+type sharedIDs interface {
+	isShared(h int64) bool
+}
+
+// idCounts counts the occurrences of each id.
+type idCounts map[int64]int
+
+func (c idCounts) isShared(h int64) bool { return c[h] > 1 }
+
+// maxShared is the largest shared id, 0 when none is.
+func (c idCounts) maxShared() int64 {
+	var top int64
+	for h, n := range c {
+		if n > 1 && h > top {
+			top = h
+		}
+	}
+	return top
+}
+
 // countIDs checks the block rule on every row with ids and counts the
 // occurrences of each id: an id seen twice or more is a shared prefix block.
-func countIDs(rows []trace.Record, B int) (map[int64]int, error) {
-	count := make(map[int64]int)
+func countIDs(rows []trace.Record, B int) (idCounts, error) {
+	count := make(idCounts)
 	for i := range rows {
 		r := &rows[i]
 		if len(r.HashIDs) == 0 {
@@ -254,20 +289,16 @@ func countIDs(rows []trace.Record, B int) (map[int64]int, error) {
 // Shared ids keep their meaning (scaled by m under P > 1); every other
 // block gets a fresh id above them.
 type idRewriter struct {
-	k     Knobs
-	count map[int64]int // occurrences of each source id
-	m     int64         // ids each shared id becomes under P > 1
-	next  int64         // the last id handed out; fresh ids follow it
+	k      Knobs
+	shared sharedIDs
+	m      int64 // ids each shared id becomes under P > 1
+	next   int64 // the last id handed out; fresh ids follow it
 }
 
-func newIDRewriter(count map[int64]int, k Knobs) (*idRewriter, error) {
+// newIDRewriter returns a rewriter for rows whose largest shared id is
+// maxShared (0 when none is).
+func newIDRewriter(shared sharedIDs, maxShared int64, k Knobs) (*idRewriter, error) {
 	P := k.PrefixLenMultiplier
-	var maxShared int64
-	for h, c := range count {
-		if c > 1 && h > maxShared {
-			maxShared = h
-		}
-	}
 	m := int64(1)
 	if P > 1 {
 		if P >= idLimit {
@@ -278,7 +309,7 @@ func newIDRewriter(count map[int64]int, k Knobs) (*idRewriter, error) {
 	if float64(maxShared+1)*float64(m) >= idLimit {
 		return nil, fmt.Errorf("prefix_len_multiplier %v would push hash ids past %d", P, int64(idLimit))
 	}
-	return &idRewriter{k: k, count: count, m: m, next: (maxShared + 1) * m}, nil
+	return &idRewriter{k: k, shared: shared, m: m, next: (maxShared + 1) * m}, nil
 }
 
 // fresh appends n fresh ids to ids.
@@ -290,16 +321,12 @@ func (w *idRewriter) fresh(ids []int64, n int) []int64 {
 	return ids
 }
 
-// rewrite scales the row's shared prefix by P and its unique prompt by Q,
-// then caps it at MaxISL.
-func (w *idRewriter) rewrite(r *trace.Record) error {
+// rewrite scales the shared prefix of the row on line (its ids and input
+// length isl) by P and its unique prompt by Q, then caps it at MaxISL. The
+// new ids are appended to dst, which must not overlap ids.
+func (w *idRewriter) rewrite(line int, ids []int64, isl int, dst []int64) ([]int64, int, error) {
 	B, Q := w.k.BlockSize, w.k.PromptLenMultiplier
-	ids := r.HashIDs
-	isl := *r.InputLength
-	lp := 0 // leading run of shared ids
-	for lp < len(ids) && w.count[ids[lp]] > 1 {
-		lp++
-	}
+	lp := w.sharedRun(ids)
 	// short is how many tokens the row's last block lacks when the whole
 	// row is prefix; it stays on the last block of the new prefix.
 	short := 0
@@ -308,9 +335,9 @@ func (w *idRewriter) rewrite(r *trace.Record) error {
 	}
 	prompt := isl - (lp*B - short)
 
-	kept, short, err := w.scalePrefix(r.Line, ids[:lp], short)
+	kept, short, err := w.scalePrefix(line, ids[:lp], short, dst)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	prefix := len(kept) * B
 	if len(kept) > 0 {
@@ -319,7 +346,7 @@ func (w *idRewriter) rewrite(r *trace.Record) error {
 
 	qf := float64(prompt) * Q
 	if qf > trace.MaxCount {
-		return fmt.Errorf("line %d: prompt_len_multiplier %v makes a %.0f-token prompt", r.Line, Q, qf)
+		return nil, 0, fmt.Errorf("line %d: prompt_len_multiplier %v makes a %.0f-token prompt", line, Q, qf)
 	}
 	q := int(qf)
 	if q == 0 && prefix == 0 {
@@ -332,15 +359,28 @@ func (w *idRewriter) rewrite(r *trace.Record) error {
 		isl = w.k.MaxISL
 		kept = kept[:ceilDiv(isl, B)]
 	}
-	r.HashIDs = kept
-	*r.InputLength = isl
-	return nil
+	return kept, isl, nil
 }
 
-// scalePrefix returns the new prefix ids for the shared ids of the row on
-// line, and the tokens its last block lacks: short, or 0 when shrinking cut
-// the partial last block off.
-func (w *idRewriter) scalePrefix(line int, shared []int64, short int) ([]int64, int, error) {
+// sharedRun is the length of the leading run of shared ids.
+func (w *idRewriter) sharedRun(ids []int64) int {
+	n := 0
+	if bits, ok := w.shared.(*idBits); ok { // the common case, without a call per id
+		for n < len(ids) && bits.isShared(ids[n]) {
+			n++
+		}
+		return n
+	}
+	for n < len(ids) && w.shared.isShared(ids[n]) {
+		n++
+	}
+	return n
+}
+
+// scalePrefix appends to dst the new prefix ids for the shared ids of the
+// row on line, and returns the tokens its last block lacks: short, or 0
+// when shrinking cut the partial last block off.
+func (w *idRewriter) scalePrefix(line int, shared []int64, short int, dst []int64) ([]int64, int, error) {
 	B, P := w.k.BlockSize, w.k.PrefixLenMultiplier
 	lp := len(shared)
 	switch {
@@ -350,7 +390,7 @@ func (w *idRewriter) scalePrefix(line int, shared []int64, short int) ([]int64, 
 			return nil, 0, fmt.Errorf("line %d: prefix_len_multiplier %v makes a %.0f-block prefix", line, P, tf)
 		}
 		total := int(tf)
-		kept := make([]int64, 0, total)
+		kept := slices.Grow(dst, total)
 		for _, h := range shared {
 			for j := range w.m {
 				kept = append(kept, h*w.m+j)
@@ -365,9 +405,9 @@ func (w *idRewriter) scalePrefix(line int, shared []int64, short int) ([]int64, 
 		if kb < lp {
 			short = 0 // the partial last block was cut off
 		}
-		return append([]int64(nil), shared[:kb]...), short, nil
+		return append(dst, shared[:kb]...), short, nil
 	default:
-		return append([]int64(nil), shared...), short, nil
+		return append(dst, shared...), short, nil
 	}
 }
 
@@ -376,112 +416,68 @@ func (w *idRewriter) scalePrefix(line int, shared []int64, short int) ([]int64, 
 // ids apart (base is above every id handed out), so that R disjoint
 // families of prefixes share the traffic. Rows without ids take no draw.
 func scatterPrefixRoots(rows []trace.Record, base int64, k Knobs) error {
-	R := k.PrefixRootMultiplier
-	if R <= 1 {
+	if k.PrefixRootMultiplier <= 1 {
 		return nil
 	}
-	if float64(base)*float64(R) >= idLimit {
-		return fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
+	if err := checkRootSpace(base, k); err != nil {
+		return err
 	}
-	rRoot := rng.New(k.Seed, StreamPrefixRoot)
+	roots := newRootScatter(base, k)
 	for i := range rows {
-		ids := rows[i].HashIDs
-		if len(ids) == 0 {
-			continue
-		}
-		if t := int64(rRoot.IntN(R)); t > 0 {
-			for j := range ids {
-				ids[j] += t * base
-			}
+		if ids := rows[i].HashIDs; len(ids) > 0 {
+			roots.move(ids)
 		}
 	}
 	return nil
+}
+
+// checkRootSpace refuses a root multiplier whose copies of the id space,
+// base ids apart, would not fit.
+func checkRootSpace(base int64, k Knobs) error {
+	if R := k.PrefixRootMultiplier; float64(base)*float64(R) >= idLimit {
+		return fmt.Errorf("prefix_root_multiplier %d would push hash ids past %d", R, int64(idLimit))
+	}
+	return nil
+}
+
+// rootScatter moves rows to one of R copies of the id space, base ids
+// apart, by a seeded draw per row with ids.
+type rootScatter struct {
+	base int64
+	R    int
+	rng  *rand.Rand
+}
+
+func newRootScatter(base int64, k Knobs) *rootScatter {
+	return &rootScatter{base: base, R: k.PrefixRootMultiplier, rng: rng.New(k.Seed, StreamPrefixRoot)}
+}
+
+// move shifts ids in place into the copy drawn for their row.
+func (s *rootScatter) move(ids []int64) {
+	if t := int64(s.rng.IntN(s.R)); t > 0 {
+		for j := range ids {
+			ids[j] += t * s.base
+		}
+	}
 }
 
 // checkBlocks applies the block rule to a row read without it, so the
 // transform never works on ids that cannot describe input_length.
 func checkBlocks(r *trace.Record, B int) error {
-	if r.InputLength == nil {
-		return fmt.Errorf("line %d: hash_ids without input_length", r.Line)
+	return checkBlockRule(r.Line, r.InputLength, len(r.HashIDs), B)
+}
+
+// checkBlockRule is checkBlocks for the row on line with input length isl
+// (nil when absent) and n hash ids.
+func checkBlockRule(line int, isl *int, n, B int) error {
+	if isl == nil {
+		return fmt.Errorf("line %d: hash_ids without input_length", line)
 	}
-	n := len(r.HashIDs)
-	if last := *r.InputLength - (n-1)*B; last <= 0 || last > B {
+	if last := *isl - (n-1)*B; last <= 0 || last > B {
 		return fmt.Errorf("line %d: input_length %d does not fit %d hash_ids of %d-token blocks",
-			r.Line, *r.InputLength, n, B)
+			line, *isl, n, B)
 	}
 	return nil
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
-
-// TransformTable is Transform on a Table. Without multipliers (only
-// max_isl, max_osl and the session order), it works on the columns and
-// returns t itself when nothing changes; with them it unpacks the rows.
-func TransformTable(t *trace.Table, k Knobs) (*trace.Table, Stats, error) {
-	if err := k.Validate(); err != nil {
-		return nil, Stats{}, err
-	}
-	if k.multipliersSet() {
-		out, st, err := Transform(t.Records(), k)
-		if err != nil {
-			return nil, st, err
-		}
-		if len(out) == 0 {
-			return trace.NewTableBuilder(0).Table(), st, nil
-		}
-		nt, err := trace.TableOf(out)
-		return nt, st, err
-	}
-	st := Stats{RowsIn: t.Len()}
-	order := make([]int32, 0, t.Len())
-	var groups map[int32][]int32 // session → its rows after the first
-	for i := range t.Len() {
-		if k.MaxISL > 0 && t.ISL(i) > k.MaxISL {
-			st.DroppedMaxISL++
-			continue
-		}
-		if s := int32(t.SessionOrdinal(i)); s >= 0 {
-			if groups == nil {
-				groups = map[int32][]int32{}
-			}
-			if g, seen := groups[s]; seen {
-				groups[s] = append(g, int32(i))
-				continue
-			}
-			groups[s] = []int32{}
-		}
-		order = append(order, int32(i))
-	}
-	if groups != nil {
-		grouped := make([]int32, 0, t.Len())
-		for _, i := range order {
-			grouped = append(grouped, i)
-			if s := int32(t.SessionOrdinal(int(i))); s >= 0 {
-				grouped = append(grouped, groups[s]...)
-			}
-		}
-		order = grouped
-	}
-	st.RowsOut = len(order)
-	same := len(order) == t.Len()
-	for n, i := range order {
-		if int(i) != n || (k.MaxOSL > 0 && t.OSL(int(i)) > k.MaxOSL) {
-			same = false
-			break
-		}
-	}
-	if same {
-		return t, st, nil
-	}
-	b := trace.NewTableBuilder(len(order))
-	for _, i := range order {
-		r := t.Record(int(i))
-		if k.MaxOSL > 0 && r.OutputLength != nil && *r.OutputLength > k.MaxOSL {
-			*r.OutputLength = k.MaxOSL
-		}
-		if err := b.Append(&r); err != nil {
-			return nil, st, err // cannot happen: the row was in a table
-		}
-	}
-	return b.Table(), st, nil
-}

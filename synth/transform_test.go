@@ -1,11 +1,8 @@
 package synth_test
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/synth"
@@ -339,78 +336,4 @@ func countCrashRows(rows []trace.Record) int {
 		}
 	}
 	return n
-}
-
-// everyFieldRows is a trace with every kind of field, absent and present
-// (the trace package's table test rows, less the row of ids too big for the
-// multipliers).
-const everyFieldRows = `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [7, 8]}
-{"timestamp": 1.5, "input_length": 10, "output_length": 900, "hash_ids": [9], "session_id": "a"}
-
-{"input_length": 600, "hash_ids": [9, 3], "session_id": "a", "delay": 20}
-{"timestamp": 3, "input_length": 4, "hash_ids": []}
-{"timestamp": 4, "text_input": "hi", "extra": {"x": 1}, "custom": [1]}
-{"timestamp": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}], "session_id": "b"}
-{"timestamp": 6, "payload": {"model": "m"}, "type": "mooncake_trace"}
-{"input_length": 1, "session_id": "b"}
-`
-
-// sharedTraceText is the text of one of the real traces beside the checkout.
-func sharedTraceText(t testing.TB, name string) string {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "shared", "traces", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-// TransformTable gives what Transform gives, for every kind of knob.
-func TestTransformTableMatchesTransform(t *testing.T) {
-	text := everyFieldRows + sharedTraceText(t, "synthetic_trace.jsonl")
-	recs, err := trace.ReadAll(strings.NewReader(text), "x", trace.ReadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tab, err := trace.TableOf(recs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	with := func(f func(*synth.Knobs)) synth.Knobs { k := synth.DefaultKnobs(); f(&k); return k }
-	for _, tc := range []struct {
-		name string
-		k    synth.Knobs
-	}{
-		{"defaults", synth.DefaultKnobs()}, // sessions are regrouped
-		{"max_isl", with(func(k *synth.Knobs) { k.MaxISL = 1000 })},
-		{"max_osl", with(func(k *synth.Knobs) { k.MaxOSL = 10 })},
-		{"speedup", with(func(k *synth.Knobs) { k.SpeedupRatio = 2 })},
-		{"prefix", with(func(k *synth.Knobs) { k.PrefixLenMultiplier = 1.5; k.PrefixRootMultiplier = 2 })},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			want, wst, err := synth.Transform(recs, tc.k)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, gst, err := synth.TransformTable(tab, tc.k)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if gst != wst {
-				t.Errorf("stats %+v, want %+v", gst, wst)
-			}
-			g, _ := json.Marshal(got.Records())
-			w, _ := json.Marshal(want)
-			if string(g) != string(w) {
-				t.Errorf("rows differ")
-			}
-		})
-	}
-	plain, err := trace.ReadTable(strings.NewReader(sharedTraceText(t, "conversation_trace.jsonl")), "x", trace.ReadOptions{}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, _, _ := synth.TransformTable(plain, synth.DefaultKnobs()); got != plain {
-		t.Error("a trace without sessions was copied by a transform that changes nothing")
-	}
 }

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"runtime"
+	"slices"
 	"sync"
 	"unsafe"
 )
@@ -26,6 +28,8 @@ type Table struct {
 	line     []int32
 	idOff    []uint32 // row i's ids are ids[idOff[i]:idOff[i+1]]
 	ids      []byte   // per row: uvarint count+1 (0: no hash_ids), then zigzag varint deltas
+	loID     int64    // the smallest and largest hash id; loID > hiID when there is none
+	hiID     int64
 
 	// Allocated at the first row that needs them.
 	session  []int32 // index into sessions; -1 when absent
@@ -46,6 +50,12 @@ type rareFields struct {
 	// Counts above what an int32 holds, which the reader accepts (up to
 	// 2⁴⁰) for the daemon to reject with its own message.
 	BigISL, BigOSL int
+}
+
+// onlyCounts tells whether x holds nothing but big counts.
+func (x *rareFields) onlyCounts() bool {
+	return x.TextInput == nil && x.Messages == nil && x.Tools == nil && x.Payload == nil &&
+		x.Extra == nil && x.Type == nil && x.Unknown == nil
 }
 
 // bigCount marks a count kept in rareFields.
@@ -97,6 +107,9 @@ func (t *Table) ISL(i int) int {
 	return max(int(t.isl[i]), 0)
 }
 
+// InputLength is row i's input_length; ok is false when it has none.
+func (t *Table) InputLength(i int) (n int, ok bool) { return t.ISL(i), t.isl[i] != -1 }
+
 // OSL is row i's output_length, 0 when absent.
 func (t *Table) OSL(i int) int {
 	if t.osl[i] == bigCount {
@@ -118,13 +131,33 @@ func (t *Table) AppendHashIDs(dst []int64, i int) (_ []int64, ok bool) {
 	}
 	b = b[k:]
 	var prev int64
+	dst = slices.Grow(dst, int(n-1))
 	for range n - 1 {
-		d, k := binary.Varint(b)
-		b = b[k:]
-		prev += d
+		// Most deltas are small (ids count up by one): one byte, decoded
+		// here rather than by a call.
+		if u := b[0]; u < 0x80 {
+			prev += int64(u>>1) ^ -int64(u&1)
+			b = b[1:]
+		} else {
+			d, k := binary.Varint(b)
+			prev += d
+			b = b[k:]
+		}
 		dst = append(dst, prev)
 	}
 	return dst, true
+}
+
+// HashIDCount is the number of row i's hash ids, without decoding them.
+func (t *Table) HashIDCount(i int) int {
+	n, _ := binary.Uvarint(t.ids[t.idOff[i]:t.idOff[i+1]])
+	return max(int(n)-1, 0)
+}
+
+// HashIDRange is the smallest and the largest hash id of the table; ok is
+// false when it has none.
+func (t *Table) HashIDRange() (lo, hi int64, ok bool) {
+	return t.loID, t.hiID, t.loID <= t.hiID
 }
 
 // Record returns row i as a Record of its own, which the caller may keep
@@ -159,6 +192,29 @@ func (t *Table) Record(i int) Record {
 	return r
 }
 
+// Row is the part of a row that synthesis rewrites, read from a Table or
+// appended to one without building a Record.
+type Row struct {
+	Timestamp float64 // ms; NaN when absent
+	ISL, OSL  int     // input_length and output_length; -1 when absent
+	HashIDs   []int64
+	HasIDs    bool // false: no hash_ids key (HashIDs is then empty)
+}
+
+// Row returns row i's rewritable fields; its hash ids are decoded into
+// buf[:0], so that a caller walking the table reuses one buffer.
+func (t *Table) Row(i int, buf []int64) Row {
+	r := Row{Timestamp: t.ts[i], ISL: -1, OSL: -1}
+	if t.isl[i] != -1 {
+		r.ISL = t.ISL(i)
+	}
+	if t.osl[i] != -1 {
+		r.OSL = t.OSL(i)
+	}
+	r.HashIDs, r.HasIDs = t.AppendHashIDs(buf[:0], i)
+	return r
+}
+
 // Bytes is an estimate of the memory the table holds, for reports and tests.
 func (t *Table) Bytes() int {
 	n := cap(t.ts)*8 + cap(t.isl)*4 + cap(t.osl)*4 + cap(t.line)*4 + cap(t.idOff)*4 + cap(t.ids) +
@@ -183,6 +239,8 @@ type TableBuilder struct {
 func NewTableBuilder(rows int) *TableBuilder {
 	rows = max(rows, 0)
 	return &TableBuilder{t: Table{
+		loID:  math.MaxInt64,
+		hiID:  math.MinInt64,
 		ts:    make([]float64, 0, rows),
 		isl:   make([]int32, 0, rows),
 		osl:   make([]int32, 0, rows),
@@ -213,17 +271,7 @@ func (b *TableBuilder) Append(r *Record) error {
 	if r.Line > math.MaxInt32 {
 		return fmt.Errorf("line %d is past the last line a table holds", r.Line)
 	}
-	ids := t.ids
-	if r.HashIDs == nil {
-		ids = append(ids, 0)
-	} else {
-		ids = binary.AppendUvarint(ids, uint64(len(r.HashIDs))+1)
-		var prev int64
-		for _, h := range r.HashIDs {
-			ids = binary.AppendVarint(ids, h-prev)
-			prev = h
-		}
-	}
+	ids := t.encodeIDs(t.ids, r.HashIDs, r.HashIDs != nil)
 	if len(ids) > math.MaxUint32 {
 		return fmt.Errorf("hash_ids take more than %d bytes", uint32(math.MaxUint32))
 	}
@@ -238,21 +286,10 @@ func (b *TableBuilder) Append(r *Record) error {
 	t.osl = append(t.osl, osl)
 	t.line = append(t.line, int32(r.Line))
 
-	if r.SessionID != nil && t.session == nil {
-		t.session = backfill(i, int32(-1))
-		b.sessionOf = map[string]int32{}
-	}
-	if t.session != nil {
-		s := int32(-1)
-		if r.SessionID != nil {
-			var ok bool
-			if s, ok = b.sessionOf[*r.SessionID]; !ok {
-				s = int32(len(t.sessions))
-				t.sessions = append(t.sessions, *r.SessionID)
-				b.sessionOf[*r.SessionID] = s
-			}
-		}
-		t.session = append(t.session, s)
+	if r.SessionID != nil {
+		b.appendSession(*r.SessionID, true)
+	} else {
+		b.appendSession("", false)
 	}
 	if r.Delay != nil && t.delay == nil {
 		t.delay = backfill(i, math.NaN())
@@ -274,20 +311,141 @@ func (b *TableBuilder) Append(r *Record) error {
 	return nil
 }
 
+// ReserveHashIDs makes room for n more bytes of hash ids, for a caller
+// that knows about how many its rows will take: growing the column by
+// appending copies it over and over.
+func (b *TableBuilder) ReserveHashIDs(n int) {
+	b.t.ids = slices.Grow(b.t.ids, n)
+}
+
+// HashIDBytes is the size of the hash-id column in bytes.
+func (t *Table) HashIDBytes() int { return len(t.ids) }
+
+// AppendEdited appends row i of src with r's fields in place of its own:
+// its line, session_id, delay and rare fields are src's. It allocates
+// nothing per row beyond the growth of the columns, so that synthesis over
+// millions of rows never holds them as Records.
+func (b *TableBuilder) AppendEdited(src *Table, i int, r *Row) error {
+	t := &b.t
+	n := len(t.ts)
+	if n >= math.MaxInt32 {
+		return fmt.Errorf("more than %d rows", math.MaxInt32)
+	}
+	isl, bigISL, err := count32("input_length", r.ISL)
+	if err != nil {
+		return err
+	}
+	osl, bigOSL, err := count32("output_length", r.OSL)
+	if err != nil {
+		return err
+	}
+	ids := t.encodeIDs(t.ids, r.HashIDs, r.HasIDs)
+	if len(ids) > math.MaxUint32 {
+		return fmt.Errorf("hash_ids take more than %d bytes", uint32(math.MaxUint32))
+	}
+	t.ids = ids
+	t.idOff = append(t.idOff, uint32(len(ids)))
+	t.ts = append(t.ts, r.Timestamp)
+	t.isl = append(t.isl, isl)
+	t.osl = append(t.osl, osl)
+	t.line = append(t.line, src.line[i])
+	b.appendSession(src.SessionID(i))
+	if src.delay != nil && t.delay == nil {
+		t.delay = backfill(n, math.NaN())
+	}
+	if t.delay != nil {
+		d := math.NaN()
+		if src.delay != nil {
+			d = src.delay[i]
+		}
+		t.delay = append(t.delay, d)
+	}
+	x := src.rare[int32(i)]
+	if (x == nil && bigISL+bigOSL > 0) || (x != nil && (x.BigISL != bigISL || x.BigOSL != bigOSL)) {
+		var c rareFields
+		if x != nil {
+			c = *x
+		}
+		c.BigISL, c.BigOSL = bigISL, bigOSL
+		x = &c
+		if c.onlyCounts() && bigISL+bigOSL == 0 {
+			x = nil // only the counts were rare
+		}
+	}
+	if x != nil {
+		if t.rare == nil {
+			t.rare = map[int32]*rareFields{}
+		}
+		t.rare[int32(n)] = x // immutable once in a table: shared, not copied
+	}
+	return nil
+}
+
+// appendSession adds the session of the row just appended (ok is false
+// when it has none), numbering sessions in their order of first appearance
+// in this table.
+func (b *TableBuilder) appendSession(id string, ok bool) {
+	t := &b.t
+	if ok && t.session == nil {
+		t.session = backfill(len(t.ts)-1, int32(-1))
+		b.sessionOf = map[string]int32{}
+	}
+	if t.session == nil {
+		return
+	}
+	s := int32(-1)
+	if ok {
+		var seen bool
+		if s, seen = b.sessionOf[id]; !seen {
+			s = int32(len(t.sessions))
+			t.sessions = append(t.sessions, id)
+			b.sessionOf[id] = s
+		}
+	}
+	t.session = append(t.session, s)
+}
+
+// HashIDsSize is the bytes a row's hash ids (has: whether it has the key)
+// take in a table, for a caller that reserves room for them.
+func HashIDsSize(ids []int64, has bool) int {
+	if !has {
+		return 1
+	}
+	n := uvarintSize(uint64(len(ids)) + 1)
+	var prev int64
+	for _, h := range ids {
+		d := h - prev
+		n += uvarintSize(uint64(d<<1) ^ uint64(d>>63)) // zigzag, as binary.AppendVarint
+		prev = h
+	}
+	return n
+}
+
+func uvarintSize(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
+
+// encodeIDs appends a row's hash ids (has: whether it has the key) to dst
+// as the ids column holds them, and widens the table's id range to them.
+func (t *Table) encodeIDs(dst []byte, ids []int64, has bool) []byte {
+	if !has {
+		return append(dst, 0)
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(ids))+1)
+	var prev int64
+	lo, hi := t.loID, t.hiID
+	for _, h := range ids {
+		dst = binary.AppendVarint(dst, h-prev)
+		prev = h
+		lo, hi = min(lo, h), max(hi, h)
+	}
+	t.loID, t.hiID = lo, hi
+	return dst
+}
+
 // appendPlain appends a row of the common shape: no session, delay or rare
 // field; osl -1 when absent. The caller has checked every value.
 func (b *TableBuilder) appendPlain(ts float64, isl, osl int32, ids []int64, hasIDs bool, line int) {
 	t := &b.t
-	if hasIDs {
-		t.ids = binary.AppendUvarint(t.ids, uint64(len(ids))+1)
-		var prev int64
-		for _, h := range ids {
-			t.ids = binary.AppendVarint(t.ids, h-prev)
-			prev = h
-		}
-	} else {
-		t.ids = append(t.ids, 0)
-	}
+	t.ids = t.encodeIDs(t.ids, ids, hasIDs)
 	t.idOff = append(t.idOff, uint32(len(t.ids)))
 	t.ts = append(t.ts, ts)
 	t.isl = append(t.isl, isl)
@@ -348,6 +506,14 @@ func column32(key string, v *int) (c int32, big int, err error) {
 		return bigCount, *v, nil
 	}
 	return int32(*v), 0, nil
+}
+
+// count32 is column32 for a count held as an int, negative when absent.
+func count32(key string, v int) (c int32, big int, err error) {
+	if v < 0 {
+		return -1, 0, nil
+	}
+	return column32(key, &v)
 }
 
 func backfill[T any](n int, v T) []T {
@@ -557,6 +723,7 @@ func (b *TableBuilder) appendTable(c *Table) error {
 	}
 	off := uint32(len(t.ids))
 	t.ids = append(t.ids, c.ids...)
+	t.loID, t.hiID = min(t.loID, c.loID), max(t.hiID, c.hiID)
 	for _, o := range c.idOff[1:] {
 		t.idOff = append(t.idOff, off+o)
 	}
