@@ -225,7 +225,7 @@ bench-rate: build
 	cd tools && $(GO) build -o ../bin/vegeta github.com/tsenart/vegeta/v12 && $(GO) build -o ../bin/benchrate ./benchrate
 	bin/benchrate -exporter $(BIN) -vegeta bin/vegeta $(BENCH_RATE_FLAGS)
 
-## bench-scale: start-up, memory, 50 targets and reloads against a generated 2M-row trace (about 3 minutes).
+## bench-scale: start-up and memory (without synthesis, and with a speed-up, max_osl and a prefix multiplier), 50 targets and reloads against a generated 2M-row trace (about 4 minutes).
 SHARED_TRACES ?= ../shared/traces
 SCALE_ROWS    ?= 2000000
 SCALE_TRACE   := $(CACHE)/scale/conversation-$(SCALE_ROWS).jsonl

@@ -9,8 +9,8 @@ import (
 )
 
 // TransformTable is Transform on a Table, done on the columns: no row is
-// ever held as a Record, so a trace of millions of rows is synthesized in
-// a few times the memory of its table. It returns t itself when nothing
+// ever held as a Record, so synthesizing a trace of millions of rows takes
+// about the memory of a second table. It returns t itself when nothing
 // changes (no multiplier, no row dropped, moved or capped).
 func TransformTable(t *trace.Table, k Knobs) (*trace.Table, Stats, error) {
 	if err := k.Validate(); err != nil {

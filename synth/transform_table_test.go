@@ -3,7 +3,6 @@ package synth_test
 import (
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 
@@ -110,12 +109,16 @@ func TestTransformTableMatchesTransform(t *testing.T) {
 	}
 	for _, in := range inputs {
 		tab := tableOfText(t, in.text)
+		want := tab.Records()
 		for _, s := range everySetting() {
 			t.Run(in.name+"/"+s.name, func(t *testing.T) {
-				if err := assertSameTransform(t, tab, s.k); err != nil {
+				if err := assertSameTransform(t, tab, want, s.k); err != nil {
 					t.Fatal(err)
 				}
 			})
+		}
+		if firstDifference(tab.Records(), want) >= 0 {
+			t.Errorf("%s: TransformTable modified its input", in.name)
 		}
 	}
 }
@@ -152,18 +155,18 @@ func TestTransformTableErrors(t *testing.T) {
 			if tab == nil {
 				tab = tableOfText(t, tc.text)
 			}
-			if err := assertSameTransform(t, tab, tc.k); err == nil {
+			if err := assertSameTransform(t, tab, tab.Records(), tc.k); err == nil {
 				t.Error("no error")
 			}
 		})
 	}
 }
 
-// assertSameTransform runs both transforms on tab's rows and reports any
-// difference; it returns their error.
-func assertSameTransform(t *testing.T, tab *trace.Table, k synth.Knobs) error {
+// assertSameTransform runs Transform on recs and TransformTable on tab,
+// which holds the same rows, and reports any difference; it returns their
+// error.
+func assertSameTransform(t *testing.T, tab *trace.Table, recs []trace.Record, k synth.Knobs) error {
 	t.Helper()
-	recs := tab.Records()
 	want, wst, werr := synth.Transform(recs, k)
 	got, gst, gerr := synth.TransformTable(tab, k)
 	if (werr == nil) != (gerr == nil) || werr != nil && werr.Error() != gerr.Error() {
@@ -175,21 +178,32 @@ func assertSameTransform(t *testing.T, tab *trace.Table, k synth.Knobs) error {
 	if gst != wst {
 		t.Errorf("stats %+v, want %+v", gst, wst)
 	}
-	if rows := got.Records(); !reflect.DeepEqual(rows, want) {
-		if len(rows) != len(want) {
+	if i := firstDifference(got.Records(), want); i >= 0 {
+		rows := got.Records()
+		if i >= len(rows) || i >= len(want) {
 			t.Fatalf("%d rows, want %d", len(rows), len(want))
 		}
-		for i := range want {
-			if !reflect.DeepEqual(rows[i], want[i]) {
-				t.Fatalf("row %d (line %d, want line %d):\n got %s\nwant %s",
-					i, rows[i].Line, want[i].Line, rows[i].AppendJSON(nil), want[i].AppendJSON(nil))
-			}
-		}
-	}
-	if !reflect.DeepEqual(tab.Records(), recs) {
-		t.Error("TransformTable modified its input")
+		t.Fatalf("row %d (line %d, want line %d):\n got %s\nwant %s",
+			i, rows[i].Line, want[i].Line, rows[i].AppendJSON(nil), want[i].AppendJSON(nil))
 	}
 	return nil
+}
+
+// firstDifference is the index of the first row where a and b differ, -1
+// when none does. A row is its line and its JSON, which writes every field
+// it has, and an empty hash_ids apart from none.
+func firstDifference(a, b []trace.Record) int {
+	var ja, jb []byte
+	for i := range min(len(a), len(b)) {
+		ja, jb = a[i].AppendJSON(ja[:0]), b[i].AppendJSON(jb[:0])
+		if a[i].Line != b[i].Line || string(ja) != string(jb) {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
 }
 
 // TestTransformTableStaysCompact: synthesis of a table allocates for its
@@ -207,7 +221,7 @@ func TestTransformTableStaysCompact(t *testing.T) {
 	} {
 		for _, s := range everySetting() {
 			t.Run(in.name+"/"+s.name, func(t *testing.T) {
-				allocs := testing.AllocsPerRun(2, func() {
+				allocs := testing.AllocsPerRun(1, func() {
 					if _, _, err := synth.TransformTable(in.tab, s.k); err != nil {
 						t.Fatal(err)
 					}

@@ -1,6 +1,7 @@
 // Command benchscale measures the exporter against a big trace (issue #15
 // goals 1 to 3): the time from exec to the first request and the resident
-// memory while replaying; the memory of one workload against 50 targets
+// memory while replaying, without synthesis and with a speed-up, a cap and
+// a prefix multiplier; the memory of one workload against 50 targets
 // next to one; and what a reload that adds, changes and removes a small
 // workload does to a big one beside it. It runs the built binary against a
 // sink of its own, which answers every request with a short stream and
@@ -34,13 +35,14 @@ func main() {
 	trace := flag.String("trace", "", "the big trace")
 	small := flag.String("small", "", "a small trace for the workload a reload adds")
 	phases := flag.String("phases", "startup,targets,reload", "what to measure, comma-separated")
+	synthesis := flag.String("synthesis", defaultSynthesis, "the synthesis settings start-up is measured with, ;-separated")
 	settle := flag.Duration("settle", 20*time.Second, "how long each run replays before it is measured")
 	flag.Parse()
 	if *trace == "" || *small == "" {
 		fmt.Fprintln(os.Stderr, "benchscale: -trace and -small are required")
 		os.Exit(2)
 	}
-	b := &bench{bin: *bin, trace: abs(*trace), small: abs(*small), settle: *settle}
+	b := &bench{bin: *bin, trace: abs(*trace), small: abs(*small), settle: *settle, synthesis: strings.Split(*synthesis, ";")}
 	for _, p := range strings.Split(*phases, ",") {
 		var err error
 		switch p {
@@ -71,10 +73,34 @@ func abs(p string) string {
 type bench struct {
 	bin, trace, small string
 	settle            time.Duration
+	synthesis         []string // "none" or a YAML flow mapping
 }
 
-// startup: exec to first request, and memory while replaying.
+// defaultSynthesis: the workload's synthesis settings start-up is
+// measured with, as YAML flow mappings separated by ";" ("none" is none): a
+// speed-up, as every canary sets, alone and with a cap and a prefix
+// multiplier.
+const defaultSynthesis = "none;{speedup_ratio: 147};{speedup_ratio: 147, max_osl: 16};{speedup_ratio: 147, prefix_len_multiplier: 2}"
+
+// startup: exec to first request, and memory while replaying, with each
+// of b.synthesis.
 func (b *bench) startup() error {
+	rows, err := countLines(b.trace)
+	if err != nil {
+		return err
+	}
+	for _, syn := range b.synthesis {
+		if syn = strings.TrimSpace(syn); syn == "none" {
+			syn = ""
+		}
+		if err := b.startupWith(syn, rows); err != nil {
+			return fmt.Errorf("synthesis %q: %w", syn, err)
+		}
+	}
+	return nil
+}
+
+func (b *bench) startupWith(synthesis string, rows int) error {
 	s, err := newSink()
 	if err != nil {
 		return err
@@ -83,7 +109,7 @@ func (b *bench) startup() error {
 	// loop: once starts at the trace's first row, due at once: a looping
 	// workload would wait for its next row on the pass grid, up to the
 	// trace's longest gap (3 s here), which is not start-up.
-	r, err := b.run(s, config(s, []workload{{name: "big", trace: b.trace, targets: 1, loop: "once"}}))
+	r, err := b.run(s, config(s, []workload{{name: "big", trace: b.trace, targets: 1, loop: "once", synthesis: synthesis}}))
 	if err != nil {
 		return err
 	}
@@ -94,12 +120,12 @@ func (b *bench) startup() error {
 		return err
 	}
 	r.sampleFor(b.settle)
-	rows, err := countLines(b.trace)
-	if err != nil {
-		return err
+	what := "no synthesis"
+	if synthesis != "" {
+		what = "synthesis " + synthesis
 	}
-	fmt.Printf("startup: %d rows; ready %.2f s and first request %.2f s after exec; resident %s now, %s at peak (%.0f bytes a row at peak, whole process)\n",
-		rows, ready.Sub(r.started).Seconds(), first.Sub(r.started).Seconds(), mib(r.rss), mib(r.peak), float64(r.peak)/float64(rows))
+	fmt.Printf("startup, %s: %d rows; ready %.2f s and first request %.2f s after exec; resident %s now, %s at peak (%.0f bytes a row at peak, whole process)\n",
+		what, rows, ready.Sub(r.started).Seconds(), first.Sub(r.started).Seconds(), mib(r.rss), mib(r.peak), float64(r.peak)/float64(rows))
 	return nil
 }
 
@@ -208,6 +234,7 @@ type workload struct {
 	path        string // the sink path of its target, when it has its own
 	inFlight    int
 	loop        string // "" is fresh
+	synthesis   string // a YAML flow mapping; "" is none
 }
 
 // config writes a configuration: the big workload's targets are t0..tN-1
@@ -240,6 +267,9 @@ func config(s *sink, ws []workload) string {
 		}
 		fmt.Fprintf(&w, "  - name: %s\n    trace: %s\n    targets: [%s]\n    loop: %s\n    max_in_flight: %d\n",
 			wl.name, wl.trace, strings.Join(names, ", "), loop, inFlight)
+		if wl.synthesis != "" {
+			fmt.Fprintf(&w, "    synthesis: %s\n", wl.synthesis)
+		}
 	}
 	return t.String() + w.String()
 }
