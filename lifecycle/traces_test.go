@@ -230,6 +230,35 @@ func TestTraceRowsLetGo(t *testing.T) {
 	}
 }
 
+// TestGeneratedRowsLetGo: a workload that generates its rows, with a
+// synthesis setting, lets its generated rows go like a file's; a reload
+// with a new setting generates them again, where it once tried to read
+// the generator's name as a file.
+func TestGeneratedRowsLetGo(t *testing.T) {
+	t.Parallel()
+	w := daemontest.Workload("w", "", "t")
+	w.Trace = ""
+	w.Generate = &config.Generate{Prefixes: 4, PrefixTokens: 1024, Requests: 50,
+		InputTokens: config.TokenLengths{Mean: 600, StdDev: 50}, OutputTokens: config.TokenLengths{Mean: 8}, Rate: 5}
+	path := generatedName(w.SharedPrefix())
+	ctx := t.Context()
+	prev := newTraceCache()
+	for _, speedup := range []float64{2, 3} {
+		c := prev.next()
+		k := synth.DefaultKnobs()
+		k.BlockSize, k.SpeedupRatio = w.BlockSize, speedup
+		tp, err := c.plan(ctx, prev, path, &w, k)
+		if err != nil {
+			t.Fatalf("speed-up %v: %v", speedup, err)
+		}
+		if n := tp.plan.Rows().Len(); n != 50 {
+			t.Errorf("speed-up %v: %d rows, want 50", speedup, n)
+		}
+		c.letGoOfUnusedRows()
+		prev = c
+	}
+}
+
 // TestReloadLeavesNeighbourAlone: while a workload replays a row every few
 // milliseconds, reloads add, change and remove another workload next to
 // it. The busy one keeps its unit and its schedule: it drops nothing, and
