@@ -41,8 +41,8 @@ const (
 	// scenario changes later and records longer, to have the fit decided
 	// for a while on either side of the change.
 	ollamaEstimateWindow = 120 * time.Second
-	ollamaChangeAt       = 22 * time.Minute
-	ollamaAfterChange    = 24 * time.Minute
+	ollamaChangeAt       = 26 * time.Minute
+	ollamaAfterChange    = 26 * time.Minute
 )
 
 // TestRealEngineCacheRegression: a deploy restarts llama-server with its
