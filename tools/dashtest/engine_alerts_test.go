@@ -42,7 +42,7 @@ const (
 	// for a while on either side of the change.
 	ollamaEstimateWindow = 120 * time.Second
 	ollamaChangeAt       = 26 * time.Minute
-	ollamaAfterChange    = 26 * time.Minute
+	ollamaAfterChange    = 30 * time.Minute
 )
 
 // TestRealEngineCacheRegression: a deploy restarts llama-server with its
