@@ -13,30 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
-	"github.com/kvload-exporter/kvload-exporter/config"
-	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
-
-// manyTargets is a configuration of n vLLM targets at url, and one
-// workload sending to all of them. With scraped set, every one is
-// observed through its server metrics, read under /hang/.
-func manyTargets(t *testing.T, url string, n int, scraped bool) config.Config {
-	w := daemontest.Workload("w", fixture(t, "future.jsonl"))
-	var cfg config.Config
-	for i := range n {
-		tg := daemontest.Target(fmt.Sprintf("t%03d", i), url)
-		if scraped {
-			tg.Cache.Observed = engine.ObservedServerMetrics
-			tg.Cache.MetricsURL = url + "/hang/metrics"
-		}
-		cfg.Targets = append(cfg.Targets, tg)
-		w.Targets = append(w.Targets, tg.Name)
-	}
-	cfg.Workloads = []config.Workload{w}
-	return cfg
-}
 
 // startInBackground starts a daemon on path under ctx, handing Start's
 // error to the channel returned; the test's cleanup ends it.
@@ -62,7 +41,7 @@ func TestStartupReadsBounded(t *testing.T) {
 	const targets = 40 // 80 reads
 	h := testutil.NewHangingServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	daemontest.WriteConfig(t, path, manyTargets(t, h.URL, targets, false))
+	daemontest.WriteConfig(t, path, daemontest.ManyTargets(h.URL, fixture(t, "future.jsonl"), targets, false))
 	d, started := startInBackground(context.Background(), t, path)
 	testutil.Eventually(t, "as many reads held as the bound allows", func() (bool, string) {
 		_, held, _ := h.Counts()
@@ -98,7 +77,7 @@ func TestStartupBaselinesBounded(t *testing.T) {
 	// Only the baselines hang: the layout and tokenize reads fail at once.
 	h := testutil.NewHangingServer(t, func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/hang/") })
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	daemontest.WriteConfig(t, path, manyTargets(t, h.URL, targets, true))
+	daemontest.WriteConfig(t, path, daemontest.ManyTargets(h.URL, fixture(t, "future.jsonl"), targets, true))
 	d, started := startInBackground(context.Background(), t, path)
 	testutil.Eventually(t, "as many baselines held as the bound allows", func() (bool, string) {
 		_, held, _ := h.Counts()
@@ -139,7 +118,7 @@ func TestStartupEndsWithShutdown(t *testing.T) {
 				return !scraped || strings.HasPrefix(r.URL.Path, "/hang/")
 			})
 			path := filepath.Join(t.TempDir(), "kvload.yml")
-			daemontest.WriteConfig(t, path, manyTargets(t, h.URL, targets, scraped))
+			daemontest.WriteConfig(t, path, daemontest.ManyTargets(h.URL, fixture(t, "future.jsonl"), targets, scraped))
 			ctx, shutdown := context.WithCancel(context.Background())
 			d, started := startInBackground(ctx, t, path)
 			testutil.Eventually(t, "reads held", func() (bool, string) {

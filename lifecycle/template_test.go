@@ -85,9 +85,7 @@ func TestChatTemplateLearnt(t *testing.T) {
 		mu.Lock()
 		counted = append(counted, n)
 		mu.Unlock()
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" tok\"},\"finish_reason\":\"length\"}]}\n\n")
-		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":1,\"total_tokens\":%d}}\n\ndata: [DONE]\n\n", n, n+1)
+		streamOneToken(w, n)
 	}))
 	t.Cleanup(srv.Close)
 
@@ -227,9 +225,7 @@ func TestChatTemplateCorrected(t *testing.T) {
 		mu.Lock()
 		counted = append(counted, n)
 		mu.Unlock()
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" tok\"},\"finish_reason\":\"length\"}]}\n\n")
-		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":1,\"total_tokens\":%d}}\n\ndata: [DONE]\n\n", n, n+1)
+		streamOneToken(w, n)
 	}))
 	t.Cleanup(srv.Close)
 
@@ -285,4 +281,12 @@ func TestChatTemplateCorrected(t *testing.T) {
 	if v, _ := mfs.Value("kvload_chat_template_corrections_total"); v != 1 {
 		t.Errorf("kvload_chat_template_corrections_total %v, want 1", v)
 	}
+}
+
+// streamOneToken answers a chat request with one streamed token and a
+// usage of promptTokens prompt tokens.
+func streamOneToken(w http.ResponseWriter, promptTokens int) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" tok\"},\"finish_reason\":\"length\"}]}\n\n")
+	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":1,\"total_tokens\":%d}}\n\ndata: [DONE]\n\n", promptTokens, promptTokens+1)
 }

@@ -30,6 +30,29 @@ func arrivalsTestDues(t *testing.T, recs []trace.Record, s Schedule) ([]time.Dur
 // TestScheduleRate: 2,000 rows without timestamps get arrivals at the rate
 // asked, over the pass and (for a Poisson process) with exponential gaps;
 // the same seed gives the same arrivals, another seed others.
+// runScheduledOnce replays recs once on schedule s against a sender that
+// answers at once, on a fake clock, and returns the clock's start and the
+// results in the order they finished.
+func runScheduledOnce(t *testing.T, recs []trace.Record, s Schedule, maxInFlight int) (time.Time, []*Result) {
+	t.Helper()
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce, Schedule: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := newWLTestClock(true)
+	t0 := clock.Now()
+	obs := newWLTestObserver()
+	send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) { res.Outcome = openai.OutcomeSuccess }}
+	w, err := NewWorkload(WorkloadConfig{Name: "scheduled", Target: "fake", MaxInFlight: maxInFlight, Clock: clock}, p, send, newWLTestBuilder(recs), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return t0, obs.finished
+}
+
 func TestScheduleRate(t *testing.T) {
 	const rows, rate = 2000, 5.0
 	recs := pacerTestRecords(make([]pacerTestRow, rows)...)
@@ -192,23 +215,9 @@ func TestWorkloadRateSchedule(t *testing.T) {
 	}
 	s := Schedule{Rate: 20, Arrivals: ArrivalsPoisson, Seed: 3}
 	dues, _ := arrivalsTestDues(t, recs, s)
-	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce, Schedule: s})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := newWLTestClock(true)
-	t0 := clock.Now()
-	obs := newWLTestObserver()
-	send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) { res.Outcome = openai.OutcomeSuccess }}
-	w, err := NewWorkload(WorkloadConfig{Name: "rate", Target: "fake", MaxInFlight: 50, Clock: clock}, p, send, newWLTestBuilder(recs), obs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Run(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	t0, finished := runScheduledOnce(t, recs, s, 50)
 	var got []time.Duration
-	for _, r := range obs.finished {
+	for _, r := range finished {
 		got = append(got, r.Scheduled.Sub(t0))
 		if r.ScheduleLag() < 0 {
 			t.Errorf("negative schedule lag %v", r.ScheduleLag())
@@ -317,23 +326,9 @@ func TestWorkloadClosedLoopThinkTime(t *testing.T) {
 		pacerTestRow{ts: -1},
 	)
 	think := 100 * pacerTestTick
-	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce, Schedule: Schedule{Users: 1, ThinkTime: think}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := newWLTestClock(true)
-	t0 := clock.Now()
-	obs := newWLTestObserver()
-	send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) { res.Outcome = openai.OutcomeSuccess }}
-	w, err := NewWorkload(WorkloadConfig{Name: "think", Target: "fake", MaxInFlight: 4, Clock: clock}, p, send, newWLTestBuilder(recs), obs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Run(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	t0, finished := runScheduledOnce(t, recs, Schedule{Users: 1, ThinkTime: think}, 4)
 	var got []time.Duration
-	for _, r := range obs.finished {
+	for _, r := range finished {
 		got = append(got, r.Scheduled.Sub(t0))
 	}
 	want := []time.Duration{0, 50 * pacerTestTick, 150 * pacerTestTick, 250 * pacerTestTick, 350 * pacerTestTick}

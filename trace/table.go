@@ -271,36 +271,23 @@ func (b *TableBuilder) Append(r *Record) error {
 	if r.Line > math.MaxInt32 {
 		return fmt.Errorf("line %d is past the last line a table holds", r.Line)
 	}
-	ids := t.encodeIDs(t.ids, r.HashIDs, r.HashIDs != nil)
-	if len(ids) > math.MaxUint32 {
-		return fmt.Errorf("hash_ids take more than %d bytes", uint32(math.MaxUint32))
-	}
-	t.ids = ids
-	t.idOff = append(t.idOff, uint32(len(ids)))
 	ts := math.NaN()
 	if r.Timestamp != nil {
 		ts = *r.Timestamp
 	}
-	t.ts = append(t.ts, ts)
-	t.isl = append(t.isl, isl)
-	t.osl = append(t.osl, osl)
-	t.line = append(t.line, int32(r.Line))
-
+	if err := b.appendColumns(r.HashIDs, r.HashIDs != nil, ts, isl, osl, int32(r.Line)); err != nil {
+		return err
+	}
 	if r.SessionID != nil {
 		b.appendSession(*r.SessionID, true)
 	} else {
 		b.appendSession("", false)
 	}
-	if r.Delay != nil && t.delay == nil {
-		t.delay = backfill(i, math.NaN())
+	d := math.NaN()
+	if r.Delay != nil {
+		d = *r.Delay
 	}
-	if t.delay != nil {
-		d := math.NaN()
-		if r.Delay != nil {
-			d = *r.Delay
-		}
-		t.delay = append(t.delay, d)
-	}
+	b.appendDelay(d, r.Delay != nil)
 	if r.TextInput != nil || r.Messages != nil || r.Tools != nil || r.Payload != nil || r.Extra != nil || r.Type != nil || r.Unknown != nil || bigISL+bigOSL > 0 {
 		if t.rare == nil {
 			t.rare = map[int32]*rareFields{}
@@ -339,27 +326,15 @@ func (b *TableBuilder) AppendEdited(src *Table, i int, r *Row) error {
 	if err != nil {
 		return err
 	}
-	ids := t.encodeIDs(t.ids, r.HashIDs, r.HasIDs)
-	if len(ids) > math.MaxUint32 {
-		return fmt.Errorf("hash_ids take more than %d bytes", uint32(math.MaxUint32))
+	if err := b.appendColumns(r.HashIDs, r.HasIDs, r.Timestamp, isl, osl, src.line[i]); err != nil {
+		return err
 	}
-	t.ids = ids
-	t.idOff = append(t.idOff, uint32(len(ids)))
-	t.ts = append(t.ts, r.Timestamp)
-	t.isl = append(t.isl, isl)
-	t.osl = append(t.osl, osl)
-	t.line = append(t.line, src.line[i])
 	b.appendSession(src.SessionID(i))
-	if src.delay != nil && t.delay == nil {
-		t.delay = backfill(n, math.NaN())
+	d := math.NaN()
+	if src.delay != nil {
+		d = src.delay[i]
 	}
-	if t.delay != nil {
-		d := math.NaN()
-		if src.delay != nil {
-			d = src.delay[i]
-		}
-		t.delay = append(t.delay, d)
-	}
+	b.appendDelay(d, src.delay != nil)
 	x := src.rare[int32(i)]
 	if (x == nil && bigISL+bigOSL > 0) || (x != nil && (x.BigISL != bigISL || x.BigOSL != bigOSL)) {
 		var c rareFields
@@ -379,6 +354,36 @@ func (b *TableBuilder) AppendEdited(src *Table, i int, r *Row) error {
 		t.rare[int32(n)] = x // immutable once in a table: shared, not copied
 	}
 	return nil
+}
+
+// appendColumns appends what every row has: its hash ids, timestamp,
+// lengths and line. It fails, appending nothing, when the ids would take
+// the column past what its offsets address.
+func (b *TableBuilder) appendColumns(hashIDs []int64, hasIDs bool, ts float64, isl, osl, line int32) error {
+	t := &b.t
+	ids := t.encodeIDs(t.ids, hashIDs, hasIDs)
+	if len(ids) > math.MaxUint32 {
+		return fmt.Errorf("hash_ids take more than %d bytes", uint32(math.MaxUint32))
+	}
+	t.ids = ids
+	t.idOff = append(t.idOff, uint32(len(ids)))
+	t.ts = append(t.ts, ts)
+	t.isl = append(t.isl, isl)
+	t.osl = append(t.osl, osl)
+	t.line = append(t.line, line)
+	return nil
+}
+
+// appendDelay adds the delay of the row just appended (NaN when it has
+// none, has false); the column exists from the first row with one on.
+func (b *TableBuilder) appendDelay(d float64, has bool) {
+	t := &b.t
+	if has && t.delay == nil {
+		t.delay = backfill(len(t.ts)-1, math.NaN())
+	}
+	if t.delay != nil {
+		t.delay = append(t.delay, d)
+	}
 }
 
 // appendSession adds the session of the row just appended (ok is false

@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvload-exporter/kvload-exporter/config"
-	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
@@ -55,25 +53,6 @@ func TestDaemonBindsBeforeSending(t *testing.T) {
 	}
 }
 
-// hangingTargets is a configuration of n vLLM targets at url, all sent to
-// by one workload. With scraped set every one is observed through its
-// server metrics, read under /hang/.
-func hangingTargets(t *testing.T, url string, n int, scraped bool) config.Config {
-	w := daemontest.Workload("w", fixture(t, "future.jsonl"))
-	var cfg config.Config
-	for i := range n {
-		tg := daemontest.Target(fmt.Sprintf("t%03d", i), url)
-		if scraped {
-			tg.Cache.Observed = engine.ObservedServerMetrics
-			tg.Cache.MetricsURL = url + "/hang/metrics"
-		}
-		cfg.Targets = append(cfg.Targets, tg)
-		w.Targets = append(w.Targets, tg.Name)
-	}
-	cfg.Workloads = []config.Workload{w}
-	return cfg
-}
-
 // TestStartupWithHangingTargets: with 100 targets that accept connections
 // and never answer, the process answers /-/healthy (and /-/ready 503)
 // while its start-up reads of them still hang, and SIGTERM ends it, exit
@@ -94,7 +73,7 @@ func TestStartupWithHangingTargets(t *testing.T) {
 				return !scraped || strings.HasPrefix(r.URL.Path, "/hang/")
 			})
 			path := filepath.Join(t.TempDir(), "kvload.yml")
-			daemontest.WriteConfig(t, path, hangingTargets(t, h.URL, targets, scraped))
+			daemontest.WriteConfig(t, path, daemontest.ManyTargets(h.URL, fixture(t, "future.jsonl"), targets, scraped))
 			began := time.Now()
 			p := startProcess(t, "--config.file="+path, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=2s")
 			p.waitServing(t)
@@ -208,7 +187,7 @@ func TestStartupReadsMemory(t *testing.T) {
 			t.Parallel()
 			srv := largestTokenizeAnswers(t, absurd)
 			path := filepath.Join(t.TempDir(), "kvload.yml")
-			cfg := hangingTargets(t, srv.URL, targets, false)
+			cfg := daemontest.ManyTargets(srv.URL, fixture(t, "future.jsonl"), targets, false)
 			for i := range cfg.Targets {
 				cfg.Targets[i].API = "chat"
 			}

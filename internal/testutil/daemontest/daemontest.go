@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/engine"
 )
 
 // Target is a vLLM target named name at url, serving model "m".
@@ -29,6 +30,25 @@ func Target(name, url string) config.Target {
 // block size of the project's small fixtures).
 func Workload(name, trace string, targets ...string) config.Workload {
 	return config.Workload{Name: name, Trace: trace, Targets: targets, BlockSize: 16, Loop: "once"}
+}
+
+// ManyTargets is a configuration of n vLLM targets at url, t000 on, and
+// one workload "w" replaying trace to all of them. With scraped set every
+// one is observed through its server metrics, read under url's /hang/.
+func ManyTargets(url, trace string, n int, scraped bool) config.Config {
+	w := Workload("w", trace)
+	var cfg config.Config
+	for i := range n {
+		tg := Target(fmt.Sprintf("t%03d", i), url)
+		if scraped {
+			tg.Cache.Observed = engine.ObservedServerMetrics
+			tg.Cache.MetricsURL = url + "/hang/metrics"
+		}
+		cfg.Targets = append(cfg.Targets, tg)
+		w.Targets = append(w.Targets, tg.Name)
+	}
+	cfg.Workloads = []config.Workload{w}
+	return cfg
 }
 
 // Config is the common case: workload "w" replays trace once against
