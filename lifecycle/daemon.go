@@ -327,8 +327,8 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 	// The collector learns each target's mode before any request or
 	// scrape of it, so that none is counted under the wrong one.
 	d.publishTargets(cfg)
-	if err := d.applyScrapersUntil(ctx, unitCtx, cfg); err != nil {
-		return err
+	if err := d.applyScrapers(ctx, unitCtx, cfg); err != nil {
+		return err // a client that cannot be made, or shutting down: start nothing more
 	}
 
 	want := map[unitKey]string{}
@@ -386,22 +386,6 @@ func (d *Daemon) logTraceNotes(cfg *config.Config, loaded map[string]*workloadDa
 			level.Warn(d.logger).Log("msg", wd.note)
 		}
 	}
-}
-
-// applyScrapersUntil is applyScrapers, whose baseline reads end when ctx
-// does (the shutdown): the scrapers it starts then stop with them, and
-// ctx's error is returned. Once it returned they live on their own, past
-// ctx, through the drain, until stopScrapers or a reload stops them.
-func (d *Daemon) applyScrapersUntil(ctx, unitCtx context.Context, cfg *config.Config) error {
-	// Not a child of unitCtx: each scraper's own context is its child,
-	// and nothing is left registered anywhere once they stop.
-	scrapeCtx, cancel := context.WithCancel(context.WithoutCancel(unitCtx))
-	stop := context.AfterFunc(ctx, cancel)
-	err := d.applyScrapers(scrapeCtx, cfg)
-	if !stop() {
-		return ctx.Err() // the shutdown began during the reads
-	}
-	return err
 }
 
 // startUnit builds the unit of workload w on target t and starts its

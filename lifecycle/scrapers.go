@@ -70,9 +70,11 @@ func (d *Daemon) stopScrapers(cfg *config.Config) {
 // applyScrapers runs one scraper per target with observed: server_metrics
 // that has none (stopScrapers stopped those no longer wanted). Their
 // baselines are read first, at most maxTargetReads at once, each within
-// discoverTimeout and all ending with unitCtx. The reload goroutine owns
-// d.scrapers.
-func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) error {
+// discoverTimeout; they end when ctx does (the shutdown), and then no
+// scraper starts and ctx's error is returned. The scrapers run under
+// unitCtx, through the drain, until stopScrapers or a reload stops them.
+// The reload goroutine owns d.scrapers.
+func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config) error {
 	d.stopScrapers(cfg)
 	type started struct {
 		name string
@@ -99,10 +101,10 @@ func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) erro
 	primes.SetLimit(maxTargetReads)
 	for _, s := range todo {
 		primes.Go(func() error {
-			if unitCtx.Err() != nil {
+			if ctx.Err() != nil {
 				return nil
 			}
-			pctx, pcancel := context.WithTimeout(unitCtx, discoverTimeout)
+			pctx, pcancel := context.WithTimeout(ctx, discoverTimeout)
 			defer pcancel()
 			if err := s.sc.Prime(pctx); err != nil {
 				level.Warn(d.logger).Log("msg", "server metrics: no baseline before the first request; hits until the first good scrape are not counted", "target", s.name, "err", err)
@@ -111,6 +113,9 @@ func (d *Daemon) applyScrapers(unitCtx context.Context, cfg *config.Config) erro
 		})
 	}
 	_ = primes.Wait() // each logs its own failure
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	for _, st := range todo {
 		ctx, cancel := context.WithCancel(unitCtx)
 		s := &scraping{fingerprint: d.scraperFingerprint(cfg, st.t), cancel: cancel, done: make(chan struct{})}
