@@ -263,8 +263,12 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 		{"once", false, 0, 0.93, 1.01},
 		{"once", true, 0, 0.93, 1.01},
 		// 20,000 blocks of 16 tokens: about a twelfth of what a pass holds.
-		{"repeat", false, 20000, 0.85, 1.05},
-		{"repeat", true, 20000, 0.85, 1.05},
+		// The hit rate is about 3.5 %, so a few blocks that the engine and
+		// the model evict in a different order (requests in flight hold
+		// theirs) move the ratio by points: a loaded machine has read
+		// 1.08 for a whole pass.
+		{"repeat", false, 20000, 0.85, 1.10},
+		{"repeat", true, 20000, 0.85, 1.10},
 	}
 	for _, tt := range tests {
 		engine := "warm engine"
