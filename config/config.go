@@ -124,6 +124,15 @@ type Cache struct {
 	// replay.DefaultModelCeilingTokens. A known capacity raises it to at
 	// least twice that.
 	ModelCeilingTokens int64 `yaml:"model_ceiling_tokens,omitempty"`
+	// Isolate gives each (workload, target) a cache salt of its own, sent
+	// with every request, so that the engine shares cached prefixes only
+	// among its requests: not with another exporter's, nor with this
+	// one's before a restart.
+	Isolate bool `yaml:"isolate,omitempty"`
+	// IsolationEpoch, with Isolate, goes into the salt instead of the one
+	// drawn at every start, so that the replicas of a sharded fleet, which
+	// build the same prompts, share the engine's cache again.
+	IsolationEpoch string `yaml:"isolation_epoch,omitempty"`
 }
 
 // AutoInt is a whole number, or "auto" for a value the exporter reads from
@@ -622,8 +631,47 @@ func (c *Config) Validate() error {
 			dup[name] = true
 		}
 		validateWorkload(w, p, bad)
+		if w.Shard.Count > 1 {
+			for _, ti := range c.isolatedEachStart(w.Targets) {
+				bad(p+".shard", "%d replicas build the same prompts and must share a cache salt, but targets[%d] (%s) isolates with a salt of each start: set targets[%d].cache.isolation_epoch, the same in every replica",
+					w.Shard.Count, ti, c.Targets[ti].Name, ti)
+			}
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// CheckShardIsolation is the problem, if any, of running every workload
+// as one shard of count replicas (--shard): a target that isolates with a
+// salt of each start would give each replica a cache of its own, while
+// the replicas build the same prompts and model one cache fed by all.
+func (c *Config) CheckShardIsolation(count int) error {
+	if count < 2 {
+		return nil
+	}
+	var names []string
+	for i := range c.Workloads {
+		names = append(names, c.Workloads[i].Targets...)
+	}
+	var errs []error
+	for _, ti := range c.isolatedEachStart(names) {
+		errs = append(errs, c.KeyError(fmt.Sprintf("targets[%d].cache.isolate", ti),
+			fmt.Errorf("with --shard the %d replicas build the same prompts and must share a cache salt: set targets[%d].cache.isolation_epoch, the same in every replica", count, ti)))
+	}
+	return errors.Join(errs...)
+}
+
+// isolatedEachStart lists, in the targets' order, those of names that
+// isolate with a salt drawn at every start (no isolation_epoch).
+func (c *Config) isolatedEachStart(names []string) []int {
+	var out []int
+	for i := range c.Targets {
+		t := &c.Targets[i]
+		if t.Cache.Isolate && t.Cache.IsolationEpoch == "" && slices.Contains(names, t.Name) {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
@@ -684,6 +732,7 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 			bad(p+".session_header", "%v", err)
 		}
 	}
+	validateIsolation(t, p, bad)
 	if t.Cache.Observed == engine.ObservedServerMetrics {
 		if t.Cache.MetricsURL == "" && t.Emulate == nil {
 			bad(p+".cache.metrics_url", "is required with observed: server_metrics")
@@ -694,6 +743,37 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 		}
 	}
 }
+
+// validateIsolation checks cache.isolate against what the target's engine
+// takes. A salt the engine cannot take is refused rather than warned
+// about: the user asked for numbers that other traffic cannot move, and
+// the exporter could not keep that promise.
+func validateIsolation(t *Target, p string, bad func(string, string, ...any)) {
+	c := t.Cache
+	if !c.Isolate {
+		if c.IsolationEpoch != "" {
+			bad(p+".cache.isolation_epoch", "applies only with isolate: true")
+		}
+		return
+	}
+	chat := t.API == openai.APIChat
+	field := engine.For(t.Dialect).CacheSaltField(chat)
+	if field == "" {
+		bad(p+".cache.isolate", "dialect %s takes no cache salt on %s, so its prefix cache cannot be kept apart from other clients' (dialects that take one there: %s)",
+			t.Dialect, t.API, joinValues(engine.TakingCacheSalt(chat)))
+		return
+	}
+	if _, ok := t.ExtraBody[field]; ok {
+		bad(p+".extra_body."+field, "is set by cache.isolate: true; leave it out")
+	}
+	if !utf8.ValidString(c.IsolationEpoch) || len(c.IsolationEpoch) > maxIsolationEpoch {
+		bad(p+".cache.isolation_epoch", "must be valid UTF-8 of at most %d bytes", maxIsolationEpoch)
+	}
+}
+
+// maxIsolationEpoch bounds cache.isolation_epoch: it is hashed, and a
+// name or a date is all it needs to hold.
+const maxIsolationEpoch = 256
 
 func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 	s := w.Synthesis

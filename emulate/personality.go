@@ -74,6 +74,34 @@ func (p *Personality) UnmarshalText(b []byte) error {
 // Value interface), so the emulate command can take --engine.
 func (p *Personality) Set(s string) error { return p.UnmarshalText([]byte(s)) }
 
+// saltUse is what an engine does with a request's cache_salt on a route.
+type saltUse int
+
+const (
+	// saltKept: requests of different salts share no cached prefix.
+	saltKept saltUse = iota
+	// saltIgnored: the route has no such field and ignores it.
+	saltIgnored
+	// saltRefused: the route has no such field and refuses the request,
+	// as it refuses any unknown field.
+	saltRefused
+)
+
+// cacheSalt is what the engine does with cache_salt on chat or
+// completions. vLLM and SGLang keep salts apart on both. TensorRT-LLM's
+// chat request has the field; its completions request has not, and
+// refuses unknown fields. llama-server has no such field: its slots serve
+// every client alike.
+func (p Personality) cacheSalt(chat bool) saltUse {
+	switch {
+	case p == PersonalityLlamaCpp:
+		return saltIgnored
+	case p == PersonalityTRTLLM && !chat:
+		return saltRefused
+	}
+	return saltKept
+}
+
 // defaultBlockSize is the cache granularity each engine uses by default:
 // vLLM's 16-token blocks, SGLang's page size 1, TensorRT-LLM's 32 tokens
 // per block. llama.cpp matches tokens one by one within a slot.

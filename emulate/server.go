@@ -94,7 +94,25 @@ func (e *Engine) chatGeneration(req *chatRequest) (generation, *apiError) {
 	if maxTokens == nil {
 		maxTokens = req.MaxTokens
 	}
-	return e.finishGeneration(true, tokens, req.Stream, req.StreamOptions, maxTokens, req.CacheSalt)
+	salt, apiErr := e.cacheSalt(true, req.CacheSalt)
+	if apiErr != nil {
+		return generation{}, apiErr
+	}
+	return e.finishGeneration(true, tokens, req.Stream, req.StreamOptions, maxTokens, salt)
+}
+
+// cacheSalt is the salt a request's cache_salt puts its prompt under, as
+// the personality treats it on chat or completions.
+func (e *Engine) cacheSalt(chat bool, salt string) (string, *apiError) {
+	switch e.cfg.Engine.cacheSalt(chat) {
+	case saltIgnored:
+		return "", nil
+	case saltRefused:
+		if salt != "" {
+			return "", badRequest("cache_salt", "extra inputs are not permitted")
+		}
+	}
+	return salt, nil
 }
 
 func (e *Engine) handleCompletion(w http.ResponseWriter, r *http.Request) {
@@ -114,7 +132,12 @@ func (e *Engine) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		e.reject(w, err)
 		return
 	}
-	g, err := e.finishGeneration(false, tokens, req.Stream, req.StreamOptions, req.MaxTokens, req.CacheSalt)
+	salt, err := e.cacheSalt(false, req.CacheSalt)
+	if err != nil {
+		e.reject(w, err)
+		return
+	}
+	g, err := e.finishGeneration(false, tokens, req.Stream, req.StreamOptions, req.MaxTokens, salt)
 	if err != nil {
 		e.reject(w, err)
 		return

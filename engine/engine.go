@@ -61,6 +61,12 @@ type RequestFields struct {
 	// that emits EOS early produces fewer tokens than the trace asked for.
 	IgnoreEOS bool
 	MinTokens bool
+	// ChatCacheSalt and CompletionsCacheSalt name the top-level body field
+	// that confines prefix-cache sharing to the requests carrying the same
+	// value, on /v1/chat/completions and /v1/completions; "" where the
+	// engine takes none on that route. A route that refuses unknown
+	// fields must say "" (TensorRT-LLM's completions).
+	ChatCacheSalt, CompletionsCacheSalt string
 }
 
 // Metrics names an engine's own counters on its /metrics. The first name
@@ -98,6 +104,9 @@ type Spec struct {
 	readLayout   layoutReader
 }
 
+// cacheSalt is the body field of the engines that take a cache salt.
+const cacheSalt = "cache_salt"
+
 // registry holds every engine's Spec; each file adds its own.
 var registry = map[Dialect]*Spec{}
 
@@ -124,6 +133,21 @@ func For(d Dialect) *Spec {
 // CountsCachedTokens tells whether the engine exports a cached-token
 // counter that observed: server_metrics can read.
 func (s *Spec) CountsCachedTokens() bool { return len(s.Metrics.CachedTokens) > 0 }
+
+// CacheSaltField is the body field that carries a cache salt on chat
+// (/v1/chat/completions) or completions, "" when the route takes none.
+func (s *Spec) CacheSaltField(chat bool) string {
+	if chat {
+		return s.Request.ChatCacheSalt
+	}
+	return s.Request.CompletionsCacheSalt
+}
+
+// TakingCacheSalt lists the dialects whose engines take a cache salt on
+// chat or completions, in Dialects' order.
+func TakingCacheSalt(chat bool) []Dialect {
+	return slices.DeleteFunc(slices.Clone(Dialects[:]), func(d Dialect) bool { return For(d).CacheSaltField(chat) == "" })
+}
 
 // CountingCachedTokens lists the dialects whose engines export a
 // cached-token counter, in Dialects' order.

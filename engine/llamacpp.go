@@ -7,7 +7,9 @@ import (
 	"net/http"
 )
 
-// llama.cpp's llama-server: max_tokens and its native n_predict,
+// llama.cpp's llama-server: no cache salt (3.22.1's server source has
+// none; its slots and host cache serve every client alike); max_tokens
+// and its native n_predict,
 // ignore_eos but no min_tokens; its slots reuse any number of tokens of
 // the prompt they last served. With --metrics, builds that count cached
 // prompt tokens export them; prompt_tokens_total counts only the tokens it

@@ -5,7 +5,7 @@ const noCounterAdvice = "the server reports no cached tokens; cache efficiency i
 
 // A plain OpenAI-compatible server: max_completion_tokens on chat, no way
 // to pin the output length, no cached-token counter, tokenize route or
-// cache size to read.
+// cache size to read, and no cache salt known to be taken.
 var _ = register(&Spec{
 	Dialect:          DialectOpenAI,
 	Request:          RequestFields{ChatMaxTokens: "max_completion_tokens"},

@@ -11,10 +11,14 @@ import (
 // SGLang: max_tokens, ignore_eos and min_tokens; cached tokens in usage
 // with --enable-cache-report (omitted when zero) and on /metrics; its
 // radix tree serves any number of tokens, in pages of one token by
-// default; its cache size on /get_server_info.
+// default; its cache size on /get_server_info. It takes cache_salt on
+// both routes since PR 10718 (September 2025), but the salt reaches the
+// radix cache only since PR 23300 (April 2026); before, and on servers
+// without the field, it is ignored.
 var _ = register(&Spec{
-	Dialect:            DialectSGLang,
-	Request:            RequestFields{ChatMaxTokens: "max_tokens", IgnoreEOS: true, MinTokens: true},
+	Dialect: DialectSGLang,
+	Request: RequestFields{ChatMaxTokens: "max_tokens", IgnoreEOS: true, MinTokens: true,
+		ChatCacheSalt: cacheSalt, CompletionsCacheSalt: cacheSalt},
 	AbsentCachedIsZero: true,
 	BlockSize:          1,
 	Granularity:        GranularityToken,

@@ -4,10 +4,12 @@ package engine
 // fields); 32-token blocks. It reuses partial blocks, but stores only the
 // full blocks of a prompt's first ISL-1 tokens: a hit can end inside a
 // block only where a new prompt is shorter than a cached one, so whole
-// blocks are the closer model. Its cache size is not exposed.
+// blocks are the closer model. Its cache size is not exposed. Its chat
+// request takes cache_salt (PR 7106, August 2025); its completions request
+// has no such field and, refusing unknown fields, would answer 400.
 var _ = register(&Spec{
 	Dialect:     DialectTRTLLM,
-	Request:     RequestFields{ChatMaxTokens: "max_tokens", IgnoreEOS: true, MinTokens: true},
+	Request:     RequestFields{ChatMaxTokens: "max_tokens", IgnoreEOS: true, MinTokens: true, ChatCacheSalt: cacheSalt},
 	BlockSize:   32,
 	Granularity: GranularityBlock,
 	Metrics: Metrics{

@@ -13,10 +13,14 @@ import (
 
 // vLLM: max_completion_tokens on chat, ignore_eos and min_tokens; cached
 // tokens in usage with --enable-prompt-tokens-details and on /metrics;
-// 16-token blocks served whole; its cache size on /metrics.
+// 16-token blocks served whole; its cache size on /metrics. cache_salt
+// confines prefix sharing to requests with the same salt: on chat since
+// 0.9.0 (PR 17045, V1 engine only), on completions since PR 20981 (July
+// 2025); an older server ignores it there with a warning.
 var _ = register(&Spec{
-	Dialect:     DialectVLLM,
-	Request:     RequestFields{ChatMaxTokens: "max_completion_tokens", IgnoreEOS: true, MinTokens: true},
+	Dialect: DialectVLLM,
+	Request: RequestFields{ChatMaxTokens: "max_completion_tokens", IgnoreEOS: true, MinTokens: true,
+		ChatCacheSalt: cacheSalt, CompletionsCacheSalt: cacheSalt},
 	BlockSize:   16,
 	Granularity: GranularityBlock,
 	Metrics: Metrics{

@@ -56,6 +56,9 @@ type Daemon struct {
 	beforeApply func(ctx context.Context)
 	// discovery is when targets' cache layouts are read again.
 	discovery discoverySchedule
+	// epoch makes the cache salts of targets that isolate without an
+	// isolation_epoch: this daemon's own (see unitSalt).
+	epoch string
 
 	wg sync.WaitGroup // every unit and emulator goroutine, and drains
 
@@ -74,6 +77,7 @@ type Daemon struct {
 	caches    map[string]targetCache
 	watches   map[string]*layoutWatch // by target
 	traces    *traceCache             // the traces of cfg, kept across reloads
+	saltsSent map[string]bool         // the cache salts units were given
 
 	// Every running unit, for halt: the owner goroutine may be busy (a slow
 	// reload) when the shutdown begins, and dispatch must end at once.
@@ -138,6 +142,8 @@ func New(o Options) *Daemon {
 		beforeApply:  o.beforeApply,
 		discovery:    cmp.Or(o.discovery, defaultDiscovery),
 		anchor:       time.Unix(0, 0),
+		epoch:        newEpoch(),
+		saltsSent:    map[string]bool{},
 		units:        map[unitKey]*unit{},
 		emulators:    map[string]*emulated{},
 		scrapers:     map[string]*scraping{},
@@ -305,6 +311,11 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 	if err != nil {
 		return err
 	}
+	if d.shard != nil {
+		if err := cfg.CheckShardIsolation(d.shard.Count); err != nil {
+			return err
+		}
+	}
 	if d.beforeApply != nil {
 		d.beforeApply(ctx)
 	}
@@ -433,10 +444,18 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 		return nil, err
 	}
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
+	salt, empty := d.unitSalt(w, t, logger)
 	newModel := func(pacer *replay.Pacer, params replay.CacheParams) *replay.CacheModel {
 		params.TraceBlock = w.BlockSize
 		params.CeilingTokens = t.Cache.ModelCeilingTokens
-		return unitCacheModel(pacer, params, t, logger)
+		m := unitCacheModel(pacer, params, t, logger)
+		if empty {
+			// Only the first model: a later one (followCache) starts
+			// where this unit has already sent rows under the salt.
+			m.StartEmpty()
+			empty = false
+		}
+		return m
 	}
 	gate := &gatedObserver{obs: d.truth, fails: newFailureLog(logger), watch: d.watches[t.Name]}
 	if t.API == openai.APIChat && !rb.tokenIDs {
@@ -450,7 +469,9 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 	if t.Emulate != nil {
 		url = d.emulatorURL(t.Name)
 	}
-	client, err := openai.New(targetConfig(t, url))
+	tc := targetConfig(t, url)
+	tc.CacheSalt = salt
+	client, err := openai.New(tc)
 	if err != nil {
 		return nil, err
 	}

@@ -323,7 +323,9 @@ func normalizeYAML(v any) (any, error) {
 //
 // Then the target's extra_body is merged, then the row's Extra (shallow,
 // later wins), and finally stream is set true again: the client can only
-// measure a streamed response.
+// measure a streamed response. A cache salt is set last too, over any a
+// payload, extra_body or Extra carried: the isolation it promises must
+// hold for every request.
 func (c *Client) encodeRequest(req Request) (requestBody, error) {
 	var b bodyBuilder
 	b.fields = make([]bodyField, 0, 10+len(c.extra))
@@ -398,6 +400,9 @@ func (c *Client) encodeRequest(req Request) (requestBody, error) {
 		return nil, fmt.Errorf("extra: %w", err)
 	}
 	b.set("stream", []byte(jsonTrue))
+	if c.salt != nil {
+		b.put(*c.salt)
+	}
 	return b.pieces(), nil
 }
 

@@ -41,6 +41,11 @@ type TargetConfig struct {
 	// SessionHeader, when set, names the header that carries each
 	// request's Session, for a router that keeps a session on one replica.
 	SessionHeader string
+	// CacheSalt, when set, goes in every request body, in the field the
+	// dialect takes it in on the API, so that the engine shares cached
+	// prefixes only among requests with this salt. A dialect that takes
+	// none there is an error.
+	CacheSalt string
 }
 
 // Client streams completions from one target and measures them. It is safe
@@ -56,6 +61,7 @@ type Client struct {
 	model    []byte       // JSON string, nil when no model is configured
 	session  string       // the session header's name; "" sends none
 	extra    []bodyField  // extra_body, encoded once
+	salt     *bodyField   // the cache salt, set last; nil sends none
 	secrets  []string     // inline credentials, scrubbed from error texts
 	// extraSetsLength: extra_body holds one of lengthKeys, so max_tokens
 	// does not bound the output (see limitsFor).
@@ -134,6 +140,13 @@ func New(cfg TargetConfig) (*Client, error) {
 	}
 	if cfg.Model != "" {
 		c.model = appendJSONString(nil, cfg.Model)
+	}
+	if cfg.CacheSalt != "" {
+		if field := c.spec.CacheSaltField(c.api == APIChat); field == "" {
+			errs = append(errs, fmt.Errorf("cache salt: dialect %s takes none on %s", c.spec.Dialect, c.api))
+		} else {
+			c.salt = &bodyField{key: field, val: appendJSONString(nil, cfg.CacheSalt)}
+		}
 	}
 	extra, err := encodeExtraBody(cfg.ExtraBody)
 	if err != nil {

@@ -111,6 +111,17 @@ func (m *CacheModel) LearnWarmUp(onChange func(WarmUpDecision)) {
 	m.warm.onChange = onChange
 }
 
+// StartEmpty tells the model that the server holds nothing the fleet sent
+// before its start, as is known when every request carries a cache salt
+// that no earlier request carried: it skips the warm-up, so that no
+// answer rests on rows only assumed sent, and every one is known from the
+// first request, for every loop mode. Call it before the first request.
+func (m *CacheModel) StartEmpty() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cur = m.start
+}
+
 // WarmUpWorld is what the model holds of its warm-up now.
 func (m *CacheModel) WarmUpWorld() WarmUpWorld {
 	m.mu.Lock()
