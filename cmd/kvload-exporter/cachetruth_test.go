@@ -87,7 +87,20 @@ type ctCounters struct {
 func ctRead(t *testing.T, bases ...string) ctCounters {
 	t.Helper()
 	var c ctCounters
-	for _, base := range bases {
+	for _, each := range ctReadEach(t, bases...) {
+		c = c.plus(each)
+	}
+	return c
+}
+
+// ctReadEach reads the counters of each exporter serving at bases, one
+// after another in one call, so that a replica's window and the fleet's
+// have the same ends.
+func ctReadEach(t *testing.T, bases ...string) []ctCounters {
+	t.Helper()
+	all := make([]ctCounters, len(bases))
+	for i, base := range bases {
+		c := &all[i]
 		m := testutil.Scrape(t, base)
 		c.success += m.Sum("kvload_requests_total", "outcome", "success")
 		c.unreported += m.Sum("kvload_cache_unreported_requests_total")
@@ -98,13 +111,19 @@ func ctRead(t *testing.T, bases ...string) ctCounters {
 		c.passes += m.Sum("kvload_trace_loops_total")
 		c.trace += m.Sum("kvload_trace_prompt_tokens_total")
 	}
-	return c
+	return all
 }
 
 func (c ctCounters) minus(o ctCounters) ctCounters {
 	return ctCounters{c.success - o.success, c.unreported - o.unreported, c.cached - o.cached,
 		c.reportedPrompt - o.reportedPrompt, c.reportedTheo - o.reportedTheo, c.reportedTrace - o.reportedTrace, c.passes - o.passes,
 		c.trace - o.trace}
+}
+
+func (c ctCounters) plus(o ctCounters) ctCounters {
+	return ctCounters{c.success + o.success, c.unreported + o.unreported, c.cached + o.cached,
+		c.reportedPrompt + o.reportedPrompt, c.reportedTheo + o.reportedTheo, c.reportedTrace + o.reportedTrace, c.passes + o.passes,
+		c.trace + o.trace}
 }
 
 // efficiency is the observed over the theoretical hit rate of the requests
@@ -134,12 +153,25 @@ func (c ctCounters) coverage() float64 {
 // at from (each counts its own).
 func ctNextPass(t *testing.T, from ctCounters, bases ...string) ctCounters {
 	t.Helper()
+	c, _ := ctNextPassEach(t, from, bases...)
+	return c
+}
+
+// ctNextPassEach is ctNextPass that also returns each exporter's counters
+// of the same reading.
+func ctNextPassEach(t *testing.T, from ctCounters, bases ...string) (ctCounters, []ctCounters) {
+	t.Helper()
 	var c ctCounters
+	var each []ctCounters
 	testutil.EventuallyWithin(t, "a pass to complete", e2eDeadline, func() (bool, string) {
-		c = ctRead(t, bases...)
+		each = ctReadEach(t, bases...)
+		c = ctCounters{}
+		for _, e := range each {
+			c = c.plus(e)
+		}
 		return c.passes >= from.passes+float64(len(bases)), c.String()
 	})
-	return c
+	return c, each
 }
 
 // ctBand requires an efficiency within [lo, hi].
@@ -166,11 +198,10 @@ func TestE2ECacheTruthFleet(t *testing.T) {
 	b := e2eStartFlags(t, cfg, []string{"--shard=1/2"})
 	// The first pass after a cold start reads low: the model assumes the
 	// earlier rows of the pass were sent (see docs/cache-model.md).
-	start := ctNextPass(t, ctRead(t, a.base, b.base), a.base, b.base)
-	sa, sb := ctRead(t, a.base), ctRead(t, b.base)
-	end := ctNextPass(t, start, a.base, b.base)
-	ctBand(t, "replica 0/2", ctRead(t, a.base).minus(sa), 0.93, 1.01)
-	ctBand(t, "replica 1/2", ctRead(t, b.base).minus(sb), 0.93, 1.01)
+	start, s := ctNextPassEach(t, ctRead(t, a.base, b.base), a.base, b.base)
+	end, e := ctNextPassEach(t, start, a.base, b.base)
+	ctBand(t, "replica 0/2", e[0].minus(s[0]), 0.93, 1.01)
+	ctBand(t, "replica 1/2", e[1].minus(s[1]), 0.93, 1.01)
 	ctBand(t, "both", end.minus(start), 0.93, 1.01)
 }
 

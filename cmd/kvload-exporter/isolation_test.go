@@ -97,22 +97,14 @@ func isoWholePass(t *testing.T, bases []string) []ctCounters {
 	t.Helper()
 	var each []ctCounters
 	testutil.EventuallyWithin(t, "a whole pass to complete", e2eDeadline, func() (bool, string) {
-		each = each[:0]
+		each = ctReadEach(t, bases...)
 		var s []string
 		done := true
-		for _, base := range bases {
-			c := ctRead(t, base)
-			each = append(each, c)
+		for _, c := range each {
 			done = done && c.passes >= 2
 			s = append(s, c.String())
 		}
 		return done, strings.Join(s, "; ")
 	})
 	return each
-}
-
-func (c ctCounters) plus(o ctCounters) ctCounters {
-	return ctCounters{c.success + o.success, c.unreported + o.unreported, c.cached + o.cached,
-		c.reportedPrompt + o.reportedPrompt, c.reportedTheo + o.reportedTheo, c.reportedTrace + o.reportedTrace, c.passes + o.passes,
-		c.trace + o.trace}
 }
