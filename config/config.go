@@ -92,6 +92,9 @@ type Emulate struct {
 	InterToken         time.Duration `yaml:"inter_token"`
 	Faults             EmulateFaults `yaml:"faults"`
 	Seed               uint64        `yaml:"seed"`
+	KVEvents           string        `yaml:"kv_events"`
+	KVEventsTopic      string        `yaml:"kv_events_topic"`
+	KVEventsFormat     string        `yaml:"kv_events_format"`
 }
 
 // EmulateFaults are the keys of emulate.Faults, field for field, so that
@@ -124,6 +127,9 @@ type Cache struct {
 	// replay.DefaultModelCeilingTokens. A known capacity raises it to at
 	// least twice that.
 	ModelCeilingTokens int64 `yaml:"model_ceiling_tokens,omitempty"`
+	// KVEvents are the engine's KV event streams (kvevents.go), which
+	// explain the hits the engine missed.
+	KVEvents Endpoints `yaml:"kv_events,omitempty"`
 }
 
 // AutoInt is a whole number, or "auto" for a value the exporter reads from
@@ -679,6 +685,7 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	if t.Cache.MetricsURL != "" {
 		validateURL(t.Cache.MetricsURL, p+".cache.metrics_url", bad)
 	}
+	validateKVEvents(t, p, bad)
 	if t.SessionHeader != "" {
 		if err := openai.CheckSessionHeader(t.SessionHeader); err != nil {
 			bad(p+".session_header", "%v", err)

@@ -142,6 +142,19 @@ func (e *Engine) KVEventsEndpoint() string {
 	return e.events.Endpoint()
 }
 
+// BindKVEvents binds the KV events endpoint now, as Start and Serve
+// otherwise do, so that KVEventsEndpoint names it before the engine
+// serves; it does nothing without Config.KVEvents.
+func (e *Engine) BindKVEvents() error {
+	if e.events == nil {
+		return nil
+	}
+	if err := e.events.bind(); err != nil {
+		return fmt.Errorf("emulate: %w", err)
+	}
+	return nil
+}
+
 // Handler returns the HTTP API.
 func (e *Engine) Handler() http.Handler { return e.mux }
 

@@ -681,9 +681,9 @@ func (e *Engine) handleSetFaults(w http.ResponseWriter, r *http.Request) {
 // Serve returns once their handlers have.
 func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
 	if e.events != nil {
-		if err := e.events.bind(); err != nil {
+		if err := e.BindKVEvents(); err != nil {
 			_ = l.Close()
-			return fmt.Errorf("emulate: %w", err)
+			return err
 		}
 		published := make(chan struct{})
 		pctx, stop := context.WithCancel(ctx)
@@ -733,11 +733,9 @@ func (e *Engine) Start(ctx context.Context, addr string) (baseURL string, wait f
 	}
 	// The events endpoint is bound before Start returns, so that
 	// KVEventsEndpoint names it and a bad one fails here.
-	if e.events != nil {
-		if err := e.events.bind(); err != nil {
-			_ = l.Close()
-			return "", nil, fmt.Errorf("emulate: %w", err)
-		}
+	if err := e.BindKVEvents(); err != nil {
+		_ = l.Close()
+		return "", nil, err
 	}
 	done := make(chan error, 1)
 	go func() { done <- e.Serve(ctx, l) }()

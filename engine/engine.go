@@ -95,6 +95,7 @@ type Spec struct {
 
 	tokenize     *tokenizeRoute
 	tokenizeChat chatTokenizer
+	promptTokens promptTokenizer
 	readLayout   layoutReader
 }
 

@@ -194,7 +194,7 @@ func TestStreamFollowing(t *testing.T) {
 }
 
 // TestStoreBounds: the removed blocks remembered are bounded, the latest
-// kept, and a block stored again is not forgotten with its old removal.
+// kept; one forgotten still reads evicted, from the set of blocks seen.
 func TestStoreBounds(t *testing.T) {
 	s := NewStream("tcp://test:1")
 	s.Connected(at(0))
@@ -209,8 +209,22 @@ func TestStoreBounds(t *testing.T) {
 	oldest := Miss{Tokens: toks(0, 5), From: 0, To: 4, BlockSize: 4, Sent: at(2), Until: at(2)}
 	latest := oldest
 	latest.Tokens = toks(4*(n-1), 5)
-	if got, _ := Classify([]*Stream{s}, oldest); got[ClassNeverStored] != 4 {
-		t.Errorf("the oldest removal: %v, want it forgotten (never stored)", got)
+	if _, ok := s.blocks[nextKey(rootKey("", 0), toks(0, 4))]; ok {
+		t.Error("the oldest removal is still held")
+	}
+	if got, _ := Classify([]*Stream{s}, oldest); got[ClassEvicted] != 4 {
+		t.Errorf("the oldest removal, forgotten: %v, want evicted (it was seen stored)", got)
+	}
+	// Stored again after the send (by the request itself): still evicted
+	// as of the send, though its new record starts after it.
+	s.Apply(uint64(n), &Batch{Events: []Event{stored("", toks(0, 4), 1)}}, at(3))
+	if got, _ := Classify([]*Stream{s}, oldest); got[ClassEvicted] != 4 {
+		t.Errorf("the oldest removal, forgotten, then stored after the send: %v, want evicted", got)
+	}
+	never := oldest
+	never.Tokens = toks(1<<30, 5)
+	if got, _ := Classify([]*Stream{s}, never); got[ClassNeverStored] != 4 {
+		t.Errorf("a block never stored: %v, want never stored", got)
 	}
 	if got, _ := Classify([]*Stream{s}, latest); got[ClassEvicted] != 4 {
 		t.Errorf("the latest removal: %v, want evicted", got)
@@ -228,6 +242,7 @@ func TestStoreBytesPerBlock(t *testing.T) {
 		ev.BlockSize = 16
 		batches[i] = Batch{Events: []Event{ev}}
 	}
+	s.seen.add(0) // its fixed 10 MB, apart from what a block costs
 	runtime.GC()
 	runtime.GC()
 	var before, after runtime.MemStats
@@ -248,4 +263,41 @@ func TestStoreBytesPerBlock(t *testing.T) {
 	}
 	runtime.KeepAlive(s)
 	runtime.KeepAlive(batches)
+}
+
+// TestSeenSet: a block is remembered for at least a generation of stores,
+// forgotten after two, and the false positives stay near 1 %.
+func TestSeenSet(t *testing.T) {
+	const gen = 1 << 14
+	s := newSeenSet(gen)
+	key := func(i int) chainKey { return nextKey(rootKey("", 0), []uint32{uint32(i)}) }
+	s.add(key(-1))
+	for i := range gen - 1 {
+		s.add(key(i))
+	}
+	if !s.has(key(-1)) {
+		t.Fatal("forgotten within its generation")
+	}
+	for i := range gen {
+		s.add(key(gen + i)) // the next generation
+	}
+	if !s.has(key(-1)) {
+		t.Fatal("forgotten in the generation after its own")
+	}
+	for i := range gen {
+		s.add(key(2*gen + i))
+	}
+	fp := 0
+	const probes = 100_000
+	for i := range probes {
+		if s.has(key(-2 - i)) { // never added
+			fp++
+		}
+	}
+	if rate := float64(fp) / probes; rate > 0.02 {
+		t.Errorf("%.2f %% false positives, want about 1 %%", 100*rate)
+	}
+	if s.has(key(-1)) && s.has(key(0)) && s.has(key(1)) {
+		t.Error("two generations later, the first keys are still there")
+	}
 }

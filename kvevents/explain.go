@@ -191,6 +191,18 @@ func StartTarget(ctx context.Context, endpoints []string, r Reporter) *Target {
 	return t
 }
 
+// WaitTried waits until every stream's first connection attempt has
+// ended, or ctx has.
+func (t *Target) WaitTried(ctx context.Context) {
+	for _, s := range t.Streams {
+		select {
+		case <-s.Tried():
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // Stop ends the streams' goroutines and returns once they have.
 func (t *Target) Stop() {
 	t.cancel()

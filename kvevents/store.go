@@ -11,8 +11,9 @@ import (
 // takes about 100 bytes (a record and its hash's entry; measured by
 // TestStoreBytesPerBlock), so a stream holds at most maxAlive blocks
 // (some 100 MB, far more than an engine's KV cache holds: an 8B model on
-// an 80 GB GPU keeps about 50,000 blocks of 16 tokens) and remembers the
-// last maxRemoved blocks the engine let go (some 16 MB).
+// an 80 GB GPU keeps about 50,000 blocks of 16 tokens), remembers when
+// the last maxRemoved blocks the engine let go were removed (some 10 MB),
+// and that the last 4 to 8 Mi blocks stored were (seenSet, 10 MB).
 const (
 	maxAlive   = 1 << 20
 	maxRemoved = 1 << 17
@@ -83,12 +84,15 @@ func (t transition) what() int8 { return int8(t & 3) }
 type record struct {
 	hist [histLen]transition
 	n    uint8
+	// dropped: older transitions were let go to keep the last histLen.
+	dropped bool
 }
 
 func (r *record) add(t transition) {
 	if int(r.n) == histLen {
 		copy(r.hist[:], r.hist[1:])
 		r.n--
+		r.dropped = true
 	}
 	r.hist[r.n] = t
 	r.n++
@@ -132,17 +136,28 @@ type Stream struct {
 	hashes    map[uint64]chainKey // the engine's hash of each alive block
 	removed   []removedKey        // ring of maxRemoved, oldest at head
 	head      int
+	seen      seenSet // every block stored, for those removed and forgotten
 	// since is when the stream's view became complete: it connected, or
 	// lost batches, at since; zero while it is not connected.
 	since   time.Time
 	lastSeq uint64
 	haveSeq bool
+
+	tried     chan struct{} // closed once the first connection attempt ended
+	triedOnce sync.Once
 }
 
 // NewStream returns the empty store of the stream at endpoint.
 func NewStream(endpoint string) *Stream {
-	return &Stream{Endpoint: endpoint, blocks: map[chainKey]record{}, hashes: map[uint64]chainKey{}}
+	return &Stream{Endpoint: endpoint, blocks: map[chainKey]record{}, hashes: map[uint64]chainKey{},
+		seen: newSeenSet(seenGeneration), tried: make(chan struct{})}
 }
+
+// Tried is closed once the stream's first connection attempt has ended:
+// it connected, or failed.
+func (s *Stream) Tried() <-chan struct{} { return s.tried }
+
+func (s *Stream) markTried() { s.triedOnce.Do(func() { close(s.tried) }) }
 
 // Applied tells what applying one batch found wrong.
 type Applied struct {
@@ -253,7 +268,12 @@ func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
 		k = nextKey(k, ev.Tokens[i*bs:(i+1)*bs])
 		// A block removed and stored again keeps its entry in the removed
 		// queue, which passes over it when its turn comes.
-		r := s.blocks[k]
+		r, held := s.blocks[k]
+		if !held && s.seen.has(k) {
+			// Stored before, and its record since forgotten: what came
+			// before this store is unknown, but it was gone just before.
+			r.dropped = true
+		}
 		if !r.alive() {
 			if s.alive >= maxAlive {
 				a.TooMany += len(ev.Hashes) - i
@@ -264,6 +284,7 @@ func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
 		r.add(t)
 		s.blocks[k] = r
 		s.hashes[hashID(h)] = k
+		s.seen.add(k)
 	}
 }
 
@@ -324,7 +345,15 @@ func (s *Stream) states(keys []chainKey, sent, until time.Time) []State {
 	defer s.mu.Unlock()
 	out := make([]State, len(keys))
 	for i, k := range keys {
-		out[i] = stateOf(s.blocks[k], sent.UnixNano(), until.UnixNano())
+		r, ok := s.blocks[k]
+		switch {
+		case ok:
+			out[i] = stateOf(r, sent.UnixNano(), until.UnixNano())
+		case s.seen.has(k):
+			out[i] = Evicted // removed so long ago that its record went
+		default:
+			out[i] = Unseen
+		}
 	}
 	return out
 }
@@ -338,8 +367,19 @@ func stateOf(r record, sent, until int64) State {
 			last = i
 		}
 	}
-	if last < 0 {
+	if last < 0 && r.dropped {
+		// A block that came and went often since the send: the state
+		// before its oldest transition kept is taken for the send's.
+		// Before a store it was gone; before a removal, held.
+		if r.hist[0].what() == tStored {
+			return Evicted
+		}
+		last = -1
+	} else if last < 0 {
 		return Unseen // or stored only after the request was sent
+	}
+	if last < 0 {
+		return removedBy(r.hist[0], until, Alive)
 	}
 	switch r.hist[last].what() {
 	case tRemoved:
@@ -348,14 +388,24 @@ func stateOf(r record, sent, until int64) State {
 		return Cleared
 	}
 	for i := last + 1; i < int(r.n); i++ {
-		if t := r.hist[i]; t.at() <= until {
-			switch t.what() {
-			case tRemoved:
-				return Evicted
-			case tCleared:
-				return Cleared
-			}
+		if st := removedBy(r.hist[i], until, Alive); st != Alive {
+			return st
 		}
 	}
 	return Alive
+}
+
+// removedBy is the state a transition t made of a held block, if it came
+// by until: else held is kept.
+func removedBy(t transition, until int64, held State) State {
+	if t.at() > until {
+		return held
+	}
+	switch t.what() {
+	case tRemoved:
+		return Evicted
+	case tCleared:
+		return Cleared
+	}
+	return held
 }

@@ -85,6 +85,7 @@ func Address(endpoint string) (string, error) {
 // ends, connecting again, with a growing wait, whenever the connection
 // fails or breaks.
 func Follow(ctx context.Context, s *Stream, r Reporter) {
+	defer s.markTried()
 	addr, err := Address(s.Endpoint)
 	if err != nil {
 		r.Error(s, ReasonUnreachable, 1, err)
@@ -93,6 +94,7 @@ func Follow(ctx context.Context, s *Stream, r Reporter) {
 	wait := firstRetry
 	for ctx.Err() == nil {
 		err := session(ctx, s, addr, r, func() { wait = firstRetry })
+		s.markTried()
 		if ctx.Err() != nil {
 			return
 		}
@@ -143,6 +145,7 @@ func session(ctx context.Context, s *Stream, addr string, r Reporter, connected 
 	}
 	_ = raw.SetDeadline(time.Time{})
 	s.Connected(time.Now())
+	s.markTried()
 	r.Up(s, true)
 	defer func() {
 		s.Disconnected()

@@ -16,8 +16,34 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
-	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
 )
+
+// emulated is an engine emulator serving on loopback.
+type emulated struct {
+	*emulate.Engine
+	URL  string
+	stop func()
+}
+
+// startEmulator serves an engine of cfg until the test ends or Stop.
+func startEmulator(t *testing.T, cfg emulate.Config) *emulated {
+	t.Helper()
+	e, err := emulate.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	url, wait, err := e.Start(ctx, "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	em := &emulated{Engine: e, URL: url, stop: sync.OnceFunc(func() { cancel(); _ = wait() })}
+	t.Cleanup(em.stop)
+	return em
+}
+
+func (e *emulated) Stop() { e.stop() }
 
 // recorder is a Reporter that keeps what it hears.
 type recorder struct {
@@ -139,7 +165,7 @@ func classifyNow(t *testing.T, s *Stream, ids []uint32) Tally {
 // followed again with its cache empty.
 func TestFollowEmulator(t *testing.T) {
 	cfg := emulate.Config{BlockSize: 4, CapacityBlocks: 6, KVEvents: "tcp://127.0.0.1:0"}
-	e := daemontest.StartEmulator(t, cfg)
+	e := startEmulator(t, cfg)
 	endpoint := e.KVEventsEndpoint()
 	s, r := follow(t, endpoint)
 
@@ -183,7 +209,7 @@ func TestFollowEmulator(t *testing.T) {
 		return !g.up && g.errs[ReasonDisconnected] == 1, r.String()
 	})
 	cfg.KVEvents = endpoint
-	e2 := daemontest.StartEmulator(t, cfg)
+	e2 := startEmulator(t, cfg)
 	testutil.Eventually(t, "the stream up again and a batch of the new engine", func() (bool, string) {
 		warm(e2.URL)
 		g := r.get()
