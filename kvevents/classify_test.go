@@ -266,7 +266,7 @@ func TestStoreBytesPerBlock(t *testing.T) {
 }
 
 // TestSeenSet: a block is remembered for at least a generation of stores,
-// forgotten after two, and the false positives stay near 1 %.
+// forgotten after two, and the false positives stay under 2 %.
 func TestSeenSet(t *testing.T) {
 	const gen = 1 << 14
 	s := newSeenSet(gen)
@@ -294,8 +294,10 @@ func TestSeenSet(t *testing.T) {
 			fp++
 		}
 	}
-	if rate := float64(fp) / probes; rate > 0.02 {
-		t.Errorf("%.2f %% false positives, want about 1 %%", 100*rate)
+	rate := float64(fp) / probes
+	t.Logf("%.2f %% false positives with both filters full", 100*rate)
+	if rate > 0.02 {
+		t.Errorf("%.2f %% false positives, want under 2 %%", 100*rate)
 	}
 	if s.has(key(-1)) && s.has(key(0)) && s.has(key(1)) {
 		t.Error("two generations later, the first keys are still there")

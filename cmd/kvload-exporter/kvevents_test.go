@@ -51,10 +51,10 @@ func kvConfig(t *testing.T, url string, endpoints []string, rows int) string {
 
 // kvCounts are the miss counters of one exporter.
 type kvCounts struct {
-	classes              map[string]float64 // missed hit tokens by class
-	unclassified         float64            // requests
-	theoretical, cached  float64            // the efficiency's sides
-	finished, unreachble float64
+	classes               map[string]float64 // missed hit tokens by class
+	unclassified          float64            // requests
+	theoretical, cached   float64            // the efficiency's sides
+	finished, unreachable float64
 }
 
 func kvRead(t *testing.T, base string) kvCounts {
@@ -65,7 +65,7 @@ func kvRead(t *testing.T, base string) kvCounts {
 		theoretical:  m.Sum("kvload_cache_reported_theoretical_cached_prompt_tokens_total"),
 		cached:       m.Sum("kvload_cache_reported_cached_prompt_tokens_total"),
 		finished:     m.Sum("kvload_requests_total"),
-		unreachble:   m.Sum("kvload_kv_events_errors_total", "reason", "unreachable"),
+		unreachable:  m.Sum("kvload_kv_events_errors_total", "reason", "unreachable"),
 	}
 	for _, class := range []string{"evicted", "never_stored", "cleared", "unexplained"} {
 		c.classes[class] = m.Sum("kvload_cache_missed_hit_tokens_total", "class", class)
@@ -178,7 +178,7 @@ func TestE2EKVEventsUnreachable(t *testing.T) {
 	var c kvCounts
 	testutil.EventuallyWithin(t, "the pass, and the stream counted unreachable", e2eDeadline, func() (bool, string) {
 		c = kvRead(t, d.base)
-		return c.finished == rows && c.unreachble >= 1, c.String()
+		return c.finished == rows && c.unreachable >= 1, c.String()
 	})
 	m := testutil.Scrape(t, d.base)
 	if got := m.Sum("kvload_requests_total", "outcome", "success"); got != rows {
