@@ -74,6 +74,8 @@ type Collector struct {
 	reloadTime        prometheus.Gauge
 	// The chat template's size, per (workload, target).
 	template chatTemplateMetrics
+	// Why hits were missed, from KV cache events (misses.go).
+	misses missMetrics
 
 	now      func() time.Time
 	mu       sync.Mutex
@@ -179,6 +181,7 @@ func New(reg prometheus.Registerer) *Collector {
 			Help: "Reads of a target's KV cache layout that failed, by reason: unreachable, timeout, bad_answer."},
 			[]string{"target", "reason"}),
 		template: newChatTemplateMetrics(),
+		misses:   newMissMetrics(),
 		now:      time.Now,
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
@@ -192,6 +195,7 @@ func New(reg prometheus.Registerer) *Collector {
 		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio, c.serverErrors,
 		newCostMetrics(c), c.layoutChanges, c.discoveryFailures)
 	reg.MustRegister(c.template.collectors()...)
+	reg.MustRegister(c.misses.collectors()...)
 	c.effective = newEffectiveCapacity(func() time.Time { return c.now() })
 	reg.MustRegister(c.effective)
 	return c
@@ -244,6 +248,7 @@ func (c *Collector) Forget(workload, target string) {
 		v.DeletePartialMatch(l)
 	}
 	c.template.forget(l)
+	c.misses.forget(l)
 	c.mu.Lock()
 	delete(c.recent, wtKey{workload, target})
 	delete(c.costs, wtKey{workload, target})
@@ -329,6 +334,7 @@ func (c *Collector) ForgetTarget(target string) {
 		v.DeletePartialMatch(l)
 	}
 	c.serverErrors.DeletePartialMatch(l)
+	c.misses.forgetTarget(l)
 	c.UnwatchCacheLayout(target)
 	c.mu.Lock()
 	delete(c.windows, target)

@@ -92,6 +92,9 @@ type Emulate struct {
 	InterToken         time.Duration `yaml:"inter_token"`
 	Faults             EmulateFaults `yaml:"faults"`
 	Seed               uint64        `yaml:"seed"`
+	KVEvents           string        `yaml:"kv_events"`
+	KVEventsTopic      string        `yaml:"kv_events_topic"`
+	KVEventsFormat     string        `yaml:"kv_events_format"`
 }
 
 // EmulateFaults are the keys of emulate.Faults, field for field, so that
@@ -133,6 +136,9 @@ type Cache struct {
 	// drawn at every start, so that the replicas of a sharded fleet, which
 	// build the same prompts, share the engine's cache again.
 	IsolationEpoch string `yaml:"isolation_epoch,omitempty"`
+	// KVEvents are the engine's KV event streams (kvevents.go), which
+	// explain the hits the engine missed.
+	KVEvents Endpoints `yaml:"kv_events,omitempty"`
 }
 
 // AutoInt is a whole number, or "auto" for a value the exporter reads from
@@ -727,6 +733,7 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 	if t.Cache.MetricsURL != "" {
 		validateURL(t.Cache.MetricsURL, p+".cache.metrics_url", bad)
 	}
+	validateKVEvents(t, p, bad)
 	if t.SessionHeader != "" {
 		if err := openai.CheckSessionHeader(t.SessionHeader); err != nil {
 			bad(p+".session_header", "%v", err)

@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sync"
 )
@@ -86,6 +87,19 @@ type trieCache struct {
 	roots    map[string]*node // by cache salt
 	lru      list.List        // of *node, front most recent; roots are not in it
 	tick     uint64           // counts touches
+	// events, when set, hears of every block stored and removed and of
+	// every flush, under mu (vLLM's KV cache events).
+	events cacheEvents
+}
+
+// cacheEvents is what a trie cache tells of its blocks: the KV events
+// publisher. Calls come under the cache's lock, in the cache's order.
+type cacheEvents interface {
+	// stored: blocks made reusable, in prompt order, after the block
+	// parent (none when hasParent is false: they start the prompt).
+	stored(parent uint64, hasParent bool, hashes []uint64, tokens []int, blockSize int)
+	removed(hashes []uint64)
+	cleared()
 }
 
 type node struct {
@@ -95,6 +109,29 @@ type node struct {
 	children map[string]*node // nil until the first child
 	elem     *list.Element
 	used     uint64 // tick of the last touch
+	// hash names the block in KV events: FNV-1a of the parent's hash and
+	// the block's tokens (of the salt, for a root), so that equal prefixes
+	// under one salt always get equal names.
+	hash uint64
+}
+
+// blockHash is the event name of a block after parent, the block's tokens
+// given as their chunk key.
+func blockHash(parent uint64, chunkKey []byte) uint64 {
+	h := fnv.New64a()
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], parent)
+	h.Write(b[:])
+	h.Write(chunkKey)
+	return h.Sum64()
+}
+
+// rootHash is the hash a salt's root stands for, the parent of its first
+// blocks.
+func rootHash(salt string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte("salt:" + salt))
+	return h.Sum64()
 }
 
 func newTrieCache(blockSize, capacity int, partial, enabled bool) *trieCache {
@@ -186,9 +223,14 @@ func (c *trieCache) insert(cl claim) {
 	n := c.roots[cl.salt]
 	if n == nil {
 		n = &node{key: cl.salt}
+		if c.events != nil {
+			n.hash = rootHash(cl.salt)
+		}
 		c.roots[cl.salt] = n
 	}
 	var key []byte
+	first := -1 // the first block this insert stores
+	var hashes []uint64
 	for b := range nb {
 		chunk := cl.tokens[b*c.blockSize : (b+1)*c.blockSize]
 		key = appendChunkKey(key[:0], chunk)
@@ -199,8 +241,29 @@ func (c *trieCache) insert(cl claim) {
 			}
 			child = &node{parent: n, key: string(key), tokens: slices.Clone(chunk)}
 			n.children[child.key] = child
+			if first < 0 {
+				first = b
+				if c.events != nil {
+					hashes = make([]uint64, 0, nb-b)
+				}
+			}
+			if c.events != nil {
+				child.hash = blockHash(n.hash, key)
+				hashes = append(hashes, child.hash)
+			}
 		}
 		n = child
+	}
+	if c.events != nil && first >= 0 {
+		// Once one block is new, so are all after it: one event for the
+		// run, linked to the block before it, as vLLM sends a prefill's.
+		start := n
+		for range len(hashes) - 1 {
+			start = start.parent
+		}
+		p := start.parent
+		c.events.stored(p.hash, p.parent != nil, hashes,
+			slices.Clone(cl.tokens[first*c.blockSize:nb*c.blockSize]), c.blockSize)
 	}
 	c.touchLocked(n)
 	c.evictLocked()
@@ -239,6 +302,9 @@ func (c *trieCache) evictLocked() {
 		if p.parent == nil && len(p.children) == 0 {
 			delete(c.roots, p.key)
 		}
+		if c.events != nil {
+			c.events.removed([]uint64{n.hash}) // one event a block, as vLLM
+		}
 	}
 }
 
@@ -271,6 +337,9 @@ func (c *trieCache) flush() {
 }
 
 func (c *trieCache) flushLocked() {
+	if c.events != nil {
+		c.events.cleared()
+	}
 	clear(c.roots)
 	c.lru.Init()
 }

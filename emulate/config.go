@@ -79,6 +79,18 @@ type Config struct {
 	// OmitCachedTokens sends "prompt_tokens_details": null in usage, as
 	// vLLM does without --enable-prompt-tokens-details.
 	OmitCachedTokens bool `yaml:"omit_cached_tokens"`
+	// KVEvents publishes the prefix cache's KV events (blocks stored and
+	// removed, the cache cleared) in vLLM's wire format on a ZMQ PUB socket
+	// bound to this endpoint, tcp://host:port (port 0 picks one; see
+	// Engine.KVEventsEndpoint); empty publishes none. Not for llamacpp,
+	// whose cache has no blocks.
+	KVEvents string `yaml:"kv_events"`
+	// KVEventsTopic is the first frame of every event message (vLLM's
+	// topic, empty by default).
+	KVEventsTopic string `yaml:"kv_events_topic"`
+	// KVEventsFormat encodes each event as a tagged map (map, vLLM's
+	// encoding now, the default) or a tagged array (array, its older one).
+	KVEventsFormat KVEventsFormat `yaml:"kv_events_format"`
 
 	// MaxRunning is how many sequences prefill or decode at once; later
 	// requests wait in a FIFO queue (vllm:num_requests_waiting). 0 picks
@@ -161,6 +173,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c, engineErrs := c.engineDefaults()
 	errs = append(errs, engineErrs...)
+	c, eventErrs := c.kvEventsDefaults()
+	errs = append(errs, eventErrs...)
 	if c.MaxRunning == 0 {
 		c.MaxRunning = DefaultMaxRunning
 	}
@@ -227,6 +241,28 @@ func (c Config) engineDefaults() (Config, []error) {
 	}
 	if c.HideCacheConfig && c.Engine != PersonalityVLLM && c.Engine != PersonalitySGLang {
 		errs = append(errs, fmt.Errorf("hide_cache_config only applies to engines vllm and sglang, which export their capacity; %s exports none", c.Engine))
+	}
+	return c, errs
+}
+
+// kvEventsDefaults fills and checks the KV events keys.
+func (c Config) kvEventsDefaults() (Config, []error) {
+	var errs []error
+	switch c.KVEventsFormat {
+	case "":
+		c.KVEventsFormat = KVEventsMap
+	case KVEventsMap, KVEventsArray:
+	default:
+		errs = append(errs, fmt.Errorf("kv_events_format must be map or array, got %q", c.KVEventsFormat))
+	}
+	if c.KVEvents == "" {
+		return c, errs
+	}
+	if _, err := kvAddress(c.KVEvents); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Engine == PersonalityLlamaCpp {
+		errs = append(errs, errors.New("kv_events does not apply to engine llamacpp, whose cache has no blocks"))
 	}
 	return c, errs
 }

@@ -21,6 +21,10 @@
 // timings.cache_n). Config.BOS prepends a BOS token to text prompts, as
 // Llama tokenizers do.
 //
+// With Config.KVEvents the trie cache also publishes vLLM's KV cache
+// events (blocks stored and removed, the cache cleared) in vLLM's wire
+// format on a ZMQ PUB socket (kvevents.go).
+//
 // Faults (errors, disconnects, malformed chunks, hangs, slow first tokens)
 // can be injected with seeded probabilities, and the cache can be
 // disabled, resized or flushed at run time to show a cache regression.
@@ -56,6 +60,9 @@ type Engine struct {
 	m      engineMetrics
 	mux    *http.ServeMux
 	nextID atomic.Uint64
+	// events publishes the cache's KV events (Config.KVEvents); nil when
+	// none are.
+	events *kvPublisher
 	// told is the capacity the engine tells where its real engine does
 	// (info.go): blocks, or slots in the llamacpp personality. Only a
 	// redeploy changes it.
@@ -94,6 +101,10 @@ func New(cfg Config) (*Engine, error) {
 	if sc, ok := e.cache.(*slotCache); ok {
 		sc.setHostBudget(cfg.CacheRAMTokens)
 	}
+	if tc, ok := e.cache.(*trieCache); ok && cfg.KVEvents != "" {
+		e.events = newKVPublisher(cfg.KVEvents, cfg.KVEventsTopic, cfg.KVEventsFormat, func() time.Time { return e.now() })
+		tc.events = e.events
+	}
 	e.told.Store(int64(cfg.CapacityBlocks))
 	if cfg.Engine == PersonalityLlamaCpp {
 		e.told.Store(int64(cfg.Slots))
@@ -119,6 +130,29 @@ func (e *Engine) Config() Config {
 		c.CapacityBlocks = st.CapacityBlocks
 	}
 	return c
+}
+
+// KVEventsEndpoint is where the engine publishes its KV events,
+// tcp://host:port with the port bound, once Start or Serve has bound it;
+// "" before, and when Config.KVEvents is empty.
+func (e *Engine) KVEventsEndpoint() string {
+	if e.events == nil {
+		return ""
+	}
+	return e.events.Endpoint()
+}
+
+// BindKVEvents binds the KV events endpoint now, as Start and Serve
+// otherwise do, so that KVEventsEndpoint names it before the engine
+// serves; it does nothing without Config.KVEvents.
+func (e *Engine) BindKVEvents() error {
+	if e.events == nil {
+		return nil
+	}
+	if err := e.events.bind(); err != nil {
+		return fmt.Errorf("emulate: %w", err)
+	}
+	return nil
 }
 
 // Handler returns the HTTP API.

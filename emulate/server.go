@@ -703,6 +703,22 @@ func (e *Engine) handleSetFaults(w http.ResponseWriter, r *http.Request) {
 // context derives from ctx, so streams and hung requests end with it, and
 // Serve returns once their handlers have.
 func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
+	if e.events != nil {
+		if err := e.BindKVEvents(); err != nil {
+			_ = l.Close()
+			return err
+		}
+		published := make(chan struct{})
+		pctx, stop := context.WithCancel(ctx)
+		go func() {
+			defer close(published)
+			e.events.serve(pctx)
+		}()
+		defer func() {
+			stop()
+			<-published
+		}()
+	}
 	srv := &http.Server{
 		Handler:           e.mux,
 		ReadHeaderTimeout: 30 * time.Second,
@@ -737,6 +753,12 @@ func (e *Engine) Start(ctx context.Context, addr string) (baseURL string, wait f
 	l, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return "", nil, fmt.Errorf("emulate: %w", err)
+	}
+	// The events endpoint is bound before Start returns, so that
+	// KVEventsEndpoint names it and a bad one fails here.
+	if err := e.BindKVEvents(); err != nil {
+		_ = l.Close()
+		return "", nil, err
 	}
 	done := make(chan error, 1)
 	go func() { done <- e.Serve(ctx, l) }()

@@ -101,6 +101,7 @@ type Spec struct {
 
 	tokenize     *tokenizeRoute
 	tokenizeChat chatTokenizer
+	promptTokens promptTokenizer
 	readLayout   layoutReader
 }
 

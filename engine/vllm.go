@@ -30,6 +30,7 @@ var _ = register(&Spec{
 	UnreportedAdvice: "start vLLM with --enable-prompt-tokens-details, or set cache.observed: server_metrics",
 	tokenize:         &tokenizeRoute{path: "/tokenize", body: openAITokenizeBody},
 	tokenizeChat:     vllmTokenizeChat,
+	promptTokens:     vllmPromptTokens,
 	readLayout: func(ctx context.Context, c *http.Client, base string) (Layout, error) {
 		mfs, err := metricsRead{client: c, url: base + "/metrics", families: []string{vllmCacheConfig}}.read(ctx)
 		if err != nil {

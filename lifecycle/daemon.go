@@ -28,6 +28,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/kvevents"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/replay"
@@ -76,8 +77,15 @@ type Daemon struct {
 	scrapers  map[string]*scraping
 	caches    map[string]targetCache
 	watches   map[string]*layoutWatch // by target
+	kvTargets map[string]*kvFollowing // targets whose KV events are followed
 	traces    *traceCache             // the traces of cfg, kept across reloads
 	saltsSent map[string]bool         // the cache salts units were given
+
+	// explainer classifies missed hits from the KV events (kvevents.go),
+	// from Start until the shutdown stops it.
+	explainer   *kvevents.Explainer
+	explainStop context.CancelFunc
+	explainDone chan struct{}
 
 	// Every running unit, for halt: the owner goroutine may be busy (a slow
 	// reload) when the shutdown begins, and dispatch must end at once.
@@ -149,6 +157,7 @@ func New(o Options) *Daemon {
 		scrapers:     map[string]*scraping{},
 		caches:       map[string]targetCache{},
 		watches:      map[string]*layoutWatch{},
+		kvTargets:    map[string]*kvFollowing{},
 		live:         map[*unit]struct{}{},
 		traces:       newTraceCache(),
 		reqs:         make(chan reloadRequest),
@@ -159,6 +168,7 @@ func New(o Options) *Daemon {
 	if d.coll != nil {
 		d.truth = cachetruth.New(d.coll)
 		d.truth.NotifyUnreported = d.logUnreported
+		d.explainer = kvevents.NewExplainer(d.coll, maxTargetReads)
 	}
 	return d
 }
@@ -332,6 +342,9 @@ func (d *Daemon) apply(ctx, unitCtx context.Context, data []byte) error {
 	if err := d.applyCaches(ctx, unitCtx, cfg); err != nil {
 		return err // shutting down: start nothing
 	}
+	if err := d.applyKVEvents(ctx, unitCtx, cfg); err != nil {
+		return err
+	}
 	// The scrapers of removed and changed targets end before those
 	// targets' series are deleted, so that no scrape recreates one.
 	d.stopScrapers(cfg)
@@ -412,6 +425,9 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	}
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	d.coll.Start(w.Name, t.Name)
+	if u.gate.misses != nil {
+		d.coll.StartMissedHits(w.Name, t.Name)
+	}
 	if tpl := u.gate.template; tpl != nil {
 		d.coll.StartChatTemplate(w.Name, t.Name)
 		tpl.start()
@@ -458,6 +474,9 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 		return m
 	}
 	gate := &gatedObserver{obs: d.truth, fails: newFailureLog(logger), watch: d.watches[t.Name]}
+	if f := d.kvTargets[t.Name]; f != nil {
+		gate.misses = f.offer
+	}
 	if t.API == openai.APIChat && !rb.tokenIDs {
 		// A chat template wraps the built prompt: its size, measured at
 		// the (re)load where the target can say, or learnt from answers.
@@ -620,6 +639,9 @@ func (d *Daemon) applyEmulators(unitCtx context.Context, cfg *config.Config) err
 		if err != nil {
 			return fmt.Errorf("target %s: emulate: %w", t.Name, err)
 		}
+		if err := eng.BindKVEvents(); err != nil {
+			return fmt.Errorf("target %s: %w", t.Name, err)
+		}
 		ctx, cancel := context.WithCancel(unitCtx)
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -641,7 +663,11 @@ func (d *Daemon) applyEmulators(unitCtx context.Context, cfg *config.Config) err
 			cancel:      cancel,
 			wait:        func() error { once.Do(func() { werr = <-done }); return werr },
 		}
-		level.Info(d.logger).Log("msg", "emulated engine started", "target", t.Name, "url", "http://"+l.Addr().String())
+		started := []any{"msg", "emulated engine started", "target", t.Name, "url", "http://" + l.Addr().String()}
+		if ep := eng.KVEventsEndpoint(); ep != "" {
+			started = append(started, "kv_events", ep)
+		}
+		level.Info(d.logger).Log(started...)
 		// A llama.cpp engine holds one prompt per slot: bounded whatever its
 		// capacity_blocks (which it does not take).
 		unbounded := ecfg.CapacityBlocks == 0 && ecfg.Engine != emulate.PersonalityLlamaCpp
@@ -679,6 +705,9 @@ func emulateConfig(t *config.Target) (emulate.Config, error) {
 		InterToken:         e.InterToken,
 		Faults:             emulate.Faults(e.Faults),
 		Seed:               e.Seed,
+		KVEvents:           e.KVEvents,
+		KVEventsTopic:      e.KVEventsTopic,
+		KVEventsFormat:     emulate.KVEventsFormat(e.KVEventsFormat),
 	}, nil
 }
 
@@ -785,6 +814,11 @@ func (d *Daemon) shutdown() {
 	wg.Wait()
 	d.stopWatches(nil)
 	d.stopScrapers(nil)
+	d.stopKVEvents(nil)
+	if d.explainStop != nil {
+		d.explainStop()
+		<-d.explainDone
+	}
 	for _, e := range d.emulators {
 		e.cancel()
 		_ = e.wait() // a server cancelled at shutdown has nothing to report

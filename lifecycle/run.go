@@ -79,6 +79,16 @@ func (d *Daemon) Start(ctx context.Context) error {
 		close(watchDone)
 	}
 
+	// Missed hits are classified until the shutdown (which stops it).
+	if d.explainer != nil {
+		ectx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		d.explainStop, d.explainDone = stop, make(chan struct{})
+		go func() {
+			defer close(d.explainDone)
+			d.explainer.Run(ectx)
+		}()
+	}
+
 	// The shutdown halts dispatch the moment ctx ends, even while the
 	// owner goroutine is still loading or reloading a configuration.
 	go func() {

@@ -206,6 +206,7 @@ type gatedObserver struct {
 	fails    *failureLog       // nil: failures are only counted
 	template *templateOverhead // nil: nothing to learn
 	watch    *layoutWatch      // nil: the target's layout is not read
+	misses   *missOffer        // nil: the target's KV events are not followed
 	mu       sync.RWMutex
 	closed   bool
 }
@@ -240,6 +241,9 @@ func (g *gatedObserver) Finished(r *replay.Result) {
 	if g.open() {
 		defer g.done()
 		g.obs.Finished(r)
+		if g.misses != nil {
+			g.misses.offer(r) // r.Counted is filled now
+		}
 		if g.watch != nil && targetAnswered(r.Outcome) {
 			g.watch.answered()
 		}

@@ -37,6 +37,9 @@ type Result struct {
 	Scheduled time.Time // when the trace said to send it
 
 	openai.Response
+	// Request is what was sent: the KV event classifier reads its prompt
+	// (package kvevents).
+	Request openai.Request
 
 	TraceInputLength int // the row's input_length (the trace's prompt tokens)
 	// PromptBuiltTokens is Request.BuiltTokens: what the exporter built,

@@ -608,6 +608,7 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 			TraceHashIDs:      rec.HashIDs,
 			TraceNamespace:    it.Namespace,
 			PromptBuiltTokens: req.BuiltTokens,
+			Request:           req,
 		}
 		res.Sent = w.clock.Now()
 		w.obs.Sent(w.cfg.Name, w.cfg.Target, scheduled, res.Sent)

@@ -29,6 +29,9 @@ func emulateCommand(app *kingpin.Application) command {
 	cl.Flag("bos", "Prepend a BOS token to every text prompt, as Llama tokenizers do.").BoolVar(&cfg.BOS)
 	cl.Flag("disable-prefix-cache", "Start with the prefix cache off (POST /emulator/cache turns it on).").BoolVar(&cfg.DisablePrefixCache)
 	cl.Flag("omit-cached-tokens", "Send prompt_tokens_details null, like vLLM without --enable-prompt-tokens-details.").BoolVar(&cfg.OmitCachedTokens)
+	cl.Flag("kv-events", "Publish the prefix cache's KV events (blocks stored and removed, cache cleared) in vLLM's wire format on a ZMQ PUB socket at this endpoint, tcp://host:port (port 0 picks one); not for llamacpp.").PlaceHolder("tcp://127.0.0.1:5557").StringVar(&cfg.KVEvents)
+	cl.Flag("kv-events-topic", "Topic frame of every KV event message (vLLM's default is empty).").StringVar(&cfg.KVEventsTopic)
+	cl.Flag("kv-events-format", "How each KV event is encoded: map (vLLM's tagged maps, the default) or array (its older tagged arrays).").Default("map").StringVar((*string)(&cfg.KVEventsFormat))
 	cl.Flag("max-running", fmt.Sprintf("Sequences running at once; later requests queue. 0 is %d, or --slots for llamacpp.", emulate.DefaultMaxRunning)).Default("0").IntVar(&cfg.MaxRunning)
 	cl.Flag("overhead", "Fixed part of the time to first token.").Default(cfg.Overhead.String()).DurationVar(&cfg.Overhead)
 	cl.Flag("prefill-per-token", "Time to first token added per prompt token not in the prefix cache.").Default(cfg.PrefillPerToken.String()).DurationVar(&cfg.PrefillPerToken)
@@ -63,6 +66,9 @@ func runEmulate(ctx context.Context, s streams, listen string, cfg emulate.Confi
 	// The URL is the first line, so scripts and tests can read it.
 	fmt.Fprintf(s.stderr, "level=info msg=\"emulator listening\" url=%s model=%s engine=%s block_size=%d capacity_blocks=%d slots=%d cache_ram_tokens=%d max_running=%d overhead=%s prefill_per_token=%s inter_token=%s\n",
 		base, c.Model, c.Engine, c.BlockSize, c.CapacityBlocks, c.Slots, c.CacheRAMTokens, c.MaxRunning, c.Overhead, c.PrefillPerToken, c.InterToken)
+	if ep := e.KVEventsEndpoint(); ep != "" {
+		fmt.Fprintf(s.stderr, "level=info msg=\"emulator publishing KV events\" endpoint=%s topic=%q format=%s\n", ep, c.KVEventsTopic, c.KVEventsFormat)
+	}
 	start := time.Now()
 	err = wait()
 	st := e.Stats()

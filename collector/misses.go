@@ -1,0 +1,111 @@
+package collector
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvload-exporter/kvload-exporter/kvevents"
+)
+
+// missMetrics are why the engine missed the hits the model counted, from
+// its KV cache events, and the health of those event streams.
+type missMetrics struct {
+	tokens       *prometheus.CounterVec // by workload, target, class
+	unclassified *prometheus.CounterVec // by workload, target, reason
+	errors       *prometheus.CounterVec // by target, reason
+	batches      *prometheus.CounterVec // by target
+	streams      *prometheus.GaugeVec   // by target
+	connected    *prometheus.GaugeVec   // by target
+}
+
+var _ kvevents.Sink = (*Collector)(nil)
+
+func newMissMetrics() missMetrics {
+	wt := []string{"workload", "target"}
+	target := []string{"target"}
+	return missMetrics{
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_missed_hit_tokens_total",
+			Help: "Prompt tokens the theoretical model counted as cached that the engine did not serve from its cache, by why, from the engine's KV cache events (cache.kv_events): evicted, never_stored, cleared, unexplained."},
+			append(wt, "class")),
+		unclassified: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_missed_hit_unclassified_requests_total",
+			Help: "Requests with missed hits that were not classified, by reason: no_stream (an event stream not followed at the send time), tokenize, queue_full, request_form, block_size."},
+			append(wt, "reason")),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "kv_events_errors_total",
+			Help: "Problems of a target's KV event streams, by reason: unreachable, disconnected, decode, too_large, gap (batches missed), unlinked (blocks stored after a parent never seen), overflow (blocks not kept)."},
+			append(target, "reason")),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "kv_events_batches_total",
+			Help: "KV event batches received from a target's engines."}, target),
+		streams: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "kv_events_streams",
+			Help: "KV event streams configured for a target (cache.kv_events)."}, target),
+		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "kv_events_streams_connected",
+			Help: "KV event streams of a target connected now."}, target),
+	}
+}
+
+func (m missMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.tokens, m.unclassified, m.errors, m.batches, m.streams, m.connected}
+}
+
+func (m missMetrics) forget(l prometheus.Labels) {
+	m.tokens.DeletePartialMatch(l)
+	m.unclassified.DeletePartialMatch(l)
+}
+
+func (m missMetrics) forgetTarget(l prometheus.Labels) {
+	for _, v := range []*prometheus.CounterVec{m.tokens, m.unclassified, m.errors, m.batches} {
+		v.DeletePartialMatch(l)
+	}
+	m.streams.DeletePartialMatch(l)
+	m.connected.DeletePartialMatch(l)
+}
+
+// StartMissedHits creates a (workload, target)'s miss counters at zero: its
+// target follows KV event streams.
+func (c *Collector) StartMissedHits(workload, target string) {
+	for _, cl := range kvevents.Classes {
+		c.misses.tokens.WithLabelValues(workload, target, string(cl))
+	}
+	for _, r := range kvevents.UnclassifiedReasons {
+		c.misses.unclassified.WithLabelValues(workload, target, string(r))
+	}
+}
+
+// StartKVEvents creates a target's stream series: streams are followed.
+func (c *Collector) StartKVEvents(target string, streams int) {
+	for _, r := range kvevents.ErrorReasons {
+		c.misses.errors.WithLabelValues(target, string(r))
+	}
+	c.misses.batches.WithLabelValues(target)
+	c.misses.streams.WithLabelValues(target).Set(float64(streams))
+	c.misses.connected.WithLabelValues(target).Set(0)
+}
+
+// StopKVEvents deletes a target's stream and miss series: it follows no
+// stream any more.
+func (c *Collector) StopKVEvents(target string) {
+	c.misses.forgetTarget(prometheus.Labels{"target": target})
+}
+
+// MissedHitTokens implements kvevents.Sink.
+func (c *Collector) MissedHitTokens(workload, target string, class kvevents.Class, tokens int) {
+	c.misses.tokens.WithLabelValues(workload, target, string(class)).Add(float64(tokens))
+}
+
+// MissedHitUnclassified implements kvevents.Sink.
+func (c *Collector) MissedHitUnclassified(workload, target string, reason kvevents.UnclassifiedReason) {
+	c.misses.unclassified.WithLabelValues(workload, target, string(reason)).Inc()
+}
+
+// KVEventsError counts n problems of a target's event streams.
+func (c *Collector) KVEventsError(target string, reason kvevents.ErrorReason, n int) {
+	c.misses.errors.WithLabelValues(target, string(reason)).Add(float64(n))
+}
+
+// KVEventsBatch counts a batch received.
+func (c *Collector) KVEventsBatch(target string) {
+	c.misses.batches.WithLabelValues(target).Inc()
+}
+
+// KVEventsConnected adds delta (+1, -1) to a target's connected streams.
+func (c *Collector) KVEventsConnected(target string, delta int) {
+	c.misses.connected.WithLabelValues(target).Add(float64(delta))
+}

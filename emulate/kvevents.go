@@ -1,0 +1,377 @@
+package emulate
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// KV cache events, as vLLM publishes them with --kv-events-config: a ZMQ PUB
+// socket whose every message has three frames, the topic, an 8-byte
+// big-endian sequence number counting from 0, and a msgpack EventBatch
+// [ts, events, data_parallel_rank]. Each event is BlockStored (the blocks a
+// request's prefill made reusable: their hashes, the hash of the block
+// before them, their token ids and block size), BlockRemoved (evicted
+// blocks) or AllBlocksCleared (the cache emptied). vLLM encodes each event
+// as a map tagged by its "type" key since its map encoding, and as a tagged
+// array before; the batch stays an array in both.
+//
+// The emulator's block hashes are its own (FNV-1a over the parent's hash
+// and the block's tokens): a subscriber may only use them to link a block
+// to its parent, as it must with vLLM's seeded hashes.
+
+// KVEventsFormat is how the emulator encodes each event of a batch.
+type KVEventsFormat string
+
+// The event encodings.
+const (
+	// KVEventsMap tags each event with a "type" key among named fields
+	// (vLLM since its map encoding).
+	KVEventsMap KVEventsFormat = "map"
+	// KVEventsArray is the older positional form: the tag, then the
+	// fields in declaration order.
+	KVEventsArray KVEventsFormat = "array"
+)
+
+const (
+	// maxPendingEvents bounds the events waiting for the publisher; beyond
+	// it events are dropped and the sequence number skips one, so that a
+	// subscriber sees the loss as a gap, as it would with a real engine's
+	// full queue.
+	maxPendingEvents = 1 << 16
+	// kvWriteTimeout drops a subscriber that does not read its messages.
+	kvWriteTimeout = 2 * time.Second
+	// kvHandshakeTimeout bounds a new subscriber's ZMTP handshake.
+	kvHandshakeTimeout = 5 * time.Second
+)
+
+// kvEventKind is one of vLLM's three event types.
+type kvEventKind int
+
+const (
+	kvStored kvEventKind = iota
+	kvRemoved
+	kvCleared
+)
+
+// kvEvent is one cache event waiting to be published.
+type kvEvent struct {
+	kind      kvEventKind
+	hashes    []uint64
+	parent    uint64
+	hasParent bool
+	tokens    []int
+	blockSize int
+}
+
+// kvPublisher publishes the prefix cache's events. The cache calls stored,
+// removed and cleared under its own lock; they only queue. Serve's run
+// goroutine sends each queued run of events as one batch to every
+// subscriber, and its accept goroutine takes new subscribers.
+type kvPublisher struct {
+	endpoint string // as configured: tcp://host:port
+	topic    []byte
+	format   KVEventsFormat
+	now      func() time.Time
+
+	mu       sync.Mutex
+	pending  []kvEvent
+	lost     bool // events were dropped since the last batch
+	listener net.Listener
+	// subs holds every connection, its ZMTP side nil until its handshake
+	// is done, so that serve can close all of them.
+	subs map[net.Conn]*zmq4.Conn
+	seq  uint64
+	wake chan struct{}
+}
+
+func newKVPublisher(endpoint, topic string, format KVEventsFormat, now func() time.Time) *kvPublisher {
+	return &kvPublisher{endpoint: endpoint, topic: []byte(topic), format: format, now: now,
+		subs: map[net.Conn]*zmq4.Conn{}, wake: make(chan struct{}, 1)}
+}
+
+// kvAddress is the host:port of a tcp:// endpoint.
+func kvAddress(endpoint string) (string, error) {
+	addr, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok {
+		return "", fmt.Errorf("kv_events %q: only tcp://host:port endpoints are served", endpoint)
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return "", fmt.Errorf("kv_events %q: %w", endpoint, err)
+	}
+	return addr, nil
+}
+
+// bind listens on the endpoint, once; later calls do nothing.
+func (p *kvPublisher) bind() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.listener != nil {
+		return nil
+	}
+	addr, err := kvAddress(p.endpoint)
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("kv_events: %w", err)
+	}
+	p.listener = l
+	return nil
+}
+
+// Endpoint is the bound endpoint (tcp://host:port, the port chosen when
+// the configuration said 0), or "" before bind.
+func (p *kvPublisher) Endpoint() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.listener == nil {
+		return ""
+	}
+	return "tcp://" + p.listener.Addr().String()
+}
+
+// serve accepts subscribers and publishes until ctx ends, then closes the
+// listener and every subscriber and returns once its goroutines have.
+func (p *kvPublisher) serve(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		p.accept(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		p.run(ctx)
+	}()
+	<-ctx.Done()
+	p.mu.Lock()
+	_ = p.listener.Close()
+	for raw := range p.subs {
+		_ = raw.Close()
+	}
+	p.mu.Unlock()
+	wg.Wait()
+}
+
+// accept takes subscribers: each gets a ZMTP handshake as a PUB socket and
+// a reader of its subscriptions until it goes away. Every message goes to
+// every subscriber: a SUB socket filters topics itself.
+func (p *kvPublisher) accept(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		raw, err := p.listener.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return // serve closed the listener
+			}
+			// Out of file descriptors, say: try again shortly.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		p.mu.Lock()
+		if ctx.Err() != nil {
+			p.mu.Unlock()
+			_ = raw.Close()
+			return
+		}
+		p.subs[raw] = nil
+		p.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.subscriber(raw)
+		}()
+	}
+}
+
+// subscriber handles one connection until it closes.
+func (p *kvPublisher) subscriber(raw net.Conn) {
+	defer func() {
+		p.mu.Lock()
+		delete(p.subs, raw)
+		p.mu.Unlock()
+		_ = raw.Close()
+	}()
+	_ = raw.SetDeadline(time.Now().Add(kvHandshakeTimeout))
+	zc, err := zmq4.Open(raw, null.Security(), zmq4.Pub, zmq4.SocketIdentity("kvload-emulator"), true, nil)
+	if err != nil {
+		return
+	}
+	_ = raw.SetDeadline(time.Time{})
+	p.mu.Lock()
+	p.subs[raw] = zc
+	p.mu.Unlock()
+	// Subscriptions are read and dropped: every subscriber gets every
+	// message. A read error is the subscriber gone (or closed by serve).
+	for {
+		if _, err := zc.RecvMsg(); err != nil {
+			return
+		}
+	}
+}
+
+// queue adds an event for the next batch.
+func (p *kvPublisher) queue(ev kvEvent) {
+	p.mu.Lock()
+	if len(p.pending) >= maxPendingEvents {
+		p.lost = true
+	} else {
+		p.pending = append(p.pending, ev)
+	}
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *kvPublisher) stored(parent uint64, hasParent bool, hashes []uint64, tokens []int, blockSize int) {
+	p.queue(kvEvent{kind: kvStored, hashes: hashes, parent: parent, hasParent: hasParent, tokens: tokens, blockSize: blockSize})
+}
+
+func (p *kvPublisher) removed(hashes []uint64) { p.queue(kvEvent{kind: kvRemoved, hashes: hashes}) }
+
+func (p *kvPublisher) cleared() { p.queue(kvEvent{kind: kvCleared}) }
+
+// run publishes the pending events as one batch each time some are queued.
+func (p *kvPublisher) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		}
+		p.mu.Lock()
+		events, lost := p.pending, p.lost
+		p.pending, p.lost = nil, false
+		if len(events) == 0 {
+			// A wake-up whose events an earlier round took.
+			p.mu.Unlock()
+			continue
+		}
+		if lost {
+			p.seq++ // the dropped events' batch, never sent
+		}
+		seq := p.seq
+		p.seq++
+		subs := make(map[net.Conn]*zmq4.Conn, len(p.subs))
+		for raw, zc := range p.subs {
+			if zc != nil {
+				subs[raw] = zc
+			}
+		}
+		p.mu.Unlock()
+		payload, err := encodeKVBatch(p.format, float64(p.now().UnixNano())/1e9, events)
+		if err != nil {
+			continue // only our own values get here
+		}
+		var seqFrame [8]byte
+		binary.BigEndian.PutUint64(seqFrame[:], seq)
+		msg := zmq4.NewMsgFrom(p.topic, seqFrame[:], payload)
+		for raw, zc := range subs {
+			_ = raw.SetWriteDeadline(time.Now().Add(kvWriteTimeout))
+			if err := zc.SendMsg(msg); err != nil {
+				_ = raw.Close() // its reader ends and removes it
+			}
+		}
+	}
+}
+
+// encodeKVBatch encodes one EventBatch: [ts, events, data_parallel_rank].
+func encodeKVBatch(format KVEventsFormat, ts float64, events []kvEvent) ([]byte, error) {
+	var buf strings.Builder
+	enc := msgpack.NewEncoder(&buf)
+	err := errors.Join(enc.EncodeArrayLen(3), enc.EncodeFloat64(ts), enc.EncodeArrayLen(len(events)))
+	for i := range events {
+		if format == KVEventsArray {
+			err = errors.Join(err, encodeKVArray(enc, &events[i]))
+		} else {
+			err = errors.Join(err, encodeKVMap(enc, &events[i]))
+		}
+	}
+	err = errors.Join(err, enc.EncodeUint(0)) // one engine, data-parallel rank 0
+	return []byte(buf.String()), err
+}
+
+// encodeKVMap writes an event as vLLM's map encoding does, with the fields a
+// single-group, GPU-only engine without LoRA sends.
+func encodeKVMap(enc *msgpack.Encoder, ev *kvEvent) error {
+	switch ev.kind {
+	case kvStored:
+		err := errors.Join(enc.EncodeMapLen(10), enc.EncodeString("type"), enc.EncodeString("BlockStored"),
+			enc.EncodeString("block_hashes"), encodeHashes(enc, ev.hashes),
+			enc.EncodeString("parent_block_hash"), encodeParent(enc, ev),
+			enc.EncodeString("token_ids"), encodeTokens(enc, ev.tokens),
+			enc.EncodeString("block_size"), enc.EncodeUint(uint64(ev.blockSize)),
+			enc.EncodeString("lora_id"), enc.EncodeNil(),
+			enc.EncodeString("medium"), enc.EncodeString("GPU"),
+			enc.EncodeString("lora_name"), enc.EncodeNil(),
+			enc.EncodeString("extra_keys"), enc.EncodeArrayLen(len(ev.hashes)))
+		for range ev.hashes {
+			err = errors.Join(err, enc.EncodeNil())
+		}
+		return errors.Join(err, enc.EncodeString("group_idx"), enc.EncodeUint(0))
+	case kvRemoved:
+		return errors.Join(enc.EncodeMapLen(4), enc.EncodeString("type"), enc.EncodeString("BlockRemoved"),
+			enc.EncodeString("block_hashes"), encodeHashes(enc, ev.hashes),
+			enc.EncodeString("medium"), enc.EncodeString("GPU"),
+			enc.EncodeString("group_idx"), enc.EncodeUint(0))
+	default:
+		return errors.Join(enc.EncodeMapLen(1), enc.EncodeString("type"), enc.EncodeString("AllBlocksCleared"))
+	}
+}
+
+// encodeKVArray writes an event in the positional form of vLLM releases
+// before the map encoding that had medium but not yet lora_name.
+func encodeKVArray(enc *msgpack.Encoder, ev *kvEvent) error {
+	switch ev.kind {
+	case kvStored:
+		return errors.Join(enc.EncodeArrayLen(7), enc.EncodeString("BlockStored"), encodeHashes(enc, ev.hashes),
+			encodeParent(enc, ev), encodeTokens(enc, ev.tokens), enc.EncodeUint(uint64(ev.blockSize)),
+			enc.EncodeNil(), enc.EncodeString("GPU"))
+	case kvRemoved:
+		return errors.Join(enc.EncodeArrayLen(3), enc.EncodeString("BlockRemoved"), encodeHashes(enc, ev.hashes),
+			enc.EncodeString("GPU"))
+	default:
+		return errors.Join(enc.EncodeArrayLen(1), enc.EncodeString("AllBlocksCleared"))
+	}
+}
+
+func encodeHashes(enc *msgpack.Encoder, hashes []uint64) error {
+	err := enc.EncodeArrayLen(len(hashes))
+	for _, h := range hashes {
+		err = errors.Join(err, enc.EncodeUint(h))
+	}
+	return err
+}
+
+func encodeParent(enc *msgpack.Encoder, ev *kvEvent) error {
+	if !ev.hasParent {
+		return enc.EncodeNil()
+	}
+	return enc.EncodeUint(ev.parent)
+}
+
+func encodeTokens(enc *msgpack.Encoder, tokens []int) error {
+	err := enc.EncodeArrayLen(len(tokens))
+	for _, t := range tokens {
+		err = errors.Join(err, enc.EncodeUint(uint64(t)))
+	}
+	return err
+}

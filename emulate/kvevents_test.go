@@ -1,0 +1,253 @@
+package emulate
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+)
+
+// wireEvent is one decoded event, whatever its encoding.
+type wireEvent struct {
+	Type      string
+	Hashes    []uint64
+	Parent    *uint64
+	Tokens    []int
+	BlockSize int
+}
+
+func (w wireEvent) String() string {
+	p := "nil"
+	if w.Parent != nil {
+		p = fmt.Sprint(*w.Parent)
+	}
+	return fmt.Sprintf("%s%v parent %s tokens %v", w.Type, w.Hashes, p, w.Tokens)
+}
+
+// testSubscriber is a SUB connection to an engine's KV events, read
+// message by message.
+type testSubscriber struct {
+	raw  net.Conn
+	zmtp *zmq4.Conn
+}
+
+// subscribe connects to e's events and waits until e counts the
+// subscriber, so that no event published from then on is missed.
+func subscribe(t *testing.T, e *Engine) *testSubscriber {
+	t.Helper()
+	addr := strings.TrimPrefix(e.KVEventsEndpoint(), "tcp://")
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	zc, err := zmq4.Open(raw, null.Security(), zmq4.Sub, zmq4.SocketIdentity("test"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := zc.SendMsg(zmq4.NewMsg([]byte{1})); err != nil { // every topic
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the publisher counting the subscriber", func() (bool, string) {
+		e.events.mu.Lock()
+		defer e.events.mu.Unlock()
+		for _, z := range e.events.subs {
+			if z != nil {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d connections, none past its handshake", len(e.events.subs))
+	})
+	return &testSubscriber{raw: raw, zmtp: zc}
+}
+
+// next reads events until it has n, and returns them with the sequence
+// numbers of the messages that carried them.
+func (s *testSubscriber) next(t *testing.T, format KVEventsFormat, n int) ([]wireEvent, []uint64) {
+	t.Helper()
+	var events []wireEvent
+	var seqs []uint64
+	// A bound on a broken publisher only: the events are queued before
+	// the requests that cause them are answered.
+	_ = s.raw.SetReadDeadline(time.Now().Add(testutil.Ceiling))
+	for len(events) < n {
+		msg, err := s.zmtp.RecvMsg()
+		if err != nil {
+			t.Fatalf("after %v: %v", events, err)
+		}
+		if msg.Type == zmq4.CmdMsg {
+			continue
+		}
+		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
+			t.Fatalf("a message of %d frames, want topic, 8-byte sequence, payload", len(msg.Frames))
+		}
+		seqs = append(seqs, binary.BigEndian.Uint64(msg.Frames[1]))
+		events = append(events, decodeWireBatch(t, format, msg.Frames[2])...)
+	}
+	return events, seqs
+}
+
+func decodeWireBatch(t *testing.T, format KVEventsFormat, payload []byte) []wireEvent {
+	t.Helper()
+	var batch []any
+	if err := msgpack.Unmarshal(payload, &batch); err != nil {
+		t.Fatalf("batch: %v", err)
+	}
+	if len(batch) != 3 {
+		t.Fatalf("batch of %d fields, want ts, events, rank: %v", len(batch), batch)
+	}
+	if _, ok := batch[0].(float64); !ok {
+		t.Errorf("ts is %T, want a float", batch[0])
+	}
+	var out []wireEvent
+	for _, raw := range batch[1].([]any) {
+		var f map[string]any
+		if format == KVEventsArray {
+			f = arrayFields(t, raw.([]any))
+		} else {
+			f = raw.(map[string]any)
+		}
+		ev := wireEvent{Type: f["type"].(string)}
+		for _, h := range asList(f["block_hashes"]) {
+			ev.Hashes = append(ev.Hashes, asUint(h))
+		}
+		if p, ok := f["parent_block_hash"]; ok && p != nil {
+			v := asUint(p)
+			ev.Parent = &v
+		}
+		for _, tok := range asList(f["token_ids"]) {
+			ev.Tokens = append(ev.Tokens, int(asUint(tok)))
+		}
+		if bs, ok := f["block_size"]; ok {
+			ev.BlockSize = int(asUint(bs))
+		}
+		if ev.Type != "AllBlocksCleared" && f["medium"] != "GPU" {
+			t.Errorf("%s: medium %v, want GPU", ev.Type, f["medium"])
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// arrayFields names the fields of a positional event.
+func arrayFields(t *testing.T, a []any) map[string]any {
+	t.Helper()
+	names := map[string][]string{
+		"BlockStored":      {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"},
+		"BlockRemoved":     {"type", "block_hashes", "medium"},
+		"AllBlocksCleared": {"type"},
+	}[a[0].(string)]
+	if len(a) != len(names) {
+		t.Fatalf("%v: %d fields, want %d", a, len(a), len(names))
+	}
+	f := map[string]any{}
+	for i, n := range names {
+		f[n] = a[i]
+	}
+	return f
+}
+
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
+}
+
+func asUint(v any) uint64 {
+	switch n := reflect.ValueOf(v); n.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return uint64(n.Int())
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return n.Uint()
+	}
+	panic(fmt.Sprintf("%v (%T) is not an integer", v, v))
+}
+
+// TestKVEventsWire: the events of a prefill, a prefill that extends a
+// cached prefix, an eviction and a flush, as a subscriber reads them, in
+// both encodings.
+func TestKVEventsWire(t *testing.T) {
+	for _, format := range []KVEventsFormat{KVEventsMap, KVEventsArray} {
+		t.Run(string(format), func(t *testing.T) {
+			e, err := New(Config{BlockSize: 4, CapacityBlocks: 3, KVEvents: "tcp://127.0.0.1:0", KVEventsFormat: format})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			base, wait, err := e.Start(ctx, "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cancel(); _ = wait() })
+			sub := subscribe(t, e)
+
+			complete(t, base, seq(1, 9), nil)   // blocks 1-4, 5-8 stored
+			complete(t, base, seq(1, 13), nil)  // 9-12 after 5-8
+			complete(t, base, seq(100, 9), nil) // two more: the two oldest leaves go
+			e.Flush()
+			events, seqs := sub.next(t, format, 6)
+
+			for i, s := range seqs {
+				if s != uint64(i) {
+					t.Fatalf("sequence numbers %v, want 0, 1, 2, ...", seqs)
+				}
+			}
+			want := []string{"BlockStored", "BlockStored", "BlockStored", "BlockRemoved", "BlockRemoved", "AllBlocksCleared"}
+			var got []string
+			for _, ev := range events {
+				got = append(got, ev.Type)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("events %v, want types %v", events, want)
+			}
+			first, second, other := events[0], events[1], events[2]
+			if first.Parent != nil || !reflect.DeepEqual(first.Tokens, seq(1, 8)) || len(first.Hashes) != 2 || first.BlockSize != 4 {
+				t.Errorf("first prefill: %v, want two blocks of 4, tokens 1-8, no parent", first)
+			}
+			if second.Parent == nil || *second.Parent != first.Hashes[1] || !reflect.DeepEqual(second.Tokens, seq(9, 4)) {
+				t.Errorf("second prefill: %v, want tokens 9-12 after the block of 5-8 (%d)", second, first.Hashes[1])
+			}
+			if other.Parent != nil || !reflect.DeepEqual(other.Tokens, seq(100, 8)) {
+				t.Errorf("third prefill: %v, want tokens 100-107, no parent", other)
+			}
+			// The least recently used leaves: 9-12, then 5-8.
+			if r := events[3:5]; r[0].Hashes[0] != second.Hashes[0] || r[1].Hashes[0] != first.Hashes[1] {
+				t.Errorf("removed %v, %v; want %d then %d", r[0], r[1], second.Hashes[0], first.Hashes[1])
+			}
+		})
+	}
+}
+
+// TestKVEventsConfig: the keys are checked, and an engine without them
+// publishes nothing.
+func TestKVEventsConfig(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{KVEvents: "ipc:///tmp/x"}, "only tcp://host:port"},
+		{Config{KVEvents: "tcp://nohost"}, "missing port"},
+		{Config{KVEvents: "tcp://127.0.0.1:0", Engine: PersonalityLlamaCpp}, "llamacpp"},
+		{Config{KVEventsFormat: "json"}, "map or array"},
+	} {
+		if _, err := New(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error with %q", c.cfg, err, c.want)
+		}
+	}
+	e, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep := e.KVEventsEndpoint(); ep != "" {
+		t.Errorf("no kv_events: endpoint %q", ep)
+	}
+}

@@ -1,0 +1,142 @@
+package kvevents
+
+import (
+	"errors"
+	"time"
+)
+
+// Class is why a block the theoretical model counted as a hit was not
+// served from the engine's cache.
+type Class string
+
+// The classes of kvload_cache_missed_hit_tokens_total.
+const (
+	// ClassEvicted: the engine stored the block and removed it before the
+	// request (or while it waited): memory pressure.
+	ClassEvicted Class = "evicted"
+	// ClassNeverStored: the engine the request went to never stored the
+	// block: another replica has it (a router that does not route by
+	// prefix), or the engine saw other tokens (a tokenization or template
+	// mismatch), or the request that would store it was still in flight.
+	ClassNeverStored Class = "never_stored"
+	// ClassCleared: the block went with the whole cache (AllBlocksCleared:
+	// a cache reset, or the engine restarted).
+	ClassCleared Class = "cleared"
+	// ClassUnexplained: the events say the block was there and it was not
+	// served (on every replica, when there are several), or the model
+	// counted a hit beyond the engine's last full block.
+	ClassUnexplained Class = "unexplained"
+)
+
+// Classes lists every class, in the order the metrics name them.
+var Classes = [...]Class{ClassEvicted, ClassNeverStored, ClassCleared, ClassUnexplained}
+
+// Miss is one request's missed hit, in the engine's tokens.
+type Miss struct {
+	// Tokens is the prompt as the engine saw it (its chat template
+	// included).
+	Tokens []uint32
+	// From and To bound the tokens missed: the engine served From tokens
+	// from its cache, the model said To.
+	From, To int
+	// BlockSize is the engine's block size, used while no stream has sent
+	// a BlockStored that tells it.
+	BlockSize int
+	// Sent is when the request was sent; Until when the engine had looked
+	// it up (its first token): a block removed between the two was evicted
+	// while the request waited.
+	Sent, Until time.Time
+}
+
+// Tally is missed tokens by class.
+type Tally map[Class]int
+
+// errNoBlockSize: no stream told its block size and none was given.
+var errNoBlockSize = errors.New("the block size is unknown")
+
+// Classify splits m's missed tokens by class, from what the streams of
+// one target (one per replica) saw as of m.Sent. A block is classified
+// from each stream's state: held on every stream, it is unexplained; held
+// on some only, never stored where the request went; else evicted where
+// some stream removed it, cleared where the cache was emptied, and never
+// stored otherwise. A prefix cache serves a block only after every block
+// before it, so a block held behind a missed one is missed for that one's
+// reason.
+func Classify(streams []*Stream, m Miss) (Tally, error) {
+	bs := m.BlockSize
+	for _, s := range streams {
+		if b := s.BlockSize(); b > 0 {
+			bs = b
+			break
+		}
+	}
+	if bs <= 0 {
+		return nil, errNoBlockSize
+	}
+	tally := Tally{}
+	if m.To <= m.From {
+		return tally, nil
+	}
+	full := len(m.Tokens) / bs // blocks the engine can hold of this prompt
+	first, last := m.From/bs, (m.To-1)/bs
+	keys := make([]chainKey, 0, min(last, full-1)+1)
+	k := rootKey("", 0)
+	for i := 0; i <= last && i < full; i++ {
+		k = nextKey(k, m.Tokens[i*bs:(i+1)*bs])
+		keys = append(keys, k)
+	}
+	var classes []Class
+	if first < len(keys) {
+		per := make([][]State, len(streams))
+		for j, s := range streams {
+			per[j] = s.states(keys[first:], m.Sent, m.Until)
+		}
+		classes = combine(per, len(keys)-first)
+	}
+	carry := Class("")
+	for b := first; b <= last; b++ {
+		c := ClassUnexplained // beyond the prompt's last full block
+		if b-first < len(classes) {
+			c = classes[b-first]
+		}
+		if c == ClassUnexplained && carry != "" {
+			c = carry // held, but behind a block that was not
+		} else if c != ClassUnexplained {
+			carry = c
+		}
+		lo, hi := max(m.From, b*bs), min(m.To, (b+1)*bs)
+		tally[c] += hi - lo
+	}
+	return tally, nil
+}
+
+// combine classifies each of n blocks from its state on every stream.
+func combine(per [][]State, n int) []Class {
+	out := make([]Class, n)
+	for i := range out {
+		alive, evicted, cleared := 0, false, false
+		for _, states := range per {
+			switch states[i] {
+			case Alive:
+				alive++
+			case Evicted:
+				evicted = true
+			case Cleared:
+				cleared = true
+			}
+		}
+		switch {
+		case alive > 0 && alive == len(per):
+			out[i] = ClassUnexplained
+		case alive > 0:
+			out[i] = ClassNeverStored
+		case evicted:
+			out[i] = ClassEvicted
+		case cleared:
+			out[i] = ClassCleared
+		default:
+			out[i] = ClassNeverStored
+		}
+	}
+	return out
+}

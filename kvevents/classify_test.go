@@ -1,0 +1,305 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"reflect"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// ih is the BlockHash of an integer hash.
+func ih(v uint64) BlockHash {
+	var b [9]byte
+	b[0] = 'i'
+	binary.BigEndian.PutUint64(b[1:], v)
+	return BlockHash(b[:])
+}
+
+// toks is n token ids from from.
+func toks(from, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(from + i)
+	}
+	return out
+}
+
+// at is a moment of a test's timeline, in seconds.
+func at(s float64) time.Time {
+	return time.Unix(1_700_000_000, 0).Add(time.Duration(s * float64(time.Second)))
+}
+
+// step is one batch of a stream's timeline.
+type step struct {
+	t      float64
+	events []Event
+	seq    int // -1: the next number
+}
+
+func stored(parent BlockHash, tokens []uint32, hashes ...uint64) Event {
+	ev := Event{Kind: BlockStored, Parent: parent, Tokens: tokens, BlockSize: 4, Medium: "GPU"}
+	for _, h := range hashes {
+		ev.Hashes = append(ev.Hashes, ih(h))
+	}
+	return ev
+}
+
+func removed(hashes ...uint64) Event {
+	ev := Event{Kind: BlockRemoved}
+	for _, h := range hashes {
+		ev.Hashes = append(ev.Hashes, ih(h))
+	}
+	return ev
+}
+
+var cleared = Event{Kind: AllBlocksCleared}
+
+// replay builds a stream connected at 0 from steps.
+func replay(t *testing.T, steps ...step) (*Stream, Applied) {
+	t.Helper()
+	s := NewStream("tcp://test:1")
+	s.Connected(at(0))
+	var sum Applied
+	next := uint64(0)
+	for _, st := range steps {
+		seq := next
+		if st.seq >= 0 {
+			seq = uint64(st.seq)
+		}
+		a := s.Apply(seq, &Batch{Events: st.events}, at(st.t))
+		sum.Missed += a.Missed
+		sum.Restarted = sum.Restarted || a.Restarted
+		sum.Unlinked += a.Unlinked
+		sum.TooMany += a.TooMany
+		sum.Inconsistent += a.Inconsistent
+		next = seq + 1
+	}
+	return s, sum
+}
+
+// A prompt of three blocks of 4 (tokens 1-12) and one more token.
+var prompt = toks(1, 13)
+
+// Its blocks stored at 1 s, as a prefill stores them.
+var promptStored = step{t: 1, seq: -1, events: []Event{stored("", toks(1, 12), 11, 12, 13)}}
+
+func TestClassify(t *testing.T) {
+	cases := []struct {
+		name     string
+		streams  [][]step
+		from, to int
+		sent     float64
+		until    float64
+		want     Tally
+	}{
+		{"held: unexplained", [][]step{{promptStored}}, 0, 12, 5, 6, Tally{ClassUnexplained: 12}},
+		{"removed before the send: evicted", [][]step{{promptStored, {2, []Event{removed(13), removed(12)}, -1}}},
+			4, 12, 5, 6, Tally{ClassEvicted: 8}},
+		{"removed while waiting: evicted", [][]step{{promptStored, {5.5, []Event{removed(13)}, -1}}},
+			8, 12, 5, 6, Tally{ClassEvicted: 4}},
+		{"removed after the lookup: unexplained", [][]step{{promptStored, {7, []Event{removed(13)}, -1}}},
+			8, 12, 5, 6, Tally{ClassUnexplained: 4}},
+		{"never stored", [][]step{{{1, []Event{stored("", toks(50, 4), 50)}, -1}}}, 0, 8, 5, 6, Tally{ClassNeverStored: 8}},
+		{"stored after the send only: never stored", [][]step{{{5.2, promptStored.events, -1}}}, 0, 12, 5, 6,
+			Tally{ClassNeverStored: 12}},
+		{"cleared", [][]step{{promptStored, {3, []Event{cleared}, -1}}}, 0, 12, 5, 6, Tally{ClassCleared: 12}},
+		{"engine restarted: cleared", [][]step{{promptStored, {3, nil, 0}}}, 0, 12, 5, 6, Tally{ClassCleared: 12}},
+		{"evicted, stored again by the request itself", [][]step{{promptStored, {2, []Event{removed(13)}, -1},
+			{5.3, []Event{stored(ih(12), toks(9, 4), 14)}, -1}}}, 8, 12, 5, 6, Tally{ClassEvicted: 4}},
+		{"held behind an evicted block: evicted", [][]step{{promptStored, {2, []Event{removed(12)}, -1}}},
+			4, 12, 5, 6, Tally{ClassEvicted: 8}},
+		{"split inside blocks", [][]step{{promptStored, {2, []Event{removed(12)}, -1}}}, 6, 10, 5, 6,
+			Tally{ClassEvicted: 4}},
+		{"beyond the last full block: unexplained", [][]step{{promptStored}}, 12, 13, 5, 6, Tally{ClassUnexplained: 1}},
+		{"held on one replica of two: never stored here", [][]step{{promptStored}, {}}, 0, 12, 5, 6,
+			Tally{ClassNeverStored: 12}},
+		{"held on both replicas: unexplained", [][]step{{promptStored}, {promptStored}}, 0, 12, 5, 6,
+			Tally{ClassUnexplained: 12}},
+		{"evicted on one replica, never on the other: evicted", [][]step{{promptStored, {2, []Event{removed(13)}, -1}}, {}},
+			8, 12, 5, 6, Tally{ClassEvicted: 4}},
+		{"another adapter's blocks do not match", [][]step{{{1, []Event{func() Event {
+			e := stored("", toks(1, 12), 11, 12, 13)
+			e.LoRA = "adapter"
+			return e
+		}()}, -1}}}, 0, 12, 5, 6, Tally{ClassNeverStored: 12}},
+		{"the CPU tier is not the cache", [][]step{{{1, []Event{func() Event {
+			e := stored("", toks(1, 12), 11, 12, 13)
+			e.Medium = "CPU"
+			return e
+		}()}, -1}}}, 0, 12, 5, 6, Tally{ClassNeverStored: 12}},
+		{"nothing missed", [][]step{{promptStored}}, 8, 8, 5, 6, Tally{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var streams []*Stream
+			for _, steps := range c.streams {
+				s, _ := replay(t, steps...)
+				streams = append(streams, s)
+			}
+			got, err := Classify(streams, Miss{Tokens: prompt, From: c.from, To: c.to, BlockSize: 4, Sent: at(c.sent), Until: at(c.until)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, c.want) {
+				t.Errorf("Classify: %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// TestClassifyChained: a block stored after its parent (a later turn of a
+// conversation) is matched by its tokens through the parent's hash.
+func TestClassifyChained(t *testing.T) {
+	s, a := replay(t,
+		step{1, []Event{stored("", toks(1, 8), 11, 12)}, -1},
+		step{2, []Event{stored(ih(12), toks(9, 4), 13)}, -1},
+		step{3, []Event{stored(ih(99), toks(20, 4), 20)}, -1}, // a parent never seen
+	)
+	if a.Unlinked != 1 {
+		t.Errorf("%d unlinked blocks, want 1", a.Unlinked)
+	}
+	got, err := Classify([]*Stream{s}, Miss{Tokens: prompt, From: 0, To: 12, Sent: at(5), Until: at(6)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Tally{ClassUnexplained: 12}); !reflect.DeepEqual(got, want) {
+		t.Errorf("Classify: %v, want %v (every block of the prompt held)", got, want)
+	}
+}
+
+// TestStreamFollowing: a stream follows from its connection on, and not
+// across lost batches, a decode error or a disconnection.
+func TestStreamFollowing(t *testing.T) {
+	s, a := replay(t, step{1, nil, 0}, step{2, nil, 1}, step{4, nil, 5})
+	if a.Missed != 3 {
+		t.Errorf("%d batches missed, want 3", a.Missed)
+	}
+	for _, c := range []struct {
+		sent float64
+		want bool
+	}{{-1, false}, {1, false}, {3.9, false}, {4, true}, {10, true}} {
+		if got := s.Following(at(c.sent)); got != c.want {
+			t.Errorf("Following(%v s): %v, want %v", c.sent, got, c.want)
+		}
+	}
+	s.Lost(at(6))
+	if s.Following(at(5)) || !s.Following(at(6)) {
+		t.Error("a lost batch at 6 s: want followed from 6 s only")
+	}
+	s.Disconnected()
+	if s.Following(at(7)) {
+		t.Error("disconnected: want not followed")
+	}
+}
+
+// TestStoreBounds: the removed blocks remembered are bounded, the latest
+// kept; one forgotten still reads evicted, from the set of blocks seen.
+func TestStoreBounds(t *testing.T) {
+	s := NewStream("tcp://test:1")
+	s.Connected(at(0))
+	n := maxRemoved + 10
+	for i := range n {
+		b := &Batch{Events: []Event{stored("", toks(4*i, 4), uint64(i+1)), removed(uint64(i + 1))}}
+		s.Apply(uint64(i), b, at(1))
+	}
+	if got := len(s.blocks); got != maxRemoved {
+		t.Errorf("%d blocks kept, want %d", got, maxRemoved)
+	}
+	oldest := Miss{Tokens: toks(0, 5), From: 0, To: 4, BlockSize: 4, Sent: at(2), Until: at(2)}
+	latest := oldest
+	latest.Tokens = toks(4*(n-1), 5)
+	if _, ok := s.blocks[nextKey(rootKey("", 0), toks(0, 4))]; ok {
+		t.Error("the oldest removal is still held")
+	}
+	if got, _ := Classify([]*Stream{s}, oldest); got[ClassEvicted] != 4 {
+		t.Errorf("the oldest removal, forgotten: %v, want evicted (it was seen stored)", got)
+	}
+	// Stored again after the send (by the request itself): still evicted
+	// as of the send, though its new record starts after it.
+	s.Apply(uint64(n), &Batch{Events: []Event{stored("", toks(0, 4), 1)}}, at(3))
+	if got, _ := Classify([]*Stream{s}, oldest); got[ClassEvicted] != 4 {
+		t.Errorf("the oldest removal, forgotten, then stored after the send: %v, want evicted", got)
+	}
+	never := oldest
+	never.Tokens = toks(1<<30, 5)
+	if got, _ := Classify([]*Stream{s}, never); got[ClassNeverStored] != 4 {
+		t.Errorf("a block never stored: %v, want never stored", got)
+	}
+	if got, _ := Classify([]*Stream{s}, latest); got[ClassEvicted] != 4 {
+		t.Errorf("the latest removal: %v, want evicted", got)
+	}
+}
+
+// TestStoreBytesPerBlock measures what a held block costs, the figure the
+// bounds in store.go rest on.
+func TestStoreBytesPerBlock(t *testing.T) {
+	const n = 100_000
+	s := NewStream("tcp://test:1")
+	batches := make([]Batch, n) // made before measuring: the store keeps none
+	for i := range batches {
+		ev := stored("", toks(16*i, 16), uint64(i+1))
+		ev.BlockSize = 16
+		batches[i] = Batch{Events: []Event{ev}}
+	}
+	s.seen.add(0) // its fixed 10 MB, apart from what a block costs
+	runtime.GC()
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range batches {
+		s.Apply(uint64(i), &batches[i], at(1))
+	}
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / n
+	t.Logf("%.0f bytes a held block", per)
+	if per > 200 {
+		t.Errorf("%.0f bytes a held block, more than the 200 the bounds allow for", per)
+	}
+	if s.alive != n {
+		t.Fatalf("%d blocks held, want %d", s.alive, n)
+	}
+	runtime.KeepAlive(s)
+	runtime.KeepAlive(batches)
+}
+
+// TestSeenSet: a block is remembered for at least a generation of stores,
+// forgotten after two, and the false positives stay under 2 %.
+func TestSeenSet(t *testing.T) {
+	const gen = 1 << 14
+	s := newSeenSet(gen)
+	key := func(i int) chainKey { return nextKey(rootKey("", 0), []uint32{uint32(i)}) }
+	s.add(key(-1))
+	for i := range gen - 1 {
+		s.add(key(i))
+	}
+	if !s.has(key(-1)) {
+		t.Fatal("forgotten within its generation")
+	}
+	for i := range gen {
+		s.add(key(gen + i)) // the next generation
+	}
+	if !s.has(key(-1)) {
+		t.Fatal("forgotten in the generation after its own")
+	}
+	for i := range gen {
+		s.add(key(2*gen + i))
+	}
+	fp := 0
+	const probes = 100_000
+	for i := range probes {
+		if s.has(key(-2 - i)) { // never added
+			fp++
+		}
+	}
+	rate := float64(fp) / probes
+	t.Logf("%.2f %% false positives with both filters full", 100*rate)
+	if rate > 0.02 {
+		t.Errorf("%.2f %% false positives, want under 2 %%", 100*rate)
+	}
+	if s.has(key(-1)) && s.has(key(0)) && s.has(key(1)) {
+		t.Error("two generations later, the first keys are still there")
+	}
+}

@@ -1,0 +1,210 @@
+package kvevents
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// UnclassifiedReason is why a request's missed hit was not classified: a
+// label value of kvload_cache_missed_hit_unclassified_requests_total.
+type UnclassifiedReason string
+
+// The reasons of kvload_cache_missed_hit_unclassified_requests_total.
+const (
+	// UnclassifiedNoStream: a stream of the target was not followed (not
+	// connected, or it lost batches) at the request's send time.
+	UnclassifiedNoStream UnclassifiedReason = "no_stream"
+	// UnclassifiedTokenize: the prompt's token ids, as the engine sees
+	// them, could not be read from the engine.
+	UnclassifiedTokenize UnclassifiedReason = "tokenize"
+	// UnclassifiedQueueFull: more missed requests waited than the
+	// classifier holds.
+	UnclassifiedQueueFull UnclassifiedReason = "queue_full"
+	// UnclassifiedRequestForm: the request's prompt is not one the
+	// exporter can tokenize as the engine does (a trace row's own
+	// messages or payload, or an engine without such a tokenize route).
+	UnclassifiedRequestForm UnclassifiedReason = "request_form"
+	// UnclassifiedBlockSize: no stream told its block size, and the
+	// target's is unknown.
+	UnclassifiedBlockSize UnclassifiedReason = "block_size"
+)
+
+// UnclassifiedReasons lists every reason, for initialising series.
+var UnclassifiedReasons = [...]UnclassifiedReason{UnclassifiedNoStream, UnclassifiedTokenize, UnclassifiedQueueFull,
+	UnclassifiedRequestForm, UnclassifiedBlockSize}
+
+// Sink hears the classifications.
+type Sink interface {
+	MissedHitTokens(workload, target string, class Class, tokens int)
+	MissedHitUnclassified(workload, target string, reason UnclassifiedReason)
+}
+
+// Job is one request to classify.
+type Job struct {
+	Workload, Target string
+	Streams          []*Stream
+	// Tokens returns the prompt's ids as the engine saw them: from the
+	// request, or asked of the engine's tokenize route.
+	Tokens func(ctx context.Context) ([]uint32, error)
+	// Miss, Tokens left out.
+	Miss Miss
+	// Done is when the request finished: events are given until
+	// Done+Grace to arrive.
+	Done time.Time
+}
+
+const (
+	// queueLen bounds the requests waiting: each holds its prompt.
+	queueLen = 256
+	// Grace is how long after a request ends its events are waited for:
+	// the engine publishes each step's events at its end, and they travel
+	// apart from the response.
+	Grace = 200 * time.Millisecond
+	// tokenizeTimeout bounds one read of a prompt's token ids.
+	tokenizeTimeout = 10 * time.Second
+)
+
+// Explainer classifies missed hits off the request path: Offer queues a
+// job, Run's workers (at most workers at once, each asking the engine
+// for a prompt's token ids at most once at a time) classify it and tell
+// the Sink.
+type Explainer struct {
+	sink    Sink
+	workers int
+	jobs    chan Job
+	now     func() time.Time
+}
+
+// NewExplainer returns an explainer that tells sink, with workers
+// classifying at once.
+func NewExplainer(sink Sink, workers int) *Explainer {
+	return &Explainer{sink: sink, workers: max(workers, 1), jobs: make(chan Job, queueLen), now: time.Now}
+}
+
+// Offer queues j; a full queue counts it as unclassified (queue_full).
+func (e *Explainer) Offer(j Job) {
+	select {
+	case e.jobs <- j:
+	default:
+		e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedQueueFull)
+	}
+}
+
+// Run classifies queued jobs until ctx ends, then returns once its workers
+// have; jobs still queued are dropped.
+func (e *Explainer) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range e.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case j := <-e.jobs:
+					e.classify(ctx, j)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// classify does one job.
+func (e *Explainer) classify(ctx context.Context, j Job) {
+	if !following(j.Streams, j.Miss.Sent) {
+		e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedNoStream)
+		return
+	}
+	tctx, cancel := context.WithTimeout(ctx, tokenizeTimeout)
+	tokens, err := j.Tokens(tctx)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedTokenize)
+		return
+	}
+	if wait := j.Done.Add(Grace).Sub(e.now()); wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+	// Again: a batch lost meanwhile may have been of before the send.
+	if !following(j.Streams, j.Miss.Sent) {
+		e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedNoStream)
+		return
+	}
+	m := j.Miss
+	m.Tokens = tokens
+	tally, err := Classify(j.Streams, m)
+	if err != nil {
+		e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedBlockSize)
+		return
+	}
+	for _, c := range Classes {
+		if n := tally[c]; n > 0 {
+			e.sink.MissedHitTokens(j.Workload, j.Target, c, n)
+		}
+	}
+}
+
+// following tells whether every stream has seen every batch since t.
+func following(streams []*Stream, t time.Time) bool {
+	for _, s := range streams {
+		if !s.Following(t) {
+			return false
+		}
+	}
+	return true
+}
+
+// Target follows the event streams of one target's engines, one
+// goroutine each, until Stop.
+type Target struct {
+	Streams []*Stream
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// StartTarget follows a stream at each endpoint, reporting to r, until
+// ctx ends or Stop.
+func StartTarget(ctx context.Context, endpoints []string, r Reporter) *Target {
+	ctx, cancel := context.WithCancel(ctx)
+	t := &Target{cancel: cancel}
+	for _, ep := range endpoints {
+		s := NewStream(ep)
+		t.Streams = append(t.Streams, s)
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			Follow(ctx, s, r)
+		}()
+	}
+	return t
+}
+
+// WaitTried waits until every stream's first connection attempt has
+// ended, or ctx has.
+func (t *Target) WaitTried(ctx context.Context) {
+	for _, s := range t.Streams {
+		select {
+		case <-s.Tried():
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// Stop ends the streams' goroutines and returns once they have.
+func (t *Target) Stop() {
+	t.cancel()
+	t.wg.Wait()
+}

@@ -1,0 +1,77 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+)
+
+// sinkRecorder is a Sink that keeps what it hears.
+type sinkRecorder struct {
+	mu           sync.Mutex
+	tokens       map[Class]int
+	unclassified map[UnclassifiedReason]int
+}
+
+func newSinkRecorder() *sinkRecorder {
+	return &sinkRecorder{tokens: map[Class]int{}, unclassified: map[UnclassifiedReason]int{}}
+}
+
+func (s *sinkRecorder) MissedHitTokens(w, t string, c Class, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tokens[c] += n
+}
+
+func (s *sinkRecorder) MissedHitUnclassified(w, t string, r UnclassifiedReason) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unclassified[r]++
+}
+
+func (s *sinkRecorder) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return fmt.Sprint(s.tokens, s.unclassified)
+}
+
+// TestExplainer: jobs are classified off the caller's path, and each way
+// one cannot be is counted by its reason.
+func TestExplainer(t *testing.T) {
+	followed, _ := replay(t, promptStored, step{2, []Event{removed(13)}, -1})
+	notFollowed := NewStream("tcp://test:2")
+	sink := newSinkRecorder()
+	e := NewExplainer(sink, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.Run(ctx)
+	}()
+	ids := func(context.Context) ([]uint32, error) { return prompt, nil }
+	miss := Miss{From: 4, To: 12, BlockSize: 4, Sent: at(5), Until: at(6)}
+	e.Offer(Job{Workload: "w", Target: "t", Streams: []*Stream{followed}, Tokens: ids, Miss: miss, Done: at(6)})
+	e.Offer(Job{Workload: "w", Target: "t", Streams: []*Stream{followed}, Miss: miss, Done: at(6),
+		Tokens: func(context.Context) ([]uint32, error) { return nil, errors.New("no tokenize route") }})
+	e.Offer(Job{Workload: "w", Target: "t", Streams: []*Stream{followed, notFollowed}, Tokens: ids, Miss: miss, Done: at(6)})
+	testutil.Eventually(t, "three jobs done", func() (bool, string) {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return sink.tokens[ClassEvicted] == 4 && sink.tokens[ClassUnexplained] == 4 &&
+			sink.unclassified[UnclassifiedTokenize] == 1 && sink.unclassified[UnclassifiedNoStream] == 1, ""
+	})
+	cancel()
+	testutil.Wait(t, "Run to return", done)
+
+	// Run has ended: the queue fills, and the rest is counted.
+	for range queueLen + 3 {
+		e.Offer(Job{Workload: "w", Target: "t", Streams: []*Stream{followed}, Tokens: ids, Miss: miss})
+	}
+	if got := sink.unclassified[UnclassifiedQueueFull]; got != 3 {
+		t.Errorf("%d jobs counted as queue_full, want 3: %v", got, sink)
+	}
+}

@@ -1,0 +1,112 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+)
+
+// errTooLarge is a ZMTP message longer than the subscriber takes.
+var errTooLarge = errors.New("message too large")
+
+// ZMTP 3 framing (rfc.zeromq.org/spec/23): a 64-byte greeting, then frames
+// of a flags byte (bit 0 more frames follow, bit 1 an 8-byte size, bit 2 a
+// command), the size in 1 or 8 big-endian bytes, and the body.
+const (
+	zmtpGreeting = 64
+	flagMore     = 0x01
+	flagLong     = 0x02
+)
+
+// frameLimiter passes a connection's bytes through and follows its ZMTP
+// framing: a frame whose size, with the frames of its message before it,
+// exceeds limit fails the read that carries its size, so that the ZMQ
+// library never allocates its body (it makes a buffer of whatever size a
+// frame header says).
+type frameLimiter struct {
+	net.Conn
+	limit uint64
+
+	greeting uint64 // greeting bytes still to pass
+	hdr      [9]byte
+	hdrLen   int    // header bytes read so far
+	body     uint64 // body bytes of the current frame still to pass
+	more     bool   // the current frame is not its message's last
+	msg      uint64 // bytes of the current message's frames so far
+}
+
+func newFrameLimiter(c net.Conn, limit uint64) *frameLimiter {
+	return &frameLimiter{Conn: c, limit: limit, greeting: zmtpGreeting}
+}
+
+func (f *frameLimiter) Read(p []byte) (int, error) {
+	n, err := f.Conn.Read(p)
+	if serr := f.scan(p[:n]); serr != nil {
+		return 0, serr
+	}
+	return n, err
+}
+
+// scan follows the framing over b.
+func (f *frameLimiter) scan(b []byte) error {
+	for len(b) > 0 {
+		switch {
+		case f.greeting > 0:
+			k := min(uint64(len(b)), f.greeting)
+			f.greeting -= k
+			b = b[k:]
+		case f.body > 0:
+			k := min(uint64(len(b)), f.body)
+			f.body -= k
+			b = b[k:]
+			if f.body == 0 && !f.more {
+				f.msg = 0
+			}
+		default:
+			k := copy(f.hdr[f.hdrLen:f.hdrNeed(b[0])], b)
+			f.hdrLen += k
+			b = b[k:]
+			if f.hdrLen < f.hdrNeed(f.hdr[0]) {
+				continue
+			}
+			if err := f.frame(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// hdrNeed is the length of the header that starts with flags (or with the
+// first byte at hand when none is read yet).
+func (f *frameLimiter) hdrNeed(first byte) int {
+	flags := first
+	if f.hdrLen > 0 {
+		flags = f.hdr[0]
+	}
+	if flags&flagLong != 0 {
+		return 9
+	}
+	return 2
+}
+
+// frame takes a complete header.
+func (f *frameLimiter) frame() error {
+	flags := f.hdr[0]
+	size := uint64(f.hdr[1])
+	if flags&flagLong != 0 {
+		size = binary.BigEndian.Uint64(f.hdr[1:9])
+	}
+	f.hdrLen = 0
+	if size > f.limit || f.msg+size > f.limit {
+		return fmt.Errorf("a frame of %d bytes after %d of its message, more than %d: %w", size, f.msg, f.limit, errTooLarge)
+	}
+	f.msg += size
+	f.more = flags&flagMore != 0
+	f.body = size
+	if size == 0 && !f.more {
+		f.msg = 0
+	}
+	return nil
+}

@@ -1,0 +1,411 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+// Memory bounds of one stream's block store. A block the engine holds
+// takes about 100 bytes (a record and its hash's entry; measured by
+// TestStoreBytesPerBlock), so a stream holds at most maxAlive blocks
+// (some 100 MB, far more than an engine's KV cache holds: an 8B model on
+// an 80 GB GPU keeps about 50,000 blocks of 16 tokens), remembers when
+// the last maxRemoved blocks the engine let go were removed (some 10 MB),
+// and that the last 4 to 8 Mi blocks stored were (seenSet, 10 MB).
+const (
+	maxAlive   = 1 << 20
+	maxRemoved = 1 << 17
+	// histLen transitions of a block are kept: enough to see it stored,
+	// removed and stored again around one request.
+	histLen = 4
+)
+
+// chainKey names a block by its token ids and those of every block before
+// it: the key of the block before, then the block's tokens, hashed. Equal
+// keys are equal prefixes, whatever the engine's hash seed.
+type chainKey uint64
+
+// keySeed seeds the chain keys of this process: keys are only compared
+// within it.
+var keySeed = maphash.MakeSeed()
+
+// rootKey is the parent key of a prompt's first block, per LoRA adapter
+// and KV cache group, whose blocks never match another's.
+func rootKey(lora string, group int) chainKey {
+	var h maphash.Hash
+	h.SetSeed(keySeed)
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(group))
+	h.Write(b[:])
+	h.WriteString(lora)
+	return chainKey(h.Sum64())
+}
+
+// nextKey is the key of a block of tokens after the block parent.
+func nextKey(parent chainKey, tokens []uint32) chainKey {
+	var h maphash.Hash
+	h.SetSeed(keySeed)
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(parent))
+	h.Write(b[:])
+	for _, t := range tokens {
+		binary.BigEndian.PutUint32(b[:4], t)
+		h.Write(b[:4])
+	}
+	return chainKey(h.Sum64())
+}
+
+// hashID folds an engine hash to the uint64 that indexes it.
+func hashID(h BlockHash) uint64 {
+	if len(h) == 9 && h[0] == 'i' {
+		return binary.BigEndian.Uint64([]byte(h[1:]))
+	}
+	return maphash.String(keySeed, string(h))
+}
+
+// transition is one change of a block: when (Unix nanoseconds, shifted
+// left by 2) and what (the low 2 bits).
+type transition int64
+
+const (
+	tStored  = 1
+	tRemoved = 2
+	tCleared = 3
+)
+
+func newTransition(at time.Time, what int64) transition { return transition(at.UnixNano()<<2 | what) }
+
+func (t transition) at() int64  { return int64(t) >> 2 }
+func (t transition) what() int8 { return int8(t & 3) }
+
+// record is a block's last transitions, oldest first.
+type record struct {
+	hist [histLen]transition
+	n    uint8
+	// dropped: older transitions were let go to keep the last histLen.
+	dropped bool
+}
+
+func (r *record) add(t transition) {
+	if int(r.n) == histLen {
+		copy(r.hist[:], r.hist[1:])
+		r.n--
+		r.dropped = true
+	}
+	r.hist[r.n] = t
+	r.n++
+}
+
+func (r *record) alive() bool { return r.n > 0 && r.hist[r.n-1].what() == tStored }
+
+// State is what a stream knows of a block at a moment.
+type State uint8
+
+// The states of a block, as of a request's send time.
+const (
+	// Unseen: never stored on the stream as far as it saw.
+	Unseen State = iota
+	// Alive: stored and held at the send time, and not removed by the end
+	// of the request.
+	Alive
+	// Evicted: removed before the send time, or while the request waited.
+	Evicted
+	// Cleared: emptied with the whole cache (AllBlocksCleared, or the
+	// engine restarted).
+	Cleared
+)
+
+// removedKey is one entry of the queue of removed blocks, oldest first:
+// the block and its removal, so that a block stored again since is kept.
+type removedKey struct {
+	key chainKey
+	at  transition
+}
+
+// Stream is what one event stream (one engine, or one data-parallel
+// rank) told of its blocks. Its methods are safe for concurrent use.
+type Stream struct {
+	Endpoint string
+
+	mu        sync.Mutex
+	blockSize int                 // of the last BlockStored; 0 before one
+	blocks    map[chainKey]record // alive and removed blocks
+	alive     int
+	hashes    map[uint64]chainKey // the engine's hash of each alive block
+	removed   []removedKey        // ring of maxRemoved, oldest at head
+	head      int
+	seen      seenSet // every block stored, for those removed and forgotten
+	// since is when the stream's view became complete: it connected, or
+	// lost batches, at since; zero while it is not connected.
+	since   time.Time
+	lastSeq uint64
+	haveSeq bool
+
+	tried     chan struct{} // closed once the first connection attempt ended
+	triedOnce sync.Once
+}
+
+// NewStream returns the empty store of the stream at endpoint.
+func NewStream(endpoint string) *Stream {
+	return &Stream{Endpoint: endpoint, blocks: map[chainKey]record{}, hashes: map[uint64]chainKey{},
+		seen: newSeenSet(seenGeneration), tried: make(chan struct{})}
+}
+
+// Tried is closed once the stream's first connection attempt has ended:
+// it connected, or failed.
+func (s *Stream) Tried() <-chan struct{} { return s.tried }
+
+func (s *Stream) markTried() { s.triedOnce.Do(func() { close(s.tried) }) }
+
+// Applied tells what applying one batch found wrong.
+type Applied struct {
+	// Missed is how many batches the sequence numbers skipped.
+	Missed uint64
+	// Restarted: the sequence went back: a new engine, whose cache starts
+	// empty.
+	Restarted bool
+	// Unlinked counts stored blocks whose parent the stream does not know
+	// (stored before it was followed): they cannot be keyed by tokens.
+	Unlinked int
+	// TooMany counts stored blocks not kept: maxAlive are held.
+	TooMany int
+	// Inconsistent counts BlockStored events whose token ids are not
+	// their blocks' size times their count.
+	Inconsistent int
+}
+
+// Connected marks the stream followed from at on; what came before is
+// unknown.
+func (s *Stream) Connected(at time.Time) {
+	s.mu.Lock()
+	s.since = at
+	s.mu.Unlock()
+}
+
+// Disconnected marks the stream not followed.
+func (s *Stream) Disconnected() {
+	s.mu.Lock()
+	s.since = time.Time{}
+	s.mu.Unlock()
+}
+
+// Lost marks the stream's view incomplete before at: a batch could not be
+// decoded.
+func (s *Stream) Lost(at time.Time) {
+	s.mu.Lock()
+	if !s.since.IsZero() {
+		s.since = at
+	}
+	s.mu.Unlock()
+}
+
+// Apply takes the batch numbered seq, received at at.
+func (s *Stream) Apply(seq uint64, b *Batch, at time.Time) Applied {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var a Applied
+	if s.haveSeq {
+		switch {
+		case seq > s.lastSeq+1:
+			a.Missed = seq - s.lastSeq - 1
+			s.since = at
+		case seq <= s.lastSeq:
+			a.Restarted = true
+			s.clearLocked(at)
+		}
+	}
+	s.lastSeq, s.haveSeq = seq, true
+	for i := range b.Events {
+		s.applyLocked(&b.Events[i], at, &a)
+	}
+	return a
+}
+
+func (s *Stream) applyLocked(ev *Event, at time.Time, a *Applied) {
+	if ev.Medium != "" && ev.Medium != "GPU" {
+		return // an offload tier: the engine's prefix cache is its GPU's
+	}
+	switch ev.Kind {
+	case BlockStored:
+		s.storeLocked(ev, at, a)
+	case BlockRemoved:
+		t := newTransition(at, tRemoved)
+		for _, h := range ev.Hashes {
+			id := hashID(h)
+			k, ok := s.hashes[id]
+			if !ok {
+				continue // stored before the stream was followed
+			}
+			delete(s.hashes, id)
+			s.removeLocked(k, t)
+		}
+	case AllBlocksCleared:
+		s.clearLocked(at)
+	}
+}
+
+func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
+	bs := ev.BlockSize
+	if len(ev.Tokens) != bs*len(ev.Hashes) {
+		a.Inconsistent++
+		return
+	}
+	s.blockSize = bs
+	var k chainKey
+	if ev.Parent == "" {
+		k = rootKey(ev.LoRA, ev.Group)
+	} else {
+		var ok bool
+		if k, ok = s.hashes[hashID(ev.Parent)]; !ok {
+			a.Unlinked += len(ev.Hashes)
+			return
+		}
+	}
+	t := newTransition(at, tStored)
+	for i, h := range ev.Hashes {
+		k = nextKey(k, ev.Tokens[i*bs:(i+1)*bs])
+		// A block removed and stored again keeps its entry in the removed
+		// queue, which passes over it when its turn comes.
+		r, held := s.blocks[k]
+		if !held && s.seen.has(k) {
+			// Stored before, and its record since forgotten: what came
+			// before this store is unknown, but it was gone just before.
+			r.dropped = true
+		}
+		if !r.alive() {
+			if s.alive >= maxAlive {
+				a.TooMany += len(ev.Hashes) - i
+				return
+			}
+			s.alive++
+		}
+		r.add(t)
+		s.blocks[k] = r
+		s.hashes[hashID(h)] = k
+		s.seen.add(k)
+	}
+}
+
+// removeLocked marks block k removed (or cleared) by t.
+func (s *Stream) removeLocked(k chainKey, t transition) {
+	r, ok := s.blocks[k]
+	if !ok || !r.alive() {
+		return
+	}
+	r.add(t)
+	s.blocks[k] = r
+	s.alive--
+	if len(s.removed) < maxRemoved {
+		s.removed = append(s.removed, removedKey{k, t})
+		return
+	}
+	// The queue is full: its oldest entry goes, and the block with it
+	// unless it was stored (or removed) again since.
+	old := s.removed[s.head]
+	if r, ok := s.blocks[old.key]; ok && r.hist[r.n-1] == old.at {
+		delete(s.blocks, old.key)
+	}
+	s.removed[s.head] = removedKey{k, t}
+	s.head = (s.head + 1) % maxRemoved
+}
+
+// clearLocked removes every block at at: the cache was emptied.
+func (s *Stream) clearLocked(at time.Time) {
+	t := newTransition(at, tCleared)
+	for k, r := range s.blocks {
+		if r.alive() {
+			s.removeLocked(k, t)
+		}
+	}
+	clear(s.hashes)
+}
+
+// Following tells whether the stream has seen every batch since t.
+func (s *Stream) Following(t time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.since.IsZero() && !s.since.After(t)
+}
+
+// BlockSize is the block size of the stream's last BlockStored, 0 before
+// one.
+func (s *Stream) BlockSize() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blockSize
+}
+
+// states returns the state of each block keyed by keys as of sent, a
+// removal until until counting as an eviction: the request waited while
+// it happened.
+func (s *Stream) states(keys []chainKey, sent, until time.Time) []State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]State, len(keys))
+	for i, k := range keys {
+		r, ok := s.blocks[k]
+		switch {
+		case ok:
+			out[i] = stateOf(r, sent.UnixNano(), until.UnixNano())
+		case s.seen.has(k):
+			out[i] = Evicted // removed so long ago that its record went
+		default:
+			out[i] = Unseen
+		}
+	}
+	return out
+}
+
+// stateOf reads a block's history: its last transition at or before sent,
+// and whether it was removed after sent and by until.
+func stateOf(r record, sent, until int64) State {
+	last := -1
+	for i := range int(r.n) {
+		if r.hist[i].at() <= sent {
+			last = i
+		}
+	}
+	if last < 0 && r.dropped {
+		// A block that came and went often since the send: the state
+		// before its oldest transition kept is taken for the send's.
+		// Before a store it was gone; before a removal, held.
+		if r.hist[0].what() == tStored {
+			return Evicted
+		}
+		last = -1
+	} else if last < 0 {
+		return Unseen // or stored only after the request was sent
+	}
+	if last < 0 {
+		return removedBy(r.hist[0], until, Alive)
+	}
+	switch r.hist[last].what() {
+	case tRemoved:
+		return Evicted
+	case tCleared:
+		return Cleared
+	}
+	for i := last + 1; i < int(r.n); i++ {
+		if st := removedBy(r.hist[i], until, Alive); st != Alive {
+			return st
+		}
+	}
+	return Alive
+}
+
+// removedBy is the state a transition t made of a held block, if it came
+// by until: else held is kept.
+func removedBy(t transition, until int64, held State) State {
+	if t.at() > until {
+		return held
+	}
+	switch t.what() {
+	case tRemoved:
+		return Evicted
+	case tCleared:
+		return Cleared
+	}
+	return held
+}

@@ -1,0 +1,237 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-kit/log"
+	"github.com/go-kit/log/level"
+
+	"github.com/kvload-exporter/kvload-exporter/collector"
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/kvevents"
+	"github.com/kvload-exporter/kvload-exporter/openai"
+	"github.com/kvload-exporter/kvload-exporter/replay"
+)
+
+// untilSlack is added to a request's first token for the moment the
+// engine had looked it up: a removal published with the step that
+// scheduled it may arrive a little after the first token.
+const untilSlack = 100 * time.Millisecond
+
+// kvFollowing is one target's KV event streams, followed while it is
+// configured.
+type kvFollowing struct {
+	fingerprint string
+	streams     *kvevents.Target
+	offer       *missOffer
+}
+
+// kvEndpoints are the event streams of t: cache.kv_events, else those of
+// its emulated engine when that publishes any.
+func (d *Daemon) kvEndpoints(t *config.Target) []string {
+	if len(t.Cache.KVEvents) > 0 {
+		return t.Cache.KVEvents
+	}
+	if e := d.emulators[t.Name]; e != nil {
+		if ep := e.engine.KVEventsEndpoint(); ep != "" {
+			return []string{ep}
+		}
+	}
+	return nil
+}
+
+// kvFingerprint is what following t's streams restarts on a change of.
+func (d *Daemon) kvFingerprint(cfg *config.Config, t *config.Target) string {
+	return cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name) + "\x00" + strings.Join(d.kvEndpoints(t), "\x00")
+}
+
+// stopKVEvents stops following the streams of targets that cfg changed,
+// removed or gave none (all when cfg is nil), and waits for their
+// goroutines, before their series are deleted.
+func (d *Daemon) stopKVEvents(cfg *config.Config) {
+	for name, f := range d.kvTargets {
+		var t *config.Target
+		if cfg != nil {
+			t, _ = cfg.Target(name)
+		}
+		if t != nil && len(d.kvEndpoints(t)) > 0 && d.kvFingerprint(cfg, t) == f.fingerprint {
+			continue
+		}
+		f.streams.Stop()
+		d.coll.StopKVEvents(name)
+		delete(d.kvTargets, name)
+	}
+}
+
+// applyKVEvents follows the event streams of every target of cfg that has
+// some and is not followed yet (stopKVEvents stopped those no longer
+// wanted), under unitCtx until a reload or the shutdown stops them, and
+// returns once each new stream connected or failed to, within
+// discoverTimeout (and ctx, the shutdown's). The owner goroutine owns
+// d.kvTargets.
+func (d *Daemon) applyKVEvents(ctx, unitCtx context.Context, cfg *config.Config) error {
+	d.stopKVEvents(cfg)
+	var started []*kvevents.Target
+	defer func() {
+		// A target's first requests are classified only once its streams
+		// are followed: each gets one try (bounded) before units start.
+		wctx, cancel := context.WithTimeout(ctx, discoverTimeout)
+		defer cancel()
+		for _, t := range started {
+			t.WaitTried(wctx)
+		}
+	}()
+	for i := range cfg.Targets {
+		t := &cfg.Targets[i]
+		endpoints := d.kvEndpoints(t)
+		if len(endpoints) == 0 || d.kvTargets[t.Name] != nil {
+			continue
+		}
+		client, err := targetHTTPClient(t, "kvload_kv_events")
+		if err != nil {
+			return fmt.Errorf("target %s: kv events client: %w", t.Name, err)
+		}
+		d.coll.StartKVEvents(t.Name, len(endpoints))
+		logger := log.With(d.logger, "target", t.Name)
+		streams := kvevents.StartTarget(unitCtx, endpoints, &kvReporter{coll: d.coll, target: t.Name, logger: logger, failing: map[*kvevents.Stream]bool{}})
+		offer := &missOffer{target: t.Name, streams: streams.Streams, explainer: d.explainer, sink: d.coll,
+			spec: engine.For(t.Dialect), client: client, base: d.targetBaseURL(t), model: t.Model, chat: t.API == openai.APIChat,
+			blockSize: d.caches[t.Name].params.ServerBlock}
+		d.kvTargets[t.Name] = &kvFollowing{fingerprint: d.kvFingerprint(cfg, t), streams: streams, offer: offer}
+		started = append(started, streams)
+		level.Info(logger).Log("msg", "following the engine's KV cache events, to classify missed hits", "endpoints", strings.Join(endpoints, ","))
+	}
+	return nil
+}
+
+// kvReporter counts and logs what a target's streams do. A stream that
+// keeps failing is logged when it starts and stops failing, not at every
+// try.
+type kvReporter struct {
+	coll   *collector.Collector
+	target string
+	logger log.Logger
+
+	mu      sync.Mutex
+	failing map[*kvevents.Stream]bool
+}
+
+func (r *kvReporter) Up(s *kvevents.Stream, up bool) {
+	if up {
+		r.coll.KVEventsConnected(r.target, 1)
+		r.mu.Lock()
+		r.failing[s] = false
+		r.mu.Unlock()
+		level.Info(r.logger).Log("msg", "KV event stream connected", "endpoint", s.Endpoint)
+		return
+	}
+	r.coll.KVEventsConnected(r.target, -1)
+}
+
+func (r *kvReporter) Batch(s *kvevents.Stream, a kvevents.Applied) {
+	r.coll.KVEventsBatch(r.target)
+	if a.Missed > 0 {
+		r.coll.KVEventsError(r.target, kvevents.ReasonGap, int(min(a.Missed, math.MaxInt32)))
+		level.Warn(r.logger).Log("msg", "KV event batches lost: requests sent before now are not classified", "endpoint", s.Endpoint, "batches", a.Missed)
+	}
+	if a.Restarted {
+		level.Info(r.logger).Log("msg", "the engine's KV event sequence started again: a new engine, whose cache starts empty", "endpoint", s.Endpoint)
+	}
+	if a.Unlinked > 0 {
+		r.coll.KVEventsError(r.target, kvevents.ReasonUnlinked, a.Unlinked)
+	}
+	if n := a.TooMany + a.Inconsistent; n > 0 {
+		r.coll.KVEventsError(r.target, kvevents.ReasonOverflow, n)
+	}
+}
+
+func (r *kvReporter) Error(s *kvevents.Stream, reason kvevents.ErrorReason, n int, err error) {
+	r.coll.KVEventsError(r.target, reason, n)
+	switch reason {
+	case kvevents.ReasonUnreachable, kvevents.ReasonDisconnected, kvevents.ReasonTooLarge:
+		r.mu.Lock()
+		first := !r.failing[s]
+		r.failing[s] = true
+		r.mu.Unlock()
+		if first {
+			level.Warn(r.logger).Log("msg", "KV event stream not followed: missed hits are not classified until it is; the exporter tries again", "endpoint", s.Endpoint, "err", err)
+		}
+	default:
+		level.Warn(r.logger).Log("msg", "KV event message not taken", "endpoint", s.Endpoint, "reason", reason, "err", err)
+	}
+}
+
+// missOffer hands a target's requests whose hits the engine missed to the
+// explainer.
+type missOffer struct {
+	target    string
+	streams   []*kvevents.Stream
+	explainer *kvevents.Explainer
+	sink      kvevents.Sink
+	spec      *engine.Spec
+	client    *http.Client
+	base      string
+	model     string
+	chat      bool
+	blockSize int // the target's, until a stream tells its own
+}
+
+// offer queues r when the engine served fewer cached tokens than the
+// model said: the tokens from what it served to what the model said are
+// the missed ones. Only a request whose response counted its cached
+// tokens (observed: usage) says which.
+func (m *missOffer) offer(r *replay.Result) {
+	if !r.Counted.Reported || !r.Counted.UsageCached {
+		return
+	}
+	missed := r.TheoreticalCachedTokens - (r.CachedTokens - r.Counted.LeftOut)
+	if missed <= 0 {
+		return
+	}
+	now := time.Now()
+	until := now
+	if !r.FirstToken.IsZero() {
+		until = r.FirstToken.Add(untilSlack)
+	}
+	job := kvevents.Job{Workload: r.Workload, Target: r.Target, Streams: m.streams, Done: now,
+		Miss: kvevents.Miss{From: r.CachedTokens, To: r.CachedTokens + missed, BlockSize: m.blockSize, Sent: r.Sent, Until: until}}
+	req := &r.Request
+	switch {
+	case req.PromptTokenIDs != nil:
+		ids := make([]uint32, len(req.PromptTokenIDs))
+		for i, id := range req.PromptTokenIDs {
+			ids[i] = uint32(id) // the tokenizer's: within 32 bits
+		}
+		job.Tokens = func(context.Context) ([]uint32, error) { return ids, nil }
+	case req.Payload == nil && req.Messages == nil && m.spec.CanTokenizePrompts():
+		prompt := req.Prompt
+		job.Tokens = func(ctx context.Context) ([]uint32, error) { return m.tokenize(ctx, prompt) }
+	default:
+		m.sink.MissedHitUnclassified(r.Workload, r.Target, kvevents.UnclassifiedRequestForm)
+		return
+	}
+	m.explainer.Offer(job)
+}
+
+// tokenize asks the engine for the ids it makes of prompt.
+func (m *missOffer) tokenize(ctx context.Context, prompt string) ([]uint32, error) {
+	var ids []uint32
+	bad := false
+	_, err := m.spec.TokenizePrompt(ctx, m.client, m.base, m.model, prompt, m.chat, func(id int) {
+		if id < 0 || id > math.MaxUint32 {
+			bad = true
+		}
+		ids = append(ids, uint32(id))
+	})
+	if err == nil && bad {
+		err = fmt.Errorf("target %s: a token id outside 32 bits", m.target)
+	}
+	return ids, err
+}
