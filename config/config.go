@@ -124,6 +124,9 @@ type Cache struct {
 	// replay.DefaultModelCeilingTokens. A known capacity raises it to at
 	// least twice that.
 	ModelCeilingTokens int64 `yaml:"model_ceiling_tokens,omitempty"`
+	// Reconcile reads the engine's own counters beside the responses'
+	// usage, to compare them (reconcile.go).
+	Reconcile Reconcile `yaml:"reconcile,omitempty"`
 }
 
 // AutoInt is a whole number, or "auto" for a value the exporter reads from
@@ -435,6 +438,7 @@ func (c *Config) applyDefaults() {
 			t.RequestTimeout = DefaultRequestTimeout
 		}
 		t.Cache.Observed = orDefault(t.Cache.Observed, DefaultObserved)
+		t.Cache.Reconcile = orDefault(t.Cache.Reconcile, ReconcileAuto)
 		if t.Cache.EstimateWindow == 0 {
 			t.Cache.EstimateWindow = DefaultEstimateWindow
 		}
@@ -673,6 +677,7 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 			MinModelCeilingTokens, int64(replay.MaxModelCeilingTokens), replay.DefaultModelCeilingTokens, c)
 	}
 	oneOf(t.Cache.Observed, p+".cache.observed", bad, engine.ObservedSources[:])
+	validateReconcile(t, p, bad)
 	if w := t.Cache.EstimateWindow; w != 0 && (w < MinEstimateWindow || w > MaxEstimateWindow) {
 		bad(p+".cache.estimate_window", "must be between %v and %v, got %v", model.Duration(MinEstimateWindow), model.Duration(MaxEstimateWindow), model.Duration(w))
 	}

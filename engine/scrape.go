@@ -21,6 +21,9 @@ type ServerCounts struct {
 	// PromptKnown (the engine exports such a counter).
 	Prompt      float64
 	PromptKnown bool
+	// Baseline: the scraper's first read, which only takes the counters'
+	// values; nothing counted before it is known.
+	Baseline bool
 }
 
 // CountSink takes what a ServerScraper reads: the collector.
@@ -194,7 +197,7 @@ func (s *ServerScraper) counts(r engineRead) (ServerCounts, error) {
 	if cached > maxServerIncrease {
 		return ServerCounts{}, &RejectedCount{Target: s.Target, Reason: ServerErrorJump, Value: r.cached.sum(), Last: s.cached.sumOf(r.cached)}
 	}
-	c := ServerCounts{Cached: cached}
+	c := ServerCounts{Cached: cached, Baseline: !s.seen}
 	if r.prompt != nil {
 		var nextPrompt counterBaseline
 		c.Prompt, nextPrompt = s.prompt.advance(r.prompt, restarted)
