@@ -85,6 +85,8 @@ type Collector struct {
 	windows map[string]time.Duration
 
 	effective *effectiveCapacity
+	// reconcile compares each target's engine counters with its responses.
+	reconcile *reconciliation
 }
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
@@ -194,6 +196,8 @@ func New(reg prometheus.Registerer) *Collector {
 	reg.MustRegister(c.template.collectors()...)
 	c.effective = newEffectiveCapacity(func() time.Time { return c.now() })
 	reg.MustRegister(c.effective)
+	c.reconcile = newReconciliation(func() time.Time { return c.now() })
+	reg.MustRegister(c.reconcile.collectors()...)
 	return c
 }
 
@@ -334,6 +338,7 @@ func (c *Collector) ForgetTarget(target string) {
 	delete(c.windows, target)
 	c.mu.Unlock()
 	c.effective.forgetTarget(target)
+	c.reconcile.stop(target)
 }
 
 // AddServerCredit adds cached tokens read from a target's own counter
@@ -375,6 +380,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	c.addCostLocked(r, c.now())
 	c.mu.Unlock()
 	c.effective.add(r)
+	c.reconcile.add(r)
 
 	if r.Outcome != openai.OutcomeSuccess {
 		return
