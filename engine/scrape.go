@@ -44,6 +44,10 @@ type ServerScraper struct {
 	// page; HeaderTimeout bounds the wait for the answer's head within it.
 	// Zero: only the context passed bounds a scrape.
 	Timeout, HeaderTimeout time.Duration
+	// FirstAfter delays Run's first read (0: at once), so that scrapers
+	// started together, whose baseline nothing waits for, do not all read
+	// at the same moment as the load's other reads.
+	FirstAfter time.Duration
 
 	cached, prompt counterBaseline
 	lastStart      float64 // the server's process_start_time_seconds, 0 if it has none
@@ -68,6 +72,9 @@ func (s *ServerScraper) Prime(ctx context.Context) error {
 // below Interval, a target that hangs delays no tick.
 func (s *ServerScraper) Run(ctx context.Context, c CountSink, onError func(error)) {
 	defer s.Client.CloseIdleConnections()
+	if !sleep(ctx, s.FirstAfter) {
+		return
+	}
 	t := time.NewTicker(s.Interval)
 	defer t.Stop()
 	for {
@@ -79,6 +86,21 @@ func (s *ServerScraper) Run(ctx context.Context, c CountSink, onError func(error
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// sleep waits d, or less when ctx ends first: then it returns false.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
