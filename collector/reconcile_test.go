@@ -40,7 +40,7 @@ type reconcileStep struct {
 	requests []reconcileRequest
 	read     engine.ServerCounts
 	fail     engine.ServerMetricsErrorReason // the read failed
-	after    time.Duration                  // since the step before
+	after    time.Duration                   // since the step before
 }
 
 // hit is n requests of 1000 prompt tokens, cached of them cached (usage)
