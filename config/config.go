@@ -92,6 +92,8 @@ type Emulate struct {
 	InterToken         time.Duration `yaml:"inter_token"`
 	Faults             EmulateFaults `yaml:"faults"`
 	Seed               uint64        `yaml:"seed"`
+
+	MetricsDoubleCountHits bool `yaml:"metrics_double_count_hits"` // see emulate.Config
 }
 
 // EmulateFaults are the keys of emulate.Faults, field for field, so that

@@ -79,6 +79,11 @@ type Config struct {
 	// OmitCachedTokens sends "prompt_tokens_details": null in usage, as
 	// vLLM does without --enable-prompt-tokens-details.
 	OmitCachedTokens bool `yaml:"omit_cached_tokens"`
+	// MetricsDoubleCountHits counts every cache hit twice in the hit
+	// counter of /metrics, the prompt-token counters staying right, as
+	// vLLM's did when it retried an admission and when it counted
+	// preempted tokens as hits. Usage and Stats stay true.
+	MetricsDoubleCountHits bool `yaml:"metrics_double_count_hits"`
 
 	// MaxRunning is how many sequences prefill or decode at once; later
 	// requests wait in a FIFO queue (vllm:num_requests_waiting). 0 picks

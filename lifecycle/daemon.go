@@ -658,6 +658,8 @@ func emulateConfig(t *config.Target) (emulate.Config, error) {
 		InterToken:         e.InterToken,
 		Faults:             emulate.Faults(e.Faults),
 		Seed:               e.Seed,
+
+		MetricsDoubleCountHits: e.MetricsDoubleCountHits,
 	}, nil
 }
 

@@ -29,6 +29,7 @@ func emulateCommand(app *kingpin.Application) command {
 	cl.Flag("bos", "Prepend a BOS token to every text prompt, as Llama tokenizers do.").BoolVar(&cfg.BOS)
 	cl.Flag("disable-prefix-cache", "Start with the prefix cache off (POST /emulator/cache turns it on).").BoolVar(&cfg.DisablePrefixCache)
 	cl.Flag("omit-cached-tokens", "Send prompt_tokens_details null, like vLLM without --enable-prompt-tokens-details.").BoolVar(&cfg.OmitCachedTokens)
+	cl.Flag("metrics-double-count-hits", "Count every cache hit twice in the /metrics hit counter (its prompt-token counters stay right), as vLLM did on a retried admission; usage stays true.").BoolVar(&cfg.MetricsDoubleCountHits)
 	cl.Flag("max-running", fmt.Sprintf("Sequences running at once; later requests queue. 0 is %d, or --slots for llamacpp.", emulate.DefaultMaxRunning)).Default("0").IntVar(&cfg.MaxRunning)
 	cl.Flag("overhead", "Fixed part of the time to first token.").Default(cfg.Overhead.String()).DurationVar(&cfg.Overhead)
 	cl.Flag("prefill-per-token", "Time to first token added per prompt token not in the prefix cache.").Default(cfg.PrefillPerToken.String()).DurationVar(&cfg.PrefillPerToken)
