@@ -366,6 +366,7 @@ func (c *Collector) ReloadDone(ok bool, at time.Time) {
 func (c *Collector) Sent(workload, target string, scheduled, sent time.Time) {
 	c.inFlight.WithLabelValues(workload, target).Inc()
 	c.lag.WithLabelValues(workload, target).Observe(sent.Sub(scheduled).Seconds())
+	c.reconcile.sent(target)
 }
 
 // Finished implements replay.Observer. Latencies and token counts come from

@@ -2,6 +2,7 @@ package collector
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -66,6 +67,15 @@ const (
 	// a disagreement.
 	ReconcileDisagreeBelow = 0.8
 	ReconcileDisagreeAbove = 1.25
+	// reconcileSettle: a request in flight for longer does not hold the
+	// figures back (see figure).
+	reconcileSettle = time.Minute
+	// reconcileSendSlack is how long before its result's send time a
+	// request may have been reported sent (the request is built between).
+	reconcileSendSlack = time.Second
+	// reconcileForget: a request in flight for longer is forgotten (its
+	// result was dropped by a reload), beyond any request timeout.
+	reconcileForget = 15 * time.Minute
 )
 
 // canarySums are what this exporter's successful requests to a target
@@ -89,7 +99,8 @@ func (s *canarySums) add(o canarySums) {
 }
 
 // reconcileRead is one good read of the engine's counters: their increase
-// since the read before, and what this exporter counted in that time.
+// since the read before, and what this exporter's requests sent in that
+// time counted, added as they finish.
 type reconcileRead struct {
 	at                         time.Time
 	engineCached, enginePrompt float64
@@ -99,9 +110,20 @@ type reconcileRead struct {
 
 // reconcileTarget is what is kept of one reconciled target.
 type reconcileTarget struct {
-	since   time.Time  // reconciled since
-	pending canarySums // since the last good read
-	reads   []reconcileRead
+	since time.Time // reconciled since
+	// baselineAt is when the scraper's first read took the counters'
+	// values; zero before. Requests sent until then count on neither side.
+	baselineAt time.Time
+	// floor: a request sent at or before it counts in no read (the
+	// baseline, or the last read that left the window).
+	floor   time.Time
+	pending canarySums // of the requests sent since the last good read
+	// unposted: of the requests finished since the last good read, which
+	// the counters take at the next.
+	unposted canarySums
+	reads    []reconcileRead
+	// inFlight holds the send times of the requests in flight, in order.
+	inFlight []time.Time
 	// The last failed read, for the landing page.
 	lastError   engine.ServerMetricsErrorReason
 	lastErrorAt time.Time
@@ -226,32 +248,84 @@ func (r *reconciliation) stop(target string) {
 	}
 }
 
-// add adds a finished request of a reconciled target to the sums of the
-// next read. Only successes count: their prompt tokens are known. The
-// responses' side takes every request whose usage carried a cached-token
-// count, with cache.observed usage or server_metrics alike, the preamble
-// included, as the engine's counter includes it.
-func (r *reconciliation) add(res *replay.Result) {
-	if res.Outcome != openai.OutcomeSuccess {
-		return
-	}
-	s := canarySums{prompt: float64(promptOf(res))}
-	if res.CachedKnown {
-		s.usagePrompt, s.usageCached = s.prompt, float64(res.CachedTokens)
-	}
-	if res.TheoreticalKnown {
-		s.trace, s.theoretical = float64(res.TraceInputLength), float64(res.TheoreticalCachedTokens)
-	}
+// sent notes a request of a reconciled target going out now.
+func (r *reconciliation) sent(target string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if st := r.targets[res.Target]; st != nil {
-		st.pending.add(s)
+	if st := r.targets[target]; st != nil {
+		now := r.now()
+		i := sort.Search(len(st.inFlight), func(i int) bool { return st.inFlight[i].After(now) })
+		st.inFlight = slices.Insert(st.inFlight, i, now)
 	}
 }
 
-// read adds a good read of target's engine counters, with what this
-// exporter counted since the read before. The scraper's first read only
-// sets its baseline: what was counted before it is dropped on both sides.
+// add adds a finished request of a reconciled target to the read whose
+// interval the engine counted its prompt in, about (admittedAbout). Only
+// successes count: their prompt tokens are known. The responses' side takes every request whose usage carried a
+// cached-token count, with cache.observed usage or server_metrics alike,
+// the preamble included, as the engine's counter includes it.
+//
+// The engine counts a prompt when it schedules it, after its queue and
+// before its prefill, so that a read's increase is of the prompts whose
+// first tokens came since the read before, give or take a prefill, and
+// the exporter's of the same prompts is known once those sent before the
+// read have all finished (see sums). A request counted before the
+// baseline was counted in the engine's baseline, and counts on neither
+// side. The counters take the
+// requests finished since the read before at each read, beside the
+// engine's increase: both sides step together, and the requests in flight
+// at either end of a few minutes' rate are about as many, for the
+// recording rules.
+func (r *reconciliation) add(res *replay.Result) {
+	var s canarySums
+	if res.Outcome == openai.OutcomeSuccess {
+		s.prompt = float64(promptOf(res))
+		if res.CachedKnown {
+			s.usagePrompt, s.usageCached = s.prompt, float64(res.CachedTokens)
+		}
+		if res.TheoreticalKnown {
+			s.trace, s.theoretical = float64(res.TraceInputLength), float64(res.TheoreticalCachedTokens)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.targets[res.Target]
+	if st == nil {
+		return
+	}
+	st.landed(res.Sent)
+	at := admittedAbout(res)
+	if res.Outcome != openai.OutcomeSuccess || st.baselineAt.IsZero() || !at.After(st.floor) {
+		return
+	}
+	st.unposted.add(s)
+	if i := sort.Search(len(st.reads), func(i int) bool { return !st.reads[i].at.Before(at) }); i < len(st.reads) {
+		st.reads[i].canary.add(s)
+		return
+	}
+	st.pending.add(s)
+}
+
+// admittedAbout is about when the engine counted res's prompt: just
+// before its first token (its prefill between), else when it was sent.
+func admittedAbout(res *replay.Result) time.Time {
+	if !res.FirstToken.IsZero() {
+		return res.FirstToken
+	}
+	return res.Sent
+}
+
+// landed takes a finished request sent at sent off those in flight: the
+// last noted at most reconcileSendSlack before it, if any.
+func (st *reconcileTarget) landed(sent time.Time) {
+	i := sort.Search(len(st.inFlight), func(i int) bool { return st.inFlight[i].After(sent) }) - 1
+	if i >= 0 && sent.Sub(st.inFlight[i]) <= reconcileSendSlack {
+		st.inFlight = slices.Delete(st.inFlight, i, i+1)
+	}
+}
+
+// read adds a good read of target's engine counters. The scraper's first
+// read only sets its baseline.
 func (r *reconciliation) read(target string, d engine.ServerCounts) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -260,25 +334,29 @@ func (r *reconciliation) read(target string, d engine.ServerCounts) {
 		return
 	}
 	now := r.now()
-	rd := reconcileRead{at: now, promptKnown: d.PromptKnown}
-	if !d.Baseline {
+	rd := reconcileRead{at: d.At, promptKnown: d.PromptKnown}
+	if rd.at.IsZero() || rd.at.After(now) {
+		rd.at = now
+	}
+	if d.Baseline {
+		st.baselineAt, st.floor = rd.at, rd.at
+	} else {
 		rd.engineCached, rd.canary = max(d.Cached, 0), st.pending
 		if d.PromptKnown {
 			rd.enginePrompt = max(d.Prompt, 0)
 		}
 		r.engineCached.WithLabelValues(target).Add(rd.engineCached)
 		r.enginePrompt.WithLabelValues(target).Add(rd.enginePrompt)
-		r.canaryPrompt.WithLabelValues(target).Add(rd.canary.prompt)
-		r.usagePrompt.WithLabelValues(target).Add(rd.canary.usagePrompt)
-		r.usageCached.WithLabelValues(target).Add(rd.canary.usageCached)
+		r.canaryPrompt.WithLabelValues(target).Add(st.unposted.prompt)
+		r.usagePrompt.WithLabelValues(target).Add(st.unposted.usagePrompt)
+		r.usageCached.WithLabelValues(target).Add(st.unposted.usageCached)
 	}
-	st.pending = canarySums{}
+	st.pending, st.unposted = canarySums{}, canarySums{}
 	st.reads = append(st.prune(now), rd)
 }
 
-// failed counts a read of target's engine counters that failed; what this
-// exporter counted meanwhile waits for the next good read, which spans
-// the same time on the engine's side.
+// failed counts a read of target's engine counters that failed; the next
+// good read spans its time, on both sides.
 func (r *reconciliation) failed(target string, reason engine.ServerMetricsErrorReason) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -290,13 +368,17 @@ func (r *reconciliation) failed(target string, reason engine.ServerMetricsErrorR
 	st.lastError, st.lastErrorAt = reason, r.now()
 }
 
-// prune drops the reads older than the window ending at now.
+// prune drops the reads older than the window ending at now, and the
+// requests in flight for longer than reconcileForget.
 func (st *reconcileTarget) prune(now time.Time) []reconcileRead {
 	i := 0
 	for i < len(st.reads) && now.Sub(st.reads[i].at) > ReconcileWindow {
+		st.floor = st.reads[i].at
 		i++
 	}
 	st.reads = append(st.reads[:0], st.reads[i:]...)
+	j := sort.Search(len(st.inFlight), func(j int) bool { return now.Sub(st.inFlight[j]) <= reconcileForget })
+	st.inFlight = append(st.inFlight[:0], st.inFlight[j:]...)
 	return st.reads
 }
 
@@ -352,9 +434,17 @@ type reconcileSums struct {
 	canary                     canarySums
 }
 
-func (st *reconcileTarget) sums() reconcileSums {
+// sums adds up the window's reads whose requests have all finished: a
+// read after the send of a request still in flight is left out, unless
+// that request has been in flight for longer than reconcileSettle (a slow
+// one, or one whose result a reload dropped).
+func (st *reconcileTarget) sums(now time.Time) reconcileSums {
 	var s reconcileSums
+	j := sort.Search(len(st.inFlight), func(j int) bool { return now.Sub(st.inFlight[j]) <= reconcileSettle })
 	for _, rd := range st.reads {
+		if j < len(st.inFlight) && !rd.at.Before(st.inFlight[j]) {
+			break
+		}
 		s.reads++
 		if !rd.promptKnown {
 			continue
@@ -372,7 +462,7 @@ func (st *reconcileTarget) sums() reconcileSums {
 // figure is the target's comparison now; its reads are pruned.
 func (st *reconcileTarget) figure(target string, now time.Time) ReconcileStatus {
 	f := ReconcileStatus{Target: target, Window: min(now.Sub(st.since), ReconcileWindow), LastError: string(st.lastError), LastErrorAt: st.lastErrorAt}
-	s := st.sums()
+	s := st.sums(now)
 	if s.enginePrompt > 0 {
 		f.EngineHitRate = s.engineCached / s.enginePrompt
 		f.CanaryShare, f.ShareKnown = s.canary.prompt/s.enginePrompt, true

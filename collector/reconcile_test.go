@@ -20,11 +20,13 @@ type reconcileRequest struct {
 	cachedKnown    bool // usage carried a cached-token count
 	theoretical    int  // -1: unknown
 	failed         bool
+	sentAgo        time.Duration // sent this long before it finished
 }
 
-func (q reconcileRequest) result(target string) *replay.Result {
+// result is the request's result, finished at now.
+func (q reconcileRequest) result(target string, now time.Time) *replay.Result {
 	r := &replay.Result{Response: openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: q.prompt, PromptKnown: true,
-		CachedTokens: q.cached, CachedKnown: q.cachedKnown}, Workload: "w", Target: target, TraceInputLength: q.prompt}
+		CachedTokens: q.cached, CachedKnown: q.cachedKnown, Sent: now.Add(-q.sentAgo)}, Workload: "w", Target: target, TraceInputLength: q.prompt}
 	if q.failed {
 		r.Outcome = openai.OutcomeStreamError
 	}
@@ -77,8 +79,10 @@ func TestReconcileStates(t *testing.T) {
 			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 0.8, engineOverModel: 0.8},
 		{name: "hits counted twice", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(8000, 10000)}},
 			want: ReconcileCompared, share: 1, engineOverUsage: 2, usageOverModel: 1, engineOverModel: 2},
-		// What the canary counted before the baseline is on neither side.
-		{name: "before the baseline", steps: []reconcileStep{{requests: hit(50, 0, 0), read: baseline}, {requests: hit(10, 400, 400), read: engineRead(4000, 10000)}},
+		// What the canary counted before the baseline is on neither side,
+		// nor what it sent before it (the engine counted its prompt then).
+		{name: "before the baseline", steps: []reconcileStep{{requests: hit(50, 0, 0), read: baseline},
+			{requests: append(hit(10, 400, 400), reconcileRequest{prompt: 3000, cachedKnown: true, sentAgo: 6 * time.Second}), read: engineRead(4000, 10000)}},
 			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
 		// A failed read in between: the next good one spans its time on
 		// both sides.
@@ -125,7 +129,7 @@ func TestReconcileStates(t *testing.T) {
 			for _, s := range tt.steps {
 				now = now.Add(5*time.Second + s.after)
 				for _, q := range s.requests {
-					c.Finished(q.result("e"))
+					c.Finished(q.result("e", now))
 				}
 				if s.fail != "" {
 					c.EngineReadFailed("e", s.fail)
@@ -156,21 +160,31 @@ func TestReconcileStates(t *testing.T) {
 }
 
 // TestReconcileCounters: the counters add up every read after the
-// baseline, on the engine's and the responses' side alike, so that the
-// recording rules can sum replicas; failed reads are counted by reason,
+// baseline, on the engine's and the responses' side alike (the requests
+// finished since the read before), so that the recording rules can sum
+// replicas; failed reads are counted by reason,
 // and a stopped target's series go.
 func TestReconcileCounters(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c := New(reg)
+	now := time.Unix(1_700_000_000, 0)
+	c.now = func() time.Time { return now }
+	finish := func(q reconcileRequest, target string) {
+		now = now.Add(time.Second)
+		c.Finished(q.result(target, now))
+	}
 	c.StartReconcile("e")
-	c.Finished(reconcileRequest{prompt: 700, cached: 300, cachedKnown: true, theoretical: -1}.result("e"))
+	finish(reconcileRequest{prompt: 700, cached: 300, cachedKnown: true, theoretical: -1}, "e")
 	c.AddEngineRead("e", baseline)
-	c.Finished(reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: -1}.result("e"))
-	c.Finished(reconcileRequest{prompt: 500, theoretical: -1}.result("e"))
+	finish(reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: -1}, "e")
+	finish(reconcileRequest{prompt: 500, theoretical: -1}, "e")
 	c.EngineReadFailed("e", engine.ServerErrorTimeout)
-	c.Finished(reconcileRequest{prompt: 1000, cached: 600, cachedKnown: true, theoretical: -1}.result("e"))
+	finish(reconcileRequest{prompt: 1000, cached: 600, cachedKnown: true, theoretical: -1}, "e")
 	c.AddEngineRead("e", engineRead(1200, 2600))
-	c.Finished(reconcileRequest{prompt: 1000, cached: 999, cachedKnown: true, theoretical: -1}.result("other"))
+	finish(reconcileRequest{prompt: 1000, cached: 999, cachedKnown: true, theoretical: -1}, "other")
+	// Finished after the last read: counted at the next, beside the
+	// engine's increase.
+	finish(reconcileRequest{prompt: 800, cached: 800, cachedKnown: true, theoretical: -1}, "e")
 	m := testutil.Gather(t, reg)
 	for name, want := range map[string]float64{
 		"kvload_cache_reconcile_engine_cached_tokens_total": 1200,
@@ -213,11 +227,16 @@ func reconcileSeries(m testutil.Families, target string) []string {
 // TestReconcileStatusWords: the landing page's verdicts.
 func TestReconcileStatusWords(t *testing.T) {
 	c := New(prometheus.NewRegistry())
+	now := time.Unix(1_700_000_000, 0)
+	c.now = func() time.Time { return now }
 	for _, tg := range []string{"good", "double"} {
 		c.StartReconcile(tg)
 		c.AddEngineRead(tg, baseline)
+	}
+	now = now.Add(time.Second)
+	for _, tg := range []string{"good", "double"} {
 		for _, q := range hit(10, 400, 400) {
-			c.Finished(q.result(tg))
+			c.Finished(q.result(tg, now))
 		}
 	}
 	c.AddEngineRead("good", engineRead(4100, 10000))
@@ -231,5 +250,102 @@ func TestReconcileStatusWords(t *testing.T) {
 	}
 	if g := st[1]; g.Disagree || g.Reason != "the engine's counters agree with its responses (1.02)" {
 		t.Errorf("healthy: %+v", g)
+	}
+}
+
+// TestReconcileInFlight: a request counts in the read whose interval it
+// was sent in, however late it finishes, and a read after the send of a
+// request still in flight is left out of the figures until the request
+// finishes, or has been in flight for over a minute.
+func TestReconcileInFlight(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := New(reg)
+	now := time.Unix(1_700_000_000, 0)
+	c.now = func() time.Time { return now }
+	state := func() ReconcileState {
+		t.Helper()
+		m := testutil.Gather(t, reg)
+		for _, s := range ReconcileStates {
+			if v, _ := m.Value("kvload_cache_reconcile_state", "target", "e", "state", string(s)); v == 1 {
+				return s
+			}
+		}
+		t.Fatal("no state")
+		return ""
+	}
+	send := func() time.Time {
+		c.Sent("w", "e", now, now)
+		return now
+	}
+	finish := func(q reconcileRequest, sent time.Time) {
+		q.sentAgo = now.Sub(sent)
+		c.Finished(q.result("e", now))
+	}
+	c.StartReconcile("e")
+	c.AddEngineRead("e", baseline)
+	now = now.Add(time.Second)
+	slow, quick := send(), send()
+	now = now.Add(100 * time.Millisecond)
+	finish(reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: 400}, quick)
+	now = now.Add(4 * time.Second)
+	c.AddEngineRead("e", engineRead(800, 2000)) // both prompts, admitted
+	if got := state(); got != ReconcileNothingCounted {
+		t.Errorf("a read of a request still in flight: state %s, want %s (only the baseline counts)", got, ReconcileNothingCounted)
+	}
+	now = now.Add(2 * time.Second)
+	finish(reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: 400}, slow)
+	if got := state(); got != ReconcileCompared {
+		t.Errorf("once it finished, after the read: state %s, want %s", got, ReconcileCompared)
+	}
+	if st := c.Reconciliation()[0]; st.CanaryShare != 1 || st.EngineOverUsage != 1 {
+		t.Errorf("share %v, engine over usage %v; want 1 and 1", st.CanaryShare, st.EngineOverUsage)
+	}
+	// A request that never finishes holds the figures back a minute.
+	send()
+	now = now.Add(5 * time.Second)
+	c.AddEngineRead("e", engineRead(400, 1000))
+	if got := state(); got != ReconcileCompared {
+		t.Errorf("a read after a request in flight: state %s, want the last figures, %s", got, ReconcileCompared)
+	}
+	if st := c.Reconciliation()[0]; st.CanaryShare != 1 {
+		t.Errorf("share %v with the read held back, want 1", st.CanaryShare)
+	}
+	now = now.Add(time.Minute)
+	if st := c.Reconciliation()[0]; st.State != ReconcileSharedEngine || st.CanaryShare != 2000.0/3000 {
+		t.Errorf("a minute on: %s with share %v, want %s with 2/3", st.State, st.CanaryShare, ReconcileSharedEngine)
+	}
+}
+
+// TestReconcileFirstToken: a request counts in the read whose interval
+// its first token came in, the engine having counted its prompt just
+// before, whenever it was sent.
+func TestReconcileFirstToken(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := New(reg)
+	now := time.Unix(1_700_000_000, 0)
+	c.now = func() time.Time { return now }
+	c.StartReconcile("e")
+	c.AddEngineRead("e", baseline)
+	now = now.Add(time.Second)
+	sentA := now
+	c.Sent("w", "e", now, now)
+	sentB := now
+	c.Sent("w", "e", now, now)
+	now = now.Add(time.Second)
+	firstA := now
+	now = now.Add(3 * time.Second)
+	c.AddEngineRead("e", engineRead(400, 1000)) // A's prompt only: B waits in the engine's queue
+	now = now.Add(time.Second)
+	firstB := now
+	for _, q := range []struct {
+		sent, first time.Time
+	}{{sentA, firstA}, {sentB, firstB}} {
+		r := reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: 400}.result("e", now)
+		r.Sent, r.FirstToken = q.sent, q.first
+		c.Finished(r)
+	}
+	st := c.Reconciliation()[0]
+	if st.State != ReconcileCompared || st.CanaryShare != 1 || st.EngineOverUsage != 1 {
+		t.Errorf("%s, share %v, engine over usage %v; want compared, 1 and 1 (B in the next read)", st.State, st.CanaryShare, st.EngineOverUsage)
 	}
 }

@@ -24,6 +24,9 @@ type ServerCounts struct {
 	// Baseline: the scraper's first read, which only takes the counters'
 	// values; nothing counted before it is known.
 	Baseline bool
+	// At is when the read was asked for: the page counts what the engine
+	// did until a moment later.
+	At time.Time
 }
 
 // CountSink takes what a ServerScraper reads: the collector.
@@ -114,6 +117,7 @@ func (s *ServerScraper) ScrapeOnce(ctx context.Context, c CountSink) error {
 		sctx, cancel = context.WithTimeoutCause(ctx, s.Timeout, fmt.Errorf("no whole page within %v: %w", s.Timeout, context.DeadlineExceeded))
 	}
 	defer cancel()
+	at := time.Now()
 	r, err := s.read(sctx)
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -127,6 +131,7 @@ func (s *ServerScraper) ScrapeOnce(ctx context.Context, c CountSink) error {
 		c.ServerMetricsError(s.Target, bad.Reason)
 		return err
 	}
+	counts.At = at
 	c.AddServerCounts(s.Target, counts)
 	return nil
 }
