@@ -1,8 +1,13 @@
 package engine
 
 import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestServerScraperBaselineFlag: only the first read a scraper makes is
@@ -39,5 +44,34 @@ func TestCountsPromptTokens(t *testing.T) {
 	want := []Dialect{DialectVLLM, DialectSGLang, DialectLlamaCpp}
 	if !slices.Equal(got, want) {
 		t.Errorf("CountingPromptTokens() = %v, want %v", got, want)
+	}
+}
+
+// countsSink keeps what a scraper hands it.
+type countsSink struct{ got []ServerCounts }
+
+func (c *countsSink) AddServerCounts(_ string, d ServerCounts)                { c.got = append(c.got, d) }
+func (c *countsSink) ServerMetricsError(_ string, _ ServerMetricsErrorReason) {}
+
+// TestServerScraperReadTime: a read says when it was asked for, so that
+// what happened while the page was on its way counts at the next.
+func TestServerScraperReadTime(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, "vllm:prefix_cache_hits_total 5\nvllm:prefix_cache_queries_total 50\n")
+	}))
+	defer srv.Close()
+	s := &ServerScraper{Target: "t", URL: srv.URL, Dialect: DialectVLLM, Client: srv.Client()}
+	var sink countsSink
+	for range 2 {
+		before := time.Now()
+		if err := s.ScrapeOnce(context.Background(), &sink); err != nil {
+			t.Fatal(err)
+		}
+		if at := sink.got[len(sink.got)-1].At; at.Before(before) || at.After(time.Now()) {
+			t.Errorf("read at %v, want between %v and now", at, before)
+		}
+	}
+	if !sink.got[0].Baseline || sink.got[1].Baseline {
+		t.Errorf("baselines %v, %v; want only the first", sink.got[0].Baseline, sink.got[1].Baseline)
 	}
 }
