@@ -113,6 +113,12 @@ func TestReconcileStates(t *testing.T) {
 		{name: "failed requests", steps: []reconcileStep{{read: baseline},
 			{requests: append(hit(10, 400, 400), reconcileRequest{prompt: 5000, failed: true}), read: engineRead(4000, 10000)}},
 			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
+		// An engine restart loses what the engine counted since the read
+		// before: the read that finds it is a new baseline, on both sides.
+		{name: "an engine restart", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(4000, 10000)},
+			{requests: hit(5, 400, 400), read: engine.ServerCounts{Cached: 0, Prompt: 2000, PromptKnown: true, Restarted: true}},
+			{requests: hit(10, 100, 400), read: engineRead(1000, 10000)}},
+			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 0.625, engineOverModel: 0.625},
 		// The window is the last 5 minutes: a double count of long ago is
 		// gone.
 		{name: "an old disagreement", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(8000, 10000)},

@@ -24,6 +24,10 @@ type ServerCounts struct {
 	// Baseline: the scraper's first read, which only takes the counters'
 	// values; nothing counted before it is known.
 	Baseline bool
+	// Restarted: the engine restarted since the read before (a new
+	// process start time). Cached and Prompt are then its counts since,
+	// and what it counted between the read before and its end is lost.
+	Restarted bool
 	// At is when the read was asked for: the page counts what the engine
 	// did until a moment later.
 	At time.Time
@@ -224,7 +228,7 @@ func (s *ServerScraper) counts(r engineRead) (ServerCounts, error) {
 	if cached > maxServerIncrease {
 		return ServerCounts{}, &RejectedCount{Target: s.Target, Reason: ServerErrorJump, Value: r.cached.sum(), Last: s.cached.sumOf(r.cached)}
 	}
-	c := ServerCounts{Cached: cached, Baseline: !s.seen}
+	c := ServerCounts{Cached: cached, Baseline: !s.seen, Restarted: restarted}
 	if r.prompt != nil {
 		var nextPrompt counterBaseline
 		c.Prompt, nextPrompt = s.prompt.advance(r.prompt, restarted)

@@ -75,3 +75,20 @@ func TestServerScraperReadTime(t *testing.T) {
 		t.Errorf("baselines %v, %v; want only the first", sink.got[0].Baseline, sink.got[1].Baseline)
 	}
 }
+
+// TestServerScraperRestartedFlag: a read says when it found the engine
+// restarted (a new process start time), never on the first read.
+func TestServerScraperRestartedFlag(t *testing.T) {
+	s := &ServerScraper{Target: "t", Dialect: DialectVLLM}
+	var got []bool
+	for _, start := range []float64{10, 10, 99, 99, 0} {
+		c, err := s.counts(engineRead{cached: seriesValues{"": 5}, prompt: seriesValues{"": 50}, start: start})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, c.Restarted)
+	}
+	if want := []bool{false, false, true, false, false}; !slices.Equal(got, want) {
+		t.Errorf("Restarted of each read = %v, want %v", got, want)
+	}
+}
