@@ -211,6 +211,7 @@ func TestAlertScenarios(t *testing.T) {
 		{name: "flush", change: `{"flush": true}`, span: alertChangeAt + recoverWithin + 5*time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			r.neverFiring(t, hitRegression)
 			r.neverActive(t, contrastLost)
+			r.neverFiring(t, engineMetricsWrong)
 			r.dipsAndRecovers(t)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
