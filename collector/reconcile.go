@@ -324,9 +324,8 @@ func (st *reconcileTarget) landed(sent time.Time) {
 	}
 }
 
-// read adds a good read of target's engine counters. The scraper's first
-// read only sets its baseline, and so does a read that finds the engine
-// restarted: what the engine counted between the read before and its end
+// read adds a good read of target's engine counters. The first read only
+// sets the baseline, and so does a read that finds the engine restarted: what the engine counted between the read before and its end
 // is lost, and the exporter's requests of that time count on neither side.
 func (r *reconciliation) read(target string, d engine.ServerCounts) {
 	r.mu.Lock()
@@ -340,7 +339,10 @@ func (r *reconciliation) read(target string, d engine.ServerCounts) {
 	if rd.at.IsZero() || rd.at.After(now) {
 		rd.at = now
 	}
-	if d.Baseline || d.Restarted {
+	// The first read of a target seen here is its baseline, whatever the
+	// scraper's: with observed: server_metrics the scraper took its own
+	// before the first request.
+	if d.Baseline || d.Restarted || st.baselineAt.IsZero() {
 		st.baselineAt, st.floor = rd.at, rd.at
 	} else {
 		rd.engineCached, rd.canary = max(d.Cached, 0), st.pending

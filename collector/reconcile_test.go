@@ -113,6 +113,11 @@ func TestReconcileStates(t *testing.T) {
 		{name: "failed requests", steps: []reconcileStep{{read: baseline},
 			{requests: append(hit(10, 400, 400), reconcileRequest{prompt: 5000, failed: true}), read: engineRead(4000, 10000)}},
 			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
+		// The first read seen is the baseline, though the scraper took its
+		// own before (observed: server_metrics primes it).
+		{name: "the first read seen", steps: []reconcileStep{{requests: hit(5, 400, 400), read: engineRead(2000, 5000)},
+			{requests: hit(10, 400, 400), read: engineRead(4000, 10000)}},
+			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
 		// An engine restart loses what the engine counted since the read
 		// before: the read that finds it is a new baseline, on both sides.
 		{name: "an engine restart", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(4000, 10000)},
