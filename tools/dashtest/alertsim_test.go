@@ -42,8 +42,8 @@ const (
 	healthySpan = 40 * time.Minute
 	// alertScenarioSlots: scenarios at a time. Each keeps about 0.3 of a
 	// core busy (the emulator tokenizing, the exporter building prompts)
-	// and mostly waits for its rule time; six at once are three rounds of
-	// the eighteen scenarios. The silent targets' cost fit, which reads
+	// and mostly waits for its rule time; six at once run the nineteen
+	// scenarios in a little over three rounds. The silent targets' cost fit, which reads
 	// TTFT, held under that load (it reads "undecided" rather than wrong
 	// when a busy CPU delays answers).
 	alertScenarioSlots = 6
