@@ -87,6 +87,8 @@ type Collector struct {
 	windows map[string]time.Duration
 
 	effective *effectiveCapacity
+	// reconcile compares each target's engine counters with its responses.
+	reconcile *reconciliation
 }
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
@@ -198,6 +200,8 @@ func New(reg prometheus.Registerer) *Collector {
 	reg.MustRegister(c.misses.collectors()...)
 	c.effective = newEffectiveCapacity(func() time.Time { return c.now() })
 	reg.MustRegister(c.effective)
+	c.reconcile = newReconciliation(func() time.Time { return c.now() })
+	reg.MustRegister(c.reconcile.collectors()...)
 	return c
 }
 
@@ -340,6 +344,7 @@ func (c *Collector) ForgetTarget(target string) {
 	delete(c.windows, target)
 	c.mu.Unlock()
 	c.effective.forgetTarget(target)
+	c.reconcile.stop(target)
 }
 
 // AddServerCredit adds cached tokens read from a target's own counter
@@ -367,6 +372,7 @@ func (c *Collector) ReloadDone(ok bool, at time.Time) {
 func (c *Collector) Sent(workload, target string, scheduled, sent time.Time) {
 	c.inFlight.WithLabelValues(workload, target).Inc()
 	c.lag.WithLabelValues(workload, target).Observe(sent.Sub(scheduled).Seconds())
+	c.reconcile.sent(target)
 }
 
 // Finished implements replay.Observer. Latencies and token counts come from
@@ -381,6 +387,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	c.addCostLocked(r, c.now())
 	c.mu.Unlock()
 	c.effective.add(r)
+	c.reconcile.add(r)
 
 	if r.Outcome != openai.OutcomeSuccess {
 		return

@@ -95,6 +95,8 @@ type Emulate struct {
 	KVEvents           string        `yaml:"kv_events"`
 	KVEventsTopic      string        `yaml:"kv_events_topic"`
 	KVEventsFormat     string        `yaml:"kv_events_format"`
+
+	MetricsDoubleCountHits bool `yaml:"metrics_double_count_hits"` // see emulate.Config
 }
 
 // EmulateFaults are the keys of emulate.Faults, field for field, so that
@@ -139,6 +141,9 @@ type Cache struct {
 	// KVEvents are the engine's KV event streams (kvevents.go), which
 	// explain the hits the engine missed.
 	KVEvents Endpoints `yaml:"kv_events,omitempty"`
+	// Reconcile reads the engine's own counters beside the responses'
+	// usage, to compare them (reconcile.go).
+	Reconcile Reconcile `yaml:"reconcile,omitempty"`
 }
 
 // AutoInt is a whole number, or "auto" for a value the exporter reads from
@@ -450,6 +455,7 @@ func (c *Config) applyDefaults() {
 			t.RequestTimeout = DefaultRequestTimeout
 		}
 		t.Cache.Observed = orDefault(t.Cache.Observed, DefaultObserved)
+		t.Cache.Reconcile = orDefault(t.Cache.Reconcile, ReconcileAuto)
 		if t.Cache.EstimateWindow == 0 {
 			t.Cache.EstimateWindow = DefaultEstimateWindow
 		}
@@ -727,6 +733,7 @@ func validateTarget(t *Target, p string, bad func(string, string, ...any)) {
 			MinModelCeilingTokens, int64(replay.MaxModelCeilingTokens), replay.DefaultModelCeilingTokens, c)
 	}
 	oneOf(t.Cache.Observed, p+".cache.observed", bad, engine.ObservedSources[:])
+	validateReconcile(t, p, bad)
 	if w := t.Cache.EstimateWindow; w != 0 && (w < MinEstimateWindow || w > MaxEstimateWindow) {
 		bad(p+".cache.estimate_window", "must be between %v and %v, got %v", model.Duration(MinEstimateWindow), model.Duration(MaxEstimateWindow), model.Duration(w))
 	}

@@ -91,6 +91,11 @@ type Config struct {
 	// KVEventsFormat encodes each event as a tagged map (map, vLLM's
 	// encoding now, the default) or a tagged array (array, its older one).
 	KVEventsFormat KVEventsFormat `yaml:"kv_events_format"`
+	// MetricsDoubleCountHits counts every cache hit twice in the hit
+	// counter of /metrics, the prompt-token counters staying right, as
+	// vLLM's did when it retried an admission and when it counted
+	// preempted tokens as hits. Usage and Stats stay true.
+	MetricsDoubleCountHits bool `yaml:"metrics_double_count_hits"`
 
 	// MaxRunning is how many sequences prefill or decode at once; later
 	// requests wait in a FIFO queue (vllm:num_requests_waiting). 0 picks

@@ -269,7 +269,8 @@ type Stats struct {
 
 	// Prompt tokens looked up in the cache and found there, for every
 	// request that was admitted, whatever its end: the same numbers as
-	// vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total.
+	// vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total
+	// (half the latter with MetricsDoubleCountHits).
 	CacheQueryTokens int64 `json:"cache_query_tokens"`
 	CacheHitTokens   int64 `json:"cache_hit_tokens"`
 
@@ -344,6 +345,9 @@ func (e *Engine) slowed() {
 // the stats together.
 func (e *Engine) admitted(promptTokens, hitTokens int) {
 	e.m.queries.Add(float64(promptTokens))
+	if e.cfg.MetricsDoubleCountHits {
+		e.m.hits.Add(float64(hitTokens)) // and once more below
+	}
 	e.m.hits.Add(float64(hitTokens))
 	e.m.promptTokens.Add(float64(promptTokens))
 	e.m.computedTokens.Add(float64(promptTokens - hitTokens))

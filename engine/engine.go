@@ -150,6 +150,19 @@ func TakingCacheSalt(chat bool) []Dialect {
 	return slices.DeleteFunc(slices.Clone(Dialects[:]), func(d Dialect) bool { return For(d).CacheSaltField(chat) == "" })
 }
 
+// CountsPromptTokens tells whether the engine also counts the prompt
+// tokens it looked up in its cache, cached or not: the denominator of its
+// own hit rate, and what tells how much of its traffic a client sent.
+func (s *Spec) CountsPromptTokens() bool {
+	return s.CountsCachedTokens() && len(s.Metrics.PromptTokens) > 0
+}
+
+// CountingPromptTokens lists the dialects whose engines export both
+// counters, in Dialects' order.
+func CountingPromptTokens() []Dialect {
+	return slices.DeleteFunc(slices.Clone(Dialects[:]), func(d Dialect) bool { return !For(d).CountsPromptTokens() })
+}
+
 // CountingCachedTokens lists the dialects whose engines export a
 // cached-token counter, in Dialects' order.
 func CountingCachedTokens() []Dialect {

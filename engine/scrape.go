@@ -21,6 +21,16 @@ type ServerCounts struct {
 	// PromptKnown (the engine exports such a counter).
 	Prompt      float64
 	PromptKnown bool
+	// Baseline: the scraper's first read, which only takes the counters'
+	// values; nothing counted before it is known.
+	Baseline bool
+	// Restarted: the engine restarted since the read before (a new
+	// process start time). Cached and Prompt are then its counts since,
+	// and what it counted between the read before and its end is lost.
+	Restarted bool
+	// At is when the read was asked for: the page counts what the engine
+	// did until a moment later.
+	At time.Time
 }
 
 // CountSink takes what a ServerScraper reads: the collector.
@@ -41,6 +51,10 @@ type ServerScraper struct {
 	// page; HeaderTimeout bounds the wait for the answer's head within it.
 	// Zero: only the context passed bounds a scrape.
 	Timeout, HeaderTimeout time.Duration
+	// FirstAfter delays Run's first read (0: at once), so that scrapers
+	// started together, whose baseline nothing waits for, do not all read
+	// at the same moment as the load's other reads.
+	FirstAfter time.Duration
 
 	cached, prompt counterBaseline
 	lastStart      float64 // the server's process_start_time_seconds, 0 if it has none
@@ -65,6 +79,9 @@ func (s *ServerScraper) Prime(ctx context.Context) error {
 // below Interval, a target that hangs delays no tick.
 func (s *ServerScraper) Run(ctx context.Context, c CountSink, onError func(error)) {
 	defer s.Client.CloseIdleConnections()
+	if !sleep(ctx, s.FirstAfter) {
+		return
+	}
 	t := time.NewTicker(s.Interval)
 	defer t.Stop()
 	for {
@@ -79,6 +96,21 @@ func (s *ServerScraper) Run(ctx context.Context, c CountSink, onError func(error
 	}
 }
 
+// sleep waits d, or less when ctx ends first: then it returns false.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // ScrapeOnce reads the counters once, within Timeout, and hands the
 // increase, or why it was not credited, to c. A scrape cut short because
 // ctx ended (the scraper stopped) is not counted: it says nothing of the
@@ -89,6 +121,7 @@ func (s *ServerScraper) ScrapeOnce(ctx context.Context, c CountSink) error {
 		sctx, cancel = context.WithTimeoutCause(ctx, s.Timeout, fmt.Errorf("no whole page within %v: %w", s.Timeout, context.DeadlineExceeded))
 	}
 	defer cancel()
+	at := time.Now()
 	r, err := s.read(sctx)
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -102,6 +135,7 @@ func (s *ServerScraper) ScrapeOnce(ctx context.Context, c CountSink) error {
 		c.ServerMetricsError(s.Target, bad.Reason)
 		return err
 	}
+	counts.At = at
 	c.AddServerCounts(s.Target, counts)
 	return nil
 }
@@ -194,7 +228,7 @@ func (s *ServerScraper) counts(r engineRead) (ServerCounts, error) {
 	if cached > maxServerIncrease {
 		return ServerCounts{}, &RejectedCount{Target: s.Target, Reason: ServerErrorJump, Value: r.cached.sum(), Last: s.cached.sumOf(r.cached)}
 	}
-	c := ServerCounts{Cached: cached}
+	c := ServerCounts{Cached: cached, Baseline: !s.seen, Restarted: restarted}
 	if r.prompt != nil {
 		var nextPrompt counterBaseline
 		c.Prompt, nextPrompt = s.prompt.advance(r.prompt, restarted)

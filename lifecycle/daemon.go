@@ -708,6 +708,8 @@ func emulateConfig(t *config.Target) (emulate.Config, error) {
 		KVEvents:           e.KVEvents,
 		KVEventsTopic:      e.KVEventsTopic,
 		KVEventsFormat:     emulate.KVEventsFormat(e.KVEventsFormat),
+
+		MetricsDoubleCountHits: e.MetricsDoubleCountHits,
 	}, nil
 }
 

@@ -27,6 +27,9 @@ func reconcileConfig(srvURL, trace string, targets []reconcileTarget) config.Con
 			target = config.Target{Name: tg.name, Emulate: &config.Emulate{CapacityBlocks: tg.capacity}}
 		}
 		target.Cache.Observed = "usage"
+		// The scrapers of server_metrics only: enginereads_test.go has
+		// those of cache.reconcile.
+		target.Cache.Reconcile = config.ReconcileOff
 		if tg.scraped {
 			target.Cache.Observed = "server_metrics"
 		}

@@ -29,16 +29,17 @@ const (
 // scraping is a running server-metrics scraper of one target.
 type scraping struct {
 	fingerprint string
+	reconcile   bool // its reads feed the collector's comparison
 	cancel      context.CancelFunc
 	done        chan struct{}
 }
 
-// scrapedTargets are the targets of cfg with observed: server_metrics, by
-// name.
+// scrapedTargets are the targets of cfg whose engine counters are read,
+// by name: with observed: server_metrics, or cache.reconcile on.
 func scrapedTargets(cfg *config.Config) map[string]*config.Target {
 	want := map[string]*config.Target{}
 	for i := range cfg.Targets {
-		if t := &cfg.Targets[i]; t.Cache.Observed == engine.ObservedServerMetrics {
+		if t := &cfg.Targets[i]; engineReadsOf(t).wanted() {
 			want[t.Name] = t
 		}
 	}
@@ -63,13 +64,17 @@ func (d *Daemon) stopScrapers(cfg *config.Config) {
 			s.cancel()
 			<-s.done
 			delete(d.scrapers, name)
+			if s.reconcile {
+				d.coll.StopReconcile(name)
+			}
 		}
 	}
 }
 
-// applyScrapers runs one scraper per target with observed: server_metrics
-// that has none (stopScrapers stopped those no longer wanted). Their
-// baselines are read first, at most maxTargetReads at once, each within
+// applyScrapers runs one scraper per target whose engine counters are read
+// (observed: server_metrics, cache.reconcile) that has none (stopScrapers
+// stopped those no longer wanted). The baselines of server_metrics are
+// read first, at most maxTargetReads at once, each within
 // discoverTimeout; they end when ctx does (the shutdown), and then no
 // scraper starts and ctx's error is returned. The scrapers run under
 // unitCtx, through the drain, until stopScrapers or a reload stops them.
@@ -80,13 +85,14 @@ func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config)
 		name string
 		t    *config.Target
 		sc   *engine.ServerScraper
+		sink *engineReadSink
 	}
 	var todo []started
 	for name, t := range scrapedTargets(cfg) {
 		if d.scrapers[name] != nil {
 			continue
 		}
-		url := t.Cache.MetricsURL
+		url := t.EngineMetricsURL()
 		if t.Emulate != nil && url == "" {
 			url = d.emulatorURL(name) + "/metrics"
 		}
@@ -94,12 +100,21 @@ func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config)
 		if err != nil {
 			return err
 		}
-		todo = append(todo, started{name, t, sc})
+		reads := engineReadsOf(t)
+		if !reads.credit {
+			// Nothing waits for a comparison's baseline: its first read
+			// takes it, one interval on.
+			sc.FirstAfter = serverScrapeInterval
+		}
+		todo = append(todo, started{name, t, sc, &engineReadSink{target: name, reads: reads, credit: d.truth, comp: d.coll, logger: d.logger}})
 	}
 	// The baselines come before the targets' first requests.
 	var primes errgroup.Group
 	primes.SetLimit(maxTargetReads)
 	for _, s := range todo {
+		if !s.sink.reads.credit {
+			continue
+		}
 		primes.Go(func() error {
 			if ctx.Err() != nil {
 				return nil
@@ -118,15 +133,16 @@ func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config)
 	}
 	for _, st := range todo {
 		ctx, cancel := context.WithCancel(unitCtx)
-		s := &scraping{fingerprint: d.scraperFingerprint(cfg, st.t), cancel: cancel, done: make(chan struct{})}
+		s := &scraping{fingerprint: d.scraperFingerprint(cfg, st.t), reconcile: st.sink.reads.reconcile, cancel: cancel, done: make(chan struct{})}
 		d.scrapers[st.name] = s
+		if s.reconcile {
+			d.coll.StartReconcile(st.name)
+		}
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
 			defer close(s.done)
-			st.sc.Run(ctx, d.truth, func(err error) {
-				level.Warn(d.logger).Log("msg", "server metrics scrape failed", "target", st.name, "err", err)
-			})
+			st.sc.Run(ctx, st.sink, st.sink.failed)
 		}()
 	}
 	return nil

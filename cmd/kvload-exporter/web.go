@@ -46,6 +46,9 @@ type landingData struct {
 	Targets       []landingTarget
 	UpdatedAt     time.Time
 	Refresh       time.Duration
+
+	// Reconcile compares each target's engine counters with its responses.
+	Reconcile []collector.ReconcileStatus
 }
 
 // landingRow is one (workload, target): the collector's live summary and
@@ -133,6 +136,15 @@ var (
 		collector.EfficiencyNoSharing:   "none",
 		collector.EfficiencyNoSuccess:   "none",
 	}
+	reconcileClass = map[collector.ReconcileState]string{
+		collector.ReconcileCompared:        "ok",
+		collector.ReconcileNoEngineCounter: "none",
+		collector.ReconcileNoQueryCounter:  "none",
+		collector.ReconcileNothingCounted:  "none",
+		collector.ReconcileNotReported:     "none",
+		collector.ReconcileSharedEngine:    "none",
+		collector.ReconcileTooFewHits:      "none",
+	}
 	effectiveClass = map[collector.EffectiveCapacityState]string{
 		collector.EffectiveMeasured:       "ok",
 		collector.EffectiveAboveModel:     "warn",
@@ -165,6 +177,13 @@ var landingTemplate = template.Must(template.New("landing").Funcs(template.FuncM
 		}
 		return t.UTC().Format("2006-01-02 15:04:05 UTC")
 	},
+	"reconciled": func(st collector.ReconcileStatus) string {
+		if st.Disagree {
+			return "warn"
+		}
+		return reconcileClass[st.State]
+	},
+	"spaced": func(s collector.ReconcileState) string { return strings.ReplaceAll(string(s), "_", " ") },
 }).Parse(landingHTML))
 
 // formatMillis is a TTFT in milliseconds, always: mixed units misread.

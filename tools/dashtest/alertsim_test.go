@@ -42,8 +42,8 @@ const (
 	healthySpan = 40 * time.Minute
 	// alertScenarioSlots: scenarios at a time. Each keeps about 0.3 of a
 	// core busy (the emulator tokenizing, the exporter building prompts)
-	// and mostly waits for its rule time; six at once are three rounds of
-	// the eighteen scenarios. The silent targets' cost fit, which reads
+	// and mostly waits for its rule time; six at once run the nineteen
+	// scenarios in a little over three rounds. The silent targets' cost fit, which reads
 	// TTFT, held under that load (it reads "undecided" rather than wrong
 	// when a busy CPU delays answers).
 	alertScenarioSlots = 6
@@ -78,6 +78,13 @@ const (
 
 	hitRegression = "KvloadCacheHitRegression"
 	contrastLost  = "KvloadCacheTTFTContrastLost"
+	// engineMetricsWrong: the engine's cache counters disagree with its
+	// responses (per target: it has no workload label).
+	engineMetricsWrong = "KvloadCacheEngineMetricsDisagree"
+	// disagreeSpan: a run long enough for an engine whose counters are
+	// wrong from the start to page (the exporter reads them every 5 s of
+	// real time, 150 s of rule time; the alert holds 15 minutes).
+	disagreeSpan = 26 * time.Minute
 	// The signals the two cache alerts compare with their thresholds: the
 	// efficiency over its baseline, and the cached-token cost.
 	efficiencyRule = "workload_target:kvload_cache_efficiency:ratio_to_baseline"
@@ -175,7 +182,21 @@ func TestAlertScenarios(t *testing.T) {
 			r.neverActiveAfter(t, hitRegression, rateWindow)
 			r.neverFiring(t, contrastLost)
 			r.neverActiveAfter(t, contrastLost, rateWindow)
+			r.neverActive(t, engineMetricsWrong)
 			r.whatIf(t, r.efficiencyWhatIf())
+		}},
+		// An engine whose hit counter counts every hit twice from the
+		// start (cache.reconcile, left at auto): the engine's metrics are
+		// wrong, its cache is not.
+		{name: "engine counts its hits twice", emulate: []string{"--metrics-double-count-hits"}, span: disagreeSpan, check: func(t *testing.T, r *scenarioResult) {
+			at, ok := r.first(engineMetricsWrong, "firing", 0)
+			if !ok || at > disagreeSpan-time.Minute {
+				t.Errorf("%s firing: %v at %v, want by %v", engineMetricsWrong, ok, at, disagreeSpan-time.Minute)
+			} else {
+				pending, _ := r.first(engineMetricsWrong, "pending", 0)
+				t.Logf("%s pending at %v, firing at %v", engineMetricsWrong, pending, at)
+			}
+			r.neverFiring(t, hitRegression)
 		}},
 		{name: "cache disabled", change: `{"enabled": false}`, span: alertChangeAt + pageWithin + 2*time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			r.firesAfterChange(t, hitRegression)
@@ -190,6 +211,7 @@ func TestAlertScenarios(t *testing.T) {
 		{name: "flush", change: `{"flush": true}`, span: alertChangeAt + recoverWithin + 5*time.Minute, check: func(t *testing.T, r *scenarioResult) {
 			r.neverFiring(t, hitRegression)
 			r.neverActive(t, contrastLost)
+			r.neverFiring(t, engineMetricsWrong)
 			r.dipsAndRecovers(t)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
@@ -201,6 +223,7 @@ func TestAlertScenarios(t *testing.T) {
 			}
 			r.neverFiring(t, hitRegression)
 			r.neverActive(t, contrastLost)
+			r.neverFiring(t, engineMetricsWrong)
 			r.dipsAndRecovers(t)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
@@ -385,7 +408,7 @@ func evaluateScenario(t *testing.T, res *scenarioResult, rec *recorder, promtool
 	ctx := t.Context()
 	res.interval = rec.ruleTime(1)
 	last := rec.ruleTime(rec.scrapes - 1)
-	steps, err := evaluateRules(ctx, files, rec.db, last, res.interval, workload, target, []string{hitRegression, contrastLost})
+	steps, err := evaluateRules(ctx, files, rec.db, last, res.interval, workload, target, []string{hitRegression, contrastLost, engineMetricsWrong})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,7 +144,11 @@ rule_files:
 			if strings.HasSuffix(name, ":baseline_1d") || strings.HasSuffix(name, ":ratio_to_baseline") {
 				continue
 			}
-			qs = append(qs, check{name: name, expr: fmt.Sprintf(`%s{workload=%q,target=%q}`, name, e2eWorkload, e2eTarget)})
+			sel := fmt.Sprintf(`{workload=%q,target=%q}`, e2eWorkload, e2eTarget)
+			if strings.HasPrefix(name, "target:") {
+				sel = fmt.Sprintf(`{target=%q}`, e2eTarget) // of the target's engine: no workload
+			}
+			qs = append(qs, check{name: name, expr: name + sel})
 		}
 		pollChecks(t, prom, qs, 3*time.Minute)
 	})

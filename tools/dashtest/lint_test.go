@@ -81,6 +81,17 @@ var contract = map[string]metric{
 	"kvload_cache_effective_capacity_state":                        {gauge, workloadTarget},
 	"kvload_cache_effective_capacity_window_seconds":               {gauge, workloadTarget},
 	"kvload_cache_cached_token_cost_ratio":                         {gauge, workloadTarget},
+	"kvload_cache_reconcile_engine_cached_tokens_total":            {counter, targetOnly},
+	"kvload_cache_reconcile_engine_prompt_tokens_total":            {counter, targetOnly},
+	"kvload_cache_reconcile_canary_prompt_tokens_total":            {counter, targetOnly},
+	"kvload_cache_reconcile_usage_prompt_tokens_total":             {counter, targetOnly},
+	"kvload_cache_reconcile_usage_cached_tokens_total":             {counter, targetOnly},
+	"kvload_cache_reconcile_errors_total":                          {counter, targetOnly},
+	"kvload_cache_reconcile_state":                                 {gauge, targetOnly},
+	"kvload_cache_reconcile_canary_share":                          {gauge, targetOnly},
+	"kvload_cache_reconcile_engine_over_usage_ratio":               {gauge, targetOnly},
+	"kvload_cache_reconcile_usage_over_model_ratio":                {gauge, targetOnly},
+	"kvload_cache_reconcile_engine_over_model_ratio":               {gauge, targetOnly},
 
 	"vllm:prefix_cache_hits_total":    {counter, engine},
 	"vllm:prefix_cache_queries_total": {counter, engine},
@@ -434,8 +445,9 @@ func lintVariables(t *testing.T, d *dashboard) {
 	}
 }
 
-// recordName is level:metric:operations, aggregated by (workload, target).
-var recordName = regexp.MustCompile(`^workload_target:kvload_[a-z0-9_]+:[a-z0-9_]+$`)
+// recordName is level:metric:operations, aggregated by (workload, target),
+// or by target alone for what is of an engine (cache.reconcile).
+var recordName = regexp.MustCompile(`^(workload_target|target):kvload_[a-z0-9_]+:[a-z0-9_]+$`)
 
 func loadRules(t *testing.T) (recorded map[string]bool, alerts map[string]rulefmt.Rule) {
 	t.Helper()
@@ -468,7 +480,7 @@ func TestLintRules(t *testing.T) {
 	if len(recorded) == 0 || len(alerts) == 0 {
 		t.Fatalf("%d recording rules, %d alerts", len(recorded), len(alerts))
 	}
-	for _, want := range []string{"KvloadCacheHitRegression", "KvloadCacheTTFTContrastLost", "KvloadTTFTRegression", "KvloadHighErrorRatio",
+	for _, want := range []string{"KvloadCacheHitRegression", "KvloadCacheTTFTContrastLost", "KvloadCacheEngineMetricsDisagree", "KvloadTTFTRegression", "KvloadHighErrorRatio",
 		"KvloadGeneratorBehind", "KvloadNoTraffic", "KvloadConfigReloadFailed"} {
 		if _, ok := alerts[want]; !ok {
 			t.Errorf("alert %s missing", want)
@@ -486,7 +498,7 @@ func TestLintRules(t *testing.T) {
 	}
 	for name := range recorded {
 		if !recordName.MatchString(name) {
-			t.Errorf("recording rule %s: want workload_target:kvload_<metric>:<operations>", name)
+			t.Errorf("recording rule %s: want workload_target:kvload_<metric>:<operations> (or target:)", name)
 		}
 	}
 

@@ -262,7 +262,9 @@ func evaluateRules(ctx context.Context, files []string, st storage.Storage, last
 		}
 		for name, a := range watched {
 			for _, al := range a.ActiveAlerts() {
-				if al.Labels.Get("workload") == workload && al.Labels.Get("target") == target {
+				// An alert of a target's engine has no workload label.
+				w := al.Labels.Get("workload")
+				if (w == workload || w == "") && al.Labels.Get("target") == target {
 					s.states[name] = al.State
 				}
 			}
