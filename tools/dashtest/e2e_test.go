@@ -60,8 +60,10 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// A capacity far above what the trace's first 1,000 rows need (the
 	// cache dashboard draws the model's capacity beside the effective one
 	// where it is known and finite).
+	// Its KV events too, which the missed-hits panel draws.
+	eventsAddr := freeAddr(t)
 	emu := startProcess(t, dir, "emulator", kvload, "emulate", "--listen", emuAddr, "--model", e2eModel,
-		"--overhead", "1ms", "--inter-token", "1ms", "--capacity-blocks", "1000000")
+		"--overhead", "1ms", "--inter-token", "1ms", "--capacity-blocks", "1000000", "--kv-events", "tcp://"+eventsAddr)
 	waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
 
 	sglangAddr := sglangStub(t, "http://"+emuAddr+"/metrics")
@@ -75,6 +77,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
     url: http://%s
     model: %s
     dialect: vllm
+    cache: {kv_events: "tcp://%s"}
 workloads:
   - name: %s
     trace: %s
@@ -83,7 +86,7 @@ workloads:
     synthesis: {speedup_ratio: 4, max_osl: 32}
     loop: fresh
     max_in_flight: 64
-`, e2eTarget, emuAddr, e2eModel, e2eWorkload, trace, e2eTarget)
+`, e2eTarget, emuAddr, e2eModel, eventsAddr, e2eWorkload, trace, e2eTarget)
 	writeFile(t, filepath.Join(dir, "kvload.yml"), cfg)
 	expAddr := freeAddr(t)
 	exp := startProcess(t, dir, "exporter", kvload, "--config.file="+filepath.Join(dir, "kvload.yml"),

@@ -81,6 +81,7 @@ var contract = map[string]metric{
 	"kvload_cache_effective_capacity_state":                        {gauge, workloadTarget},
 	"kvload_cache_effective_capacity_window_seconds":               {gauge, workloadTarget},
 	"kvload_cache_cached_token_cost_ratio":                         {gauge, workloadTarget},
+	"kvload_cache_missed_hit_tokens_total":                         {counter, workloadTarget},
 	"kvload_cache_reconcile_engine_cached_tokens_total":            {counter, targetOnly},
 	"kvload_cache_reconcile_engine_prompt_tokens_total":            {counter, targetOnly},
 	"kvload_cache_reconcile_canary_prompt_tokens_total":            {counter, targetOnly},
