@@ -196,13 +196,20 @@ func New(reg prometheus.Registerer) *Collector {
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
 		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio, c.serverErrors,
 		newCostMetrics(c), c.layoutChanges, c.discoveryFailures)
+	c.registerEstimates(reg)
+	return c
+}
+
+// registerEstimates registers the metric groups kept apart from New's
+// plain sums: the chat template's, the missed hits', and the estimates
+// worked out at each scrape.
+func (c *Collector) registerEstimates(reg prometheus.Registerer) {
 	reg.MustRegister(c.template.collectors()...)
 	reg.MustRegister(c.misses.collectors()...)
 	c.effective = newEffectiveCapacity(func() time.Time { return c.now() })
 	reg.MustRegister(c.effective)
 	c.reconcile = newReconciliation(func() time.Time { return c.now() })
 	reg.MustRegister(c.reconcile.collectors()...)
-	return c
 }
 
 // ServerMetricsError counts a scrape of target's cached-token counter that
