@@ -96,8 +96,9 @@ type trieCache struct {
 // publisher. Calls come under the cache's lock, in the cache's order.
 type cacheEvents interface {
 	// stored: blocks made reusable, in prompt order, after the block
-	// parent (none when hasParent is false: they start the prompt).
-	stored(parent uint64, hasParent bool, hashes []uint64, tokens []int, blockSize int)
+	// parent (none when hasParent is false: they start the prompt), under
+	// the cache salt salt ("" for none).
+	stored(salt string, parent uint64, hasParent bool, hashes []uint64, tokens []int, blockSize int)
 	removed(hashes []uint64)
 	cleared()
 }
@@ -262,7 +263,7 @@ func (c *trieCache) insert(cl claim) {
 			start = start.parent
 		}
 		p := start.parent
-		c.events.stored(p.hash, p.parent != nil, hashes,
+		c.events.stored(cl.salt, p.hash, p.parent != nil, hashes,
 			slices.Clone(cl.tokens[first*c.blockSize:nb*c.blockSize]), c.blockSize)
 	}
 	c.touchLocked(n)

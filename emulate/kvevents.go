@@ -20,14 +20,17 @@ import (
 // big-endian sequence number counting from 0, and a msgpack EventBatch
 // [ts, events, data_parallel_rank]. Each event is BlockStored (the blocks a
 // request's prefill made reusable: their hashes, the hash of the block
-// before them, their token ids and block size), BlockRemoved (evicted
-// blocks) or AllBlocksCleared (the cache emptied). vLLM encodes each event
-// as a map tagged by its "type" key since its map encoding, and as a tagged
-// array before; the batch stays an array in both.
+// before them, their token ids and block size, and in the map encoding
+// their extra keys, where a salted prompt's first block carries its cache
+// salt), BlockRemoved (evicted blocks) or AllBlocksCleared (the cache
+// emptied). vLLM encodes each event as a map tagged by its "type" key since
+// its map encoding, and as a tagged array before; the batch stays an array
+// in both. The array form is that of releases before extra_keys.
 //
 // The emulator's block hashes are its own (FNV-1a over the parent's hash
-// and the block's tokens): a subscriber may only use them to link a block
-// to its parent, as it must with vLLM's seeded hashes.
+// and the block's tokens, a first block's over its salt too): a subscriber
+// may only use them to link a block to its parent, as it must with vLLM's
+// seeded hashes.
 
 // KVEventsFormat is how the emulator encodes each event of a batch.
 type KVEventsFormat string
@@ -71,6 +74,10 @@ type kvEvent struct {
 	hasParent bool
 	tokens    []int
 	blockSize int
+	// firstSalt is the cache salt that the first block's hash covers: a
+	// salted prompt's first block only (vLLM adds the salt to the extra
+	// keys of the block at token 0, and the chain carries it on).
+	firstSalt string
 }
 
 // kvPublisher publishes the prefix cache's events. The cache calls stored,
@@ -241,8 +248,12 @@ func (p *kvPublisher) queue(ev kvEvent) {
 	}
 }
 
-func (p *kvPublisher) stored(parent uint64, hasParent bool, hashes []uint64, tokens []int, blockSize int) {
-	p.queue(kvEvent{kind: kvStored, hashes: hashes, parent: parent, hasParent: hasParent, tokens: tokens, blockSize: blockSize})
+func (p *kvPublisher) stored(salt string, parent uint64, hasParent bool, hashes []uint64, tokens []int, blockSize int) {
+	ev := kvEvent{kind: kvStored, hashes: hashes, parent: parent, hasParent: hasParent, tokens: tokens, blockSize: blockSize}
+	if !hasParent {
+		ev.firstSalt = salt
+	}
+	p.queue(ev)
 }
 
 func (p *kvPublisher) removed(hashes []uint64) { p.queue(kvEvent{kind: kvRemoved, hashes: hashes}) }
@@ -322,10 +333,7 @@ func encodeKVMap(enc *msgpack.Encoder, ev *kvEvent) error {
 			enc.EncodeString("lora_id"), enc.EncodeNil(),
 			enc.EncodeString("medium"), enc.EncodeString("GPU"),
 			enc.EncodeString("lora_name"), enc.EncodeNil(),
-			enc.EncodeString("extra_keys"), enc.EncodeArrayLen(len(ev.hashes)))
-		for range ev.hashes {
-			err = errors.Join(err, enc.EncodeNil())
-		}
+			enc.EncodeString("extra_keys"), encodeExtraKeys(enc, ev))
 		return errors.Join(err, enc.EncodeString("group_idx"), enc.EncodeUint(0))
 	case kvRemoved:
 		return errors.Join(enc.EncodeMapLen(4), enc.EncodeString("type"), enc.EncodeString("BlockRemoved"),
@@ -351,6 +359,22 @@ func encodeKVArray(enc *msgpack.Encoder, ev *kvEvent) error {
 	default:
 		return errors.Join(enc.EncodeArrayLen(1), enc.EncodeString("AllBlocksCleared"))
 	}
+}
+
+// encodeExtraKeys writes what else than its tokens each block's hash
+// covers, as vLLM does since its extra_keys: one entry a block, nil for
+// none, else a tuple (an array). For a text prompt without an adapter that
+// is the cache salt alone, on the prompt's first block.
+func encodeExtraKeys(enc *msgpack.Encoder, ev *kvEvent) error {
+	err := enc.EncodeArrayLen(len(ev.hashes))
+	for i := range ev.hashes {
+		if i == 0 && ev.firstSalt != "" {
+			err = errors.Join(err, enc.EncodeArrayLen(1), enc.EncodeString(ev.firstSalt))
+			continue
+		}
+		err = errors.Join(err, enc.EncodeNil())
+	}
+	return err
 }
 
 func encodeHashes(enc *msgpack.Encoder, hashes []uint64) error {

@@ -24,6 +24,7 @@ type wireEvent struct {
 	Parent    *uint64
 	Tokens    []int
 	BlockSize int
+	ExtraKeys any // as decoded; nil when not sent
 }
 
 func (w wireEvent) String() string {
@@ -131,6 +132,7 @@ func decodeWireBatch(t *testing.T, format KVEventsFormat, payload []byte) []wire
 		if bs, ok := f["block_size"]; ok {
 			ev.BlockSize = int(asUint(bs))
 		}
+		ev.ExtraKeys = f["extra_keys"]
 		if ev.Type != "AllBlocksCleared" && f["medium"] != "GPU" {
 			t.Errorf("%s: medium %v, want GPU", ev.Type, f["medium"])
 		}

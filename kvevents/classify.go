@@ -46,6 +46,10 @@ type Miss struct {
 	// it up (its first token): a block removed between the two was evicted
 	// while the request waited.
 	Sent, Until time.Time
+	// Salt is the cache salt the request carried, "" for none: on a
+	// stream that keys blocks by their extra keys, its blocks are those
+	// stored under the same salt.
+	Salt string
 }
 
 // Tally is missed tokens by class.
@@ -61,7 +65,9 @@ var errNoBlockSize = errors.New("the block size is unknown")
 // some stream removed it, cleared where the cache was emptied, and never
 // stored otherwise. A prefix cache serves a block only after every block
 // before it, so a block held behind a missed one is missed for that one's
-// reason.
+// reason. A salted request's blocks are looked up under its salt on the
+// streams whose events carry extra keys, and by their tokens alone on the
+// others.
 func Classify(streams []*Stream, m Miss) (Tally, error) {
 	bs := m.BlockSize
 	for _, s := range streams {
@@ -79,19 +85,22 @@ func Classify(streams []*Stream, m Miss) (Tally, error) {
 	}
 	full := len(m.Tokens) / bs // blocks the engine can hold of this prompt
 	first, last := m.From/bs, (m.To-1)/bs
-	keys := make([]chainKey, 0, min(last, full-1)+1)
-	k := rootKey("", 0)
-	for i := 0; i <= last && i < full; i++ {
-		k = nextKey(k, m.Tokens[i*bs:(i+1)*bs])
-		keys = append(keys, k)
-	}
+	n := min(last+1, full) // blocks looked up
 	var classes []Class
-	if first < len(keys) {
+	if first < n {
+		plain, salted := requestKeys(m.Tokens, bs, n, ""), []chainKey(nil)
 		per := make([][]State, len(streams))
 		for j, s := range streams {
+			keys := plain
+			if m.Salt != "" && s.keyedByExtraKeys() {
+				if salted == nil {
+					salted = requestKeys(m.Tokens, bs, n, saltExtraKeys(m.Salt))
+				}
+				keys = salted
+			}
 			per[j] = s.states(keys[first:], m.Sent, m.Until)
 		}
-		classes = combine(per, len(keys)-first)
+		classes = combine(per, n-first)
 	}
 	carry := Class("")
 	for b := first; b <= last; b++ {
@@ -108,6 +117,22 @@ func Classify(streams []*Stream, m Miss) (Tally, error) {
 		tally[c] += hi - lo
 	}
 	return tally, nil
+}
+
+// requestKeys are the keys of a prompt's first n blocks of bs tokens, the
+// first block's extra keys being first.
+func requestKeys(tokens []uint32, bs, n int, first ExtraKeys) []chainKey {
+	keys := make([]chainKey, n)
+	k := rootKey("", 0)
+	for i := range keys {
+		var extra ExtraKeys
+		if i == 0 {
+			extra = first
+		}
+		k = nextKey(k, tokens[i*bs:(i+1)*bs], extra)
+		keys[i] = k
+	}
+	return keys
 }
 
 // combine classifies each of n blocks from its state on every stream.

@@ -209,7 +209,7 @@ func TestStoreBounds(t *testing.T) {
 	oldest := Miss{Tokens: toks(0, 5), From: 0, To: 4, BlockSize: 4, Sent: at(2), Until: at(2)}
 	latest := oldest
 	latest.Tokens = toks(4*(n-1), 5)
-	if _, ok := s.blocks[nextKey(rootKey("", 0), toks(0, 4))]; ok {
+	if _, ok := s.blocks[nextKey(rootKey("", 0), toks(0, 4), "")]; ok {
 		t.Error("the oldest removal is still held")
 	}
 	if got, _ := Classify([]*Stream{s}, oldest); got[ClassEvicted] != 4 {
@@ -270,7 +270,7 @@ func TestStoreBytesPerBlock(t *testing.T) {
 func TestSeenSet(t *testing.T) {
 	const gen = 1 << 14
 	s := newSeenSet(gen)
-	key := func(i int) chainKey { return nextKey(rootKey("", 0), []uint32{uint32(i)}) }
+	key := func(i int) chainKey { return nextKey(rootKey("", 0), []uint32{uint32(i)}, "") }
 	s.add(key(-1))
 	for i := range gen - 1 {
 		s.add(key(i))

@@ -5,9 +5,11 @@
 // the engine served from its cache less than the theoretical model said:
 // evicted, never stored there, cleared, or unexplained.
 //
-// Blocks are known by their token ids, chained to their parent's, never by
-// the engine's hashes, whose seed is the engine's own: a hash only links a
-// block to its parent. docs/engines.md says which vLLM versions send what.
+// Blocks are known by their token ids, chained to their parent's, and by
+// their extra keys where the events carry them (a salted prompt's cache
+// salt, on its first block), never by the engine's hashes, whose seed is
+// the engine's own: a hash only links a block to its parent.
+// docs/engines.md says which vLLM versions send what.
 package kvevents
 
 import (
@@ -49,6 +51,12 @@ func (k Kind) String() string {
 // byte-string hash as "b" and its bytes.
 type BlockHash string
 
+// ExtraKeys is what else than its tokens one block's hash covers, one entry
+// of vLLM's extra_keys (a cache salt, an adapter's name, multimodal ids),
+// in a canonical form of its values that does not depend on how they were
+// encoded; "" for none.
+type ExtraKeys string
+
 // Event is one decoded KV cache event.
 type Event struct {
 	Kind   Kind
@@ -68,6 +76,9 @@ type Event struct {
 	LoRA string
 	// Group is the KV cache group (group_idx), 0 when not sent.
 	Group int
+	// Extra is each stored block's extra keys, in the order of Hashes;
+	// nil when the event has none (vLLM before extra_keys).
+	Extra []ExtraKeys
 }
 
 // Batch is one EventBatch: the events of one engine step, in order.
@@ -86,7 +97,8 @@ const (
 	maxTokens    = 1 << 22 // token ids in one event
 	maxHashBytes = 64      // a byte-string hash (vLLM's sha256: 32)
 	maxStrBytes  = 1 << 10 // a tag, field name, medium or LoRA name
-	maxDepth     = 16      // nesting of a value skipped as unknown
+	maxDepth     = 16      // nesting of a value skipped as unknown, or of extra keys
+	maxExtra     = 1 << 12 // the canonical form of one block's extra keys, in bytes
 	maxTokenID   = math.MaxUint32
 )
 
@@ -199,11 +211,12 @@ type fields struct {
 	loraName  string
 	loraID    int
 	group     int
+	extra     []ExtraKeys
 }
 
 func (f *fields) event() (Event, bool, error) {
 	ev := Event{Hashes: f.hashes, Parent: f.parent, Tokens: f.tokens, BlockSize: f.blockSize,
-		Medium: f.medium, LoRA: f.loraName, Group: max(f.group, 0)}
+		Medium: f.medium, LoRA: f.loraName, Group: max(f.group, 0), Extra: f.extra}
 	if ev.LoRA == "" && f.loraID >= 0 {
 		ev.LoRA = strconv.Itoa(f.loraID)
 	}
@@ -317,6 +330,8 @@ func (d *decoder) field(f *fields, name string) error {
 		f.medium, err = d.optStr("medium")
 	case "group_idx":
 		f.group, err = d.optInt("group_idx", 0)
+	case "extra_keys":
+		f.extra, err = d.extraKeys()
 	default:
 		err = d.skip(0)
 	}
@@ -432,6 +447,162 @@ func (d *decoder) tokens() ([]uint32, error) {
 		out[i] = uint32(v)
 	}
 	return out, nil
+}
+
+// extraKeys reads extra_keys: nil, or one entry a block, each nil or a
+// tuple of values, kept in their canonical form.
+func (d *decoder) extraKeys() ([]ExtraKeys, error) {
+	c, err := d.dec.PeekCode()
+	if err != nil {
+		return nil, err
+	}
+	if c == msgpcode.Nil {
+		return nil, d.dec.DecodeNil()
+	}
+	n, err := d.arrayLen("list")
+	if err != nil {
+		return nil, err
+	}
+	if n > maxHashes {
+		return nil, fmt.Errorf("%d blocks' extra keys, more than %d", n, maxHashes)
+	}
+	out := make([]ExtraKeys, n)
+	var buf []byte
+	for i := range out {
+		if c, err = d.dec.PeekCode(); err != nil {
+			return nil, err
+		}
+		if c == msgpcode.Nil {
+			if err := d.dec.DecodeNil(); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if buf, err = d.canonical(buf[:0], 0); err != nil {
+			return nil, fmt.Errorf("block %d: %w", i, err)
+		}
+		if len(buf) > maxExtra {
+			return nil, fmt.Errorf("block %d: extra keys of more than %d bytes: %w", i, maxExtra, errMalformed)
+		}
+		out[i] = ExtraKeys(buf)
+	}
+	return out, nil
+}
+
+// canonical appends one value to b in a form that depends on the value
+// alone, not on its encoding (an integer's width, a string's header): a
+// type letter, then integers as 8 bytes, and strings, byte strings, lists
+// and maps after their lengths. At most maxExtra bytes, nested at most
+// maxDepth deep.
+func (d *decoder) canonical(b []byte, depth int) ([]byte, error) {
+	if depth > maxDepth {
+		return nil, fmt.Errorf("extra keys nested more than %d deep: %w", maxDepth, errMalformed)
+	}
+	if len(b) > maxExtra {
+		return nil, fmt.Errorf("extra keys of more than %d bytes: %w", maxExtra, errMalformed)
+	}
+	c, err := d.dec.PeekCode()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case c == msgpcode.Nil:
+		return append(b, 'n'), d.dec.DecodeNil()
+	case c == msgpcode.True || c == msgpcode.False:
+		v, err := d.dec.DecodeBool()
+		if v {
+			return append(b, 't'), err
+		}
+		return append(b, 'f'), err
+	case isUnsigned(c) || isSigned(c):
+		return d.canonicalInt(b, c)
+	case c == msgpcode.Float || c == msgpcode.Double:
+		v, err := d.dec.DecodeFloat64()
+		return binary.BigEndian.AppendUint64(append(b, 'd'), math.Float64bits(v)), err
+	case msgpcode.IsString(c) || msgpcode.IsBin(c):
+		v, err := d.bytes(min(maxExtra, d.r.Len()))
+		if err != nil {
+			return nil, err
+		}
+		tag := byte('s')
+		if msgpcode.IsBin(c) {
+			tag = 'b'
+		}
+		return appendCanonBytes(b, tag, v), nil
+	case isArray(c):
+		n, err := d.arrayLen("list")
+		if err != nil {
+			return nil, err
+		}
+		return d.canonicalSeq(appendCanonLen(b, 'a', n), n, depth)
+	case isMap(c):
+		n, err := d.dec.DecodeMapLen()
+		if err != nil {
+			return nil, err
+		}
+		if n < 0 || 2*n > d.r.Len() {
+			return nil, fmt.Errorf("a map of %d entries in %d bytes: %w", n, d.r.Len(), errMalformed)
+		}
+		return d.canonicalSeq(appendCanonLen(b, 'm', n), 2*n, depth)
+	case msgpcode.IsExt(c):
+		id, n, err := d.dec.DecodeExtHeader()
+		if err != nil {
+			return nil, err
+		}
+		if n < 0 || n > maxExtra || n > d.r.Len() {
+			return nil, fmt.Errorf("an extension of %d bytes: %w", n, errMalformed)
+		}
+		v := make([]byte, n)
+		if err := d.dec.ReadFull(v); err != nil {
+			return nil, err
+		}
+		return append(binary.AppendUvarint(append(b, 'x', byte(id)), uint64(n)), v...), nil
+	}
+	return nil, fmt.Errorf("extra keys: code %#x: %w", c, errMalformed)
+}
+
+// canonicalInt appends an integer: 'u' and its 64 bits when it is not
+// negative, however it was encoded, else 'i' and its two's complement.
+func (d *decoder) canonicalInt(b []byte, c byte) ([]byte, error) {
+	if isUnsigned(c) {
+		v, err := d.dec.DecodeUint64()
+		return binary.BigEndian.AppendUint64(append(b, 'u'), v), err
+	}
+	v, err := d.dec.DecodeInt64()
+	tag := byte('i')
+	if v >= 0 {
+		tag = 'u'
+	}
+	return binary.BigEndian.AppendUint64(append(b, tag), uint64(v)), err
+}
+
+// canonicalSeq appends the n values of a list or map.
+func (d *decoder) canonicalSeq(b []byte, n, depth int) ([]byte, error) {
+	var err error
+	for range n {
+		if b, err = d.canonical(b, depth+1); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+func appendCanonLen(b []byte, tag byte, n int) []byte {
+	return binary.AppendUvarint(append(b, tag), uint64(n))
+}
+
+func appendCanonBytes(b []byte, tag byte, v []byte) []byte {
+	return append(appendCanonLen(b, tag, len(v)), v...)
+}
+
+// saltExtraKeys are the extra keys of a prompt's first block under cache
+// salt salt, as vLLM sends them for a text prompt without an adapter: a
+// tuple of the salt alone ("" for no salt: no extra keys).
+func saltExtraKeys(salt string) ExtraKeys {
+	if salt == "" {
+		return ""
+	}
+	return ExtraKeys(appendCanonBytes(appendCanonLen(nil, 'a', 1), 's', []byte(salt)))
 }
 
 // optInt reads an integer, or nil as def.

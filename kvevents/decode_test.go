@@ -16,14 +16,15 @@ type goldenBatch struct {
 	TS     float64 `json:"ts"`
 	Rank   int     `json:"rank"`
 	Events []struct {
-		Kind      string   `json:"kind"`
-		Hashes    []string `json:"hashes"`
-		Parent    string   `json:"parent"`
-		Tokens    []uint32 `json:"tokens"`
-		BlockSize int      `json:"block_size"`
-		Medium    string   `json:"medium"`
-		LoRA      string   `json:"lora"`
-		Group     int      `json:"group"`
+		Kind      string          `json:"kind"`
+		Hashes    []string        `json:"hashes"`
+		Parent    string          `json:"parent"`
+		Tokens    []uint32        `json:"tokens"`
+		BlockSize int             `json:"block_size"`
+		Medium    string          `json:"medium"`
+		LoRA      string          `json:"lora"`
+		Group     int             `json:"group"`
+		ExtraKeys json.RawMessage `json:"extra_keys"`
 	} `json:"events"`
 }
 
@@ -77,6 +78,9 @@ func TestDecodeGolden(t *testing.T) {
 					ev.LoRA != w.LoRA || ev.Group != w.Group {
 					t.Errorf("event %d: %s %v parent %q tokens %v block %d medium %q lora %q group %d;\nwant %+v",
 						i, ev.Kind, hashes, renderHash(ev.Parent), ev.Tokens, ev.BlockSize, ev.Medium, ev.LoRA, ev.Group, w)
+				}
+				if want := goldenExtraKeys(t, w.ExtraKeys); !reflect.DeepEqual(ev.Extra, want) {
+					t.Errorf("event %d: extra keys %q, want %q (%s)", i, ev.Extra, want, w.ExtraKeys)
 				}
 			}
 		})
@@ -169,6 +173,11 @@ func FuzzDecode(f *testing.F) {
 			}
 			if ev.Kind == BlockStored && ev.BlockSize <= 0 {
 				t.Fatalf("BlockStored with block size %d", ev.BlockSize)
+			}
+			for _, x := range ev.Extra {
+				if len(x) > maxExtra {
+					t.Fatalf("%s: extra keys of %d bytes", ev.Kind, len(x))
+				}
 			}
 		}
 	})

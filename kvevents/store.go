@@ -23,8 +23,10 @@ const (
 )
 
 // chainKey names a block by its token ids and those of every block before
-// it: the key of the block before, then the block's tokens, hashed. Equal
-// keys are equal prefixes, whatever the engine's hash seed.
+// it: the key of the block before, then the block's tokens and its extra
+// keys where the events carry them, hashed. Equal keys are equal prefixes
+// under equal extra keys (a prompt's cache salt rides on its first block's
+// and so reaches every block after it), whatever the engine's hash seed.
 type chainKey uint64
 
 // keySeed seeds the chain keys of this process: keys are only compared
@@ -43,8 +45,9 @@ func rootKey(lora string, group int) chainKey {
 	return chainKey(h.Sum64())
 }
 
-// nextKey is the key of a block of tokens after the block parent.
-func nextKey(parent chainKey, tokens []uint32) chainKey {
+// nextKey is the key of a block of tokens after the block parent, with
+// extra keys extra ("" for none, which keys it as before extra_keys).
+func nextKey(parent chainKey, tokens []uint32, extra ExtraKeys) chainKey {
 	var h maphash.Hash
 	h.SetSeed(keySeed)
 	var b [8]byte
@@ -53,6 +56,12 @@ func nextKey(parent chainKey, tokens []uint32) chainKey {
 	for _, t := range tokens {
 		binary.BigEndian.PutUint32(b[:4], t)
 		h.Write(b[:4])
+	}
+	if extra != "" {
+		// After the block's whole tokens, its length first: no run of
+		// tokens alone reads the same.
+		h.Write(binary.AppendUvarint(b[:0], uint64(len(extra))))
+		h.WriteString(string(extra))
 	}
 	return chainKey(h.Sum64())
 }
@@ -131,6 +140,7 @@ type Stream struct {
 
 	mu        sync.Mutex
 	blockSize int                 // of the last BlockStored; 0 before one
+	extraKeys bool                // a BlockStored carried extra_keys: blocks are keyed by them
 	blocks    map[chainKey]record // alive and removed blocks
 	alive     int
 	hashes    map[uint64]chainKey // the engine's hash of each alive block
@@ -172,7 +182,8 @@ type Applied struct {
 	// TooMany counts stored blocks not kept: maxAlive are held.
 	TooMany int
 	// Inconsistent counts BlockStored events whose token ids are not
-	// their blocks' size times their count.
+	// their blocks' size times their count, or whose extra keys are not
+	// one a block.
 	Inconsistent int
 }
 
@@ -248,11 +259,14 @@ func (s *Stream) applyLocked(ev *Event, at time.Time, a *Applied) {
 
 func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
 	bs := ev.BlockSize
-	if len(ev.Tokens) != bs*len(ev.Hashes) {
+	if len(ev.Tokens) != bs*len(ev.Hashes) || (ev.Extra != nil && len(ev.Extra) != len(ev.Hashes)) {
 		a.Inconsistent++
 		return
 	}
 	s.blockSize = bs
+	if ev.Extra != nil {
+		s.extraKeys = true
+	}
 	var k chainKey
 	if ev.Parent == "" {
 		k = rootKey(ev.LoRA, ev.Group)
@@ -265,7 +279,11 @@ func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
 	}
 	t := newTransition(at, tStored)
 	for i, h := range ev.Hashes {
-		k = nextKey(k, ev.Tokens[i*bs:(i+1)*bs])
+		var extra ExtraKeys
+		if ev.Extra != nil {
+			extra = ev.Extra[i]
+		}
+		k = nextKey(k, ev.Tokens[i*bs:(i+1)*bs], extra)
 		// A block removed and stored again keeps its entry in the removed
 		// queue, which passes over it when its turn comes.
 		r, held := s.blocks[k]
@@ -327,6 +345,16 @@ func (s *Stream) Following(t time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return !s.since.IsZero() && !s.since.After(t)
+}
+
+// keyedByExtraKeys tells whether the stream's blocks are keyed by their
+// extra keys too: its BlockStored events carry them (vLLM since
+// extra_keys). Before, a salted block is keyed as the same tokens
+// unsalted.
+func (s *Stream) keyedByExtraKeys() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.extraKeys
 }
 
 // BlockSize is the block size of the stream's last BlockStored, 0 before

@@ -473,7 +473,7 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 		}
 		return m
 	}
-	gate := &gatedObserver{obs: d.truth, fails: newFailureLog(logger), watch: d.watches[t.Name]}
+	gate := &gatedObserver{obs: d.truth, fails: newFailureLog(logger), watch: d.watches[t.Name], salt: salt}
 	if f := d.kvTargets[t.Name]; f != nil {
 		gate.misses = f.offer
 	}

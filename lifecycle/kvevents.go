@@ -183,11 +183,12 @@ type missOffer struct {
 	blockSize int // the target's, until a stream tells its own
 }
 
-// offer queues r when the engine served fewer cached tokens than the
-// model said: the tokens from what it served to what the model said are
-// the missed ones. Only a request whose response counted its cached
-// tokens (observed: usage) says which.
-func (m *missOffer) offer(r *replay.Result) {
+// offer queues r, sent under cache salt salt ("" for none), when the
+// engine served fewer cached tokens than the model said: the tokens from
+// what it served to what the model said are the missed ones. Only a
+// request whose response counted its cached tokens (observed: usage) says
+// which.
+func (m *missOffer) offer(r *replay.Result, salt string) {
 	if !r.Counted.Reported || !r.Counted.UsageCached {
 		return
 	}
@@ -201,7 +202,8 @@ func (m *missOffer) offer(r *replay.Result) {
 		until = r.FirstToken.Add(untilSlack)
 	}
 	job := kvevents.Job{Workload: r.Workload, Target: r.Target, Streams: m.streams, Done: now,
-		Miss: kvevents.Miss{From: r.CachedTokens, To: r.CachedTokens + missed, BlockSize: m.blockSize, Sent: r.Sent, Until: until}}
+		Miss: kvevents.Miss{From: r.CachedTokens, To: r.CachedTokens + missed, BlockSize: m.blockSize, Sent: r.Sent, Until: until,
+			Salt: salt}}
 	req := &r.Request
 	switch {
 	case req.PromptTokenIDs != nil:

@@ -207,6 +207,7 @@ type gatedObserver struct {
 	template *templateOverhead // nil: nothing to learn
 	watch    *layoutWatch      // nil: the target's layout is not read
 	misses   *missOffer        // nil: the target's KV events are not followed
+	salt     string            // the unit's cache salt, "" for none: its missed blocks are looked up under it
 	mu       sync.RWMutex
 	closed   bool
 }
@@ -242,7 +243,7 @@ func (g *gatedObserver) Finished(r *replay.Result) {
 		defer g.done()
 		g.obs.Finished(r)
 		if g.misses != nil {
-			g.misses.offer(r) // r.Counted is filled now
+			g.misses.offer(r, g.salt) // r.Counted is filled now
 		}
 		if g.watch != nil && targetAnswered(r.Outcome) {
 			g.watch.answered()

@@ -68,6 +68,17 @@ CASES = {
     # medium and data_parallel_rank (0.10).
     "array_v010": [TS, [["BlockStored", [H1], None, FIRST, 16, None, "GPU"],
                         ["BlockRemoved", [H1], "GPU"], ["AllBlocksCleared"]], 0],
+    # extra_keys (vllm#33304): a salted prompt's first block carries the
+    # cache salt, as generate_block_hash_extra_keys makes it for the block
+    # at token 0 (a tuple: the adapter's name, multimodal keys, the salt);
+    # its extension carries none. The last event's tuple has every kind of
+    # value, to check that each is kept.
+    "map_salt": [TS, [stored_map([H1, H2], None, FIRST + SECOND, extra_keys=[["0123456789abcdef"], None]),
+                      stored_map([H3], H2, SECOND, extra_keys=[None]),
+                      stored_map([H1], None, FIRST, lora_id=3, lora_name="adapter",
+                                 extra_keys=[["adapter", "a salt longer than thirty-one bytes, as str8"]]),
+                      stored_map([H2], None, SECOND,
+                                 extra_keys=[[["image-uuid", 0], -1, 2**64 - 1, 300, 1.5, True, b"\x00\x01"]])], 0],
     # lora_name, extra_keys, group_idx; sha256 digests as bytes
     # (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) and a signed int hash.
     "array_bytes": [TS, [["BlockStored", [bytes(range(32)), -2], bytes(range(100, 132)), FIRST + SECOND, 16,
@@ -80,6 +91,15 @@ def render_hash(h):
     if isinstance(h, bytes):
         return "b:" + h.hex()
     return "i:%016x" % (h & 0xFFFFFFFFFFFFFFFF)
+
+
+def render_extra(v):
+    """Extra keys in JSON: bytes as {"bytes": HEX}, the rest as they are."""
+    if isinstance(v, bytes):
+        return {"bytes": v.hex()}
+    if isinstance(v, (list, tuple)):
+        return [render_extra(x) for x in v]
+    return v
 
 
 def expected(batch):
@@ -103,7 +123,7 @@ def expected(batch):
         out.append({"kind": f["type"], "hashes": [render_hash(h) for h in f.get("block_hashes", [])],
                     "parent": "" if parent is None else render_hash(parent), "tokens": f.get("token_ids", []),
                     "block_size": f.get("block_size", 0), "medium": f.get("medium") or "", "lora": lora,
-                    "group": f.get("group_idx") or 0})
+                    "group": f.get("group_idx") or 0, "extra_keys": render_extra(f.get("extra_keys"))})
     return {"ts": ts, "rank": rank, "events": out}
 
 
