@@ -83,8 +83,11 @@ const (
 	engineMetricsWrong = "KvloadCacheEngineMetricsDisagree"
 	// disagreeSpan: a run long enough for an engine whose counters are
 	// wrong from the start to page (the exporter reads them every 5 s of
-	// real time, 150 s of rule time; the alert holds 15 minutes).
-	disagreeSpan = 26 * time.Minute
+	// real time, 150 s of rule time; the alert holds 15 minutes). A 5m
+	// rate holds only two reads here, so one read late on a loaded machine
+	// empties a window and restarts the 15 minutes: the span leaves room
+	// for one such restart.
+	disagreeSpan = 40 * time.Minute
 	// The signals the two cache alerts compare with their thresholds: the
 	// efficiency over its baseline, and the cached-token cost.
 	efficiencyRule = "workload_target:kvload_cache_efficiency:ratio_to_baseline"
