@@ -1,7 +1,6 @@
 package emulate
 
 import (
-	"context"
 	"reflect"
 	"testing"
 )
@@ -14,17 +13,7 @@ import (
 func TestKVEventsSaltExtraKeys(t *testing.T) {
 	for _, format := range []KVEventsFormat{KVEventsMap, KVEventsArray} {
 		t.Run(string(format), func(t *testing.T) {
-			e, err := New(Config{BlockSize: 4, KVEvents: "tcp://127.0.0.1:0", KVEventsFormat: format})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			base, wait, err := e.Start(ctx, "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { cancel(); _ = wait() })
-			sub := subscribe(t, e)
+			_, base, sub := startPublishing(t, Config{BlockSize: 4, KVEvents: "tcp://127.0.0.1:0", KVEventsFormat: format})
 
 			salted := map[string]any{"cache_salt": "tenant-a"}
 			complete(t, base, seq(1, 9), salted)  // blocks 1-4, 5-8 under the salt

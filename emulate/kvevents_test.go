@@ -43,6 +43,23 @@ type testSubscriber struct {
 }
 
 // subscribe connects to e's events and waits until e counts the
+// startPublishing serves an engine of cfg, which publishes KV events, on
+// a local port until the test ends, and subscribes to its events.
+func startPublishing(t *testing.T, cfg Config) (*Engine, string, *testSubscriber) {
+	t.Helper()
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	base, wait, err := e.Start(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); _ = wait() })
+	return e, base, subscribe(t, e)
+}
+
 // subscriber, so that no event published from then on is missed.
 func subscribe(t *testing.T, e *Engine) *testSubscriber {
 	t.Helper()
@@ -180,17 +197,7 @@ func asUint(v any) uint64 {
 func TestKVEventsWire(t *testing.T) {
 	for _, format := range []KVEventsFormat{KVEventsMap, KVEventsArray} {
 		t.Run(string(format), func(t *testing.T) {
-			e, err := New(Config{BlockSize: 4, CapacityBlocks: 3, KVEvents: "tcp://127.0.0.1:0", KVEventsFormat: format})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			base, wait, err := e.Start(ctx, "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { cancel(); _ = wait() })
-			sub := subscribe(t, e)
+			e, base, sub := startPublishing(t, Config{BlockSize: 4, CapacityBlocks: 3, KVEvents: "tcp://127.0.0.1:0", KVEventsFormat: format})
 
 			complete(t, base, seq(1, 9), nil)   // blocks 1-4, 5-8 stored
 			complete(t, base, seq(1, 13), nil)  // 9-12 after 5-8
