@@ -45,6 +45,13 @@ const (
 	// minSharedShare: below this share of the window's trace tokens even
 	// at the ceiling, there is nothing to share.
 	minSharedShare = 0.01
+	// lowerBoundShare: an engine that served this share or more of what
+	// the model's ceiling, or its configured or read capacity, would have
+	// served is as good as any larger cache on this window: its figure is
+	// the smallest cache that serves as much, a lower bound of its size,
+	// not the size. Not 1: a healthy engine reads a few percent under the
+	// ideal LRU (templates, chunked prefill, its own eviction order).
+	lowerBoundShare = 0.9
 )
 
 // capacityGrid is where the theoretical hits are added up: capacities in
@@ -76,7 +83,7 @@ func gridIndex(capacity int64) int {
 type effectiveCapacity struct {
 	now func() time.Time
 
-	tokens, state, window *prometheus.Desc
+	tokens, state, window, lowerBound *prometheus.Desc
 
 	mu    sync.Mutex
 	pairs map[wtKey]*effectiveSums
@@ -100,6 +107,9 @@ type effectiveSlot struct {
 	// capacityGrid[j] is the sum up to j.
 	hits  []float64
 	trace float64 // the trace's input_length of those requests
+	// model: the theoretical hit tokens at the model's own capacity (the
+	// one configured or read, or unbounded).
+	model float64
 	// The observed side: cached and prompt tokens, the preamble left out.
 	cached, prompt float64
 }
@@ -109,6 +119,11 @@ type effectiveFigure struct {
 	tokens float64
 	state  EffectiveCapacityState
 	window time.Duration
+	// lowerBound: measured, but the engine served what the model's
+	// ceiling or its capacity would have (lowerBoundShare), so a larger
+	// cache would have served about as much: the engine holds at least
+	// tokens.
+	lowerBound bool
 }
 
 func newEffectiveCapacity(now func() time.Time) *effectiveCapacity {
@@ -119,6 +134,8 @@ func newEffectiveCapacity(now func() time.Time) *effectiveCapacity {
 			"The capacity, in tokens, of the LRU prefix cache whose theoretical hits over the window equal the observed cached tokens (requests counted on both sides of the cache efficiency); present only in the state measured.", wt, nil),
 		state: prometheus.NewDesc(namespace+"_cache_effective_capacity_state",
 			"1 for the effective capacity's state: measured, above_model (the engine served more than a cache at the model's ceiling would have), nothing_to_share (the requests share almost nothing at any capacity), not_reported (no request counted).", append(wt, "state"), nil),
+		lowerBound: prometheus.NewDesc(namespace+"_cache_effective_capacity_lower_bound",
+			"1 when kvload_cache_effective_capacity_tokens is only a lower bound: the engine served 90 % or more of what a cache at the model's ceiling, or at its configured or read capacity, would have, so a larger cache would have served about as much; 0 when the figure is the size. Present with the capacity.", wt, nil),
 		window: prometheus.NewDesc(namespace+"_cache_effective_capacity_window_seconds",
 			"The time the effective capacity's figures cover: the target's cache.estimate_window (5 minutes unless set) once the pair is that old, moving in steps of a tenth of it.", wt, nil),
 		pairs:   map[wtKey]*effectiveSums{},
@@ -134,6 +151,7 @@ func (e *effectiveCapacity) Describe(ch chan<- *prometheus.Desc) {
 	ch <- e.tokens
 	ch <- e.state
 	ch <- e.window
+	ch <- e.lowerBound
 }
 
 // Collect implements prometheus.Collector: the figures of the window
@@ -149,6 +167,11 @@ func (e *effectiveCapacity) Collect(ch chan<- prometheus.Metric) {
 	for k, f := range figures {
 		if f.state == EffectiveMeasured {
 			ch <- prometheus.MustNewConstMetric(e.tokens, prometheus.GaugeValue, f.tokens, k.workload, k.target)
+			bound := 0.0
+			if f.lowerBound {
+				bound = 1
+			}
+			ch <- prometheus.MustNewConstMetric(e.lowerBound, prometheus.GaugeValue, bound, k.workload, k.target)
 		}
 		for _, s := range EffectiveCapacityStates {
 			v := 0.0
@@ -234,6 +257,7 @@ func (e *effectiveCapacity) add(r *replay.Result) {
 		return
 	}
 	s.trace += float64(r.TraceInputLength)
+	s.model += float64(r.TheoreticalCachedTokens)
 	if s.hits == nil {
 		s.hits = make([]float64, len(capacityGrid))
 	}
@@ -300,6 +324,7 @@ func (p *effectiveSums) figure(now time.Time) effectiveFigure {
 			continue
 		}
 		sum.trace += s.trace
+		sum.model += s.model
 		sum.cached += s.cached
 		sum.prompt += s.prompt
 		for j, h := range s.hits {
@@ -321,6 +346,7 @@ func (p *effectiveSums) figure(now time.Time) effectiveFigure {
 		f.state = EffectiveAboveModel
 	default:
 		f.state, f.tokens = EffectiveMeasured, invertHits(sum.hits, served)
+		f.lowerBound = served >= lowerBoundShare*min(total, sum.model)
 	}
 	return f
 }

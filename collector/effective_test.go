@@ -16,8 +16,13 @@ import (
 // efficiency with observed: usage: trace and server prompt tokens, its
 // observed cached tokens and its profile.
 func effResult(trace, prompt, cached int, steps ...replay.CapacityStep) *replay.Result {
+	model := 0 // an unbounded model: the hit at its ceiling
+	if len(steps) > 0 {
+		model = steps[len(steps)-1].Tokens
+	}
 	return &replay.Result{
-		Workload: "w", Target: "t",
+		TheoreticalCachedTokens: model,
+		Workload:                "w", Target: "t",
 		Response:         openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: prompt, PromptKnown: true, CachedTokens: cached, CachedKnown: true},
 		TraceInputLength: trace, TheoreticalKnown: true,
 		TheoreticalByCapacity: replay.CapacityProfile{Steps: steps, Known: true},
@@ -39,31 +44,41 @@ func TestEffectiveCapacityFigure(t *testing.T) {
 	unreported.Counted = replay.Counted{Unreported: true}
 	withPreamble := effResult(1000, 1010, 310, twoSteps...)
 	withPreamble.Counted.LeftOut = 10
+	// A model bounded at c100 tokens (configured or read): it would serve
+	// 300 tokens, and the engine served them.
+	boundedModel := effResult(1000, 1000, 300, twoSteps...)
+	boundedModel.TheoreticalCachedTokens = 300
 	tests := []struct {
 		name    string
 		results []*replay.Result
 		state   EffectiveCapacityState
 		tokens  float64
+		// lowerBound: the engine served 90 % or more of what the model
+		// (unbounded here, but where set) or its ceiling would have.
+		lowerBound bool
 	}{
-		{"nothing yet", nil, EffectiveNotReported, 0},
-		{"only unreported requests", []*replay.Result{unreported}, EffectiveNotReported, 0},
-		{"only unknown profiles", []*replay.Result{unknown}, EffectiveNotReported, 0},
-		{"at a grid point", []*replay.Result{effResult(1000, 1000, 300, twoSteps...)}, EffectiveMeasured, c100},
-		{"halfway between two, on a log scale", []*replay.Result{effResult(1000, 1000, 150, twoSteps...)}, EffectiveMeasured, math.Sqrt(c99 * c100)},
-		{"the server's prompt counts the template", []*replay.Result{effResult(1000, 1100, 330, twoSteps...)}, EffectiveMeasured, c100},
-		{"the preamble left out", []*replay.Result{withPreamble}, EffectiveMeasured, c100},
-		{"unknown profiles left out", []*replay.Result{effResult(1000, 1000, 300, twoSteps...), unknown}, EffectiveMeasured, c100},
+		{"nothing yet", nil, EffectiveNotReported, 0, false},
+		{"only unreported requests", []*replay.Result{unreported}, EffectiveNotReported, 0, false},
+		{"only unknown profiles", []*replay.Result{unknown}, EffectiveNotReported, 0, false},
+		{"at a grid point", []*replay.Result{effResult(1000, 1000, 300, twoSteps...)}, EffectiveMeasured, c100, false},
+		{"halfway between two, on a log scale", []*replay.Result{effResult(1000, 1000, 150, twoSteps...)}, EffectiveMeasured, math.Sqrt(c99 * c100), false},
+		{"the server's prompt counts the template", []*replay.Result{effResult(1000, 1100, 330, twoSteps...)}, EffectiveMeasured, c100, false},
+		{"the preamble left out", []*replay.Result{withPreamble}, EffectiveMeasured, c100, false},
+		{"unknown profiles left out", []*replay.Result{effResult(1000, 1000, 300, twoSteps...), unknown}, EffectiveMeasured, c100, false},
 		{"requests added up", []*replay.Result{
 			effResult(1000, 1000, 0, replay.CapacityStep{Capacity: at100, Tokens: 600}),
 			effResult(1000, 1000, 300),
-		}, EffectiveMeasured, math.Sqrt(c99 * c100)},
-		{"below the first grid point, linear from 0", []*replay.Result{effResult(1000, 1000, 150, replay.CapacityStep{Capacity: 8, Tokens: 300})}, EffectiveMeasured, 8},
-		{"no hit observed: a cache of nothing", []*replay.Result{effResult(1000, 1000, 0, twoSteps...)}, EffectiveMeasured, 0},
-		{"the ceiling's hits, all observed", []*replay.Result{effResult(1000, 1000, 600, twoSteps...)}, EffectiveMeasured, capacityGrid[200]},
-		{"more than the ceiling's hits", []*replay.Result{effResult(1000, 1000, 601, twoSteps...)}, EffectiveAboveModel, 0},
-		{"nothing to share", []*replay.Result{effResult(1000, 1000, 0)}, EffectiveNothingToShare, 0},
-		{"under 1 % shared", []*replay.Result{effResult(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 9})}, EffectiveNothingToShare, 0},
-		{"1 % shared", []*replay.Result{effResult(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 10})}, EffectiveMeasured, -1},
+		}, EffectiveMeasured, math.Sqrt(c99 * c100), false},
+		{"below the first grid point, linear from 0", []*replay.Result{effResult(1000, 1000, 150, replay.CapacityStep{Capacity: 8, Tokens: 300})}, EffectiveMeasured, 8, false},
+		{"no hit observed: a cache of nothing", []*replay.Result{effResult(1000, 1000, 0, twoSteps...)}, EffectiveMeasured, 0, false},
+		{"the ceiling's hits, all observed", []*replay.Result{effResult(1000, 1000, 600, twoSteps...)}, EffectiveMeasured, capacityGrid[200], true},
+		{"more than the ceiling's hits", []*replay.Result{effResult(1000, 1000, 601, twoSteps...)}, EffectiveAboveModel, 0, false},
+		{"nothing to share", []*replay.Result{effResult(1000, 1000, 0)}, EffectiveNothingToShare, 0, false},
+		{"under 1 % shared", []*replay.Result{effResult(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 9})}, EffectiveNothingToShare, 0, false},
+		{"1 % shared", []*replay.Result{effResult(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 10})}, EffectiveMeasured, -1, false},
+		{"90 % of the ceiling's: at least", []*replay.Result{effResult(1000, 1000, 540, twoSteps...)}, EffectiveMeasured, -1, true},
+		{"89 % of the ceiling's: the size", []*replay.Result{effResult(1000, 1000, 534, twoSteps...)}, EffectiveMeasured, -1, false},
+		{"a bounded model's own hits served: at least", []*replay.Result{boundedModel}, EffectiveMeasured, c100, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -91,6 +106,16 @@ func TestEffectiveCapacityFigure(t *testing.T) {
 				if got, n := m.Value("kvload_cache_effective_capacity_state", "workload", "w", "target", "t", "state", string(s)); n != 1 || got != want {
 					t.Errorf("state series %s: %v (%d series), want %v", s, got, n, want)
 				}
+			}
+			if st.EffectiveCapacityLowerBound != tt.lowerBound {
+				t.Errorf("lower bound %v, want %v", st.EffectiveCapacityLowerBound, tt.lowerBound)
+			}
+			bound, nb := m.Value("kvload_cache_effective_capacity_lower_bound", "workload", "w", "target", "t")
+			switch {
+			case tt.state != EffectiveMeasured && nb != 0:
+				t.Errorf("a lower-bound series in state %s", tt.state)
+			case tt.state == EffectiveMeasured && (nb != 1 || (bound == 1) != tt.lowerBound):
+				t.Errorf("lower-bound series %v (%d series), want %v", bound, nb, tt.lowerBound)
 			}
 			got, n := m.Value("kvload_cache_effective_capacity_tokens", "workload", "w", "target", "t")
 			if tt.state != EffectiveMeasured && n != 0 {

@@ -149,6 +149,10 @@ type Status struct {
 	EffectiveCapacityTokens float64
 	EffectiveCapacityState  EffectiveCapacityState
 	EffectiveCapacityWindow time.Duration
+	// EffectiveCapacityLowerBound: the engine served what the model's
+	// ceiling or capacity would have, so EffectiveCapacityTokens is only
+	// the least it holds.
+	EffectiveCapacityLowerBound bool
 
 	Window time.Duration // span the figures cover
 	// HealthReason says why Health is what it is.
@@ -225,6 +229,7 @@ func (c *Collector) Status() []Status {
 		st := w.status(k, now)
 		f := c.effective.figure(k.workload, k.target, now)
 		st.EffectiveCapacityTokens, st.EffectiveCapacityState, st.EffectiveCapacityWindow = f.tokens, f.state, f.window
+		st.EffectiveCapacityLowerBound = f.lowerBound
 		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool {
