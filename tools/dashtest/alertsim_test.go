@@ -77,6 +77,16 @@ const (
 	alertTarget   = "vllm"
 
 	hitRegression = "KvloadCacheHitRegression"
+	// smallerThanConfigured: the engine behaves like a cache under a
+	// quarter of the capacity it reports.
+	smallerThanConfigured = "KvloadCacheSmallerThanConfigured"
+	// largeShare: the cache, in shares of a pass's distinct blocks, of the
+	// engine far larger than the traffic needs (a production GPU's against
+	// a canary's working set).
+	largeShare = 8
+	// smallerWithin: the static alert holds 30 minutes, after 10 minutes
+	// without a lower bound: it must fire within 45 minutes of a cut.
+	smallerWithin = 45 * time.Minute
 	contrastLost  = "KvloadCacheTTFTContrastLost"
 	// engineMetricsWrong: the engine's cache counters disagree with its
 	// responses (per target: it has no workload label).
@@ -127,8 +137,23 @@ type alertScenario struct {
 	// address with an empty cache.
 	restart bool
 	span    time.Duration
-	check   func(t *testing.T, r *scenarioResult)
+	// baselineOf, when set, is the exporter series the alert under test
+	// compares with its own baseline: the change waits until that baseline
+	// has formed (baselineForms after the series first appears, and no
+	// sooner than alertChangeAt), and span counts from alertChangeAt as
+	// if the change had come then. The cost fit's first figure comes
+	// later on a busy machine; a change before its baseline would test
+	// nothing but the machine.
+	baselineOf string
+	// changeFirst: the change comes at the first scrape, not at
+	// alertChangeAt.
+	changeFirst bool
+	check       func(t *testing.T, r *scenarioResult)
 }
+
+// baselineForms: a baseline exists once 10 evaluations of its signal (30 s
+// apart here) lie more than 10 minutes back (kvload-rules.yml).
+const baselineForms = 10*time.Minute + 10*alertCompression*time.Second
 
 // scenarioResult is what a scenario recorded and the rules made of it.
 type scenarioResult struct {
@@ -157,11 +182,7 @@ func TestAlertScenarios(t *testing.T) {
 	promtool := binary(t, "PROMTOOL_BIN", filepath.Join(root, "tools"), "github.com/prometheus/prometheus/cmd/promtool", bin)
 	files := ruleFiles(root)
 
-	effThr, hitHold, err := alertThreshold(files, hitRegression, efficiencyRule)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conThr, conHold, err := alertThreshold(files, contrastLost, contrastRule)
+	th, err := readThresholds(files)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,10 +190,55 @@ func TestAlertScenarios(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cut := int(float64(distinct) * cutShare)
 	t.Logf("F = %d; rules: %s < %g for %v, %s > %g for %v; pass holds %d blocks of %d tokens, cut to %d",
-		alertCompression, efficiencyRule, effThr, hitHold, contrastRule, conThr, conHold, distinct, emulatorBlockTokens, cut)
+		alertCompression, efficiencyRule, th.eff, th.hitHold, contrastRule, th.contrast, th.contrastHold, distinct,
+		emulatorBlockTokens, int(float64(distinct)*cutShare))
+	scenarios := alertScenarioList(distinct)
+	// alertScenarioSlots at a time: a scenario is mostly waiting for its
+	// rule time to pass, and the rule time of each scrape is its index,
+	// not the wall clock, so a slower scrape does not move the alerts'
+	// timeline.
+	slots := make(chan struct{}, alertScenarioSlots)
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			slots <- struct{}{}
+			t.Cleanup(func() { <-slots })
+			r := runAlertScenario(t, kvload, promtool, trace, files, sc)
+			th.apply(r)
+			r.logTimeline(t)
+			sc.check(t, r)
+		})
+	}
+}
 
+// alertThresholds are the cache alerts' thresholds and holds, read from the
+// rule files as they are.
+type alertThresholds struct {
+	eff, contrast         float64
+	hitHold, contrastHold time.Duration
+}
+
+func readThresholds(files []string) (alertThresholds, error) {
+	var th alertThresholds
+	var err error
+	if th.eff, th.hitHold, err = alertThreshold(files, hitRegression, efficiencyRule); err != nil {
+		return th, err
+	}
+	if th.contrast, th.contrastHold, err = alertThreshold(files, contrastLost, contrastRule); err != nil {
+		return th, err
+	}
+	return th, nil
+}
+
+func (th alertThresholds) apply(r *scenarioResult) {
+	r.effThreshold, r.contrastThreshold, r.hitHold, r.contrastHold = th.eff, th.contrast, th.hitHold, th.contrastHold
+}
+
+// alertScenarioList is every scenario, its caches sized from distinct, the
+// emulator blocks one pass of the trace holds.
+func alertScenarioList(distinct int) []alertScenario {
+	cut := int(float64(distinct) * cutShare)
 	// A target that reports no cached tokens, with a prefill cost that
 	// makes the cache visible in TTFT (50 µs per uncached prompt token).
 	silent := []string{"--omit-cached-tokens", "--overhead", "2ms", "--prefill-per-token", "50us"}
@@ -231,6 +297,7 @@ func TestAlertScenarios(t *testing.T) {
 			r.whatIf(t, r.efficiencyWhatIf())
 		}},
 		{name: "silent target, cache disabled", emulate: silent, change: `{"enabled": false}`, span: alertChangeAt + pageWithin + 2*time.Minute,
+			baselineOf: "kvload_cache_cached_token_cost_ratio",
 			check: func(t *testing.T, r *scenarioResult) {
 				r.firesAfterChange(t, contrastLost)
 				r.neverActive(t, hitRegression)
@@ -239,6 +306,7 @@ func TestAlertScenarios(t *testing.T) {
 				r.whatIf(t, r.contrastWhatIf())
 			}},
 		{name: "silent target, flush", emulate: silent, change: `{"flush": true}`, span: alertChangeAt + recoverWithin + 5*time.Minute,
+			baselineOf: "kvload_cache_cached_token_cost_ratio",
 			check: func(t *testing.T, r *scenarioResult) {
 				r.neverFiring(t, contrastLost)
 				r.neverActive(t, hitRegression)
@@ -258,6 +326,24 @@ func TestAlertScenarios(t *testing.T) {
 			r.whatIf(t, r.contrastWhatIf())
 		}},
 		healthyOnly("down for the first 2 minutes", scenarioEngine{dialect: "vllm"}, 2*time.Minute),
+		// A vLLM-like engine that reports a cache 8 times the pass's
+		// distinct blocks: it serves every hit the model offers, so its
+		// effective capacity is only a lower bound, far under its size.
+		{name: "vLLM with a large cache, healthy", emulate: []string{fmt.Sprintf("--capacity-blocks=%d", largeShare*distinct)},
+			span: healthySpan, check: func(t *testing.T, r *scenarioResult) {
+				r.neverActive(t, smallerThanConfigured)
+				r.neverFiring(t, hitRegression)
+				r.neverActive(t, contrastLost)
+				r.mostlyLowerBound(t)
+			}},
+		// An engine that reports that large cache but holds cutShare of
+		// the pass from its start: under a quarter of its size, it pages.
+		{name: "vLLM reporting a large cache, holding a small one", emulate: []string{fmt.Sprintf("--capacity-blocks=%d", largeShare*distinct)},
+			change: fmt.Sprintf(`{"capacity_blocks": %d}`, cut), changeFirst: true, span: smallerWithin + 2*time.Minute,
+			check: func(t *testing.T, r *scenarioResult) {
+				r.firesWithin(t, smallerThanConfigured, smallerWithin)
+				r.neverActive(t, contrastLost)
+			}},
 	}
 	// Engines whose capacity the exporter cannot read, so that its model
 	// is an unbounded cache and reads them low: they must be judged
@@ -278,22 +364,7 @@ func TestAlertScenarios(t *testing.T) {
 			pages(eng.name+", cache disabled", eng, `{"enabled": false}`),
 			pages(eng.name+", capacity halved", eng, eng.halve))
 	}
-	// alertScenarioSlots at a time: a scenario is mostly waiting for its
-	// rule time to pass, and the rule time of each scrape is its index,
-	// not the wall clock, so a slower scrape does not move the alerts'
-	// timeline.
-	slots := make(chan struct{}, alertScenarioSlots)
-	for _, sc := range scenarios {
-		t.Run(sc.name, func(t *testing.T) {
-			t.Parallel()
-			slots <- struct{}{}
-			t.Cleanup(func() { <-slots })
-			r := runAlertScenario(t, kvload, promtool, trace, files, sc)
-			r.effThreshold, r.contrastThreshold, r.hitHold, r.contrastHold = effThr, conThr, hitHold, conHold
-			r.logTimeline(t)
-			sc.check(t, r)
-		})
-	}
+	return scenarios
 }
 
 // runAlertScenario starts the emulator and the exporter, records span of
@@ -343,13 +414,37 @@ workloads:
 	waitHTTP(t, exp, "http://"+expAddr+"/-/ready", time.Minute)
 
 	rec := newRecorder(t, expAddr, alertCompression)
+	if dir := os.Getenv("KVLOAD_ALERT_TAPES"); dir != "" {
+		tw, err := newTapeWriter(dir, sc.name, alertCompression)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.tape = tw
+	}
 	res := &scenarioResult{changeAt: -1}
-	recordScenario(t, rec, exp, sc.span, func(at time.Duration) *process {
+	// changeAt: when the change comes; later where it waits for a baseline.
+	changeAt, firstSeen := alertChangeAt, time.Duration(-1)
+	span := func() time.Duration { return sc.span + changeAt - alertChangeAt }
+	if sc.changeFirst {
+		changeAt, span = 0, fixedSpan(sc.span)
+	}
+	recordScenario(t, rec, exp, span, func(at time.Duration) *process {
+		if sc.baselineOf != "" && firstSeen < 0 && rec.has(t.Context(), sc.baselineOf, at) {
+			firstSeen = at
+			changeAt = max(alertChangeAt, at+baselineForms)
+			t.Logf("%s first at %v: the change comes at %v", sc.baselineOf, at, changeAt)
+		}
+		if sc.baselineOf != "" && firstSeen < 0 {
+			if at > 2*alertChangeAt {
+				t.Fatalf("%s never appeared in %v of rule time", sc.baselineOf, at)
+			}
+			changeAt = max(changeAt, at+baselineForms)
+		}
 		if emu == nil && sc.startAfter > 0 && res.changeAt < 0 && at >= sc.startAfter {
 			emu = startProcess(t, dir, "emulator", kvload, args...)
 			waitHTTP(t, emu, "http://"+emuAddr+"/metrics", time.Minute)
 		}
-		if sc.change != "" && res.changeAt < 0 && at >= alertChangeAt {
+		if sc.change != "" && res.changeAt < 0 && at >= changeAt {
 			if err := postCache(t.Context(), "http://"+emuAddr, sc.change); err != nil {
 				t.Fatal(err)
 			}
@@ -366,16 +461,21 @@ workloads:
 		}
 		return emu
 	})
+	if rec.tape != nil {
+		if err := rec.tape.finish(res.changeAt); err != nil {
+			t.Fatal(err)
+		}
+	}
 	evaluateScenario(t, res, rec, promtool, dir, files, alertWorkload, alertTarget)
 	return res
 }
 
 // recordScenario scrapes the exporter every real second, storing scrape i
-// at rule time i × F, until rule time span. step runs at each scrape's
+// at rule time i × F, until rule time span() (asked again at each scrape). step runs at each scrape's
 // rule time (a scenario's changes happen there) and returns the engine's
 // process, or nil while it is away on purpose: either exiting otherwise
 // fails the test.
-func recordScenario(t *testing.T, rec *recorder, exp *process, span time.Duration, step func(at time.Duration) *process) {
+func recordScenario(t *testing.T, rec *recorder, exp *process, span func() time.Duration, step func(at time.Duration) *process) {
 	t.Helper()
 	// The ticker is the sampling clock.
 	tick := time.NewTicker(time.Second)
@@ -386,7 +486,7 @@ func recordScenario(t *testing.T, rec *recorder, exp *process, span time.Duratio
 		}
 		at := rec.ruleTime(rec.scrapes - 1)
 		engine := step(at)
-		if at >= span {
+		if at >= span() {
 			return
 		}
 		var engineDone chan struct{} // nil blocks: no engine to watch
@@ -405,13 +505,13 @@ func recordScenario(t *testing.T, rec *recorder, exp *process, span time.Duratio
 
 // evaluateScenario evaluates the rule files over what rec stored, one
 // evaluation per scrape, into res (steps and the final outcomes), and has
-// promtool cross-check the alerts' states.
+// promtool cross-check the alerts' states (none where promtool is "").
 func evaluateScenario(t *testing.T, res *scenarioResult, rec *recorder, promtool, dir string, files []string, workload, target string) {
 	t.Helper()
 	ctx := t.Context()
 	res.interval = rec.ruleTime(1)
 	last := rec.ruleTime(rec.scrapes - 1)
-	steps, err := evaluateRules(ctx, files, rec.db, last, res.interval, workload, target, []string{hitRegression, contrastLost, engineMetricsWrong})
+	steps, err := evaluateRules(ctx, files, rec.db, last, res.interval, workload, target, []string{hitRegression, contrastLost, engineMetricsWrong, smallerThanConfigured})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +519,9 @@ func evaluateScenario(t *testing.T, res *scenarioResult, rec *recorder, promtool
 	if res.outcomes, err = outcomes(ctx, rec.db, last); err != nil {
 		t.Fatal(err)
 	}
-	crossCheckWithPromtool(t, promtool, dir, files, rec.db, steps, res.interval)
+	if promtool != "" {
+		crossCheckWithPromtool(t, promtool, dir, files, rec.db, steps, res.interval)
+	}
 }
 
 // outcomes reads kvload_requests_total by outcome at rule time at.
@@ -537,6 +639,13 @@ func (r *scenarioResult) neverFiring(t *testing.T, alert string) {
 // pageWithin after it.
 func (r *scenarioResult) firesAfterChange(t *testing.T, alert string) {
 	t.Helper()
+	r.firesWithin(t, alert, pageWithin)
+}
+
+// firesWithin: not firing before the change, firing within within after
+// it.
+func (r *scenarioResult) firesWithin(t *testing.T, alert string, within time.Duration) {
+	t.Helper()
 	if r.changeAt < 0 {
 		t.Fatal("no change applied")
 	}
@@ -548,7 +657,6 @@ func (r *scenarioResult) firesAfterChange(t *testing.T, alert string) {
 	}
 	pending, okP := r.first(alert, "pending", r.changeAt)
 	firing, okF := r.first(alert, "firing", r.changeAt)
-	within := pageWithin
 	switch {
 	case !okF:
 		t.Errorf("%s never firing after the change at %v (pending %v at %v)", alert, r.changeAt, okP, pending)
@@ -567,6 +675,26 @@ func (r *scenarioResult) stateAt(alert string, at time.Duration) string {
 		}
 	}
 	return "?"
+}
+
+// mostlyLowerBound: once a window has passed, the effective capacity was
+// measured and read as a lower bound at 90 % or more of the evaluations.
+func (r *scenarioResult) mostlyLowerBound(t *testing.T) {
+	t.Helper()
+	var n, bound int
+	for _, s := range r.steps {
+		if s.at < rateWindow || math.IsNaN(s.lowerBound) {
+			continue
+		}
+		n++
+		if s.lowerBound == 1 {
+			bound++
+		}
+	}
+	t.Logf("effective capacity a lower bound at %d of %d evaluations", bound, n)
+	if n == 0 || float64(bound) < 0.9*float64(n) {
+		t.Errorf("effective capacity a lower bound at %d of %d evaluations, want 90 %% or more", bound, n)
+	}
 }
 
 // efficiencyAbsent: a target that reports nothing has no efficiency.
@@ -788,6 +916,7 @@ func healthyOnly(name string, eng scenarioEngine, startAfter time.Duration) aler
 			r.neverFiring(t, hitRegression)
 			r.neverFiring(t, contrastLost)
 			r.neverActive(t, contrastLost)
+			r.neverActive(t, smallerThanConfigured)
 			r.whatIf(t, r.efficiencyWhatIf())
 		}}
 }

@@ -96,7 +96,7 @@ workloads:
 
 			rec := newRecorder(t, expAddr, llamaCompression)
 			engine := srv
-			recordScenario(t, rec, exp, engineChangeAt+engineAfterChange, func(at time.Duration) *process {
+			recordScenario(t, rec, exp, fixedSpan(engineChangeAt+engineAfterChange), func(at time.Duration) *process {
 				if res.changeAt < 0 && at >= engineChangeAt {
 					srv.kill()
 					engine = startLlamaServer(t, dir, "llama-server-nocache", server, modelFile, addr, "--no-cache-prompt")
@@ -173,7 +173,7 @@ workloads:
 
 	rec := newRecorder(t, expAddr, ollamaCompression)
 	engine := srv
-	recordScenario(t, rec, exp, ollamaChangeAt+ollamaAfterChange, func(at time.Duration) *process {
+	recordScenario(t, rec, exp, fixedSpan(ollamaChangeAt+ollamaAfterChange), func(at time.Duration) *process {
 		if res.changeAt < 0 && at >= ollamaChangeAt {
 			srv.kill()
 			engine = startOllama(t, dir, "ollama-keepalive0", ollama, addr, append(env, "OLLAMA_KEEP_ALIVE=0"))

@@ -36,6 +36,9 @@ type recorder struct {
 	compression float64 // rule seconds per real second
 	scrapes     int
 	client      *http.Client
+	// tape, when set, keeps every scrape's kvload_ samples (writeTape), so
+	// that the rules can be evaluated again over the same recording.
+	tape *tapeWriter
 }
 
 func newRecorder(t *testing.T, addr string, compression float64) *recorder {
@@ -78,6 +81,16 @@ func (r *recorder) scrape(ctx context.Context) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("scrape %d: %s", r.scrapes, resp.Status)
 	}
+	if r.tape != nil {
+		if err := r.tape.scrape(body); err != nil {
+			return fmt.Errorf("scrape %d: %w", r.scrapes, err)
+		}
+	}
+	return r.store(ctx, body)
+}
+
+// store stores one scrape's body at the rule time of the next index.
+func (r *recorder) store(ctx context.Context, body []byte) error {
 	ts := ruleEpoch.Add(r.ruleTime(r.scrapes)).UnixMilli()
 	app := r.db.Appender(ctx)
 	p := textparse.NewPromParser(body, labels.NewSymbolTable(), false)
@@ -111,6 +124,20 @@ func (r *recorder) scrape(ctx context.Context) error {
 	return nil
 }
 
+// has says whether the series metric has a sample at rule time at.
+func (r *recorder) has(ctx context.Context, metric string, at time.Duration) bool {
+	q, err := r.db.Querier(ruleEpoch.Add(at).UnixMilli(), ruleEpoch.Add(at).UnixMilli())
+	if err != nil {
+		return false
+	}
+	defer q.Close()
+	set := q.Select(ctx, false, nil, labels.MustNewMatcher(labels.MatchEqual, labels.MetricName, metric))
+	return set.Next()
+}
+
+// fixedSpan is a recording's span that does not move.
+func fixedSpan(span time.Duration) func() time.Duration { return func() time.Duration { return span } }
+
 // ruleEpoch is rule time 0, the first scrape (as in promtool's tests).
 var ruleEpoch = time.Unix(0, 0).UTC()
 
@@ -122,7 +149,12 @@ type ruleStep struct {
 	capacity   float64       // effective capacity over its baseline; NaN when absent
 	// ttftContrast: the TTFT contrast between cache classes; NaN when absent.
 	ttftContrast float64
-	states       map[string]rules.AlertState
+	// effAbs: the efficiency itself (not over its baseline); NaN when absent.
+	effAbs float64
+	// lowerBound: 1 when the effective capacity is only a lower bound, 0
+	// when it is the size; NaN when absent (not measured).
+	lowerBound float64
+	states     map[string]rules.AlertState
 	// firing: every alert of the rule files firing at this step, any
 	// workload and target, with its labels (alertname included) and
 	// annotations, for the cross-check by promtool.
@@ -251,6 +283,12 @@ func evaluateRules(ctx context.Context, files []string, st storage.Storage, last
 			return nil, err
 		}
 		if s.ttftContrast, err = query("workload_target:kvload_cache_ttft_contrast:ratio_rate5m", ts); err != nil {
+			return nil, err
+		}
+		if s.effAbs, err = query("workload_target:kvload_cache_efficiency:ratio_rate5m", ts); err != nil {
+			return nil, err
+		}
+		if s.lowerBound, err = query("kvload_cache_effective_capacity_lower_bound", ts); err != nil {
 			return nil, err
 		}
 		for _, a := range alerting {
