@@ -48,8 +48,8 @@ type hitPage struct {
 // TestServerMetricsObservedHitRate drives a TensorRT-LLM target through
 // pages that drop a series, reset one, or repeat one, while the engine
 // serves exactly half of every prompt from its cache: the observed hit
-// rate must read 0.5 (issue 24, points 5 and 7: a missing series read as
-// a restart took it to 133; a duplicated one, summed, to 0.891).
+// rate must read 0.5 (a missing series read as a restart of the whole
+// counter takes it to 133; a duplicated one, summed, to 0.891).
 func TestServerMetricsObservedHitRate(t *testing.T) {
 	const prompt = 1000 // per request, half of it hits
 	tests := []struct {

@@ -14,7 +14,7 @@ import (
 
 // smallSeriesPage is a page of about size bytes of small series of
 // families no read asks for, with a vLLM's cached-token counter in the
-// middle: the page of issue 24, point 2.
+// middle: a page the exporter must read without holding it whole.
 func smallSeriesPage(size int) []byte {
 	var b bytes.Buffer
 	b.Grow(size + 1024)
@@ -47,8 +47,8 @@ func parseHeap(t testing.TB, page []byte) uint64 {
 }
 
 // TestParseFamiliesMemory: a 30 MiB page of small series costs the parse
-// of the few lines read, not of the page. (Issue 24, point 2: the page
-// took the exporter from 189 MiB to 1.4 GiB; parsing it whole allocates
+// of the few lines read, not of the page. (Parsed whole, such a page took
+// the exporter from 189 MiB to 1.4 GiB, and the parse alone allocates
 // over 1 GiB.)
 func TestParseFamiliesMemory(t *testing.T) {
 	page := smallSeriesPage(30 << 20)

@@ -57,8 +57,8 @@ func vllmHits(v int64) string {
 // TestServerScrapeDeadline: a target whose /metrics hangs before its
 // head, or drips its page a byte at a time, costs one counted timeout per
 // scrape and is logged; the scrapes go on meanwhile, and when it answers
-// again they credit what it counted. (Issue 24, point 1: the scraper used
-// to wait on the first hung scrape for good, counting nothing.)
+// again they credit what it counted. (Without a deadline the scraper
+// waited on the first hung scrape for good, counting nothing.)
 func TestServerScrapeDeadline(t *testing.T) {
 	var mode atomic.Value
 	mode.Store("ok")
@@ -146,7 +146,7 @@ func TestServerScrapeHeaderTimeout(t *testing.T) {
 
 // TestServerScraperCancelledNotCounted: a scrape cut short because its
 // scraper stopped counts no error: the target may be gone, its series
-// deleted, and a count would bring one back. (Issue 24, point 9.)
+// deleted, and a count would bring one back.
 func TestServerScraperCancelledNotCounted(t *testing.T) {
 	inFlight := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -170,8 +170,8 @@ func TestServerScraperCancelledNotCounted(t *testing.T) {
 }
 
 // TestServerScraperClosesConnections: a scraper that stops closes its
-// kept-alive connection to the target. (Issue 24, point 3: every reload
-// used to leave one per changed target, and two goroutines, for minutes.)
+// kept-alive connection to the target. (Otherwise every reload leaves one
+// per changed target, and two goroutines, open for minutes.)
 func TestServerScraperClosesConnections(t *testing.T) {
 	var open atomic.Int64
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -211,7 +211,7 @@ func TestServerScraperClosesConnections(t *testing.T) {
 
 // TestServerScraperDuplicateSeries: a page holding one series of the
 // counter twice is refused and counted as duplicate, not summed; the
-// baseline stays. (Issue 24, point 7: the observed hit rate read 0.891
+// baseline stays. (Summed, the two took the observed hit rate to 0.891
 // where the truth was 0.5.)
 func TestServerScraperDuplicateSeries(t *testing.T) {
 	pages := []string{
@@ -240,8 +240,8 @@ func TestServerScraperDuplicateSeries(t *testing.T) {
 }
 
 // TestServerScraperSeriesResets: each series of the counter counts on its
-// own. (Issue 24, point 5: a series missing from one page used to read as
-// a restart of the whole counter, and its return as new hits: TensorRT-LLM's
+// own. (Counted as one, a series missing from one page reads as a restart
+// of the whole counter, and its return as new hits: TensorRT-LLM's
 // observed hit rate read 133 where the truth was 0.5.)
 func TestServerScraperSeriesResets(t *testing.T) {
 	type read struct {

@@ -16,7 +16,7 @@ import (
 // scrape is not credited: the scrape fails with a *RejectedCount naming
 // the reason, kvload_server_metrics_errors_total counts it, and the
 // baseline stays where it was, so the next sane value is credited from
-// there. (Issue 14, point 5: one such answer used to ruin every rate.)
+// there. (Credited, one such answer would ruin every rate.)
 func TestServerScraperRejectsImplausible(t *testing.T) {
 	tests := []struct {
 		name   string

@@ -13,11 +13,12 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/engine"
 )
 
-// TestClientServerIdleTimeout is issue 14's point 6 against a real
-// net/http server whose idle timeout is 50 ms: it closes a kept-alive
-// connection after 50 ms of silence, whatever the client is doing. Clients
-// send with gaps that sweep across those 50 ms, so that many requests go
-// out on a connection the server is closing at that moment. Every request
+// TestClientServerIdleTimeout checks the retry of a request lost to an
+// idle connection the server closed, against a real net/http server whose
+// idle timeout is 50 ms: it closes a kept-alive connection after 50 ms of
+// silence, whatever the client is doing. Clients send with gaps that
+// sweep across those 50 ms, so that many requests go out on a connection
+// the server is closing at that moment. Every request
 // must succeed: one that fails on a reused connection before any response
 // byte is retried once, on a connection of its own (which the server sees
 // as a request with Connection: close).

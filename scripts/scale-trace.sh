@@ -1,9 +1,9 @@
 #!/bin/sh
-# scale-trace.sh: write a big Mooncake trace for the scale benchmarks
-# (issue #15) by repeating the shared conversation trace: each copy's
-# timestamps start where the previous copy's pass would have ended, and its
-# hash ids are moved past every id of the copies before, so no copy shares
-# a block with another (as a longer recording of different traffic would).
+# scale-trace.sh: write a big Mooncake trace for the scale benchmarks by
+# repeating the shared conversation trace: each copy's timestamps start
+# where the previous copy's pass would have ended, and its hash ids are
+# moved past every id of the copies before, so no copy shares a block with
+# another (as a longer recording of different traffic would).
 #
 # usage: scale-trace.sh SOURCE.jsonl ROWS > OUT.jsonl
 set -eu

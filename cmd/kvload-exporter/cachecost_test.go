@@ -44,7 +44,7 @@ func costTrace(rows int) []byte {
 	return []byte(b.String())
 }
 
-// TestE2ECachedTokenCost (issue 23, point 5): the cost of a cached prompt
+// TestE2ECachedTokenCost: the cost of a cached prompt
 // token against an uncached one, fitted by the exporter from nothing but
 // each request's time and its theoretical tokens, against emulated
 // engines that report no cached tokens (a vLLM without

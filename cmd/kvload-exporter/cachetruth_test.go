@@ -187,7 +187,7 @@ func ctBand(t *testing.T, what string, c ctCounters, lo, hi float64) {
 	}
 }
 
-// TestE2ECacheTruthFleet (point 2): two replicas sharded 0/2 and 1/2
+// TestE2ECacheTruthFleet: two replicas sharded 0/2 and 1/2
 // against one engine each read the truth, and so do they together.
 func TestE2ECacheTruthFleet(t *testing.T) {
 	t.Parallel()
@@ -205,7 +205,7 @@ func TestE2ECacheTruthFleet(t *testing.T) {
 	ctBand(t, "both", end.minus(start), 0.93, 1.01)
 }
 
-// TestE2ECacheTruthFleetServerMetrics (points 2 and 6): two replicas
+// TestE2ECacheTruthFleetServerMetrics: two replicas
 // sharded 0/2 and 1/2 against one engine with observed: server_metrics,
 // reading the engine's own counters. Each takes only its share of the
 // engine's cached tokens (its prompt tokens over the engine's
@@ -248,7 +248,7 @@ func TestE2ECacheTruthFleetServerMetrics(t *testing.T) {
 	ctBand(t, "both, server metrics", both, 0.93, 1.01)
 }
 
-// TestE2ECacheTruthRestart (point 3): an exporter really stopped
+// TestE2ECacheTruthRestart: an exporter really stopped
 // (SIGTERM) mid-run and started again reads what one that kept running
 // reads, for every loop mode, next to a warm engine (the emulator kept
 // running) and a cold one (the emulator restarted too, on the same
@@ -409,7 +409,7 @@ func ctStopProcess(t *testing.T, p *process) {
 	}
 }
 
-// TestE2ECacheTruthRepeatStart (issue 23, point 7): an exporter started
+// TestE2ECacheTruthRepeatStart: an exporter started
 // with loop: repeat, the settings a new user writes (dialect and url),
 // next to a warm engine (one that an exporter before it sent the pass
 // before to) or a cold one (a fresh emulator). Its model assumes the rows
@@ -508,7 +508,7 @@ func rsSendPass(t *testing.T, cfg string) {
 	}
 }
 
-// TestE2ECacheTruthUnreported (point 4): vLLM with its defaults sends no
+// TestE2ECacheTruthUnreported: vLLM with its defaults sends no
 // cached-token count. Nothing counts on either side of the efficiency,
 // every success is counted as unreported, and the user is told what to do.
 func TestE2ECacheTruthUnreported(t *testing.T) {
@@ -533,7 +533,7 @@ func TestE2ECacheTruthUnreported(t *testing.T) {
 	}
 }
 
-// TestE2ECacheTruthFailures (point 5): requests the engine refused do not
+// TestE2ECacheTruthFailures: requests the engine refused do not
 // warm the model; the efficiency stays true with a fifth of them failing.
 func TestE2ECacheTruthFailures(t *testing.T) {
 	t.Parallel()
@@ -553,7 +553,7 @@ func TestE2ECacheTruthFailures(t *testing.T) {
 // runs read 0.998; loaded CI runs have read 1.08 and 1.10.
 const ctBoundedHi = 1.15
 
-// TestE2ECacheTruthCapacity (point 1): a finite KV cache, read from the
+// TestE2ECacheTruthCapacity: a finite KV cache, read from the
 // engine with the default capacity_blocks: auto; a healthy engine reads
 // within [0.85, ctBoundedHi].
 func TestE2ECacheTruthCapacity(t *testing.T) {
@@ -570,7 +570,7 @@ func TestE2ECacheTruthCapacity(t *testing.T) {
 	ctBand(t, "20,000 blocks of 16 tokens", end.minus(start), 0.85, ctBoundedHi)
 }
 
-// TestE2ECacheTruthCapacityUnknown (point 1): for an engine whose KV size
+// TestE2ECacheTruthCapacityUnknown: for an engine whose KV size
 // the exporter does not read (TensorRT-LLM, llama.cpp), with nothing about
 // the cache configured, the exporter says so once in its log, naming the
 // target and the key to set, not again at a reload that changes nothing,
@@ -656,7 +656,7 @@ func containsAll(s string, subs ...string) bool {
 	return true
 }
 
-// TestE2ECacheTruthServerMetrics (point 6): with observed: server_metrics
+// TestE2ECacheTruthServerMetrics: with observed: server_metrics
 // against llama.cpp's counter, the exporter credits every hit the engine
 // counted for its requests, none lost between scrapes, across an engine
 // restart that resets the counter.
@@ -738,7 +738,7 @@ func ctRoundRobin(t *testing.T, backends []string) string {
 	return srv.URL
 }
 
-// TestE2ECacheTruthRouter (point 8): N engines behind a round-robin proxy,
+// TestE2ECacheTruthRouter: N engines behind a round-robin proxy,
 // a router that stopped routing by prefix. The efficiency must show the
 // drop it really causes: true with one engine, clearly lower with two or
 // more, and far lower with eight than with two. Between neighbouring N the
@@ -803,7 +803,7 @@ func ctSparseTrace(rows, isl int) []byte {
 	return []byte(b.String())
 }
 
-// TestE2ECacheTruthPreamble (point 7): llama.cpp reports its BOS, and with
+// TestE2ECacheTruthPreamble: llama.cpp reports its BOS, and with
 // chat its template header, as cached for prompts that share nothing. On
 // a trace that shares little, those few tokens must not lift the
 // efficiency above 1: the exporter learns the preamble from the engine's
@@ -847,7 +847,7 @@ func TestE2ECacheTruthPreamble(t *testing.T) {
 	}
 }
 
-// TestE2ECacheTruthGranularity (point 7): against each engine's emulated
+// TestE2ECacheTruthGranularity: against each engine's emulated
 // cache (an independent trie with the engine's own rounding: vLLM's full
 // 16-token blocks with the last token recomputed, SGLang's single tokens,
 // TensorRT-LLM's partial reuse of 32-token blocks, llama.cpp's slot

@@ -18,7 +18,7 @@ const (
 	isoSpeedup = 5
 )
 
-// TestE2EIsolation (issue 26, point 1): two exporters with the same
+// TestE2EIsolation: two exporters with the same
 // configuration, a new user's (loop fresh, a vLLM target by url; outputs
 // capped at 32 tokens), on one engine. Both walk the same wall-clock pass
 // grid and build the same prompts, so each sends, at the same moment, the

@@ -18,7 +18,7 @@ import (
 // three targets take the whole workload each, and two of them tokenize.
 const reconcileSpeedup = 5
 
-// TestE2EReconcile (issue 26, point 2): the exporter, configured as a user
+// TestE2EReconcile: the exporter, configured as a user
 // writes it (dialect and url; cache.reconcile left at auto), replays one
 // workload to three targets and compares each engine's own counters with
 // its responses:

@@ -1,6 +1,6 @@
 package main
 
-// Security hardening (issue #8): the web server behind TLS and basic auth,
+// Security hardening: the web server behind TLS and basic auth,
 // secrets read from files kept out of every output, a landing page that
 // escapes what config files and targets put on it, and bounds on what is
 // read from clients and servers.

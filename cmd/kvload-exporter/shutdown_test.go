@@ -32,9 +32,9 @@ const signalLate = 25
 // TestDaemonSignalsReachLifecycle is the wiring of SIGHUP and SIGTERM in a
 // real process: SIGHUP asks for a reload, SIGTERM (alone, or just after a
 // SIGHUP) ends the process with status 0, and dispatch stops with it: at
-// most a handful of requests reach the server after SIGTERM (issue 14's
-// acceptance). What the lifecycle does with them is tested in package
-// lifecycle (TestShutdownRacesReload, TestShutdownDrains).
+// most a handful of requests reach the server after SIGTERM, the bound a
+// clean shutdown must keep. What the lifecycle does with them is tested in
+// package lifecycle (TestShutdownRacesReload, TestShutdownDrains).
 func TestDaemonSignalsReachLifecycle(t *testing.T) {
 	t.Parallel()
 	const drain = 2 * time.Second

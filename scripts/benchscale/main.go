@@ -1,11 +1,11 @@
-// Command benchscale measures the exporter against a big trace (issue #15
-// goals 1 to 3): the time from exec to the first request and the resident
-// memory while replaying, without synthesis and with a speed-up, a cap and
-// a prefix multiplier; the memory of one workload against 50 targets
-// next to one; and what a reload that adds, changes and removes a small
-// workload does to a big one beside it. It runs the built binary against a
-// sink of its own, which answers every request with a short stream and
-// notes when each target's requests arrive.
+// Command benchscale measures the exporter against a big trace: the time
+// from exec to the first request and the resident memory while replaying,
+// without synthesis and with a speed-up, a cap and a prefix multiplier; the
+// memory of one workload against 50 targets next to one; and what a
+// reload that adds, changes and removes a small workload does to a big one
+// beside it. It runs the built binary against a sink of its own, which
+// answers every request with a short stream and notes when each target's
+// requests arrive.
 //
 // usage: go run ./scripts/benchscale -bin bin/kvload-exporter -trace BIG.jsonl -small SMALL.jsonl
 package main
