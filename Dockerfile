@@ -29,6 +29,7 @@ COPY config/ config/
 COPY engine/ engine/
 COPY emulate/ emulate/
 COPY internal/ internal/
+COPY idealcache/ idealcache/
 COPY kvevents/ kvevents/
 COPY lifecycle/ lifecycle/
 COPY openai/ openai/

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/idealcache"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
@@ -39,7 +40,8 @@ type CacheParams struct {
 // For one request, k is the number of its leading trace blocks in the
 // cache; with engine.GranularityBlock the theoretical cached tokens are
 // floor(min(k·TraceBlock, inputLength−1) / ServerBlock) · ServerBlock, with
-// GranularityToken min(k·TraceBlock, inputLength−1).
+// GranularityToken min(k·TraceBlock, inputLength−1): the rules of
+// idealcache.Rounding, which the offline capacity curve shares.
 type CacheModel struct {
 	sched *FleetSchedule
 	rows  *trace.Table
@@ -139,13 +141,13 @@ func (m *CacheModel) shortenWarmUp() {
 				continue
 			}
 			seen[k] = true
-			tokens := max(c.blockTokens(i, len(m.ids), m.rows.ISL(row)), 0)
-			used += c.weight(tokens)
+			tokens := c.round.BlockTokens(i, len(m.ids), m.rows.ISL(row))
+			used += c.round.BlockWeight(tokens)
 			weight += m.profile.weight(c, tokens)
 		}
 		cacheDone := !floor.before(at)
 		if !unbounded {
-			cacheDone = used > c.p.CapacityBlocks || len(seen) > c.maxEntries()
+			cacheDone = used > c.p.CapacityBlocks || len(seen) > c.round.MaxEntries(c.p.CapacityBlocks)
 		}
 		profileDone := weight > m.profile.ceiling || len(seen) > m.profile.maxKeys
 		switch {
@@ -311,6 +313,7 @@ func (m *CacheModel) simulate(at modelPos, insert bool) admitted {
 // LRU order, each weighing the server blocks it fills.
 type idealCache struct {
 	p      CacheParams
+	round  idealcache.Rounding // p's rounding rules
 	index  map[blockKey]*list.Element
 	lru    *list.List // front = most recently used; values are *cachedBlock
 	used   int        // server blocks held
@@ -336,7 +339,12 @@ func newIdealCache(p CacheParams) *idealCache {
 	p.TraceBlock = max(p.TraceBlock, 1)
 	p.ServerBlock = max(p.ServerBlock, 1)
 	p.CapacityBlocks = max(p.CapacityBlocks, 0)
-	return &idealCache{p: p, index: map[blockKey]*list.Element{}, lru: list.New()}
+	return &idealCache{
+		p:     p,
+		round: idealcache.Rounding{TraceBlock: p.TraceBlock, ServerBlock: p.ServerBlock, Granularity: p.Granularity},
+		index: map[blockKey]*list.Element{},
+		lru:   list.New(),
+	}
 }
 
 // visit looks a request up and, when insert is set, adds its blocks; warm
@@ -362,10 +370,10 @@ func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert, warm
 		}
 		k++
 	}
-	a.tokens = c.quantise(k, inputLength)
+	a.tokens = c.round.CachedTokens(k, inputLength)
 	a.cold = a.tokens
 	if cold >= 0 {
-		a.cold = c.quantise(cold, inputLength)
+		a.cold = c.round.CachedTokens(cold, inputLength)
 	}
 	if !insert {
 		return a
@@ -382,11 +390,8 @@ func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert, warm
 			c.lru.MoveToFront(e)
 			continue
 		}
-		tokens := c.p.TraceBlock
-		if i == len(ids)-1 {
-			tokens = inputLength - (len(ids)-1)*c.p.TraceBlock
-		}
-		b := &cachedBlock{key: key, weight: c.weight(max(tokens, 0)), seq: c.seq, assumed: warm}
+		weight := c.round.BlockWeight(c.round.BlockTokens(i, len(ids), inputLength))
+		b := &cachedBlock{key: key, weight: weight, seq: c.seq, assumed: warm}
 		c.index[key] = c.lru.PushFront(b)
 		c.used += b.weight
 		a.inserted = append(a.inserted, key)
@@ -406,27 +411,6 @@ func (c *idealCache) unadmit(a admitted) {
 	}
 }
 
-// weight is the server blocks a trace block of tokens fills: whole blocks
-// only where the engine caches whole blocks, the partial last one too where
-// it reuses partial blocks.
-func (c *idealCache) weight(tokens int) int {
-	if c.p.Granularity == engine.GranularityToken {
-		return (tokens + c.p.ServerBlock - 1) / c.p.ServerBlock
-	}
-	return tokens / c.p.ServerBlock
-}
-
-func (c *idealCache) quantise(k, inputLength int) int {
-	hit := min(k*c.p.TraceBlock, inputLength-1)
-	if hit <= 0 {
-		return 0
-	}
-	if c.p.Granularity == engine.GranularityToken {
-		return hit
-	}
-	return hit / c.p.ServerBlock * c.p.ServerBlock
-}
-
 func (c *idealCache) remove(e *list.Element) {
 	b := e.Value.(*cachedBlock)
 	c.lru.Remove(e)
@@ -438,19 +422,10 @@ func (c *idealCache) evict() {
 	if c.p.CapacityBlocks == 0 {
 		return
 	}
-	for (c.used > c.p.CapacityBlocks || c.lru.Len() > c.maxEntries()) && c.lru.Len() > 0 {
+	// Weights alone do not bound a cache: see idealcache.Rounding.MaxEntries.
+	for (c.used > c.p.CapacityBlocks || c.lru.Len() > c.round.MaxEntries(c.p.CapacityBlocks)) && c.lru.Len() > 0 {
 		c.remove(c.lru.Back())
 	}
-}
-
-// maxEntries bounds the trace blocks a bounded cache holds. Weights alone
-// do not: a block of fewer tokens than a server block weighs 0 under
-// GranularityBlock (every block does when server blocks are larger than
-// trace blocks), and such blocks would pile up without end. A server of C
-// blocks of S tokens holds at most C·⌈S/T⌉ trace blocks of T tokens.
-func (c *idealCache) maxEntries() int {
-	per := (c.p.ServerBlock + c.p.TraceBlock - 1) / c.p.TraceBlock
-	return c.p.CapacityBlocks * max(per, 1)
 }
 
 // forgetBefore drops, from an unbounded cache, the blocks of namespaces

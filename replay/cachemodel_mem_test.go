@@ -75,8 +75,8 @@ func TestCacheModelWarmUpHoldsNoRows(t *testing.T) {
 	if got := len(m.ahead); got > 1 {
 		t.Errorf("%d rows kept after the warm-up, want at most 1 (the one skipped)", got)
 	}
-	if m.cache.lru.Len() > m.cache.maxEntries() {
-		t.Errorf("%d blocks held, bound %d", m.cache.lru.Len(), m.cache.maxEntries())
+	if bound := m.cache.round.MaxEntries(m.cache.p.CapacityBlocks); m.cache.lru.Len() > bound {
+		t.Errorf("%d blocks held, bound %d", m.cache.lru.Len(), bound)
 	}
 }
 

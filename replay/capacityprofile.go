@@ -64,8 +64,8 @@ func (m *CacheModel) AcceptObservedProfile(it PacerItem, cached int) (tokens int
 // same order. By LRU's inclusion property a block is in a cache of
 // capacity C exactly when its distance is at most C, so one pass gives
 // every request's hit at every capacity. Distances are in tokens: a trace
-// block weighs the server blocks it fills (idealCache.weight) times their
-// size.
+// block weighs the server blocks it fills (idealcache.Rounding.BlockWeight)
+// times their size.
 type capacityProfile struct {
 	stack   *stackdist.Tracker[blockKey]
 	ceiling int64
@@ -74,7 +74,7 @@ type capacityProfile struct {
 	// token: with server blocks larger than trace blocks under
 	// engine.GranularityBlock, where a trace block fills no whole server
 	// block and the ideal cache is bounded by its count of trace blocks
-	// (idealCache.maxEntries): a block then costs its share of one.
+	// (idealcache.Rounding.MaxEntries): a block then costs its share of one.
 	entryWeight int64
 	// since is the weight of the distinct blocks used since the model
 	// reached its first row sent: a block at a greater distance was last
@@ -96,8 +96,7 @@ func newCapacityProfile(c *idealCache) *capacityProfile {
 	ceiling = min(max(ceiling, 2*int64(p.CapacityBlocks)*int64(p.ServerBlock)), MaxModelCeilingTokens)
 	cp := &capacityProfile{ceiling: ceiling}
 	if p.Granularity != engine.GranularityToken && p.TraceBlock < p.ServerBlock {
-		per := (p.ServerBlock + p.TraceBlock - 1) / p.TraceBlock
-		cp.entryWeight = int64(max(p.ServerBlock/per, 1))
+		cp.entryWeight = int64(max(p.ServerBlock/c.round.EntriesPerServerBlock(), 1))
 	}
 	// Blocks that weigh nothing (a short last block under
 	// GranularityBlock) would pile up without end: keep at most four
@@ -115,7 +114,7 @@ func (cp *capacityProfile) weight(c *idealCache, tokens int) int64 {
 	if cp.entryWeight > 0 && tokens > 0 {
 		return cp.entryWeight
 	}
-	return int64(c.weight(max(tokens, 0))) * int64(c.p.ServerBlock)
+	return int64(c.round.BlockWeight(tokens)) * int64(c.p.ServerBlock)
 }
 
 // visit is the profile side of idealCache.visit: before touching, the
@@ -147,7 +146,7 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, ids []int64, inputLen
 			if d > cp.since {
 				// Last touched by a row assumed sent: using it now
 				// counts it as touched since.
-				cp.since += cp.weight(c, c.blockTokens(i, len(ids), inputLength))
+				cp.since += cp.weight(c, c.round.BlockTokens(i, len(ids), inputLength))
 				if want {
 					prof.Known = false
 				}
@@ -156,7 +155,7 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, ids []int64, inputLen
 				continue
 			}
 			reach = max(reach, d)
-			hit := c.quantise(i+1, inputLength)
+			hit := c.round.CachedTokens(i+1, inputLength)
 			switch n := len(cp.steps); {
 			case n > 0 && cp.steps[n-1].Capacity == reach:
 				cp.steps[n-1].Tokens = hit
@@ -167,7 +166,7 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, ids []int64, inputLen
 		prof.Steps = slices.Clone(cp.steps) // allocates nothing when empty
 	}
 	for i := len(ids) - 1; i >= 0; i-- {
-		w := cp.weight(c, c.blockTokens(i, len(ids), inputLength))
+		w := cp.weight(c, c.round.BlockTokens(i, len(ids), inputLength))
 		if i < counted {
 			cp.stack.UseRef(cp.refs[i], blockKey{ns, ids[i]}, w)
 			continue
@@ -192,12 +191,4 @@ func (cp *capacityProfile) unadmit(c *idealCache, a admitted) {
 			cp.stack.Remove(key)
 		}
 	}
-}
-
-// blockTokens is the tokens of a row's block i of n, the last one partial.
-func (c *idealCache) blockTokens(i, n, inputLength int) int {
-	if i == n-1 {
-		return inputLength - (n-1)*c.p.TraceBlock
-	}
-	return c.p.TraceBlock
 }

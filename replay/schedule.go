@@ -1,9 +1,10 @@
 package replay
 
 import (
-	"cmp"
 	"slices"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/idealcache"
 )
 
 // FleetSchedule is the order in which all replicas of a workload together
@@ -12,10 +13,9 @@ import (
 // what the whole fleet sent, and so that the model is a function of the
 // schedule alone rather than of what this process happened to send.
 //
-// A row's nominal time is its due time; a later turn of a conversation
-// without a timestamp is placed at its predecessor's nominal time plus its
-// delay, as if the server answered instantly, and a timed later turn never
-// before its predecessor. Ties keep schedule order (conversation, then turn).
+// The order is idealcache.FleetOrder of the plan's pass: rows by nominal
+// time, a later turn placed from its predecessor, ties in schedule order.
+// The offline capacity curve walks the same order (Plan.FleetOrder).
 //
 // The order itself belongs to the Plan and is shared by every pacer of the
 // trace; a FleetSchedule adds only the shard and the namespaces.
@@ -40,41 +40,41 @@ func (p *Pacer) FleetSchedule() *FleetSchedule {
 	return &FleetSchedule{fleetOrder: &pl.fleet, shard: p.shard, ns: p.Namespace}
 }
 
+// FleetOrder returns the rows of one pass in the fleet's order, the order
+// in which every cache model of the plan walks them: for a tool that
+// models the same cache offline (analyze --capacity-curve).
+func (pl *Plan) FleetOrder() []int32 {
+	pl.fleetOnce.Do(pl.buildFleetOrder)
+	return slices.Clone(pl.fleet.order)
+}
+
 // buildFleetOrder sorts the rows of a pass by nominal time, once per plan.
 func (pl *Plan) buildFleetOrder() {
-	type entry struct {
-		at         time.Duration
-		conv, turn int32
-		row        int32
-	}
-	n := pl.rows.Len()
-	entries := make([]entry, 0, n)
-	rowConv := make([]int32, n)
-	for k, c := range pl.convs {
-		at := c.due
-		row := int(c.first)
-		for turn := 0; row >= 0; turn++ {
-			if turn > 0 {
-				if pl.timedTurn(row) {
-					at = max(at, pl.rowDue(row))
-				} else {
-					at += pl.delay(row)
-				}
-			}
-			entries = append(entries, entry{at: at, conv: int32(k), turn: int32(turn), row: int32(row)})
-			rowConv[row] = int32(k)
-			row = int(pl.next[row])
-		}
-	}
-	slices.SortFunc(entries, func(a, b entry) int {
-		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.conv, b.conv), cmp.Compare(a.turn, b.turn))
-	})
-	pl.fleet = fleetOrder{order: make([]int32, len(entries)), rank: make([]int32, n), rowConv: rowConv}
-	for i, e := range entries {
-		pl.fleet.order[i] = e.row
-		pl.fleet.rank[e.row] = int32(i)
-	}
+	o := idealcache.FleetOrder(planPass{pl})
+	pl.fleet = fleetOrder{order: o.Rows, rank: o.Rank, rowConv: o.Conv}
 }
+
+// planPass is a plan's pass as idealcache.FleetOrder reads it.
+type planPass struct{ pl *Plan }
+
+func (p planPass) Len() int           { return p.pl.rows.Len() }
+func (p planPass) Conversations() int { return len(p.pl.convs) }
+
+func (p planPass) FirstTurn(conv int) (row int, due time.Duration) {
+	c := p.pl.convs[conv]
+	return int(c.first), c.due
+}
+
+func (p planPass) NextTurn(row int) int { return int(p.pl.next[row]) }
+
+func (p planPass) Timed(row int) (time.Duration, bool) {
+	if !p.pl.timedTurn(row) {
+		return 0, false
+	}
+	return p.pl.rowDue(row), true
+}
+
+func (p planPass) Delay(row int) time.Duration { return p.pl.delay(row) }
 
 // Len is the number of rows in a pass.
 func (s *FleetSchedule) Len() int { return len(s.order) }

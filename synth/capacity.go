@@ -8,6 +8,8 @@ import (
 	"math/bits"
 	"slices"
 
+	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/idealcache"
 	"github.com/kvload-exporter/kvload-exporter/internal/stackdist"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
@@ -52,9 +54,10 @@ func (o *CurveOptions) Check() error {
 	case o.MaxCapacity < int64(o.ServerBlock):
 		return fmt.Errorf("the largest capacity must be at least one server block (%d tokens), got %d", o.ServerBlock, o.MaxCapacity)
 	}
-	if b := o.MaxCapacity / int64(o.ServerBlock); b > maxCurveBlocks || b*int64(o.perBlock()) > maxCurveKeys {
+	per := o.rounding().EntriesPerServerBlock()
+	if b := o.MaxCapacity / int64(o.ServerBlock); b > maxCurveBlocks || b*int64(per) > maxCurveKeys {
 		return fmt.Errorf("the largest capacity, %d tokens, is more than the %d server blocks of %d tokens a curve supports",
-			o.MaxCapacity, min(maxCurveBlocks, maxCurveKeys/o.perBlock()), o.ServerBlock)
+			o.MaxCapacity, min(maxCurveBlocks, maxCurveKeys/per), o.ServerBlock)
 	}
 	for _, c := range o.Capacities {
 		if c < int64(o.ServerBlock) || c > o.MaxCapacity {
@@ -64,19 +67,20 @@ func (o *CurveOptions) Check() error {
 	return nil
 }
 
-// perBlock bounds the trace blocks one server block's worth of capacity
-// holds: ⌈ServerBlock/TraceBlock⌉, as the replay's model bounds them. A
-// trace block shorter than a server block weighs nothing, and without this
-// bound such blocks would pile up in a cache without end.
-func (o *CurveOptions) perBlock() int {
-	return max((o.ServerBlock+o.TraceBlock-1)/o.TraceBlock, 1)
+// rounding is the ideal cache's rules for the curve's blocks. The curve is
+// of a block-granular engine (vLLM, Dynamo, TensorRT-LLM), as docs/tools.md
+// says and its JSON's "granularity" reports; a token-granular one (SGLang,
+// llama.cpp) is --server-block-size 1, where the two roundings agree.
+func (o *CurveOptions) rounding() idealcache.Rounding {
+	return idealcache.Rounding{TraceBlock: o.TraceBlock, ServerBlock: o.ServerBlock, Granularity: engine.GranularityBlock}
 }
 
 // CapacityCurve is a trace's token hit rate as a function of the capacity
 // of its engine's prefix cache: an LRU of server blocks fed every row once,
 // in the replay's order, as replay.CacheModel models one pass with block
-// granularity. A request's k leading trace blocks found in the cache give
-// it floor(min(k·TraceBlock, input_length−1)/ServerBlock)·ServerBlock cached
+// granularity, by the same rules (idealcache.Rounding). A request's k
+// leading trace blocks found in the cache give it
+// floor(min(k·TraceBlock, input_length−1)/ServerBlock)·ServerBlock cached
 // tokens; then its blocks are used from the last to the first, so that its
 // first blocks are the most recently used. A trace block weighs
 // floor(tokens/ServerBlock) server blocks, a row's last block holding the
@@ -128,14 +132,16 @@ type CurveTarget struct {
 var TargetPercents = [...]int{50, 90, 99}
 
 // CapacityCurveOf computes the capacity curve of rows, which are read from
-// file (named in errors).
-func CapacityCurveOf(ctx context.Context, rows *trace.Table, file string, o CurveOptions) (*CapacityCurve, error) {
+// file (named in errors), fed to the cache in order: every row once, in the
+// order the replay's cache model walks them (replay.Plan.FleetOrder, which
+// is idealcache.FleetOrder of the trace's schedule). The order is the
+// caller's because the schedule is the replay's, above this package.
+func CapacityCurveOf(ctx context.Context, rows *trace.Table, order []int32, file string, o CurveOptions) (*CapacityCurve, error) {
 	if err := o.Check(); err != nil {
 		return nil, err
 	}
-	order, err := ReplayOrder(rows, file)
-	if err != nil {
-		return nil, err
+	if len(order) != rows.Len() {
+		return nil, fmt.Errorf("%s: an order of %d rows for a trace of %d", file, len(order), rows.Len())
 	}
 	b := newCurveBuilder(rows, o)
 	for i, r := range order {
@@ -146,6 +152,9 @@ func CapacityCurveOf(ctx context.Context, rows *trace.Table, file string, o Curv
 			if o.Progress != nil && i > 0 {
 				o.Progress(i)
 			}
+		}
+		if r < 0 || int(r) >= rows.Len() {
+			return nil, fmt.Errorf("%s: the order names row %d, outside the trace's %d", file, r, rows.Len())
 		}
 		b.visit(int(r))
 	}
@@ -158,10 +167,11 @@ const ctxCheckRows = 4096
 // curveBuilder feeds rows to the LRU stack and adds up the hits.
 type curveBuilder struct {
 	o       CurveOptions
+	round   idealcache.Rounding
 	rows    *trace.Table
 	stack   *stackdist.Tracker[int64]
 	weights *blockWeights
-	per     int64 // trace blocks per server block of capacity, see perBlock
+	per     int64 // trace blocks per server block of capacity (round.EntriesPerServerBlock)
 	full    int64 // weight of a full trace block
 
 	// Each request's hit grows by delta tokens at the least capacity that
@@ -179,16 +189,18 @@ type curveBuilder struct {
 
 func newCurveBuilder(rows *trace.Table, o CurveOptions) *curveBuilder {
 	maxBlocks := o.MaxCapacity / int64(o.ServerBlock)
-	per := int64(o.perBlock())
+	round := o.rounding()
+	per := int64(round.EntriesPerServerBlock())
 	b := &curveBuilder{
-		o:    o,
-		rows: rows,
+		o:     o,
+		round: round,
+		rows:  rows,
 		// The packed ceiling forgets a block once the weight above it
 		// exceeds maxBlocks, whatever the count in the low bits.
 		stack:   stackdist.New[int64](maxBlocks<<countBits|countMask, int(maxBlocks*per)),
 		weights: newBlockWeights(rows),
 		per:     per,
-		full:    int64(o.TraceBlock / o.ServerBlock),
+		full:    int64(round.BlockWeight(o.TraceBlock)),
 		fine:    newFineHistogram(maxBlocks),
 	}
 	b.checkpoints = gridBlocks(o, maxBlocks)
@@ -260,7 +272,7 @@ func (b *curveBuilder) visit(r int) {
 	}
 	prev := int64(0)
 	for k, need := range b.need {
-		if q := b.quantise(k+1, isl); q > prev {
+		if q := int64(b.round.CachedTokens(k+1, isl)); q > prev {
 			b.add(need, q-prev)
 			prev = q
 		}
@@ -269,14 +281,14 @@ func (b *curveBuilder) visit(r int) {
 	for seen < len(b.ids) && b.weights.has(b.ids[seen]) {
 		seen++
 	}
-	b.c.InfiniteHitTokens += b.quantise(seen, isl)
+	b.c.InfiniteHitTokens += int64(b.round.CachedTokens(seen, isl))
 	// Used from the last block to the first, so that the first is the most
 	// recently used, as in replay's idealCache.visit.
 	last := len(b.ids) - 1
 	for i := last; i >= 0; i-- {
 		w := b.full
 		if i == last {
-			w = int64(max(isl-last*b.o.TraceBlock, 0) / b.o.ServerBlock)
+			w = int64(b.round.BlockWeight(b.round.BlockTokens(i, len(b.ids), isl)))
 		}
 		b.stack.Use(b.ids[i], packWeight(b.weigh(b.ids[i], w)))
 	}
@@ -295,17 +307,6 @@ func (b *curveBuilder) weigh(id, w int64) int64 {
 		b.c.WeightChanges++
 	}
 	return first
-}
-
-// quantise is the cached tokens of k leading blocks, as a block-granular
-// engine serves them: whole server blocks of the first input_length−1
-// tokens.
-func (b *curveBuilder) quantise(k, isl int) int64 {
-	hit := min(k*b.o.TraceBlock, isl-1)
-	if hit <= 0 {
-		return 0
-	}
-	return int64(hit / b.o.ServerBlock * b.o.ServerBlock)
 }
 
 // add counts delta hit tokens for every capacity of need blocks or more.

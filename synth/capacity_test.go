@@ -1,12 +1,14 @@
 package synth
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,7 +18,8 @@ import (
 // bruteLRU is the reference the curve is checked against: one LRU cache of
 // a fixed capacity, simulated block by block with a map and a list, as
 // replay's idealCache does with block granularity. It shares nothing with
-// the curve's code but the trace's order.
+// the curve's code, not even idealcache's rounding, nor the order
+// (timestampOrder).
 type bruteLRU struct {
 	traceBlock, serverBlock int
 	capacity                int64 // server blocks; 0 for unbounded
@@ -106,9 +109,30 @@ func tableOf(t testing.TB, text string) *trace.Table {
 	return rows
 }
 
+// timestampOrder is the replay's order of a trace without sessions (by
+// timestamp, ties in file order), found apart from it: the tests' traces
+// have no sessions, and the replay's order of sessions is tested in
+// idealcache and replay.
+func timestampOrder(t testing.TB, rows *trace.Table) []int32 {
+	t.Helper()
+	order := make([]int32, rows.Len())
+	for i := range order {
+		if _, ok := rows.SessionID(i); ok {
+			t.Fatalf("row %d has a session: the order of sessions is the replay's", i)
+		}
+		order[i] = int32(i)
+	}
+	slices.SortStableFunc(order, func(a, b int32) int {
+		ta, _ := rows.Timestamp(int(a))
+		tb, _ := rows.Timestamp(int(b))
+		return cmp.Compare(ta, tb)
+	})
+	return order
+}
+
 func curveOf(t testing.TB, rows *trace.Table, o CurveOptions) *CapacityCurve {
 	t.Helper()
-	c, err := CapacityCurveOf(context.Background(), rows, "x", o)
+	c, err := CapacityCurveOf(context.Background(), rows, timestampOrder(t, rows), "x", o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,10 +153,7 @@ func TestCapacityCurveMatchesBruteForce(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
 			rows := readTable(t, sharedTraces+tt.file)
-			order, err := ReplayOrder(rows, tt.file)
-			if err != nil {
-				t.Fatal(err)
-			}
+			order := timestampOrder(t, rows)
 			c := curveOf(t, rows, CurveOptions{TraceBlock: 512, ServerBlock: 16, MaxCapacity: DefaultMaxCapacity, Capacities: tt.capacities})
 			if c.WeightChanges != 0 {
 				t.Fatalf("%d weight changes: the curve is exact only without", c.WeightChanges)
@@ -212,10 +233,7 @@ func TestCapacityCurveRandom(t *testing.T) {
 		for seed := range uint64(4) {
 			r := rand.New(rand.NewPCG(seed, uint64(serverBlock)))
 			rows := randomRows(r, 300)
-			order, err := ReplayOrder(rows, "x")
-			if err != nil {
-				t.Fatal(err)
-			}
+			order := timestampOrder(t, rows)
 			maxCap := int64(serverBlock) * (1 + r.Int64N(3000/int64(serverBlock)+40))
 			var asked []int64
 			for range 10 {
@@ -257,10 +275,7 @@ func TestCapacityCurveBigWeights(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	order, err := ReplayOrder(rows, "x")
-	if err != nil {
-		t.Fatal(err)
-	}
+	order := timestampOrder(t, rows)
 	c := curveOf(t, rows, CurveOptions{TraceBlock: traceBlock, ServerBlock: 1, MaxCapacity: 1 << 20,
 		Capacities: []int64{1000, 70_999, 71_000, 71_500, 141_500, 142_500, 143_500}})
 	if c.DistinctBlocks != 4 || c.FootprintBlocks != traceBlock+1000+1500+2000 || c.WeightChanges != 0 {
@@ -402,65 +417,6 @@ func TestFineHistogram(t *testing.T) {
 	}
 }
 
-func TestReplayOrder(t *testing.T) {
-	tests := []struct {
-		name    string
-		text    string
-		want    []int32
-		wantErr string
-	}{
-		{name: "timestamps, ties in file order", text: `{"timestamp": 5, "input_length": 1}
-{"timestamp": 1, "input_length": 1}
-{"timestamp": 5, "input_length": 1}
-{"timestamp": 0, "input_length": 1}
-`, want: []int32{3, 1, 0, 2}},
-		{name: "sessions", text: `{"timestamp": 10, "input_length": 1, "session_id": "a"}
-{"timestamp": 12, "input_length": 1}
-{"input_length": 1, "session_id": "a", "delay": 1}
-{"timestamp": 11, "input_length": 1, "session_id": "b"}
-{"timestamp": 0, "input_length": 1, "session_id": "b"}
-{"input_length": 1, "session_id": "a"}
-{"timestamp": 30, "input_length": 1, "session_id": "a"}
-`, // a: 10, 11 (delay), 11, then 30; b: 11, then its timed turn held to 11.
-			want: []int32{0, 2, 5, 3, 4, 1, 6}},
-		{name: "no timestamp", text: `{"timestamp": 1, "input_length": 1}
-{"input_length": 1}
-`, wantErr: "x:2: row has no timestamp"},
-		{name: "first turn without one", text: `{"input_length": 1, "session_id": "s"}
-`, wantErr: `x:1: first turn of session "s" has no timestamp`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := ReplayOrder(tableOf(t, tt.text), "x")
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Errorf("err %v, want %q", err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil || !reflect.DeepEqual(got, tt.want) {
-				t.Errorf("order %v (%v), want %v", got, err, tt.want)
-			}
-		})
-	}
-}
-
-// TestReplayOrderNegativeDelay: a table built from records (the reader
-// refuses such a row itself) is checked as the replay checks it.
-func TestReplayOrderNegativeDelay(t *testing.T) {
-	ts, isl, delay, sid := 1.0, 1, -2.0, "s"
-	rows, err := trace.TableOf([]trace.Record{
-		{Timestamp: &ts, InputLength: &isl, SessionID: &sid},
-		{InputLength: &isl, SessionID: &sid, Delay: &delay},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ReplayOrder(rows, "x"); err == nil || err.Error() != "x:2: delay must not be negative, got -2" {
-		t.Errorf("err %v", err)
-	}
-}
-
 // TestCapacityCurveGolden checks the table and the JSON of a small trace
 // against testdata/capacity (rewrite them with -update).
 func TestCapacityCurveGolden(t *testing.T) {
@@ -492,8 +448,27 @@ func TestCapacityCurveCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	rows := readTable(t, sharedTraces+"synthetic_trace.jsonl")
-	_, err := CapacityCurveOf(ctx, rows, "x", CurveOptions{TraceBlock: 512, ServerBlock: 16, MaxCapacity: DefaultMaxCapacity})
+	_, err := CapacityCurveOf(ctx, rows, timestampOrder(t, rows), "x", CurveOptions{TraceBlock: 512, ServerBlock: 16, MaxCapacity: DefaultMaxCapacity})
 	if err == nil || !strings.Contains(err.Error(), "context canceled") {
 		t.Errorf("err %v, want the cancellation", err)
+	}
+}
+
+// TestCapacityCurveBadOrder: an order that is not one of the trace's rows
+// is refused, not run into.
+func TestCapacityCurveBadOrder(t *testing.T) {
+	rows := tableOf(t, byHand)
+	o := CurveOptions{TraceBlock: 512, ServerBlock: 16, MaxCapacity: 10_000}
+	for _, tt := range []struct {
+		order []int32
+		want  string
+	}{
+		{[]int32{0, 1, 2}, "x: an order of 3 rows for a trace of 4"},
+		{[]int32{0, 1, 2, 4}, "x: the order names row 4, outside the trace's 4"},
+		{[]int32{0, -1, 2, 3}, "x: the order names row -1, outside the trace's 4"},
+	} {
+		if _, err := CapacityCurveOf(context.Background(), rows, tt.order, "x", o); err == nil || err.Error() != tt.want {
+			t.Errorf("order %v: err %v, want %q", tt.order, err, tt.want)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/alecthomas/kingpin/v2"
 
+	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
@@ -94,9 +95,15 @@ func runCapacityCurve(ctx context.Context, s streams, o analyzeOptions, now func
 	if surplus.Rows > 0 {
 		fmt.Fprintf(s.stderr, "analyze: %s: %s; the curve uses the ids that fit, as the replay does\n", o.trace, surplus)
 	}
+	// The order the daemon's model walks a pass in, at the trace's own
+	// pace: the schedule is the replay's.
+	plan, err := replay.NewPlan(rows, 1, o.trace)
+	if err != nil {
+		return err
+	}
 	p := newProgress(s.stderr, now)
 	opts.Progress = func(done int) { p.modelled(done, rows.Len()) }
-	curve, err := synth.CapacityCurveOf(ctx, rows, o.trace, opts)
+	curve, err := synth.CapacityCurveOf(ctx, rows, plan.FleetOrder(), o.trace, opts)
 	if err != nil {
 		return err
 	}

@@ -62,10 +62,13 @@ func replayHits(t *testing.T, rows *trace.Table, serverBlock, capacity int) int6
 	return sum
 }
 
-// TestCapacityCurveMatchesReplayModel holds the curve to the model the
-// exporter judges engines by, written apart from it, at ten capacities of
-// each shared trace: the same hit tokens exactly. The capacities include
-// ones off the grid, one below a trace block and the footprint.
+// TestCapacityCurveMatchesReplayModel holds the curve, as analyze
+// --capacity-curve computes it, to the model the exporter judges engines
+// by, at ten capacities of each shared trace: the same hit tokens exactly.
+// The two share the order and the rounding (idealcache) but not the cache:
+// the curve's one pass of stack distances, with its bound on the blocks
+// held, must give what replay's LRU of each size gives. The capacities
+// include ones off the grid, one below a trace block and the footprint.
 func TestCapacityCurveMatchesReplayModel(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -95,7 +98,11 @@ func TestCapacityCurveMatchesReplayModel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			curve, err := synth.CapacityCurveOf(context.Background(), rows, path, synth.CurveOptions{
+			plan, err := replay.NewPlan(rows, 1, path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			curve, err := synth.CapacityCurveOf(context.Background(), rows, plan.FleetOrder(), path, synth.CurveOptions{
 				TraceBlock: 512, ServerBlock: tt.serverBlock, MaxCapacity: synth.DefaultMaxCapacity, Capacities: tt.capacities,
 			})
 			if err != nil {
