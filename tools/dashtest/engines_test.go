@@ -229,7 +229,7 @@ workloads:
 	eff := observed / theoretical
 	t.Logf("observed hit rate %.4f, theoretical %.4f, efficiency %.4f", observed, theoretical, eff)
 	// A healthy engine with nothing set about its cache: the efficiency
-	// in the band of issue #16. The BOS llama.cpp reports as cached must
+	// in the healthy band. The BOS llama.cpp reports as cached must
 	// not lift it above what the cache really served. A dropped row would
 	// make the comparison moot (the fleet model counts every row of the
 	// schedule), so there must be none.

@@ -80,6 +80,7 @@ var contract = map[string]metric{
 	"kvload_cache_effective_capacity_tokens":                       {gauge, workloadTarget},
 	"kvload_cache_effective_capacity_state":                        {gauge, workloadTarget},
 	"kvload_cache_effective_capacity_window_seconds":               {gauge, workloadTarget},
+	"kvload_cache_effective_capacity_lower_bound":                  {gauge, workloadTarget},
 	"kvload_cache_cached_token_cost_ratio":                         {gauge, workloadTarget},
 	"kvload_cache_missed_hit_tokens_total":                         {counter, workloadTarget},
 	"kvload_cache_reconcile_engine_cached_tokens_total":            {counter, targetOnly},
@@ -550,11 +551,30 @@ func TestLintRules(t *testing.T) {
 		if anchor != strings.ToLower(name) {
 			t.Errorf("%s: runbook anchor %q, want %q", name, anchor, strings.ToLower(name))
 		}
-		if r.For == 0 {
-			t.Errorf("%s: no for: duration", name)
+		// An alert must not fire on one evaluation: it holds (for:), or
+		// it counts its condition over a window (a subquery).
+		if r.For == 0 && !hasSubquery(r.Expr) {
+			t.Errorf("%s: no for: duration and no count over a window", name)
 		}
 	}
 	lintRuleTests(t, alerts)
+}
+
+// hasSubquery says whether expr decides over a window of its own
+// evaluations (a subquery such as sum_over_time((x < bool 1)[12m:1m])).
+func hasSubquery(expr string) bool {
+	e, err := parser.ParseExpr(expr)
+	if err != nil {
+		return false
+	}
+	found := false
+	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+		if _, ok := n.(*parser.SubqueryExpr); ok {
+			found = true
+		}
+		return nil
+	})
+	return found
 }
 
 // lintRuleTests checks that dashboards/rules/tests has, for every alert, a
