@@ -270,3 +270,25 @@ func TestFitSaturatedFIFO(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkFit is one scrape's work for one (workload, target) whose window
+// is full: a fit of 512 requests.
+func BenchmarkFit(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		e    engine
+	}{
+		{"working", engine{n: 512, perToken: 50e-6, cacheOn: true, noise: 0.005}},
+		{"broken", engine{n: 512, perToken: 50e-6, noise: 0.005}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			in := tc.e.samples(1)
+			b.ReportAllocs()
+			for b.Loop() {
+				if e := Fit(in, DefaultLimits); e.State != Decided {
+					b.Fatalf("%+v", e)
+				}
+			}
+		})
+	}
+}

@@ -99,3 +99,52 @@ func TestWindowReuses(t *testing.T) {
 		t.Errorf("after an Add: %d requests", added.Requests)
 	}
 }
+
+// BenchmarkWindowAdd is the request path's share: one observation kept.
+func BenchmarkWindowAdd(b *testing.B) {
+	w := NewWindow(5*time.Minute, 512, DefaultLimits)
+	o := Observation{At: time.Unix(1_800_000_000, 0), Uncached: 2048, Cached: 4096, TTFT: 100 * time.Millisecond}
+	b.ReportAllocs()
+	for b.Loop() {
+		w.Add(o)
+	}
+}
+
+// BenchmarkWindowEstimate is a scrape after requests finished since the
+// last one (nothing to reuse): copying out the window and fitting it.
+func BenchmarkWindowEstimate(b *testing.B) {
+	t0 := time.Unix(1_800_000_000, 0)
+	w := NewWindow(time.Hour, 512, DefaultLimits)
+	obs := observations(t0, 512, true, true)
+	for _, o := range obs {
+		w.Add(o)
+	}
+	now := t0.Add(512 * time.Second)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		w.Add(obs[i%len(obs)]) // one more finished: the last estimate is stale
+		i++
+		if r := w.Estimate(now); r.State != Decided {
+			b.Fatalf("%+v", r)
+		}
+	}
+}
+
+// BenchmarkWindowEstimateUnchanged is a scrape with no request finished
+// since the last one: the last estimate is reused.
+func BenchmarkWindowEstimateUnchanged(b *testing.B) {
+	t0 := time.Unix(1_800_000_000, 0)
+	w := NewWindow(time.Hour, 512, DefaultLimits)
+	for _, o := range observations(t0, 512, true, true) {
+		w.Add(o)
+	}
+	now := t0.Add(512 * time.Second)
+	w.Estimate(now)
+	b.ReportAllocs()
+	for b.Loop() {
+		if r := w.Estimate(now); r.State != Decided {
+			b.Fatalf("%+v", r)
+		}
+	}
+}

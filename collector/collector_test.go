@@ -2,11 +2,18 @@ package collector
 
 import (
 	"bytes"
+	"context"
 	"flag"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -330,5 +337,252 @@ func TestScheduleLagSubMillisecond(t *testing.T) {
 				t.Errorf("lag %v counted first in le=%q, want le=%q", tc.lag, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestServerMetricsAttribution checks that a scrape's increase is shared by
+// the workloads in proportion to the prompt tokens they sent, that usage
+// cached tokens are ignored for such a target, and that hits while nothing
+// was sent are not counted.
+func TestServerMetricsAttribution(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := New(reg)
+	tr := cachetruth.New(c)
+	c.SetTarget("srv", "m", "chat", "vllm")
+	tr.SetTarget("srv", "vllm", "server_metrics")
+	var value atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "vllm:prefix_cache_hits_total %d\n", value.Load())
+	}))
+	defer srv.Close()
+	s := &engine.ServerScraper{Target: "srv", URL: srv.URL, Dialect: "vllm", Client: srv.Client(), Interval: time.Hour}
+
+	value.Store(5000)
+	if err := s.ScrapeOnce(context.Background(), tr); err != nil { // baseline
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		w     string
+		trace int
+	}{{"a", 3000}, {"b", 1000}} {
+		tr.Finished(&replay.Result{
+			Response: openai.Response{Outcome: openai.OutcomeSuccess, CachedTokens: 999, CachedKnown: true}, Workload: r.w, Target: "srv",
+			TraceInputLength: r.trace})
+	}
+	value.Store(5800)
+	if err := s.ScrapeOnce(context.Background(), tr); err != nil {
+		t.Fatal(err)
+	}
+	value.Store(9000) // other traffic: nothing of ours was sent
+	if err := s.ScrapeOnce(context.Background(), tr); err != nil {
+		t.Fatal(err)
+	}
+	if got := promtestutil.ToFloat64(c.cachedTokens.WithLabelValues("a", "srv")); got != 600 {
+		t.Errorf("workload a: %v cached tokens, want 600", got)
+	}
+	if got := promtestutil.ToFloat64(c.cachedTokens.WithLabelValues("b", "srv")); got != 200 {
+		t.Errorf("workload b: %v cached tokens, want 200", got)
+	}
+}
+
+// TestServerMetricsShare: with observed: server_metrics, a replica takes
+// only its part of the engine's cached tokens (its share of the prompt
+// tokens the engine counted, where the engine counts them), and the
+// efficiency's observed side only the part of requests whose theoretical
+// tokens are known.
+func TestServerMetricsShare(t *testing.T) {
+	type finish struct {
+		w         string
+		prompt    int
+		theoKnown bool
+	}
+	type step struct {
+		finished []finish
+		counts   engine.ServerCounts
+	}
+	known := func(w string, p int) finish { return finish{w: w, prompt: p, theoKnown: true} }
+	tests := []struct {
+		name  string
+		steps []step
+		// per workload: kvload_cached_prompt_tokens_total and
+		// kvload_cache_reported_cached_prompt_tokens_total
+		wantCached, wantReported map[string]float64
+	}{
+		{"the engine's only client takes every hit", []step{
+			{[]finish{known("a", 3000), known("b", 1000)}, engine.ServerCounts{Cached: 800, Prompt: 4000, PromptKnown: true}},
+		}, map[string]float64{"a": 600, "b": 200}, map[string]float64{"a": 600, "b": 200}},
+		{"one of two replicas sharded against one engine takes half", []step{
+			{[]finish{known("a", 2000)}, engine.ServerCounts{Cached: 1000, Prompt: 4000, PromptKnown: true}},
+			{[]finish{known("a", 2000)}, engine.ServerCounts{Cached: 1200, Prompt: 4000, PromptKnown: true}},
+		}, map[string]float64{"a": 1100}, map[string]float64{"a": 1100}},
+		{"requests of unknown theoretical tokens stay off the efficiency", []step{
+			{[]finish{known("a", 1000), {w: "a", prompt: 3000}}, engine.ServerCounts{Cached: 2000, Prompt: 4000, PromptKnown: true}},
+		}, map[string]float64{"a": 2000}, map[string]float64{"a": 500}},
+		{"a request the engine counted before it finished is credited later", []step{
+			{[]finish{known("a", 1000)}, engine.ServerCounts{Cached: 900, Prompt: 2000, PromptKnown: true}},
+			{[]finish{known("a", 1000)}, engine.ServerCounts{PromptKnown: true}},
+		}, map[string]float64{"a": 900}, map[string]float64{"a": 900}},
+		// Within the window, the replica's share of the prompt tokens is
+		// its share of the hits, whoever hit more.
+		{"other traffic in the window shares the hits by prompt tokens", []step{
+			{[]finish{known("a", 1000)}, engine.ServerCounts{Cached: 500, Prompt: 1000, PromptKnown: true}},
+			{nil, engine.ServerCounts{Cached: 700, Prompt: 1000, PromptKnown: true}},
+		}, map[string]float64{"a": 600}, map[string]float64{"a": 600}},
+		// Without a prompt counter the share cannot be known: the replica
+		// takes every hit of the interval (the documented limitation), but
+		// still leaves unknown theoretical tokens off the efficiency.
+		{"without a prompt counter, every hit of the interval", []step{
+			{[]finish{known("a", 1000), {w: "a", prompt: 1000}}, engine.ServerCounts{Cached: 1000}},
+		}, map[string]float64{"a": 1000}, map[string]float64{"a": 500}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New(prometheus.NewRegistry())
+			tr := cachetruth.New(c)
+			c.SetTarget("srv", "m", "chat", "vllm")
+			tr.SetTarget("srv", "vllm", "server_metrics")
+			for _, st := range tt.steps {
+				for _, f := range st.finished {
+					tr.Sent(f.w, "srv", time.Time{}, time.Time{})
+					tr.Finished(&replay.Result{
+						Response: openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: f.prompt, PromptKnown: true}, Workload: f.w, Target: "srv",
+						TraceInputLength: f.prompt - 10, TheoreticalKnown: f.theoKnown})
+				}
+				tr.AddServerCounts("srv", st.counts)
+			}
+			for w, want := range tt.wantCached {
+				if got := promtestutil.ToFloat64(c.cachedTokens.WithLabelValues(w, "srv")); math.Abs(got-want) > 1e-9 {
+					t.Errorf("workload %s: cached tokens %v, want %v", w, got, want)
+				}
+			}
+			for w, want := range tt.wantReported {
+				if got := promtestutil.ToFloat64(c.reportedCached.WithLabelValues(w, "srv")); math.Abs(got-want) > 1e-9 {
+					t.Errorf("workload %s: reported cached tokens %v, want %v", w, got, want)
+				}
+			}
+		})
+	}
+}
+
+// trtllmPage is a TensorRT-LLM /metrics page with the cached-token
+// counter of each rank in counts (rank i's value at index i; a negative
+// value leaves the rank out), each series written times times.
+func trtllmPage(counts []float64, times int) string {
+	var b strings.Builder
+	b.WriteString("# TYPE trtllm_prompt_cached_tokens_total counter\n")
+	for rank, v := range counts {
+		for range times {
+			if v >= 0 {
+				fmt.Fprintf(&b, "trtllm_prompt_cached_tokens_total{model=\"m\",rank=\"%d\"} %g\n", rank, v)
+			}
+		}
+	}
+	return b.String()
+}
+
+// hitPage is one page after the baseline (two ranks at 1e6): each rank's
+// count rises by a quarter of the request's prompt; shown leaves a rank
+// out where false, reset starts its count again, dup writes every series
+// twice.
+type hitPage struct {
+	shown, reset [2]bool
+	dup          bool
+}
+
+// TestServerMetricsObservedHitRate drives a TensorRT-LLM target through
+// pages that drop a series, reset one, or repeat one, while the engine
+// serves exactly half of every prompt from its cache: the observed hit
+// rate must read 0.5 (a missing series read as a restart of the whole
+// counter takes it to 133; a duplicated one, summed, to 0.891).
+func TestServerMetricsObservedHitRate(t *testing.T) {
+	const prompt = 1000 // per request, half of it hits
+	tests := []struct {
+		name           string
+		pages          []hitPage
+		wantDuplicates float64
+	}{
+		{name: "a series missing from one page", pages: []hitPage{{shown: [2]bool{true, true}}, {shown: [2]bool{true, false}}, {shown: [2]bool{true, true}}, {shown: [2]bool{true, true}}}},
+		{name: "one rank's counter begins again", pages: []hitPage{{shown: [2]bool{true, true}}, {shown: [2]bool{true, true}, reset: [2]bool{false, true}}, {shown: [2]bool{true, true}}}},
+		{name: "a page with every series twice", pages: []hitPage{{shown: [2]bool{true, true}}, {shown: [2]bool{true, true}, dup: true}, {shown: [2]bool{true, true}}}, wantDuplicates: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New(prometheus.NewRegistry())
+			tr := cachetruth.New(c)
+			c.SetTarget("srv", "m", "chat", "trtllm")
+			tr.SetTarget("srv", "trtllm", "server_metrics")
+			var mu sync.Mutex
+			page := trtllmPage([]float64{1e6, 1e6}, 1)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				mu.Lock()
+				defer mu.Unlock()
+				fmt.Fprint(w, page)
+			}))
+			defer srv.Close()
+			s := &engine.ServerScraper{Target: "srv", URL: srv.URL, Dialect: "trtllm", Client: srv.Client(), Interval: time.Hour}
+			if err := s.Prime(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			counts := []float64{1e6, 1e6}
+			for i, p := range tt.pages {
+				tr.Sent("w", "srv", time.Time{}, time.Time{})
+				tr.Finished(&replay.Result{Response: openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: prompt, PromptKnown: true},
+					Workload: "w", Target: "srv", TraceInputLength: prompt, TheoreticalKnown: true})
+				shown := make([]float64, 2)
+				for r := range counts {
+					counts[r] += prompt / 4
+					if p.reset[r] {
+						counts[r] = prompt / 4 // restarted, and served its share since
+					}
+					shown[r] = -1
+					if p.shown[r] {
+						shown[r] = counts[r]
+					}
+				}
+				times := 1
+				if p.dup {
+					times = 2
+				}
+				mu.Lock()
+				page = trtllmPage(shown, times)
+				mu.Unlock()
+				if err := s.ScrapeOnce(context.Background(), tr); err != nil {
+					t.Logf("page %d: %v", i, err)
+				}
+			}
+			cached := promtestutil.ToFloat64(c.reportedCached.WithLabelValues("w", "srv"))
+			prompts := promtestutil.ToFloat64(c.reportedPrompt.WithLabelValues("w", "srv"))
+			// A refused page's hits are credited with the next page's.
+			if rate := cached / prompts; math.Abs(rate-0.5) > 1e-9 {
+				t.Errorf("observed hit rate %v (%v of %v), want 0.5", rate, cached, prompts)
+			}
+			if got := promtestutil.ToFloat64(c.serverErrors.WithLabelValues("srv", "duplicate")); got != tt.wantDuplicates {
+				t.Errorf("duplicate errors %v, want %v", got, tt.wantDuplicates)
+			}
+		})
+	}
+}
+
+// TestServerScraperCountsErrors: Run's scrape counts what it does not
+// credit in kvload_server_metrics_errors_total.
+func TestServerScraperCountsErrors(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total NaN\n")
+	}))
+	defer srv.Close()
+	c := New(prometheus.NewRegistry())
+	tr := cachetruth.New(c)
+	s := &engine.ServerScraper{Target: "t", URL: srv.URL, Dialect: "vllm", Client: srv.Client()}
+	for range 2 {
+		if err := s.ScrapeOnce(context.Background(), tr); err == nil {
+			t.Fatal("a NaN counter was credited")
+		}
+	}
+	if got := promtestutil.ToFloat64(c.serverErrors.WithLabelValues("t", "not_finite")); got != 2 {
+		t.Errorf("kvload_server_metrics_errors_total{reason=\"not_finite\"} %v, want 2", got)
+	}
+	c.ForgetTarget("t")
+	if n := promtestutil.CollectAndCount(c.serverErrors); n != 0 {
+		t.Errorf("%d error series left after the target was forgotten", n)
 	}
 }

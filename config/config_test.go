@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -434,5 +436,122 @@ func TestEmulateBlock(t *testing.T) {
 				t.Errorf("Parse: %v\nwant %s", err, tt.want)
 			}
 		})
+	}
+}
+
+// isolationYAML is a configuration of one target, whose cache mapping is
+// cache, replayed by one workload.
+func isolationYAML(target, cache string) string {
+	return "targets:\n  - {name: t, url: 'http://t:8000', model: m, " + target + "cache: " + cache + "}\n" +
+		"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"
+}
+
+// TestIsolationAccepted: isolate is taken where the dialect takes a cache
+// salt on the target's API, with or without an epoch, and defaults off.
+func TestIsolationAccepted(t *testing.T) {
+	tests := []struct {
+		target, cache string
+		isolate       bool
+		epoch         string
+	}{
+		{"dialect: vllm, ", "{}", false, ""},
+		{"dialect: vllm, ", "{isolate: true}", true, ""},
+		{"dialect: vllm, api: completions, ", "{isolate: true, isolation_epoch: fleet-a}", true, "fleet-a"},
+		{"dialect: sglang, api: completions, ", "{isolate: true}", true, ""},
+		{"dialect: trtllm, ", "{isolate: true}", true, ""},
+		{"dialect: dynamo, ", "{isolate: true, isolation_epoch: '2026-11'}", true, "2026-11"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.target+tt.cache, func(t *testing.T) {
+			cfg, err := Parse([]byte(isolationYAML(tt.target, tt.cache)), "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c := cfg.Targets[0].Cache; c.Isolate != tt.isolate || c.IsolationEpoch != tt.epoch {
+				t.Errorf("isolate %v, epoch %q; want %v, %q", c.Isolate, c.IsolationEpoch, tt.isolate, tt.epoch)
+			}
+		})
+	}
+}
+
+// TestCheckShardIsolation: run as one of several replicas (--shard), a
+// target that isolates with a salt of each start is refused, naming its
+// key and line; with an epoch, or as the only replica, it is not.
+func TestCheckShardIsolation(t *testing.T) {
+	perStart, err := ParseFile("kvload.yml", []byte(isolationYAML("dialect: vllm, ", "{isolate: true}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = perStart.CheckShardIsolation(2)
+	const want = "kvload.yml: targets[0].cache.isolate: with --shard the 2 replicas build the same prompts and must share a cache salt: set targets[0].cache.isolation_epoch, the same in every replica (line 2)"
+	if err == nil || err.Error() != want {
+		t.Errorf("CheckShardIsolation(2) = %v,\nwant %s", err, want)
+	}
+	if err := perStart.CheckShardIsolation(1); err != nil {
+		t.Errorf("CheckShardIsolation(1) = %v, want nil", err)
+	}
+	shared, err := Parse([]byte(isolationYAML("dialect: vllm, ", "{isolate: true, isolation_epoch: fleet}")), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := shared.CheckShardIsolation(3); err != nil {
+		t.Errorf("with an epoch: CheckShardIsolation(3) = %v, want nil", err)
+	}
+}
+
+// TestIsolationFingerprint: a reload that turns isolation on or off, or
+// changes the epoch, changes the target's fingerprint, so that its units
+// restart with their new salt.
+func TestIsolationFingerprint(t *testing.T) {
+	caches := []string{"{}", "{isolate: true}", "{isolate: true, isolation_epoch: a}", "{isolate: true, isolation_epoch: b}"}
+	seen := map[string]string{}
+	for _, c := range caches {
+		cfg, err := Parse([]byte(isolationYAML("dialect: vllm, ", c)), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fp := cfg.Fingerprint("target", "t")
+		if other, ok := seen[fp]; ok || fp == "" {
+			t.Errorf("cache %s has the fingerprint of %s", c, other)
+		}
+		seen[fp] = c
+		if !strings.Contains(fp, "isolate") && c != "{}" {
+			t.Errorf("cache %s: fingerprint %q does not hold it", c, fp)
+		}
+	}
+}
+
+// TestScheduleKeys: a workload's schedule, prompts and a target's session
+// header are read with their defaults, and the schedule reaches the replay
+// seeded only where it draws at random.
+func TestScheduleKeys(t *testing.T) {
+	cfg, err := Parse([]byte(`
+targets:
+  - {name: t, url: "http://t:8000", model: m, session_header: X-Session-ID}
+workloads:
+  - {name: poisson, trace: t.jsonl, targets: [t], seed: 7, schedule: {rate: 5}}
+  - {name: constant, trace: t.jsonl, targets: [t], seed: 7, schedule: {rate: 2.5, arrivals: constant}}
+  - {name: users, trace: t.jsonl, targets: [t], seed: 7, schedule: {users: 8, think_time: 250ms}}
+  - {name: timestamps, trace: t.jsonl, targets: [t], loop: once, prompts: {reproducible: true}}
+`), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Targets[0].SessionHeader; got != "X-Session-ID" {
+		t.Errorf("session_header = %q", got)
+	}
+	for i, want := range []replay.Schedule{
+		{Rate: 5, Arrivals: replay.ArrivalsPoisson, Seed: 7},
+		{Rate: 2.5, Arrivals: replay.ArrivalsConstant},
+		{Users: 8, ThinkTime: 250 * time.Millisecond},
+		{},
+	} {
+		w := &cfg.Workloads[i]
+		if got := w.Schedule.Replay(w.Seed); got != want {
+			t.Errorf("%s: schedule %+v, want %+v", w.Name, got, want)
+		}
+	}
+	if !cfg.Workloads[3].Prompts.Reproducible || cfg.Workloads[0].Prompts.Reproducible {
+		t.Errorf("prompts.reproducible not read: %+v, %+v", cfg.Workloads[3].Prompts, cfg.Workloads[0].Prompts)
 	}
 }

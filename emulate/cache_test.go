@@ -1,7 +1,9 @@
 package emulate
 
 import (
+	"math/rand/v2"
 	"net/http"
+	"slices"
 	"testing"
 )
 
@@ -198,5 +200,382 @@ func TestChunkKeyExact(t *testing.T) {
 			t.Fatalf("%v and %v share key %q", prev, s, k)
 		}
 		seen[k] = s
+	}
+}
+
+// cat joins token sequences, for hand-made prompts.
+func cat(parts ...[]int) []int { return slices.Concat(parts...) }
+
+// Each personality's hit arithmetic on hand-made prompts. The wants are
+// worked out by hand from each engine's rule, not from the code.
+func TestPersonalityHits(t *testing.T) {
+	type step struct {
+		prompt []int
+		want   int
+	}
+	tests := []struct {
+		name   string
+		p      Personality
+		block  int
+		cached [][]int // inserted first, in order
+		steps  []step  // looked up afterwards (lookups insert nothing)
+	}{
+		{"vllm: full blocks only", PersonalityVLLM, 4, [][]int{seq(1, 10)}, []step{
+			{seq(1, 10), 8},                    // 2 full blocks; 9,10 were never a full block
+			{seq(1, 9), 8},                     // cap 8 tokens: 2 blocks
+			{seq(1, 8), 4},                     // cap 7: the second block is recomputed whole
+			{cat(seq(1, 6), []int{99, 98}), 4}, // differs inside block 2
+			{cat([]int{1, 2, 3}, seq(90, 5)), 0},
+			{seq(2, 10), 0},
+			{seq(1, 1), 0},
+		}},
+		{"vllm: default 16-token blocks", PersonalityVLLM, 0, [][]int{seq(1, 40)}, []step{
+			{seq(1, 40), 32},
+			{seq(1, 33), 32},
+			{seq(1, 32), 16},
+			{cat(seq(1, 20), seq(500, 20)), 16},
+		}},
+		{"sglang: token granular", PersonalitySGLang, 0, [][]int{{1, 2, 3, 4, 5}, {1, 2, 7, 8}}, []step{
+			{[]int{1, 2, 3, 9, 9}, 3},
+			{[]int{1, 2, 3, 4, 5}, 4}, // the last token is recomputed
+			{seq(1, 7), 5},
+			{[]int{1, 2, 7, 8, 9}, 4}, // the second prompt's branch
+			{[]int{1, 2, 9}, 2},
+			{[]int{2, 3}, 0},
+			{[]int{1}, 0},
+		}},
+		{"trtllm: partial reuse inside a block", PersonalityTRTLLM, 4, [][]int{seq(1, 10)}, []step{
+			{cat(seq(1, 6), []int{99, 98}), 6}, // one block and 2 tokens of the next
+			{seq(1, 10), 8},                    // 9,10 were never a full block
+			{seq(1, 8), 7},                     // capped at prompt-1, inside block 2
+			{[]int{1, 2, 99}, 2},               // partial match in the first block
+			{[]int{5, 6, 7, 8}, 0},             // blocks are position-bound
+		}},
+		{"trtllm: default 32-token blocks", PersonalityTRTLLM, 0, [][]int{seq(1, 70)}, []step{
+			{cat(seq(1, 40), seq(900, 10)), 40},
+			{seq(1, 70), 64},
+			{cat(seq(1, 5), seq(900, 40)), 5},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Config{Engine: tt.p, BlockSize: tt.block}.withDefaults()
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newPrefixCache(cfg.Engine, cfg.BlockSize, 0, cfg.Slots, true)
+			for _, p := range tt.cached {
+				_, cl := c.lookup("", p)
+				c.insert(cl)
+			}
+			for _, s := range tt.steps {
+				if got, cl := c.lookup("", s.prompt); got != s.want {
+					t.Errorf("prompt %v: hit %d, want %d", s.prompt, got, s.want)
+				} else {
+					c.release(cl)
+				}
+			}
+		})
+	}
+}
+
+// Least recently used leaves go first, a prefix never before its
+// extension, and the capacity always holds.
+func TestTrieEvictionOrder(t *testing.T) {
+	c := newTrieCache(1, 4, false, true)
+	put := func(p []int) { c.insert(claim{tokens: p}) }
+	hit := func(p []int) int { h, _ := c.lookup("", append(slices.Clone(p), -1)); return h }
+
+	put([]int{1, 2, 3}) // blocks 1, 1.2, 1.2.3
+	put([]int{1, 2, 9}) // adds 1.2.9: 4 blocks
+	if st := c.state(); st.Blocks != 4 || st.Tokens != 4 {
+		t.Fatalf("state %+v", st)
+	}
+	// 1.2.3 is now the least recently used block; 1 and 1.2 are more
+	// recent, since each touch of a leaf touches its ancestors after it.
+	put([]int{5})
+	if hit([]int{1, 2, 3}) != 2 || hit([]int{1, 2, 9}) != 3 || hit([]int{5}) != 1 {
+		t.Fatalf("after one eviction: hits %d %d %d", hit([]int{1, 2, 3}), hit([]int{1, 2, 9}), hit([]int{5}))
+	}
+	// Touching 1.2.9 leaves 5 the least recently used leaf.
+	hit([]int{1, 2, 9})
+	put([]int{6})
+	if hit([]int{5}) != 0 || hit([]int{1, 2, 9}) != 3 || hit([]int{6}) != 1 {
+		t.Fatal("5 should have gone, not the older prefix 1.2")
+	}
+	// A long prompt keeps its head under pressure: its tail blocks are
+	// evicted first, even its own.
+	put(seq(100, 6))
+	if got := hit(seq(100, 6)); got != 4 {
+		t.Fatalf("a 6-block prompt in 4 blocks hit %d, want its first 4", got)
+	}
+	if st := c.state(); st.Blocks != 4 {
+		t.Fatalf("state %+v", st)
+	}
+	checkTrie(t, c)
+}
+
+// checkTrie verifies the trie's invariants: every block in the LRU list
+// is reachable from its root and vice versa, parents are more recent than
+// their children, and the capacity holds.
+func checkTrie(t *testing.T, c *trieCache) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pos := map[*node]int{}
+	i := 0
+	for e := c.lru.Front(); e != nil; e = e.Next() {
+		pos[e.Value.(*node)] = i
+		i++
+	}
+	seen := 0
+	var walk func(n *node)
+	walk = func(n *node) {
+		for k, ch := range n.children {
+			if ch.parent != n || ch.key != k || len(ch.tokens) != c.blockSize {
+				t.Fatalf("malformed block %+v", ch)
+			}
+			p, ok := pos[ch]
+			if !ok {
+				t.Fatalf("block %v reachable but not in the LRU list", ch.tokens)
+			}
+			if n.parent != nil && pos[n] > p {
+				t.Fatalf("block %v is more recent than its parent", ch.tokens)
+			}
+			seen++
+			walk(ch)
+		}
+	}
+	for salt, r := range c.roots {
+		if r.key != salt || len(r.children) == 0 {
+			t.Fatalf("root %q malformed or empty", salt)
+		}
+		walk(r)
+	}
+	if seen != c.lru.Len() {
+		t.Fatalf("%d reachable blocks, %d in the LRU list", seen, c.lru.Len())
+	}
+	if c.capacity > 0 && seen > c.capacity {
+		t.Fatalf("%d blocks over capacity %d", seen, c.capacity)
+	}
+}
+
+// refCache is the brute-force reference: every prompt ever inserted, kept
+// whole, scanned linearly. It knows nothing of tries or blocks beyond each
+// engine's rule for what a hit is.
+type refCache struct {
+	p       Personality
+	block   int
+	prompts []claim
+}
+
+func (r *refCache) lookup(salt string, tokens []int) int {
+	n := len(tokens)
+	if n <= 1 {
+		return 0
+	}
+	best := 0
+	for _, q := range r.prompts {
+		if q.salt != salt {
+			continue
+		}
+		// Only the full blocks of a cached prompt are kept.
+		full := q.tokens[:len(q.tokens)/r.block*r.block]
+		best = max(best, commonPrefix(full, tokens))
+	}
+	switch r.p {
+	case PersonalityVLLM:
+		return min(best/r.block*r.block, (n-1)/r.block*r.block)
+	default: // sglang (block 1) and trtllm's partial reuse
+		return min(best, n-1)
+	}
+}
+
+// cacheOp is one step of a random workload: look a prompt up, then
+// insert it or (when abandon is set) release it.
+type cacheOp struct {
+	salt    string
+	tokens  []int
+	abandon bool
+}
+
+// checkAgainstReference runs ops through an unbounded trie cache and the
+// reference, comparing every hit, and checks the trie's invariants.
+func checkAgainstReference(t *testing.T, p Personality, block int, ops []cacheOp) {
+	t.Helper()
+	c := newTrieCache(block, 0, p == PersonalityTRTLLM, true)
+	ref := &refCache{p: p, block: block}
+	for i, op := range ops {
+		want := ref.lookup(op.salt, op.tokens)
+		got, cl := c.lookup(op.salt, op.tokens)
+		if got != want {
+			t.Fatalf("%s/%d op %d: prompt %v salt %q: hit %d, reference %d", p, block, i, op.tokens, op.salt, got, want)
+		}
+		if op.abandon {
+			c.release(cl)
+			continue
+		}
+		c.insert(cl)
+		ref.prompts = append(ref.prompts, claim{salt: op.salt, tokens: op.tokens})
+	}
+	checkTrie(t, c)
+}
+
+// randomOps draws prompts from a tiny alphabet so that they share long
+// prefixes, and branch from earlier prompts often.
+func randomOps(rng *rand.Rand, n int) []cacheOp {
+	var ops []cacheOp
+	for range n {
+		var tokens []int
+		if len(ops) > 0 && rng.IntN(2) == 0 {
+			prev := ops[rng.IntN(len(ops))].tokens
+			tokens = slices.Clone(prev[:rng.IntN(len(prev)+1)])
+		}
+		for range rng.IntN(12) {
+			tokens = append(tokens, rng.IntN(3))
+		}
+		ops = append(ops, cacheOp{salt: []string{"", "", "s"}[rng.IntN(3)], tokens: tokens, abandon: rng.IntN(8) == 0})
+	}
+	return ops
+}
+
+var referenceShapes = []struct {
+	p     Personality
+	block int
+}{
+	{PersonalityVLLM, 1}, {PersonalityVLLM, 2}, {PersonalityVLLM, 4},
+	{PersonalitySGLang, 1},
+	{PersonalityTRTLLM, 2}, {PersonalityTRTLLM, 3},
+}
+
+func TestTrieMatchesReference(t *testing.T) {
+	for _, s := range referenceShapes {
+		for seed := range uint64(20) {
+			ops := randomOps(rand.New(rand.NewPCG(seed, uint64(s.block))), 150)
+			checkAgainstReference(t, s.p, s.block, ops)
+		}
+	}
+}
+
+// FuzzTrieCache decodes ops from bytes: a byte < 3 is a token, 3 ends a
+// prompt, 4 ends a salted prompt, 5 ends an abandoned one.
+func FuzzTrieCache(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 0, 3, 0, 1, 2, 4, 0, 1, 2, 4})
+	f.Add([]byte{1, 1, 1, 1, 5, 1, 1, 1, 1, 3, 1, 1, 3})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var ops []cacheOp
+		var cur []int
+		for _, b := range data {
+			switch b % 6 {
+			case 3, 4, 5:
+				ops = append(ops, cacheOp{salt: map[bool]string{true: "s"}[b%6 == 4], tokens: cur, abandon: b%6 == 5})
+				cur = nil
+			default:
+				cur = append(cur, int(b%6))
+			}
+		}
+		for _, s := range referenceShapes {
+			checkAgainstReference(t, s.p, s.block, ops)
+		}
+	})
+}
+
+// A bounded cache keeps its invariants under a random workload and never
+// hits more than an unbounded one would.
+func TestTrieBoundedInvariants(t *testing.T) {
+	for _, s := range referenceShapes {
+		for _, capacity := range []int{1, 3, 10} {
+			rng := rand.New(rand.NewPCG(uint64(capacity), 7))
+			c := newTrieCache(s.block, capacity, s.p == PersonalityTRTLLM, true)
+			ref := &refCache{p: s.p, block: s.block}
+			for _, op := range randomOps(rng, 300) {
+				got, cl := c.lookup(op.salt, op.tokens)
+				if want := ref.lookup(op.salt, op.tokens); got > want {
+					t.Fatalf("bounded hit %d above unbounded %d", got, want)
+				}
+				c.insert(cl)
+				ref.prompts = append(ref.prompts, claim{salt: op.salt, tokens: op.tokens})
+				if rng.IntN(50) == 0 {
+					if err := c.resize(rng.IntN(capacity + 1)); err != nil {
+						t.Fatal(err)
+					}
+					checkTrie(t, c)
+					_ = c.resize(capacity)
+				}
+			}
+			checkTrie(t, c)
+		}
+	}
+}
+
+// Salted prompts share nothing with other salts, at any granularity.
+func TestCacheSaltIsolation(t *testing.T) {
+	for _, p := range []Personality{PersonalityVLLM, PersonalitySGLang, PersonalityTRTLLM, PersonalityLlamaCpp} {
+		t.Run(p.String(), func(t *testing.T) {
+			block := 4
+			if p == PersonalityLlamaCpp || p == PersonalitySGLang {
+				block = 1
+			}
+			c := newPrefixCache(p, block, 0, 3, true) // llamacpp: a slot per salt
+
+			prompt := seq(1, 13)
+			_, cl := c.lookup("", prompt)
+			c.insert(cl)
+			for _, salt := range []string{"a", "b"} {
+				if got, cl := c.lookup(salt, prompt); got != 0 {
+					t.Fatalf("salt %q hit %d of the unsalted prompt", salt, got)
+				} else {
+					c.insert(cl)
+				}
+			}
+			if got, cl := c.lookup("a", prompt); got != 12 {
+				t.Fatalf("same salt hit %d, want 12", got)
+			} else {
+				c.release(cl)
+			}
+		})
+	}
+}
+
+// A partial match that ties between blocks touches the most recently used
+// one, whatever the map order, so eviction stays deterministic.
+func TestTriePartialTieDeterministic(t *testing.T) {
+	a, b := []int{1, 2, 3, 4}, []int{1, 2, 5, 6}
+	for range 20 { // map order is random: a wrong pick would show
+		c := newTrieCache(4, 2, true, true)
+		c.insert(claim{tokens: b})
+		c.insert(claim{tokens: a})
+		c.lookup("", cat(b, []int{0})) // b is now the most recent
+		if got, _ := c.lookup("", []int{1, 2, 9, 9, 9}); got != 2 {
+			t.Fatalf("partial hit %d, want 2", got)
+		}
+		c.insert(claim{tokens: []int{7, 7, 7, 7}}) // evicts the least recent: a
+		if got, _ := c.lookup("", cat(b, []int{0})); got != 4 {
+			t.Fatalf("b hit %d after eviction, want 4", got)
+		}
+		if got, _ := c.lookup("", cat(a, []int{0})); got != 2 {
+			t.Fatalf("a hit %d after eviction, want 2 (partially, through b)", got)
+		}
+	}
+}
+
+// BenchmarkPrefixCache looks up and inserts 2,048-token prompts that
+// share half their tokens with the previous one, per personality.
+func BenchmarkPrefixCache(b *testing.B) {
+	for _, p := range []Personality{PersonalityVLLM, PersonalitySGLang, PersonalityTRTLLM} {
+		b.Run(p.String(), func(b *testing.B) {
+			c := newPrefixCache(p, p.defaultBlockSize(), 1<<16, 0, true)
+			prompts := make([][]int, 64)
+			for i := range prompts {
+				prompts[i] = cat(seq(0, 1024), seq(10_000+i*1024, 1024))
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				_, cl := c.lookup("", prompts[i%len(prompts)])
+				c.insert(cl)
+				i++
+			}
+		})
 	}
 }

@@ -1,10 +1,13 @@
 package emulate
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -503,5 +506,154 @@ func TestTokenizeSpecialTokens(t *testing.T) {
 				t.Fatalf("tokens %v, want %d with BOS %v", tok.Tokens, tt.count, tt.wantBOS)
 			}
 		})
+	}
+}
+
+// Start serves on a loopback port; canceling its context ends every
+// request, including a hung one, and wait returns once all is down.
+func TestStartShutdown(t *testing.T) {
+	hung := make(chan struct{})
+	e, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.onDone = func(r Result) {
+		if r == ResultHung {
+			close(hung)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	base, wait, err := e.Start(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	complete(t, base, seq(1, 5), nil)
+
+	if err := e.SetFaults(Faults{Hang: 1}); err != nil {
+		t.Fatal(err)
+	}
+	resp := post(t, context.Background(), base+"/v1/chat/completions", chatBody("x", map[string]any{"stream": true}))
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	cancel()
+	<-hung
+	if _, err := io.ReadAll(resp.Body); err != nil {
+		t.Logf("hung body ended with %v", err)
+	}
+	if err := wait(); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	if err := wait(); err != nil {
+		t.Fatalf("second wait: %v", err)
+	}
+	if _, err := http.Get(base + "/health"); err == nil {
+		t.Fatal("server still answering after shutdown")
+	}
+}
+
+func TestStartBadAddress(t *testing.T) {
+	e, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Start(context.Background(), "127.0.0.1:notaport"); err == nil {
+		t.Fatal("Start on a bad address succeeded")
+	}
+}
+
+// A client that leaves mid-stream is counted as canceled, and its slot
+// is freed.
+func TestClientCancelMidStream(t *testing.T) {
+	done := make(chan Result, 1)
+	e, srv := newTestServer(t, Config{InterToken: time.Millisecond}, func(e *Engine) {
+		// Prefill is instant; every decode step waits for the client
+		// to leave.
+		e.sleep = func(ctx context.Context, d time.Duration) error {
+			if d <= 0 {
+				return ctx.Err()
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		e.onDone = func(r Result) { done <- r }
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp := post(t, ctx, srv.URL+"/v1/chat/completions", chatBody("x", map[string]any{"stream": true, "max_tokens": 5}))
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for range 4 { // role chunk, blank, first token, blank
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	if r := <-done; r != ResultCanceled {
+		t.Fatalf("result %v", r)
+	}
+	if st := e.Stats(); st.Canceled != 1 || st.Running != 0 || st.CacheQueryTokens == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestTokenizeErrors(t *testing.T) {
+	_, srv := newTestServer(t, Config{Model: "m"})
+	for _, tt := range []struct {
+		path string
+		body any
+		want int
+	}{
+		{"/tokenize", map[string]any{"model": "other", "prompt": "x"}, http.StatusNotFound},
+		{"/tokenize", map[string]any{"prompt": 5}, http.StatusBadRequest},
+		{"/tokenize", map[string]any{"messages": []map[string]any{{"content": "no role"}}}, http.StatusBadRequest},
+		{"/tokenize", map[string]any{"messages": []map[string]any{{"role": "user", "content": 5}}}, http.StatusBadRequest},
+		{"/tokenize", `{`, http.StatusBadRequest},
+		{"/detokenize", map[string]any{"tokens": []int{-1}}, http.StatusBadRequest},
+		{"/detokenize", map[string]any{"tokens": []int{1 << 30}}, http.StatusBadRequest},
+		{"/detokenize", `[]`, http.StatusBadRequest},
+	} {
+		postDecode(t, srv.URL+tt.path, tt.body, tt.want, nil)
+	}
+}
+
+// BenchmarkEmulatorStream measures streamed chat requests of 32 output
+// tokens with zero delays, through a real HTTP client on loopback: the
+// emulator's own cost per request, tokenization and SSE included.
+func BenchmarkEmulatorStream(b *testing.B) {
+	e, err := New(Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(e.Handler())
+	defer srv.Close()
+	body, err := json.Marshal(chatBody("Explain prefix caching in two sentences.", map[string]any{
+		"stream": true, "max_tokens": 32, "stream_options": map[string]any{"include_usage": true}}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	defer client.CloseIdleConnections()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			resp, err := client.Post(srv.URL+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			n, err := io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK || n == 0 {
+				b.Errorf("status %d, %d bytes, %v", resp.StatusCode, n, err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+	if st := e.Stats(); st.Success != int64(b.N) {
+		b.Fatalf("%d successes for %d requests", st.Success, b.N)
 	}
 }

@@ -303,3 +303,84 @@ func TestSeenSet(t *testing.T) {
 		t.Error("two generations later, the first keys are still there")
 	}
 }
+
+// saltedStored is stored with extra_keys as vLLM sends them for a text
+// prompt under salt ("" for none): the salt on the first block when parent
+// is "", nothing on the others.
+func saltedStored(salt string, parent BlockHash, tokens []uint32, hashes ...uint64) Event {
+	ev := stored(parent, tokens, hashes...)
+	ev.Extra = make([]ExtraKeys, len(hashes))
+	if parent == "" {
+		ev.Extra[0] = saltExtraKeys(salt)
+	}
+	return ev
+}
+
+// TestClassifySalt: on a stream whose events carry extra_keys, a block is
+// known by its salt as well as its tokens: another salt's block (or an
+// unsalted one) with the same tokens is another block, and a request is
+// looked up under its own salt. On a stream without them (vLLM before
+// extra_keys) a salted request matches the same tokens under any salt, as
+// before.
+func TestClassifySalt(t *testing.T) {
+	const a, b = "salt-a", "salt-b"
+	cases := []struct {
+		name  string
+		steps []step
+		salt  string
+		want  Tally
+	}{
+		{"held under the request's salt: unexplained", []step{{1, []Event{saltedStored(a, "", toks(1, 12), 11, 12, 13)}, -1}},
+			a, Tally{ClassUnexplained: 12}},
+		{"held under another salt only: never stored", []step{{1, []Event{saltedStored(b, "", toks(1, 12), 21, 22, 23)}, -1}},
+			a, Tally{ClassNeverStored: 12}},
+		{"held unsalted only: never stored", []step{{1, []Event{saltedStored("", "", toks(1, 12), 31, 32, 33)}, -1}},
+			a, Tally{ClassNeverStored: 12}},
+		{"held salted only, an unsalted request: never stored", []step{{1, []Event{saltedStored(a, "", toks(1, 12), 11, 12, 13)}, -1}},
+			"", Tally{ClassNeverStored: 12}},
+		{"evicted, then the same tokens stored under another salt: evicted", []step{
+			{1, []Event{saltedStored(a, "", toks(1, 12), 11, 12, 13)}, -1},
+			{2, []Event{removed(13), removed(12), removed(11)}, -1},
+			{3, []Event{saltedStored(b, "", toks(1, 12), 21, 22, 23)}, -1}},
+			a, Tally{ClassEvicted: 12}},
+		{"an extension keeps its parent's salt", []step{
+			{1, []Event{saltedStored(a, "", toks(1, 8), 11, 12)}, -1},
+			{2, []Event{saltedStored(a, ih(12), toks(9, 4), 13)}, -1},
+			{3, []Event{saltedStored(b, "", toks(1, 8), 21, 22)}, -1},
+			{4, []Event{removed(22)}, -1}},
+			a, Tally{ClassUnexplained: 12}},
+		{"an extension of another salt's blocks is not the request's", []step{
+			{1, []Event{saltedStored(b, "", toks(1, 8), 21, 22)}, -1},
+			{2, []Event{saltedStored(b, ih(22), toks(9, 4), 23)}, -1}},
+			a, Tally{ClassNeverStored: 12}},
+		{"events without extra_keys: the same tokens match", []step{
+			{1, []Event{stored("", toks(1, 12), 11, 12, 13)}, -1}},
+			a, Tally{ClassUnexplained: 12}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, applied := replay(t, c.steps...)
+			if applied != (Applied{}) {
+				t.Fatalf("applying the events: %+v", applied)
+			}
+			got, err := Classify([]*Stream{s}, Miss{Tokens: prompt, From: 0, To: 12, BlockSize: 4, Sent: at(5), Until: at(6), Salt: c.salt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, c.want) {
+				t.Errorf("Classify: %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// TestStoreExtraKeysNotOneABlock: a BlockStored whose extra keys are not
+// one a block is not taken.
+func TestStoreExtraKeysNotOneABlock(t *testing.T) {
+	ev := saltedStored("salt-a", "", toks(1, 8), 11, 12)
+	ev.Extra = ev.Extra[:1]
+	s, applied := replay(t, step{1, []Event{ev}, -1})
+	if applied.Inconsistent != 1 || len(s.blocks) != 0 {
+		t.Errorf("%+v, %d blocks kept; want one inconsistent event and none kept", applied, len(s.blocks))
+	}
+}

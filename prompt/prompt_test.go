@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer/tokenizertest"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
@@ -22,6 +23,10 @@ func sharedTrace(name string) string {
 }
 
 var sharedTraceNames = []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"}
+
+// raceEnabled lets the slowest tests sample less under the race detector,
+// which slows tokenizing about tenfold.
+const raceEnabled = testutil.RaceEnabled
 
 func newTestBuilder(t testing.TB, o Options) *Builder {
 	t.Helper()

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // newTestServer starts an engine for cfg behind an httptest server. The
@@ -227,4 +230,121 @@ func doRawNoFatal(url string, body any) (*http.Response, error) {
 		return nil, err
 	}
 	return http.Post(url, "application/json", bytes.NewReader(js))
+}
+
+func TestMetricsLintAndGroundTruth(t *testing.T) {
+	e, srv := newTestServer(t, Config{BlockSize: 4, Model: "emu"})
+	prompts := [][]int{seq(1, 9), seq(1, 9), seq(1, 17), seq(50, 5), seq(1, 30)}
+	for _, p := range prompts {
+		complete(t, srv.URL, p, nil)
+	}
+	// Text prompts too, streamed.
+	for range 2 {
+		resp := post(t, context.Background(), srv.URL+"/v1/chat/completions",
+			chatBody("a prompt long enough to fill a few blocks of four tokens", map[string]any{"model": "emu", "stream": true, "max_tokens": 3}))
+		if _, err := readSSE(resp.Body); err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+
+	problems, err := testutil.GatherAndLint(e.Gatherer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, p := range problems {
+		// vLLM's names carry colons, which promlint reserves for
+		// recording rules; that is the one accepted problem.
+		if p.Text != "metric names should not contain ':'" {
+			t.Errorf("lint: %s: %s", p.Metric, p.Text)
+		}
+		names[p.Metric] = true
+	}
+	for _, want := range []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_requests_running",
+		"vllm:num_requests_waiting", "vllm:time_to_first_token_seconds", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"} {
+		if !names[want] {
+			t.Errorf("metric %s missing", want)
+		}
+	}
+
+	st := e.Stats()
+	if st.Success != int64(len(prompts)+2) || st.CachedTokens == 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	for _, c := range []struct {
+		name string
+		got  float64
+		want int64
+	}{
+		{"queries", testutil.ToFloat64(e.m.queries), st.PromptTokens},
+		{"hits", testutil.ToFloat64(e.m.hits), st.CachedTokens},
+		{"queries vs cache stats", testutil.ToFloat64(e.m.queries), st.CacheQueryTokens},
+		{"hits vs cache stats", testutil.ToFloat64(e.m.hits), st.CacheHitTokens},
+		{"prompt tokens", testutil.ToFloat64(e.m.promptTokens), st.PromptTokens},
+		{"generation tokens", testutil.ToFloat64(e.m.genTokens), st.CompletionTokens},
+	} {
+		if c.got != float64(c.want) {
+			t.Errorf("%s: metric %v, stats %d", c.name, c.got, c.want)
+		}
+	}
+
+	// The exposition carries the model_name label.
+	if err := testutil.ScrapeAndCompare(srv.URL+"/metrics", strings.NewReader(`
+# HELP vllm:num_requests_waiting Requests queued for a running slot.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="emu"} 0
+`), "vllm:num_requests_waiting"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMetricsDoubleCountHits: the hit counter of /metrics reads twice the
+// hits, every personality that exports one; the prompt counters, usage
+// and Stats stay true.
+func TestMetricsDoubleCountHits(t *testing.T) {
+	for _, p := range []Personality{PersonalityVLLM, PersonalitySGLang, PersonalityLlamaCpp} {
+		for _, double := range []bool{false, true} {
+			cfg := Config{Engine: p, MetricsDoubleCountHits: double}
+			if p != PersonalityLlamaCpp {
+				cfg.BlockSize = 4
+			}
+			e, srv := newTestServer(t, cfg)
+			var cached int
+			for _, ids := range [][]int{seq(1, 17), seq(1, 17), seq(1, 30)} {
+				cached += complete(t, srv.URL, ids, nil).cached(t)
+			}
+			st := e.Stats()
+			if cached == 0 || int64(cached) != st.CachedTokens || st.CacheHitTokens != st.CachedTokens {
+				t.Fatalf("%v: usage cached %d, stats %+v", p, cached, st)
+			}
+			want := float64(st.CacheHitTokens)
+			if double {
+				want *= 2
+			}
+			if got := testutil.ToFloat64(e.m.hits); got != want {
+				t.Errorf("%v, double %v: hit counter %v, want %v", p, double, got, want)
+			}
+			if got := testutil.ToFloat64(e.m.queries); got != float64(st.CacheQueryTokens) {
+				t.Errorf("%v, double %v: query counter %v, want %v", p, double, got, st.CacheQueryTokens)
+			}
+			if got := testutil.ToFloat64(e.m.computedTokens); got != float64(st.CacheQueryTokens-st.CacheHitTokens) {
+				t.Errorf("%v, double %v: computed-token counter %v, want %v", p, double, got, st.CacheQueryTokens-st.CacheHitTokens)
+			}
+		}
+	}
+}
+
+func TestSleepCtx(t *testing.T) {
+	if err := sleepCtx(context.Background(), time.Nanosecond); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := sleepCtx(ctx, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Fatalf("sleepCtx on a canceled context: %v", err)
+	}
+	if err := sleepCtx(ctx, 0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("zero sleep on a canceled context: %v", err)
+	}
 }

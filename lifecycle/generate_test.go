@@ -1,0 +1,48 @@
+package lifecycle
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
+)
+
+// TestGeneratedWorkloadShared: a generator's rows are made once for its
+// parameters, kept across a reload that keeps them, and made again when
+// they change.
+func TestGeneratedWorkloadShared(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, nil)
+	path := filepath.Join(t.TempDir(), "kvload.yml")
+	gen := &config.Generate{Prefixes: 2, PrefixTokens: 32, Requests: 5, Rate: 0.001,
+		InputTokens: config.TokenLengths{Mean: 10}, OutputTokens: config.TokenLengths{Mean: 2}}
+	cfg := daemontest.Config(srv.URL, "")
+	cfg.Workloads[0].Generate = gen
+	daemontest.WriteConfig(t, path, cfg)
+	d, err := startDaemon(t, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parses := d.traces.stats.parses.Load
+	rows := d.units[unitKey{"w", "t"}].plan.Rows()
+	if rows.Len() != 5 || rows.ISL(0) != 42 || parses() != 1 {
+		t.Fatalf("%d rows, the first of %d tokens, %d made; want 5 of 42, made once", rows.Len(), rows.ISL(0), parses())
+	}
+	cfg.Workloads[0].MaxInFlight = 3
+	daemontest.WriteConfig(t, path, cfg)
+	if err := d.Reload(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if parses() != 1 {
+		t.Errorf("a reload that keeps the generator made its rows again")
+	}
+	gen.Requests = 6
+	daemontest.WriteConfig(t, path, cfg)
+	if err := d.Reload(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.units[unitKey{"w", "t"}].plan.Rows().Len(); parses() != 2 || got != 6 {
+		t.Errorf("after changing requests: %d rows, %d made; want 6, made twice", got, parses())
+	}
+}

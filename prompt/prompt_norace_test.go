@@ -1,6 +1,0 @@
-//go:build !race
-
-package prompt
-
-// raceEnabled: see prompt_race_test.go.
-const raceEnabled = false
