@@ -2,5 +2,5 @@
 
 package testutil
 
-// RaceEnabled: see race.go.
+// RaceEnabled is false: the binary runs without the race detector (see race.go).
 const RaceEnabled = false
