@@ -7,7 +7,10 @@ package docs_test
 import (
 	"bytes"
 	"fmt"
+	"go/build"
+	"maps"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -445,4 +448,67 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// TestDesignPackageTable: the package table of design.md says, for every
+// package but the command and the daemon ("all", "all below"), exactly
+// which of the module's packages its non-test files import, so that the
+// layering has one written source that cannot drift from the code. A
+// package's own subpackages are not counted, and a name followed by a
+// parenthesis ("emulate (daemontest)") is imported by that subpackage.
+func TestDesignPackageTable(t *testing.T) {
+	text, err := os.ReadFile("design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("^\\| `([a-z0-9/]+)` \\| .* \\| ([^|]+) \\|$")
+	checked := 0
+	for line := range strings.SplitSeq(string(text), "\n") {
+		m := row.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		pkg, listed := m[1], strings.TrimSpace(m[2])
+		if listed == "all" || listed == "all below" {
+			continue
+		}
+		want := map[string]bool{}
+		if listed != "none" {
+			for name := range strings.SplitSeq(listed, ",") {
+				name = strings.TrimSpace(name)
+				if strings.Contains(name, "(") {
+					continue
+				}
+				want[name] = true
+			}
+		}
+		p, err := build.Default.ImportDir(filepath.Join("..", pkg), 0)
+		if err != nil {
+			t.Errorf("design.md names package %s: %v", pkg, err)
+			continue
+		}
+		imports := p.Imports
+		if len(p.GoFiles) == 0 { // a package of tests only
+			imports = append(slices.Clone(p.TestImports), p.XTestImports...)
+		}
+		got := map[string]bool{}
+		for _, imp := range imports {
+			name, ok := strings.CutPrefix(imp, modulePath+"/")
+			if !ok || name == pkg || strings.HasPrefix(name, pkg+"/") {
+				continue
+			}
+			got[name] = true
+		}
+		if !maps.Equal(got, want) {
+			t.Errorf("design.md: %s imports %v, the table says %v", pkg, sortedSet(got), sortedSet(want))
+		}
+		checked++
+	}
+	if checked < 15 {
+		t.Fatalf("design.md: %d package rows checked, want the whole table", checked)
+	}
+}
+
+func sortedSet(m map[string]bool) []string {
+	return slices.Sorted(maps.Keys(m))
 }
