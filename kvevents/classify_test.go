@@ -1,7 +1,9 @@
 package kvevents
 
 import (
+	"context"
 	"encoding/binary"
+	"math"
 	"reflect"
 	"runtime"
 	"testing"
@@ -67,7 +69,7 @@ func replay(t *testing.T, steps ...step) (*Stream, Applied) {
 		if st.seq >= 0 {
 			seq = uint64(st.seq)
 		}
-		a := s.Apply(seq, &Batch{Events: st.events}, at(st.t))
+		a := s.Apply(t.Context(), seq, &Batch{Events: st.events}, at(st.t))
 		sum.Missed += a.Missed
 		sum.Restarted = sum.Restarted || a.Restarted
 		sum.Unlinked += a.Unlinked
@@ -201,7 +203,7 @@ func TestStoreBounds(t *testing.T) {
 	n := maxRemoved + 10
 	for i := range n {
 		b := &Batch{Events: []Event{stored("", toks(4*i, 4), uint64(i+1)), removed(uint64(i + 1))}}
-		s.Apply(uint64(i), b, at(1))
+		s.Apply(t.Context(), uint64(i), b, at(1))
 	}
 	if got := len(s.blocks); got != maxRemoved {
 		t.Errorf("%d blocks kept, want %d", got, maxRemoved)
@@ -217,7 +219,7 @@ func TestStoreBounds(t *testing.T) {
 	}
 	// Stored again after the send (by the request itself): still evicted
 	// as of the send, though its new record starts after it.
-	s.Apply(uint64(n), &Batch{Events: []Event{stored("", toks(0, 4), 1)}}, at(3))
+	s.Apply(t.Context(), uint64(n), &Batch{Events: []Event{stored("", toks(0, 4), 1)}}, at(3))
 	if got, _ := Classify([]*Stream{s}, oldest); got[ClassEvicted] != 4 {
 		t.Errorf("the oldest removal, forgotten, then stored after the send: %v, want evicted", got)
 	}
@@ -248,18 +250,18 @@ func TestStoreBytesPerBlock(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	for i := range batches {
-		s.Apply(uint64(i), &batches[i], at(1))
+		s.Apply(t.Context(), uint64(i), &batches[i], at(1))
 	}
 	runtime.GC()
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	per := (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / n
 	t.Logf("%.0f bytes a held block", per)
-	if per > 200 {
-		t.Errorf("%.0f bytes a held block, more than the 200 the bounds allow for", per)
+	if per > 160 {
+		t.Errorf("%.0f bytes a held block, more than the 160 the bounds allow for", per)
 	}
-	if s.alive != n {
-		t.Fatalf("%d blocks held, want %d", s.alive, n)
+	if len(s.aliveKeys) != n {
+		t.Fatalf("%d blocks held, want %d", len(s.aliveKeys), n)
 	}
 	runtime.KeepAlive(s)
 	runtime.KeepAlive(batches)
@@ -382,5 +384,159 @@ func TestStoreExtraKeysNotOneABlock(t *testing.T) {
 	s, applied := replay(t, step{1, []Event{ev}, -1})
 	if applied.Inconsistent != 1 || len(s.blocks) != 0 {
 		t.Errorf("%+v, %d blocks kept; want one inconsistent event and none kept", applied, len(s.blocks))
+	}
+}
+
+// TestStoreHashIndexBound: the same block stored again and again under new
+// engine hashes while it is held indexes at most maxHashIDs of them; the
+// rest are counted as overflow, and one block is held.
+func TestStoreHashIndexBound(t *testing.T) {
+	s := NewStream("tcp://test:1")
+	s.maxAlive, s.maxHashIDs = 100, 100
+	const n = 1000
+	overflow := 0
+	for i := range n {
+		overflow += s.Apply(t.Context(), uint64(i), &Batch{Events: []Event{stored("", toks(1, 4), uint64(i+1))}}, at(1)).TooMany
+	}
+	if len(s.hashes) != s.maxHashIDs || overflow != n-s.maxHashIDs || len(s.aliveKeys) != 1 {
+		t.Errorf("%d hashes indexed, %d counted as overflow, %d blocks held; want %d, %d, 1",
+			len(s.hashes), overflow, len(s.aliveKeys), s.maxHashIDs, n-s.maxHashIDs)
+	}
+}
+
+// countdownCtx is a context whose Err is nil for its first calls, then
+// Canceled. Each call checks that the stream's lock is free: Apply asks
+// between events, and holds the lock for one event at most.
+type countdownCtx struct {
+	context.Context
+	t      *testing.T
+	s      *Stream
+	left   int
+	locked int // calls that found the lock held
+}
+
+func (c *countdownCtx) Err() error {
+	if c.s.mu.TryLock() {
+		c.s.mu.Unlock()
+	} else {
+		c.locked++
+	}
+	if c.left == 0 {
+		return context.Canceled
+	}
+	c.left--
+	return nil
+}
+
+// TestApplyStopsMidBatch: a hostile batch (20,000 clears between stores,
+// over thousands of held blocks) stops at the first event after its
+// context ends, and the lock is free between events, so that a stop waits
+// for one event, not for the batch.
+func TestApplyStopsMidBatch(t *testing.T) {
+	s := NewStream("tcp://test:1")
+	var fill []Event
+	for i := range 5000 {
+		fill = append(fill, stored("", toks(4*i, 4), uint64(i+1)))
+	}
+	s.Apply(t.Context(), 0, &Batch{Events: fill}, at(1))
+	var hostile []Event
+	for i := range 20_000 {
+		hostile = append(hostile, cleared, stored("", toks(4*i, 4), uint64(i+1)))
+	}
+	ctx := &countdownCtx{Context: t.Context(), t: t, s: s, left: 1000}
+	a := s.Apply(ctx, 1, &Batch{Events: hostile}, at(2))
+	if a.Events != 1000 || ctx.locked != 0 {
+		t.Errorf("%d of %d events applied, the lock held at %d of the checks between them; want 1000, none",
+			a.Events, len(hostile), ctx.locked)
+	}
+}
+
+// TestApplySequence: the batches a stream's sequence numbers skip are
+// counted as lost up to MaxSequenceJump; a longer jump, as a step back, is
+// an engine that started again: what the stream held is let go.
+func TestApplySequence(t *testing.T) {
+	cases := []struct {
+		name      string
+		next      uint64 // after batch 10
+		missed    uint64
+		restarted bool
+	}{
+		{"the next", 11, 0, false},
+		{"a gap", 15, 4, false},
+		{"the longest gap", 11 + MaxSequenceJump, MaxSequenceJump, false},
+		{"a jump longer than that", 12 + MaxSequenceJump, 0, true},
+		{"a jump of 2^62", 1 << 62, 0, true},
+		{"the last number", math.MaxUint64, 0, true},
+		{"the same again", 10, 0, true},
+		{"back to 0", 0, 0, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := NewStream("tcp://test:1")
+			s.Connected(at(0))
+			s.Apply(t.Context(), 10, &Batch{Events: []Event{stored("", toks(1, 4), 1)}}, at(1))
+			a := s.Apply(t.Context(), c.next, &Batch{}, at(2))
+			if a.Missed != c.missed || a.Restarted != c.restarted {
+				t.Errorf("missed %d, restarted %v; want %d, %v", a.Missed, a.Restarted, c.missed, c.restarted)
+			}
+			if held := len(s.aliveKeys) == 1; held == c.restarted {
+				t.Errorf("the block held: %v, want %v", held, !c.restarted)
+			}
+		})
+	}
+}
+
+// BenchmarkStoreBytesPerBlock measures what a held block costs at the
+// bound, maxAlive held blocks of 16 tokens each under its own hash, its
+// record, its place among the held blocks and its hash's entry together,
+// the fixed set of blocks seen (10 MB) apart: the figure of the store's
+// row in docs/reliability.md.
+func BenchmarkStoreBytesPerBlock(b *testing.B) {
+	const n = maxAlive
+	events := make([]Event, n) // made before measuring: the store keeps none
+	tokens := toks(0, 16*n)
+	for i := range events {
+		events[i] = Event{Kind: BlockStored, Hashes: []BlockHash{ih(uint64(i + 1))}, Tokens: tokens[16*i : 16*(i+1)], BlockSize: 16}
+	}
+	batch := &Batch{Events: events}
+	var per float64
+	for b.Loop() {
+		s := NewStream("tcp://test:1")
+		s.seen.add(0)
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		s.Apply(b.Context(), 0, batch, at(1))
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if len(s.aliveKeys) != n {
+			b.Fatalf("%d blocks held, want %d", len(s.aliveKeys), n)
+		}
+		per = (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / n
+		runtime.KeepAlive(s)
+	}
+	b.ReportMetric(per, "bytes/block")
+}
+
+// BenchmarkStoreClears: one batch of 20,000 AllBlocksCleared over 131,072
+// blocks remembered (removed) and 1,024 held.
+func BenchmarkStoreClears(b *testing.B) {
+	var fill []Event
+	for i := range 1 << 17 {
+		fill = append(fill, stored("", toks(4*i, 4), uint64(i+1)), removed(uint64(i+1)))
+	}
+	for i := range 1 << 10 {
+		fill = append(fill, stored("", toks(4*i, 4), uint64(i+1)))
+	}
+	clears := make([]Event, 20_000)
+	for i := range clears {
+		clears[i] = cleared
+	}
+	for b.Loop() {
+		b.StopTimer()
+		s := NewStream("tcp://test:1")
+		s.Apply(b.Context(), 0, &Batch{Events: fill}, at(1))
+		b.StartTimer()
+		s.Apply(b.Context(), 1, &Batch{Events: clears}, at(2))
 	}
 }

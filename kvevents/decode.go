@@ -17,8 +17,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
+	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -90,7 +92,10 @@ type Batch struct {
 
 // Bounds on one payload's contents. A payload's length bounds every list
 // too (each element takes at least one byte), so a list header claiming
-// more than what is left is refused before anything is allocated.
+// more than what is left is refused before anything is allocated. What
+// one batch's decoding allocates, kept or not, is bounded by
+// MaxBatchBytes: a hash costs 32 bytes and takes 1 byte on the wire, so
+// the payload's length alone would let a 32 MiB message take 1 GiB.
 const (
 	maxEvents    = 1 << 16 // events in one batch
 	maxHashes    = 1 << 16 // blocks in one event
@@ -102,12 +107,57 @@ const (
 	maxTokenID   = math.MaxUint32
 )
 
+// MaxBatchBytes bounds what decoding one batch allocates: its events, the
+// hashes and token ids they carry, their strings. A step of vLLM storing
+// a 128k-token prefill in blocks of 16 takes 0.8 MiB.
+const MaxBatchBytes = 16 << 20
+
+// What the decoder charges each value it allocates against MaxBatchBytes:
+// what the Go runtime gives for it (a string header, and its bytes in the
+// smallest size class that holds them).
+const (
+	eventCost   = int(unsafe.Sizeof(Event{}))
+	headerCost  = int(unsafe.Sizeof(""))
+	intHashCost = headerCost + 16 // 'i' and 8 bytes, in a 16-byte block
+	tokenCost   = 4
+)
+
+// errBudget is a batch whose decoding would allocate more than
+// MaxBatchBytes.
+var errBudget = errors.New("more than the batch's bound")
+
 var errMalformed = errors.New("malformed")
 
 // decoder reads one payload.
 type decoder struct {
 	r   *bytes.Reader
 	dec *msgpack.Decoder
+	// left is what the decoder may still allocate, in bytes.
+	left int
+}
+
+// charge takes n bytes from what the decoder may allocate, before it does.
+func (d *decoder) charge(n int, what string) error {
+	if n < 0 || n > d.left {
+		return fmt.Errorf("%s: %d bytes, with %d of the batch's %d left: %w", what, n, d.left, MaxBatchBytes, errBudget)
+	}
+	d.left -= n
+	return nil
+}
+
+// stringCost is what a string of n bytes costs, its header included: Go
+// allocates small objects in size classes, 8 and 16 bytes below 32, then
+// steps of 16 below 128, and at most an eighth more above.
+func stringCost(n int) int {
+	switch {
+	case n == 0:
+		return headerCost
+	case n <= 8:
+		return headerCost + 8
+	case n <= 128:
+		return headerCost + (n+15)&^15
+	}
+	return headerCost + n + n/8
 }
 
 // Decode reads one EventBatch payload: [ts, events, data_parallel_rank]
@@ -117,7 +167,7 @@ type decoder struct {
 // is an error naming the event and field, never a panic.
 func Decode(payload []byte) (Batch, error) {
 	r := bytes.NewReader(payload)
-	d := &decoder{r: r, dec: msgpack.NewDecoder(r)}
+	d := &decoder{r: r, dec: msgpack.NewDecoder(r), left: MaxBatchBytes}
 	b, err := d.batch()
 	if err != nil {
 		return Batch{}, err
@@ -163,6 +213,9 @@ func (d *decoder) events() ([]Event, error) {
 	}
 	if n > maxEvents {
 		return nil, fmt.Errorf("batch: %d events, more than %d", n, maxEvents)
+	}
+	if err := d.charge(n*eventCost, "batch: events"); err != nil {
+		return nil, err
 	}
 	out := make([]Event, 0, n)
 	for i := range n {
@@ -362,6 +415,9 @@ func (d *decoder) hashes() ([]BlockHash, error) {
 	if n > maxHashes {
 		return nil, fmt.Errorf("%d hashes, more than %d", n, maxHashes)
 	}
+	if err := d.charge(n*headerCost, "hashes"); err != nil {
+		return nil, err
+	}
 	out := make([]BlockHash, n)
 	for i := range out {
 		if out[i], err = d.hash(); err != nil {
@@ -400,6 +456,9 @@ func (d *decoder) hash() (BlockHash, error) {
 		if len(b) == 0 {
 			return "", fmt.Errorf("an empty hash: %w", errMalformed)
 		}
+		if err := d.charge(stringCost(1+len(b))-headerCost, "hash"); err != nil {
+			return "", err
+		}
 		return BlockHash("b" + string(b)), nil
 	case isSigned(c):
 		i, err := d.dec.DecodeInt64()
@@ -414,6 +473,9 @@ func (d *decoder) hash() (BlockHash, error) {
 	default:
 		return "", fmt.Errorf("neither an integer nor bytes (code %#x): %w", c, errMalformed)
 	}
+	if err := d.charge(intHashCost-headerCost, "hash"); err != nil {
+		return "", err
+	}
 	var b [9]byte
 	b[0] = 'i'
 	binary.BigEndian.PutUint64(b[1:], v)
@@ -427,6 +489,9 @@ func (d *decoder) tokens() ([]uint32, error) {
 	}
 	if n > maxTokens {
 		return nil, fmt.Errorf("%d token ids, more than %d", n, maxTokens)
+	}
+	if err := d.charge(n*tokenCost, "token ids"); err != nil {
+		return nil, err
 	}
 	out := make([]uint32, n)
 	for i := range out {
@@ -466,6 +531,9 @@ func (d *decoder) extraKeys() ([]ExtraKeys, error) {
 	if n > maxHashes {
 		return nil, fmt.Errorf("%d blocks' extra keys, more than %d", n, maxHashes)
 	}
+	if err := d.charge(n*headerCost, "extra keys"); err != nil {
+		return nil, err
+	}
 	out := make([]ExtraKeys, n)
 	var buf []byte
 	for i := range out {
@@ -483,6 +551,9 @@ func (d *decoder) extraKeys() ([]ExtraKeys, error) {
 		}
 		if len(buf) > maxExtra {
 			return nil, fmt.Errorf("block %d: extra keys of more than %d bytes: %w", i, maxExtra, errMalformed)
+		}
+		if err := d.charge(stringCost(len(buf))-headerCost, "extra keys"); err != nil {
+			return nil, err
 		}
 		out[i] = ExtraKeys(buf)
 	}
@@ -551,6 +622,9 @@ func (d *decoder) canonical(b []byte, depth int) ([]byte, error) {
 		}
 		if n < 0 || n > maxExtra || n > d.r.Len() {
 			return nil, fmt.Errorf("an extension of %d bytes: %w", n, errMalformed)
+		}
+		if err := d.charge(n, "extra keys"); err != nil {
+			return nil, err
 		}
 		v := make([]byte, n)
 		if err := d.dec.ReadFull(v); err != nil {
@@ -640,6 +714,9 @@ func (d *decoder) str(what string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", what, err)
 	}
+	if err := d.charge(stringCost(len(b))-headerCost, what); err != nil {
+		return "", err
+	}
 	return string(b), nil
 }
 
@@ -663,6 +740,9 @@ func (d *decoder) bytes(limit int) ([]byte, error) {
 	}
 	if n < 0 || n > limit || n > d.r.Len() {
 		return nil, fmt.Errorf("%d bytes, more than %d or than the %d left: %w", n, limit, d.r.Len(), errMalformed)
+	}
+	if err := d.charge(stringCost(n), "bytes"); err != nil {
+		return nil, err
 	}
 	b := make([]byte, n)
 	if err := d.dec.ReadFull(b); err != nil {
@@ -707,7 +787,15 @@ func (d *decoder) skip(depth int) error {
 		}
 		return nil
 	case msgpcode.IsString(c) || msgpcode.IsBin(c):
-		_, err := d.bytes(d.r.Len())
+		// Passed over in the payload, not copied.
+		n, err := d.dec.DecodeBytesLen()
+		if err != nil {
+			return err
+		}
+		if n < 0 || n > d.r.Len() {
+			return fmt.Errorf("%d bytes, more than the %d left: %w", n, d.r.Len(), errMalformed)
+		}
+		_, err = d.r.Seek(int64(n), io.SeekCurrent)
 		return err
 	}
 	// A scalar or an extension, whose length the library checks as it

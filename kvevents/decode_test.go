@@ -10,9 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // goldenBatch is a .json file of testdata: what gen.py encoded.
@@ -171,7 +174,12 @@ func FuzzDecode(f *testing.F) {
 		if len(b.Events) > maxEvents {
 			t.Fatalf("%d events", len(b.Events))
 		}
+		held := 0
 		for _, ev := range b.Events {
+			held += len(ev.Hashes)*intHashCost + len(ev.Tokens)*tokenCost
+			if held > MaxBatchBytes {
+				t.Fatalf("a batch holding %d bytes of hashes and token ids", held)
+			}
 			if len(ev.Hashes) > maxHashes || len(ev.Tokens) > maxTokens || len(ev.Tokens) > len(payload) {
 				t.Fatalf("%s: %d hashes, %d tokens from %d bytes", ev.Kind, len(ev.Hashes), len(ev.Tokens), len(payload))
 			}
@@ -321,6 +329,105 @@ func TestDecodeExtraKeysRejects(t *testing.T) {
 			_, err := Decode(batch(c.extra))
 			if err == nil || !errors.Is(err, errMalformed) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("Decode: %v, want a malformed error with %q", err, c.want)
+			}
+		})
+	}
+}
+
+// hostilePayload encodes a batch of events events, each made by event.
+func hostilePayload(t testing.TB, events int, event func(enc *msgpack.Encoder) error) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	err := errors.Join(enc.EncodeArrayLen(3), enc.EncodeFloat64(1), enc.EncodeArrayLen(events))
+	for range events {
+		err = errors.Join(err, event(enc))
+	}
+	if err = errors.Join(err, enc.EncodeInt(0)); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// removedOf encodes a BlockRemoved of n hashes of one byte each.
+func removedOf(n int) func(*msgpack.Encoder) error {
+	return func(enc *msgpack.Encoder) error {
+		err := errors.Join(enc.EncodeMapLen(2), enc.EncodeString("type"), enc.EncodeString("BlockRemoved"),
+			enc.EncodeString("block_hashes"), enc.EncodeArrayLen(n))
+		for i := range n {
+			err = errors.Join(err, enc.EncodeUint(uint64(i%100)))
+		}
+		return err
+	}
+}
+
+// storedOf encodes a BlockStored of n one-token blocks, token ids of one
+// byte, each block's extra keys a tuple of extra one-byte integers.
+func storedOf(n, extra int) func(*msgpack.Encoder) error {
+	return func(enc *msgpack.Encoder) error {
+		err := errors.Join(enc.EncodeMapLen(6), enc.EncodeString("type"), enc.EncodeString("BlockStored"),
+			enc.EncodeString("block_size"), enc.EncodeInt(1), enc.EncodeString("parent_block_hash"), enc.EncodeNil(),
+			enc.EncodeString("block_hashes"), enc.EncodeArrayLen(n))
+		for i := range n {
+			err = errors.Join(err, enc.EncodeUint(uint64(i%100)))
+		}
+		err = errors.Join(err, enc.EncodeString("token_ids"), enc.EncodeArrayLen(n))
+		for i := range n {
+			err = errors.Join(err, enc.EncodeUint(uint64(i%100)))
+		}
+		err = errors.Join(err, enc.EncodeString("extra_keys"), enc.EncodeArrayLen(n))
+		for range n {
+			err = errors.Join(err, enc.EncodeArrayLen(extra))
+			for j := range extra {
+				err = errors.Join(err, enc.EncodeUint(uint64(j%100)))
+			}
+		}
+		return err
+	}
+}
+
+// loraEvent encodes an AllBlocksCleared with a skipped field of n bytes
+// and a lora_name of 1 KiB.
+func loraEvent(n int) func(*msgpack.Encoder) error {
+	return func(enc *msgpack.Encoder) error {
+		return errors.Join(enc.EncodeMapLen(3), enc.EncodeString("type"), enc.EncodeString("AllBlocksCleared"),
+			enc.EncodeString("unknown"), enc.EncodeString(strings.Repeat("x", n)),
+			enc.EncodeString("lora_name"), enc.EncodeString(strings.Repeat("y", maxStrBytes)))
+	}
+}
+
+// TestDecodeBatchBound: what decoding one batch allocates stays within
+// MaxBatchBytes whatever the payload, a batch that would need more being
+// refused before it is allocated: one-byte hashes (32 bytes each once
+// decoded), token ids, extra keys, many events, long skipped strings.
+// A payload of the same shape within the bound decodes.
+func TestDecodeBatchBound(t *testing.T) {
+	cases := []struct {
+		name    string
+		payload []byte
+		refused bool
+	}{
+		{"hashes of one byte, 2.6 MB of them", hostilePayload(t, 40, removedOf(maxHashes)), true},
+		{"hashes of one byte, within the bound", hostilePayload(t, 6, removedOf(maxHashes)), false},
+		{"blocks with extra keys", hostilePayload(t, 8, storedOf(maxHashes/2, 8)), true},
+		{"events with long names and skipped strings", hostilePayload(t, 15_000, loraEvent(1000)), true},
+		{"a skipped string of 30 MiB", hostilePayload(t, 1, loraEvent(30<<20)), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			b, err := Decode(c.payload)
+			runtime.ReadMemStats(&after)
+			allocated := after.TotalAlloc - before.TotalAlloc
+			t.Logf("%d bytes of payload: %d events, %d bytes allocated, %v", len(c.payload), len(b.Events), allocated, err)
+			if refused := errors.Is(err, errBudget); refused != c.refused {
+				t.Errorf("refused for its size: %v (%v), want %v", refused, err, c.refused)
+			}
+			// The decoder's own reader and a few small values besides.
+			if allocated > MaxBatchBytes+64<<10 {
+				t.Errorf("%d bytes allocated, more than the %d of the bound", allocated, MaxBatchBytes)
 			}
 		})
 	}

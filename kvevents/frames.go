@@ -12,7 +12,9 @@ var errTooLarge = errors.New("message too large")
 
 // ZMTP 3 framing (rfc.zeromq.org/spec/23): a 64-byte greeting, then frames
 // of a flags byte (bit 0 more frames follow, bit 1 an 8-byte size, bit 2 a
-// command), the size in 1 or 8 big-endian bytes, and the body.
+// command), the size in 1 or 8 big-endian bytes, and the body. The ZMQ
+// library reads a command's frames as a message's (more follow while bit 0
+// is set), so both are counted alike.
 const (
 	zmtpGreeting = 64
 	flagMore     = 0x01
@@ -21,12 +23,15 @@ const (
 
 // frameLimiter passes a connection's bytes through and follows its ZMTP
 // framing: a frame whose size, with the frames of its message before it,
-// exceeds limit fails the read that carries its size, so that the ZMQ
-// library never allocates its body (it makes a buffer of whatever size a
-// frame header says).
+// exceeds limit, or a message of more than maxFrames frames, fails the
+// read that carries the frame's header, so that the ZMQ library never
+// allocates its body (it makes a buffer of whatever size a frame header
+// says) nor keeps one more frame of the message (an empty frame costs two
+// bytes on the wire and a slice header, 24 bytes, in the library).
 type frameLimiter struct {
 	net.Conn
-	limit uint64
+	limit     uint64
+	maxFrames int
 
 	greeting uint64 // greeting bytes still to pass
 	hdr      [9]byte
@@ -34,10 +39,11 @@ type frameLimiter struct {
 	body     uint64 // body bytes of the current frame still to pass
 	more     bool   // the current frame is not its message's last
 	msg      uint64 // bytes of the current message's frames so far
+	frames   int    // frames of the current message so far
 }
 
-func newFrameLimiter(c net.Conn, limit uint64) *frameLimiter {
-	return &frameLimiter{Conn: c, limit: limit, greeting: zmtpGreeting}
+func newFrameLimiter(c net.Conn, limit uint64, maxFrames int) *frameLimiter {
+	return &frameLimiter{Conn: c, limit: limit, maxFrames: maxFrames, greeting: zmtpGreeting}
 }
 
 func (f *frameLimiter) Read(p []byte) (int, error) {
@@ -61,7 +67,7 @@ func (f *frameLimiter) scan(b []byte) error {
 			f.body -= k
 			b = b[k:]
 			if f.body == 0 && !f.more {
-				f.msg = 0
+				f.msg, f.frames = 0, 0
 			}
 		default:
 			k := copy(f.hdr[f.hdrLen:f.hdrNeed(b[0])], b)
@@ -102,11 +108,15 @@ func (f *frameLimiter) frame() error {
 	if size > f.limit || f.msg+size > f.limit {
 		return fmt.Errorf("a frame of %d bytes after %d of its message, more than %d: %w", size, f.msg, f.limit, errTooLarge)
 	}
+	f.frames++
+	if f.frames > f.maxFrames {
+		return fmt.Errorf("a message of more than %d frames: %w", f.maxFrames, errTooLarge)
+	}
 	f.msg += size
 	f.more = flags&flagMore != 0
 	f.body = size
 	if size == 0 && !f.more {
-		f.msg = 0
+		f.msg, f.frames = 0, 0
 	}
 	return nil
 }

@@ -8,11 +8,14 @@ import (
 )
 
 // TestFrameLimiter: the limiter follows the framing however the bytes are
-// cut, lets messages up to the limit through, and fails the read that
-// carries the size of a frame that would take its message past it.
+// cut, lets messages up to the limits through, and fails the read that
+// carries the header of a frame that would take its message past them:
+// its bytes, or its frames (empty frames, which cost the library a slice
+// header each and the sender two bytes, are counted as any other).
 func TestFrameLimiter(t *testing.T) {
 	greeting := bytes.Repeat([]byte{0xff}, zmtpGreeting)
 	big := bytes.Repeat([]byte{'x'}, 300) // a long frame
+	empty := func(n int) [][]byte { return make([][]byte, n) }
 	cases := []struct {
 		name   string
 		stream []byte
@@ -23,10 +26,14 @@ func TestFrameLimiter(t *testing.T) {
 		{"a message's frames together past it", cat(greeting, message([]byte("t"), seqFrame(0), big)), 308, true},
 		{"one long frame past it", cat(greeting, message(big)), 299, true},
 		{"the limit starts again at each message", cat(greeting, message(big), message(big), message(big)), 300, false},
+		{"as many empty frames as a message takes", cat(greeting, message(empty(testFrames)...)), 300, false},
+		{"one empty frame more", cat(greeting, message(empty(testFrames+1)...)), 300, true},
+		{"an endless message of empty frames", cat(greeting, bytes.Repeat([]byte{flagMore, 0}, 100_000)), 300, true},
+		{"the frames start again at each message", cat(greeting, message(empty(testFrames)...), message(empty(testFrames)...)), 300, false},
 	}
 	for _, c := range cases {
 		for _, cut := range []int{1, 2, 7, len(c.stream)} {
-			f := newFrameLimiter(nil, c.limit)
+			f := newFrameLimiter(nil, c.limit, testFrames)
 			var err error
 			for b := c.stream; len(b) > 0 && err == nil; {
 				k := min(cut, len(b))
@@ -39,6 +46,9 @@ func TestFrameLimiter(t *testing.T) {
 		}
 	}
 }
+
+// testFrames is the frame limit of TestFrameLimiter.
+const testFrames = 5
 
 func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"context"
 	"encoding/binary"
 	"hash/maphash"
 	"sync"
@@ -8,15 +9,24 @@ import (
 )
 
 // Memory bounds of one stream's block store. A block the engine holds
-// takes about 100 bytes (a record and its hash's entry; measured by
-// TestStoreBytesPerBlock), so a stream holds at most maxAlive blocks
-// (some 100 MB, far more than an engine's KV cache holds: an 8B model on
-// an 80 GB GPU keeps about 50,000 blocks of 16 tokens), remembers when
-// the last maxRemoved blocks the engine let go were removed (some 10 MB),
-// and that the last 4 to 8 Mi blocks stored were (seenSet, 10 MB).
+// takes at most 160 bytes (its record, its place in the list of held
+// blocks and its hash's entry, with the maps' room to grow; measured by
+// BenchmarkStoreBytesPerBlock), so a stream holds at most maxAlive blocks
+// (at most 160 MiB, far more than an engine's KV cache holds: an 8B model
+// on an 80 GB GPU keeps about 50,000 blocks of 16 tokens), indexes at
+// most maxAlive engine hashes (a block stored again under another hash
+// while held takes one more), remembers when the last maxRemoved blocks
+// the engine let go were removed (some 10 MiB), and that the last 4 to 8
+// Mi blocks stored were (seenSet, 10 MB).
 const (
 	maxAlive   = 1 << 20
+	maxHashIDs = maxAlive
 	maxRemoved = 1 << 17
+	// MaxSequenceJump is the most batches a stream's sequence numbers may
+	// skip and be counted as lost: a longer jump is an engine that started
+	// again, or a number that means nothing; either way what the stream
+	// held is unknown, and it starts empty.
+	MaxSequenceJump = 1 << 20
 	// histLen transitions of a block are kept: enough to see it stored,
 	// removed and stored again around one request.
 	histLen = 4
@@ -95,6 +105,8 @@ type record struct {
 	n    uint8
 	// dropped: older transitions were let go to keep the last histLen.
 	dropped bool
+	// slot is the block's place in Stream.aliveKeys while it is held.
+	slot uint32
 }
 
 func (r *record) add(t transition) {
@@ -142,11 +154,15 @@ type Stream struct {
 	blockSize int                 // of the last BlockStored; 0 before one
 	extraKeys bool                // a BlockStored carried extra_keys: blocks are keyed by them
 	blocks    map[chainKey]record // alive and removed blocks
-	alive     int
+	// aliveKeys are the blocks held, in no order, so that a clear costs
+	// what the engine holds rather than what the stream remembers.
+	aliveKeys []chainKey
 	hashes    map[uint64]chainKey // the engine's hash of each alive block
 	removed   []removedKey        // ring of maxRemoved, oldest at head
 	head      int
 	seen      seenSet // every block stored, for those removed and forgotten
+	// The bounds: maxAlive, maxHashIDs and maxRemoved but in tests.
+	maxAlive, maxHashIDs, maxRemoved int
 	// since is when the stream's view became complete: it connected, or
 	// lost batches, at since; zero while it is not connected.
 	since   time.Time
@@ -160,7 +176,8 @@ type Stream struct {
 // NewStream returns the empty store of the stream at endpoint.
 func NewStream(endpoint string) *Stream {
 	return &Stream{Endpoint: endpoint, blocks: map[chainKey]record{}, hashes: map[uint64]chainKey{},
-		seen: newSeenSet(seenGeneration), tried: make(chan struct{})}
+		seen: newSeenSet(seenGeneration), tried: make(chan struct{}),
+		maxAlive: maxAlive, maxHashIDs: maxHashIDs, maxRemoved: maxRemoved}
 }
 
 // Tried is closed once the stream's first connection attempt has ended:
@@ -171,15 +188,20 @@ func (s *Stream) markTried() { s.triedOnce.Do(func() { close(s.tried) }) }
 
 // Applied tells what applying one batch found wrong.
 type Applied struct {
-	// Missed is how many batches the sequence numbers skipped.
+	// Events is how many of the batch's events were applied: all of them
+	// unless the context ended first.
+	Events int
+	// Missed is how many batches the sequence numbers skipped, at most
+	// MaxSequenceJump.
 	Missed uint64
-	// Restarted: the sequence went back: a new engine, whose cache starts
-	// empty.
+	// Restarted: the sequence went back, or jumped by more than
+	// MaxSequenceJump: a new engine, whose cache starts empty.
 	Restarted bool
 	// Unlinked counts stored blocks whose parent the stream does not know
 	// (stored before it was followed): they cannot be keyed by tokens.
 	Unlinked int
-	// TooMany counts stored blocks not kept: maxAlive are held.
+	// TooMany counts stored blocks not kept, maxAlive being held, and
+	// engine hashes not indexed, maxHashIDs being indexed.
 	TooMany int
 	// Inconsistent counts BlockStored events whose token ids are not
 	// their blocks' size times their count, or whose extra keys are not
@@ -212,24 +234,39 @@ func (s *Stream) Lost(at time.Time) {
 	s.mu.Unlock()
 }
 
-// Apply takes the batch numbered seq, received at at.
-func (s *Stream) Apply(seq uint64, b *Batch, at time.Time) Applied {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// Apply takes the batch numbered seq, received at at, event by event
+// until ctx ends: the lock is taken for one event at a time (a clear, the
+// longest, costs what the engine holds), so that a stop, or a request
+// being classified, waits for one event at most.
+func (s *Stream) Apply(ctx context.Context, seq uint64, b *Batch, at time.Time) Applied {
 	var a Applied
+	s.mu.Lock()
 	if s.haveSeq {
 		switch {
-		case seq > s.lastSeq+1:
-			a.Missed = seq - s.lastSeq - 1
-			s.since = at
-		case seq <= s.lastSeq:
+		case seq > s.lastSeq && seq-s.lastSeq-1 <= MaxSequenceJump:
+			if a.Missed = seq - s.lastSeq - 1; a.Missed > 0 {
+				s.since = at
+			}
+		default:
 			a.Restarted = true
 			s.clearLocked(at)
+			if seq > s.lastSeq {
+				// A jump, not a new sequence: batches may have been lost
+				// as well.
+				s.since = at
+			}
 		}
 	}
 	s.lastSeq, s.haveSeq = seq, true
+	s.mu.Unlock()
 	for i := range b.Events {
+		if ctx.Err() != nil {
+			break
+		}
+		s.mu.Lock()
 		s.applyLocked(&b.Events[i], at, &a)
+		s.mu.Unlock()
+		a.Events++
 	}
 	return a
 }
@@ -292,30 +329,53 @@ func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
 			// before this store is unknown, but it was gone just before.
 			r.dropped = true
 		}
-		if !r.alive() {
-			if s.alive >= maxAlive {
+		wasAlive := r.alive()
+		if !wasAlive {
+			if len(s.aliveKeys) >= s.maxAlive {
 				a.TooMany += len(ev.Hashes) - i
 				return
 			}
-			s.alive++
+			r.slot = uint32(len(s.aliveKeys))
+			s.aliveKeys = append(s.aliveKeys, k)
 		}
 		r.add(t)
 		s.blocks[k] = r
-		s.hashes[hashID(h)] = k
 		s.seen.add(k)
+		id := hashID(h)
+		if _, ok := s.hashes[id]; !ok && len(s.hashes) >= s.maxHashIDs {
+			// Held under other hashes already: the same tokens stored
+			// again under new ones, more than blocks can be held.
+			a.TooMany++
+			continue
+		}
+		s.hashes[id] = k
 	}
 }
 
-// removeLocked marks block k removed (or cleared) by t.
+// removeLocked marks block k removed by t.
 func (s *Stream) removeLocked(k chainKey, t transition) {
 	r, ok := s.blocks[k]
 	if !ok || !r.alive() {
 		return
 	}
+	// Its place in the list of held blocks goes to the last of them.
+	last := len(s.aliveKeys) - 1
+	if moved := s.aliveKeys[last]; moved != k {
+		m := s.blocks[moved]
+		m.slot = r.slot
+		s.blocks[moved] = m
+		s.aliveKeys[r.slot] = moved
+	}
+	s.aliveKeys = s.aliveKeys[:last]
+	s.letGoLocked(k, r, t)
+}
+
+// letGoLocked records t, a removal or a clear, of the held block k, whose
+// record is r, and queues it with the removed blocks.
+func (s *Stream) letGoLocked(k chainKey, r record, t transition) {
 	r.add(t)
 	s.blocks[k] = r
-	s.alive--
-	if len(s.removed) < maxRemoved {
+	if len(s.removed) < s.maxRemoved {
 		s.removed = append(s.removed, removedKey{k, t})
 		return
 	}
@@ -326,18 +386,23 @@ func (s *Stream) removeLocked(k chainKey, t transition) {
 		delete(s.blocks, old.key)
 	}
 	s.removed[s.head] = removedKey{k, t}
-	s.head = (s.head + 1) % maxRemoved
+	s.head = (s.head + 1) % s.maxRemoved
 }
 
-// clearLocked removes every block at at: the cache was emptied.
+// clearLocked removes every block at at: the cache was emptied. It costs
+// the blocks held, not those remembered: a second clear with nothing
+// stored since costs nothing.
 func (s *Stream) clearLocked(at time.Time) {
 	t := newTransition(at, tCleared)
-	for k, r := range s.blocks {
-		if r.alive() {
-			s.removeLocked(k, t)
-		}
+	for _, k := range s.aliveKeys {
+		s.letGoLocked(k, s.blocks[k], t)
 	}
-	clear(s.hashes)
+	s.aliveKeys = s.aliveKeys[:0]
+	if len(s.hashes) > 0 {
+		// A new map rather than clear(), whose cost is the map's
+		// capacity, however few it holds now.
+		s.hashes = map[uint64]chainKey{}
+	}
 }
 
 // Following tells whether the stream has seen every batch since t.

@@ -29,6 +29,10 @@ const (
 	ReasonTooLarge ErrorReason = "too_large"
 	// ReasonGap: batches the sequence numbers skipped, one count each.
 	ReasonGap ErrorReason = "gap"
+	// ReasonRestart: the sequence numbers went back, or jumped by more
+	// than MaxSequenceJump: the engine started again (or the number means
+	// nothing), and what the stream held is let go.
+	ReasonRestart ErrorReason = "restart"
 	// ReasonUnlinked: stored blocks whose parent the stream never saw
 	// stored, one count each: they cannot be keyed by their tokens.
 	ReasonUnlinked ErrorReason = "unlinked"
@@ -39,11 +43,15 @@ const (
 
 // ErrorReasons lists every reason, for initialising series.
 var ErrorReasons = [...]ErrorReason{ReasonUnreachable, ReasonDisconnected, ReasonDecode, ReasonTooLarge, ReasonGap,
-	ReasonUnlinked, ReasonOverflow}
+	ReasonRestart, ReasonUnlinked, ReasonOverflow}
 
 // MaxMessageBytes bounds one message (topic, sequence and payload): a
 // prefill of 128k tokens is about 700 KB of token ids.
 const MaxMessageBytes = 32 << 20
+
+// MaxMessageFrames bounds the frames of one message, counted as their
+// headers arrive: vLLM sends 3 (topic, sequence number, payload).
+const MaxMessageFrames = 16
 
 const (
 	dialTimeout      = 3 * time.Second
@@ -133,7 +141,7 @@ func session(ctx context.Context, s *Stream, addr string, r Reporter, connected 
 	stop := context.AfterFunc(ctx, func() { _ = raw.Close() })
 	defer stop()
 	_ = raw.SetDeadline(time.Now().Add(handshakeTimeout))
-	lim := newFrameLimiter(raw, MaxMessageBytes)
+	lim := newFrameLimiter(raw, MaxMessageBytes, MaxMessageFrames)
 	zc, err := zmq4.Open(lim, null.Security(), zmq4.Sub, zmq4.SocketIdentity(""), false, nil)
 	if err != nil {
 		return err
@@ -167,7 +175,10 @@ func session(ctx context.Context, s *Stream, addr string, r Reporter, connected 
 			r.Error(s, ReasonDecode, 1, fmt.Errorf("kv events %s: %w", s.Endpoint, err))
 			continue
 		}
-		a := s.Apply(seq, &b, at)
+		a := s.Apply(ctx, seq, &b, at)
+		if ctx.Err() != nil {
+			return ctx.Err() // stopped, perhaps half-way through the batch
+		}
 		r.Batch(s, a)
 	}
 }
