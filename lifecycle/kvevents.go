@@ -100,7 +100,7 @@ func (d *Daemon) applyKVEvents(ctx, unitCtx context.Context, cfg *config.Config)
 		}
 		d.coll.StartKVEvents(t.Name, len(endpoints))
 		logger := log.With(d.logger, "target", t.Name)
-		streams := kvevents.StartTarget(unitCtx, endpoints, &kvReporter{coll: d.coll, target: t.Name, logger: logger, failing: map[*kvevents.Stream]bool{}})
+		streams := kvevents.StartTarget(unitCtx, endpoints, newKVReporter(d.coll, t.Name, logger))
 		offer := &missOffer{target: t.Name, streams: streams.Streams, explainer: d.explainer, sink: d.coll,
 			spec: engine.For(t.Dialect), client: client, base: d.targetBaseURL(t), model: t.Model, chat: t.API == openai.APIChat,
 			blockSize: d.caches[t.Name].params.ServerBlock}
@@ -111,25 +111,63 @@ func (d *Daemon) applyKVEvents(ctx, unitCtx context.Context, cfg *config.Config)
 	return nil
 }
 
-// kvReporter counts and logs what a target's streams do. A stream that
-// keeps failing is logged when it starts and stops failing, not at every
-// try.
+// kvReporter counts and logs what a target's streams do. The log follows
+// the failure-streak rule, stream by stream: the first line at once, then
+// at most one every interval, saying how many problems it left out; the
+// counts are in the metrics.
 type kvReporter struct {
-	coll   *collector.Collector
-	target string
-	logger log.Logger
+	coll     *collector.Collector
+	target   string
+	logger   log.Logger
+	interval time.Duration
+	now      func() time.Time
 
-	mu      sync.Mutex
-	failing map[*kvevents.Stream]bool
+	mu    sync.Mutex
+	lines map[*kvevents.Stream]*kvLines // a target's streams, configured
+}
+
+// kvLines is what one stream's log said.
+type kvLines struct {
+	last time.Time // of the last line; zero before one
+	left int       // lines not written since
+}
+
+func newKVReporter(coll *collector.Collector, target string, logger log.Logger) *kvReporter {
+	return &kvReporter{coll: coll, target: target, logger: logger, interval: failureLogInterval, now: time.Now,
+		lines: map[*kvevents.Stream]*kvLines{}}
+}
+
+// log writes a line about s, kv starting with its message, unless one was
+// written less than an interval ago, in which case it is only counted, for
+// the next line to say.
+func (r *kvReporter) log(s *kvevents.Stream, lvl func(log.Logger) log.Logger, kv ...any) {
+	r.mu.Lock()
+	l := r.lines[s]
+	if l == nil {
+		l = &kvLines{}
+		r.lines[s] = l
+	}
+	now := r.now()
+	if !l.last.IsZero() && now.Sub(l.last) < r.interval {
+		l.left++
+		r.mu.Unlock()
+		return
+	}
+	left := l.left
+	l.last, l.left = now, 0
+	r.mu.Unlock()
+	// After the message: its endpoint, and what was left out.
+	line := append([]any{kv[0], kv[1], "endpoint", s.Endpoint}, kv[2:]...)
+	if left > 0 {
+		line = append(line, "lines_left_out", left)
+	}
+	lvl(r.logger).Log(line...)
 }
 
 func (r *kvReporter) Up(s *kvevents.Stream, up bool) {
 	if up {
 		r.coll.KVEventsConnected(r.target, 1)
-		r.mu.Lock()
-		r.failing[s] = false
-		r.mu.Unlock()
-		level.Info(r.logger).Log("msg", "KV event stream connected", "endpoint", s.Endpoint)
+		r.log(s, level.Info, "msg", "KV event stream connected")
 		return
 	}
 	r.coll.KVEventsConnected(r.target, -1)
@@ -138,11 +176,13 @@ func (r *kvReporter) Up(s *kvevents.Stream, up bool) {
 func (r *kvReporter) Batch(s *kvevents.Stream, a kvevents.Applied) {
 	r.coll.KVEventsBatch(r.target)
 	if a.Missed > 0 {
-		r.coll.KVEventsError(r.target, kvevents.ReasonGap, int(min(a.Missed, math.MaxInt32)))
-		level.Warn(r.logger).Log("msg", "KV event batches lost: requests sent before now are not classified", "endpoint", s.Endpoint, "batches", a.Missed)
+		// At most MaxSequenceJump: a longer jump is a restart.
+		r.coll.KVEventsError(r.target, kvevents.ReasonGap, int(a.Missed))
+		r.log(s, level.Warn, "msg", "KV event batches lost: requests sent before now are not classified", "batches", a.Missed)
 	}
 	if a.Restarted {
-		level.Info(r.logger).Log("msg", "the engine's KV event sequence started again: a new engine, whose cache starts empty", "endpoint", s.Endpoint)
+		r.coll.KVEventsError(r.target, kvevents.ReasonRestart, 1)
+		r.log(s, level.Info, "msg", "the engine's KV event sequence started again (went back, or jumped too far to be batches lost): a new engine, whose cache starts empty")
 	}
 	if a.Unlinked > 0 {
 		r.coll.KVEventsError(r.target, kvevents.ReasonUnlinked, a.Unlinked)
@@ -156,15 +196,9 @@ func (r *kvReporter) Error(s *kvevents.Stream, reason kvevents.ErrorReason, n in
 	r.coll.KVEventsError(r.target, reason, n)
 	switch reason {
 	case kvevents.ReasonUnreachable, kvevents.ReasonDisconnected, kvevents.ReasonTooLarge:
-		r.mu.Lock()
-		first := !r.failing[s]
-		r.failing[s] = true
-		r.mu.Unlock()
-		if first {
-			level.Warn(r.logger).Log("msg", "KV event stream not followed: missed hits are not classified until it is; the exporter tries again", "endpoint", s.Endpoint, "err", err)
-		}
+		r.log(s, level.Warn, "msg", "KV event stream not followed: missed hits are not classified until it is; the exporter tries again", "reason", reason, "err", err)
 	default:
-		level.Warn(r.logger).Log("msg", "KV event message not taken", "endpoint", s.Endpoint, "reason", reason, "err", err)
+		r.log(s, level.Warn, "msg", "KV event message not taken", "reason", reason, "err", err)
 	}
 }
 
