@@ -273,6 +273,9 @@ type Stats struct {
 	// (half the latter with MetricsDoubleCountHits).
 	CacheQueryTokens int64 `json:"cache_query_tokens"`
 	CacheHitTokens   int64 `json:"cache_hit_tokens"`
+	// KVEventsSubscribersRefused counts KV event subscribers closed at
+	// once, KVEventsMaxSubscribers being served.
+	KVEventsSubscribersRefused int64 `json:"kv_events_subscribers_refused"`
 
 	// Now.
 	Running int        `json:"running"`
@@ -287,6 +290,9 @@ func (e *Engine) Stats() Stats {
 	e.statsMu.Unlock()
 	s.Running, s.Waiting = e.sched.counts()
 	s.Cache = e.cache.state()
+	if e.events != nil {
+		s.KVEventsSubscribersRefused = e.events.refusedSubscribers()
+	}
 	return s
 }
 

@@ -55,6 +55,12 @@ const (
 	kvWriteTimeout = 2 * time.Second
 	// kvHandshakeTimeout bounds a new subscriber's ZMTP handshake.
 	kvHandshakeTimeout = 5 * time.Second
+	// KVEventsMaxSubscribers bounds the subscribers (connections, their
+	// handshake done or not) served at once: each holds a file descriptor
+	// and two goroutines, and a SUB socket is idle by nature, so that no
+	// timeout tells one left open from one listening. A connection past it
+	// is closed at once and counted (Stats.KVEventsSubscribersRefused).
+	KVEventsMaxSubscribers = 64
 )
 
 // kvEventKind is one of vLLM's three event types.
@@ -95,15 +101,17 @@ type kvPublisher struct {
 	lost     bool // events were dropped since the last batch
 	listener net.Listener
 	// subs holds every connection, its ZMTP side nil until its handshake
-	// is done, so that serve can close all of them.
-	subs map[net.Conn]*zmq4.Conn
-	seq  uint64
-	wake chan struct{}
+	// is done, so that serve can close all of them; at most maxSubs.
+	subs    map[net.Conn]*zmq4.Conn
+	maxSubs int
+	refused int64 // connections closed, maxSubs being served
+	seq     uint64
+	wake    chan struct{}
 }
 
 func newKVPublisher(endpoint, topic string, format KVEventsFormat, now func() time.Time) *kvPublisher {
 	return &kvPublisher{endpoint: endpoint, topic: []byte(topic), format: format, now: now,
-		subs: map[net.Conn]*zmq4.Conn{}, wake: make(chan struct{}, 1)}
+		subs: map[net.Conn]*zmq4.Conn{}, maxSubs: KVEventsMaxSubscribers, wake: make(chan struct{}, 1)}
 }
 
 // kvAddress is the host:port of a tcp:// endpoint.
@@ -135,6 +143,14 @@ func (p *kvPublisher) bind() error {
 	}
 	p.listener = l
 	return nil
+}
+
+// refusedSubscribers is how many connections were closed at once, the
+// publisher serving maxSubs.
+func (p *kvPublisher) refusedSubscribers() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
 }
 
 // Endpoint is the bound endpoint (tcp://host:port, the port chosen when
@@ -196,6 +212,12 @@ func (p *kvPublisher) accept(ctx context.Context) {
 			p.mu.Unlock()
 			_ = raw.Close()
 			return
+		}
+		if len(p.subs) >= p.maxSubs {
+			p.refused++
+			p.mu.Unlock()
+			_ = raw.Close()
+			continue
 		}
 		p.subs[raw] = nil
 		p.mu.Unlock()

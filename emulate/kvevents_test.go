@@ -300,3 +300,52 @@ func TestKVEventsSaltExtraKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestKVEventsSubscriberCap: past maxSubs subscribers a new connection is
+// closed before its handshake and counted; the subscribers served still
+// get their events, and the HTTP API answers.
+func TestKVEventsSubscriberCap(t *testing.T) {
+	e, err := New(Config{BlockSize: 4, KVEvents: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.events.maxSubs = 3
+	ctx, cancel := context.WithCancel(context.Background())
+	base, wait, err := e.Start(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); _ = wait() })
+	sub := subscribe(t, e)
+	addr := strings.TrimPrefix(e.KVEventsEndpoint(), "tcp://")
+	for range 2 { // idle: connected, no handshake
+		raw, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { raw.Close() })
+	}
+	testutil.Eventually(t, "three connections served", func() (bool, string) {
+		e.events.mu.Lock()
+		defer e.events.mu.Unlock()
+		return len(e.events.subs) == 3, fmt.Sprint(len(e.events.subs))
+	})
+	for i := range 5 {
+		raw, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = raw.SetDeadline(time.Now().Add(testutil.Ceiling))
+		if _, err := zmq4.Open(raw, null.Security(), zmq4.Sub, zmq4.SocketIdentity("test"), false, nil); err == nil {
+			t.Errorf("subscriber %d past the cap: handshake done, want the connection closed", 4+i)
+		}
+		raw.Close()
+	}
+	if got := e.Stats().KVEventsSubscribersRefused; got != 5 {
+		t.Errorf("%d subscribers refused, want 5", got)
+	}
+	complete(t, base, seq(1, 5), nil)
+	if events, _ := sub.next(t, KVEventsMap, 1); events[0].Type != "BlockStored" {
+		t.Errorf("the subscriber served: %v, want the block stored", events)
+	}
+}
