@@ -1,8 +1,10 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
@@ -318,4 +321,86 @@ func TestFollowBadMessages(t *testing.T) {
 	testutil.Eventually(t, "the too-large message refused", func() (bool, string) {
 		return r.get().errs[ReasonTooLarge] == 1, r.String()
 	})
+}
+
+// TestFollowEndlessEmptyFrames: a message of ever more empty frames ends
+// the connection once it has more than MaxMessageFrames, counted as too
+// large: its frames are counted as their headers arrive, not once the
+// message is whole.
+func TestFollowEndlessEmptyFrames(t *testing.T) {
+	p := newFakePublisher(t)
+	_, r := follow(t, p.endpoint())
+	c := testutil.Wait(t, "the subscriber's connection", p.conns)
+	// Written from a goroutine: once the subscriber stops reading, a
+	// write blocks until the test's cleanup closes the connection.
+	go func() {
+		empty := bytes.Repeat([]byte{flagMore, 0}, 4096)
+		for {
+			if _, err := c.Write(empty); err != nil {
+				return
+			}
+		}
+	}()
+	testutil.Eventually(t, "the endless message refused", func() (bool, string) {
+		return r.get().errs[ReasonTooLarge] >= 1, r.String()
+	})
+}
+
+// stopAfter is a context that its Err's calls cancel: the calls after the
+// first skip return nil, and the one after skip ends the context. Apply
+// asks it between events, so that cancelling it mid-batch is a stop that
+// comes while a hostile batch is being applied.
+type stopAfter struct {
+	context.Context
+	cancel  context.CancelFunc
+	mu      sync.Mutex
+	armed   bool // counting: the hostile batch is on its way
+	skip    int
+	stopped bool
+}
+
+func (c *stopAfter) Err() error {
+	c.mu.Lock()
+	if c.armed && !c.stopped {
+		if c.skip == 0 {
+			c.stopped = true
+			c.cancel()
+		}
+		c.skip--
+	}
+	c.mu.Unlock()
+	return c.Context.Err()
+}
+
+// TestFollowStopMidBatch: a stop while a hostile batch (20,000 clears,
+// each after a store) is being applied ends Follow at the next event: the
+// batch is neither finished nor reported.
+func TestFollowStopMidBatch(t *testing.T) {
+	p := newFakePublisher(t)
+	base, cancel := context.WithCancel(context.Background())
+	ctx := &stopAfter{Context: base, cancel: cancel, skip: 1000}
+	s, r := NewStream(p.endpoint()), newRecorder()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Follow(ctx, s, r)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		testutil.Wait(t, "Follow to return", done)
+	})
+	c := testutil.Wait(t, "the subscriber's connection", p.conns)
+	hostile := hostilePayload(t, 40_000, func(enc *msgpack.Encoder) error {
+		return errors.Join(enc.EncodeMapLen(1), enc.EncodeString("type"), enc.EncodeString("AllBlocksCleared"))
+	})
+	ctx.mu.Lock()
+	ctx.armed = true
+	ctx.mu.Unlock()
+	if _, err := c.Write(message([]byte("kv"), seqFrame(0), hostile)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Wait(t, "Follow to return, stopped mid-batch", done)
+	if g := r.get(); g.batches != 0 {
+		t.Errorf("%d batches reported, want the hostile one left half-way", g.batches)
+	}
 }
