@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -402,5 +403,60 @@ func TestFollowStopMidBatch(t *testing.T) {
 	testutil.Wait(t, "Follow to return, stopped mid-batch", done)
 	if g := r.get(); g.batches != 0 {
 		t.Errorf("%d batches reported, want the hostile one left half-way", g.batches)
+	}
+}
+
+// oneByteHashes is a payload of events BlockRemoved events, each of
+// maxHashes hashes of one byte: 31 MiB for 480 events, which old decoding
+// held as 1 GiB of hashes.
+func oneByteHashes(events int) []byte {
+	event := []byte("\x82\xa4type\xacBlockRemoved\xacblock_hashes\xdc")
+	event = binary.BigEndian.AppendUint16(event, maxHashes-1)
+	event = append(event, bytes.Repeat([]byte{1}, maxHashes-1)...)
+	out := []byte("\x93\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00\xdd")
+	out = binary.BigEndian.AppendUint32(out, uint32(events))
+	out = append(out, bytes.Repeat(event, events)...)
+	return append(out, 0)
+}
+
+// TestFollowHostileHashes: three messages of 31 MiB of one-byte hashes
+// are refused as they are decoded, what following them allocates staying
+// within a few times MaxMessageBytes and MaxBatchBytes.
+func TestFollowHostileHashes(t *testing.T) {
+	p := newFakePublisher(t)
+	_, r := follow(t, p.endpoint())
+	c := testutil.Wait(t, "the subscriber's connection", p.conns)
+	payload := oneByteHashes(480)
+	if len(payload) > MaxMessageBytes-64 {
+		t.Fatalf("a payload of %d bytes, more than a message takes", len(payload))
+	}
+	var msgs [][]byte
+	for i := range 3 {
+		msgs = append(msgs, message([]byte("kv"), seqFrame(uint64(i)), payload))
+	}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for _, m := range msgs {
+		if _, err := c.Write(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, "three batches refused", func() (bool, string) {
+		return r.get().errs[ReasonDecode] == 3, r.String()
+	})
+	runtime.ReadMemStats(&after)
+	allocated := after.TotalAlloc - before.TotalAlloc
+	t.Logf("%d MiB allocated for 3 messages of %d MiB", allocated>>20, len(payload)>>20)
+	// Each message: the library's copy and the decoding's bound, and 8 MiB
+	// for the rest of the test process.
+	if limit := uint64(3*(MaxMessageBytes+MaxBatchBytes) + 8<<20); allocated > limit {
+		t.Errorf("%d MiB allocated, more than %d MiB", allocated>>20, limit>>20)
+	}
+	r.mu.Lock()
+	last := r.msgs[len(r.msgs)-1]
+	r.mu.Unlock()
+	if !strings.Contains(last, "more than the batch's bound") {
+		t.Errorf("the last error %q: want it refused for the batch's bound", last)
 	}
 }
