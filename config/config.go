@@ -141,6 +141,9 @@ type Cache struct {
 	// KVEvents are the engine's KV event streams (kvevents.go), which
 	// explain the hits the engine missed.
 	KVEvents Endpoints `yaml:"kv_events,omitempty"`
+	// KVEventsMaxBlocks bounds the blocks each of those streams holds,
+	// and the engine hashes it indexes; 0 is kvevents.DefaultMaxBlocks.
+	KVEventsMaxBlocks int `yaml:"kv_events_max_blocks,omitempty"`
 	// Reconcile reads the engine's own counters beside the responses'
 	// usage, to compare them (reconcile.go).
 	Reconcile Reconcile `yaml:"reconcile,omitempty"`

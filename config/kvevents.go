@@ -58,6 +58,9 @@ func validateKVEvents(t *Target, p string, bad func(string, string, ...any)) {
 		}
 		seen[ep] = true
 	}
+	if n := t.Cache.KVEventsMaxBlocks; n < 0 || n > kvevents.MaxMaxBlocks {
+		bad(p+".cache.kv_events_max_blocks", "%d is not between 1 and %d (0 or unset: %d)", n, kvevents.MaxMaxBlocks, kvevents.DefaultMaxBlocks)
+	}
 	if t.Emulate == nil {
 		return
 	}

@@ -19,7 +19,7 @@ func TestKVEventsKeys(t *testing.T) {
 		want   Endpoints
 	}{
 		{"url: 'http://e:8000', model: m, cache: {kv_events: 'tcp://e:5557'}", Endpoints{"tcp://e:5557"}},
-		{"url: 'http://r:8000', model: m, cache: {kv_events: ['tcp://a:5557', 'tcp://b:5557']}", Endpoints{"tcp://a:5557", "tcp://b:5557"}},
+		{"url: 'http://r:8000', model: m, cache: {kv_events: ['tcp://a:5557', 'tcp://b:5557'], kv_events_max_blocks: 65536}", Endpoints{"tcp://a:5557", "tcp://b:5557"}},
 	} {
 		cfg, err := parse(c.target)
 		if err != nil {
@@ -36,6 +36,8 @@ func TestKVEventsKeys(t *testing.T) {
 		{"url: 'http://e:8000', model: m, cache: {kv_events: 'ipc:///x'}", "only tcp://host:port"},
 		{"emulate: {kv_events: 'engine:1'}", "targets[0].emulate.kv_events:"},
 		{"emulate: {kv_events_format: json}", "targets[0].emulate.kv_events_format:"},
+		{"url: 'http://e:8000', model: m, cache: {kv_events: 'tcp://e:1', kv_events_max_blocks: -1}", "targets[0].cache.kv_events_max_blocks: -1 is not between 1 and 16777216"},
+		{"url: 'http://e:8000', model: m, cache: {kv_events: 'tcp://e:1', kv_events_max_blocks: 16777217}", "targets[0].cache.kv_events_max_blocks: 16777217 is not"},
 	} {
 		if _, err := parse(c.target); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error with %q", c.target, err, c.want)

@@ -540,3 +540,35 @@ func BenchmarkStoreClears(b *testing.B) {
 		s.Apply(b.Context(), 1, &Batch{Events: clears}, at(2))
 	}
 }
+
+// BenchmarkStoreBytesPerRemoved measures what a block removed and
+// remembered costs at the bound, maxRemoved of them: its record and its
+// place in the queue of removals.
+func BenchmarkStoreBytesPerRemoved(b *testing.B) {
+	const n = maxRemoved
+	events := make([]Event, 0, 2*n)
+	tokens := toks(0, 16*n)
+	for i := range n {
+		h := []BlockHash{ih(uint64(i + 1))}
+		events = append(events, Event{Kind: BlockStored, Hashes: h, Tokens: tokens[16*i : 16*(i+1)], BlockSize: 16},
+			Event{Kind: BlockRemoved, Hashes: h})
+	}
+	batch := &Batch{Events: events}
+	var per float64
+	for b.Loop() {
+		s := NewStream("tcp://test:1")
+		s.seen.add(0)
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		s.Apply(b.Context(), 0, batch, at(1))
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if len(s.removed) != n || len(s.aliveKeys) != 0 {
+			b.Fatalf("%d removals remembered, %d blocks held; want %d, 0", len(s.removed), len(s.aliveKeys), n)
+		}
+		per = (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / n
+		runtime.KeepAlive(s)
+	}
+	b.ReportMetric(per, "bytes/block")
+}

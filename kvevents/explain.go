@@ -174,13 +174,17 @@ type Target struct {
 	wg      sync.WaitGroup
 }
 
-// StartTarget follows a stream at each endpoint, reporting to r, until
-// ctx ends or Stop.
-func StartTarget(ctx context.Context, endpoints []string, r Reporter) *Target {
+// StartTarget follows a stream at each endpoint, each holding at most
+// maxBlocks blocks (0: DefaultMaxBlocks), reporting to r, until ctx ends
+// or Stop.
+func StartTarget(ctx context.Context, endpoints []string, maxBlocks int, r Reporter) *Target {
 	ctx, cancel := context.WithCancel(ctx)
 	t := &Target{cancel: cancel}
 	for _, ep := range endpoints {
 		s := NewStream(ep)
+		if maxBlocks > 0 {
+			s.maxAlive, s.maxHashIDs = maxBlocks, maxBlocks
+		}
 		t.Streams = append(t.Streams, s)
 		t.wg.Add(1)
 		go func() {

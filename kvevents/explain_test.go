@@ -75,3 +75,17 @@ func TestExplainer(t *testing.T) {
 		t.Errorf("%d jobs counted as queue_full, want 3: %v", got, sink)
 	}
 }
+
+// TestStartTargetMaxBlocks: the configured bound reaches every stream, 0
+// leaving the default.
+func TestStartTargetMaxBlocks(t *testing.T) {
+	for _, c := range []struct{ configured, want int }{{0, DefaultMaxBlocks}, {5, 5}} {
+		tg := StartTarget(t.Context(), []string{"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"}, c.configured, newRecorder())
+		tg.Stop()
+		for _, s := range tg.Streams {
+			if s.maxAlive != c.want || s.maxHashIDs != c.want {
+				t.Errorf("configured %d: a stream holding %d blocks and %d hashes, want %d", c.configured, s.maxAlive, s.maxHashIDs, c.want)
+			}
+		}
+	}
+}

@@ -11,17 +11,22 @@ import (
 // Memory bounds of one stream's block store. A block the engine holds
 // takes at most 160 bytes (its record, its place in the list of held
 // blocks and its hash's entry, with the maps' room to grow; measured by
-// BenchmarkStoreBytesPerBlock), so a stream holds at most maxAlive blocks
-// (at most 160 MiB, far more than an engine's KV cache holds: an 8B model
-// on an 80 GB GPU keeps about 50,000 blocks of 16 tokens), indexes at
-// most maxAlive engine hashes (a block stored again under another hash
-// while held takes one more), remembers when the last maxRemoved blocks
-// the engine let go were removed (some 10 MiB), and that the last 4 to 8
-// Mi blocks stored were (seenSet, 10 MB).
+// BenchmarkStoreBytesPerBlock), so a stream holds at most DefaultMaxBlocks
+// blocks unless configured (at most 160 MiB, far more than an engine's KV
+// cache holds: an 8B model on an 80 GB GPU keeps about 50,000 blocks of 16
+// tokens), indexes as many engine hashes (a block stored again under
+// another hash while held takes one more), remembers when the last
+// maxRemoved blocks the engine let go were removed (some 10 MiB), and that
+// the last 4 to 8 Mi blocks stored were (seenSet, 10 MB).
 const (
-	maxAlive   = 1 << 20
-	maxHashIDs = maxAlive
-	maxRemoved = 1 << 17
+	// DefaultMaxBlocks is a stream's bound on blocks held, and on engine
+	// hashes indexed, unless configured (cache.kv_events_max_blocks).
+	DefaultMaxBlocks = 1 << 20
+	// MaxMaxBlocks is the largest bound that can be configured: 2.5 GiB.
+	MaxMaxBlocks = 1 << 24
+	maxAlive     = DefaultMaxBlocks
+	maxHashIDs   = maxAlive
+	maxRemoved   = 1 << 17
 	// MaxSequenceJump is the most batches a stream's sequence numbers may
 	// skip and be counted as lost: a longer jump is an engine that started
 	// again, or a number that means nothing; either way what the stream

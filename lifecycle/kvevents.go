@@ -100,7 +100,7 @@ func (d *Daemon) applyKVEvents(ctx, unitCtx context.Context, cfg *config.Config)
 		}
 		d.coll.StartKVEvents(t.Name, len(endpoints))
 		logger := log.With(d.logger, "target", t.Name)
-		streams := kvevents.StartTarget(unitCtx, endpoints, newKVReporter(d.coll, t.Name, logger))
+		streams := kvevents.StartTarget(unitCtx, endpoints, t.Cache.KVEventsMaxBlocks, newKVReporter(d.coll, t.Name, logger))
 		offer := &missOffer{target: t.Name, streams: streams.Streams, explainer: d.explainer, sink: d.coll,
 			spec: engine.For(t.Dialect), client: client, base: d.targetBaseURL(t), model: t.Model, chat: t.API == openai.APIChat,
 			blockSize: d.caches[t.Name].params.ServerBlock}
