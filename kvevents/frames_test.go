@@ -72,3 +72,53 @@ func message(frames ...[]byte) []byte {
 }
 
 func seqFrame(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+
+// FuzzFrameLimiter: no stream panics the limiter, the bytes' cut never
+// changes what it decides, and a stream it lets through holds no message
+// past its limits, as a plain reading of the framing counts them.
+func FuzzFrameLimiter(f *testing.F) {
+	greeting := bytes.Repeat([]byte{0xff}, zmtpGreeting)
+	f.Add(cat(greeting, message([]byte("t"), seqFrame(0), []byte("payload"))), uint8(3))
+	f.Add(cat(greeting, bytes.Repeat([]byte{flagMore, 0}, 20)), uint8(1))
+	f.Add(cat(greeting, []byte{flagLong}, binary.BigEndian.AppendUint64(nil, 1<<40)), uint8(5))
+	const limit, frames = 64, 4
+	f.Fuzz(func(t *testing.T, stream []byte, cut uint8) {
+		whole := newFrameLimiter(nil, limit, frames).scan(stream)
+		step := max(int(cut), 1)
+		cutUp := newFrameLimiter(nil, limit, frames)
+		var err error
+		for b := stream; len(b) > 0 && err == nil; b = b[min(step, len(b)):] {
+			err = cutUp.scan(b[:min(step, len(b))])
+		}
+		if (whole == nil) != (err == nil) {
+			t.Fatalf("whole: %v; cut every %d bytes: %v", whole, step, err)
+		}
+		if whole != nil {
+			return
+		}
+		// The plain reading: every complete frame header, message by message.
+		b := stream[min(zmtpGreeting, len(stream)):]
+		msgBytes, msgFrames := uint64(0), 0
+		for len(b) >= 2 {
+			flags, size, hdr := b[0], uint64(b[1]), 2
+			if flags&flagLong != 0 {
+				if len(b) < 9 {
+					break
+				}
+				size, hdr = binary.BigEndian.Uint64(b[1:9]), 9
+			}
+			msgBytes += size
+			msgFrames++
+			if msgBytes > limit || msgFrames > frames {
+				t.Fatalf("let through a message of %d bytes in %d frames", msgBytes, msgFrames)
+			}
+			if uint64(len(b)-hdr) < size {
+				break
+			}
+			b = b[hdr+int(size):]
+			if flags&flagMore == 0 {
+				msgBytes, msgFrames = 0, 0
+			}
+		}
+	})
+}
