@@ -9,15 +9,16 @@ import (
 )
 
 // Memory bounds of one stream's block store. A block the engine holds
-// takes at most 160 bytes (its record, its place in the list of held
+// takes 156 bytes at 1 Mi held (its record, its place in the list of held
 // blocks and its hash's entry, with the maps' room to grow; measured by
 // BenchmarkStoreBytesPerBlock), so a stream holds at most DefaultMaxBlocks
-// blocks unless configured (at most 160 MiB, far more than an engine's KV
-// cache holds: an 8B model on an 80 GB GPU keeps about 50,000 blocks of 16
+// blocks unless configured (156 MiB, far more than an engine's KV cache
+// holds: an 8B model on an 80 GB GPU keeps about 50,000 blocks of 16
 // tokens), indexes as many engine hashes (a block stored again under
 // another hash while held takes one more), remembers when the last
-// maxRemoved blocks the engine let go were removed (some 10 MiB), and that
-// the last 4 to 8 Mi blocks stored were (seenSet, 10 MB).
+// maxRemoved blocks the engine let go were removed (130 bytes each, 16
+// MiB; BenchmarkStoreBytesPerRemoved), and that the last 4 to 8 Mi blocks
+// stored were (seenSet, 10 MB).
 const (
 	// DefaultMaxBlocks is a stream's bound on blocks held, and on engine
 	// hashes indexed, unless configured (cache.kv_events_max_blocks).
