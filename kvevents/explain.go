@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -52,11 +53,16 @@ type Job struct {
 	// Done is when the request finished: events are given until
 	// Done+Grace to arrive.
 	Done time.Time
+	// Bytes is what the job holds until it is classified: its prompt's
+	// token ids, or its text.
+	Bytes int
 }
 
 const (
-	// queueLen bounds the requests waiting: each holds its prompt.
-	queueLen = 256
+	// queueLen bounds the requests waiting, and maxQueuedBytes what their
+	// prompts hold together (a row may have 2^24 tokens, 64 MiB of ids).
+	queueLen       = 256
+	maxQueuedBytes = 64 << 20
 	// Grace is how long after a request ends its events are waited for:
 	// the engine publishes each step's events at its end, and they travel
 	// apart from the response.
@@ -74,6 +80,7 @@ type Explainer struct {
 	workers int
 	jobs    chan Job
 	now     func() time.Time
+	queued  atomic.Int64 // Job.Bytes of the jobs queued or being classified
 }
 
 // NewExplainer returns an explainer that tells sink, with workers
@@ -82,13 +89,18 @@ func NewExplainer(sink Sink, workers int) *Explainer {
 	return &Explainer{sink: sink, workers: max(workers, 1), jobs: make(chan Job, queueLen), now: time.Now}
 }
 
-// Offer queues j; a full queue counts it as unclassified (queue_full).
+// Offer queues j; a full queue, or one whose prompts hold maxQueuedBytes,
+// counts it as unclassified (queue_full).
 func (e *Explainer) Offer(j Job) {
-	select {
-	case e.jobs <- j:
-	default:
-		e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedQueueFull)
+	if e.queued.Add(int64(j.Bytes)) <= maxQueuedBytes {
+		select {
+		case e.jobs <- j:
+			return
+		default:
+		}
 	}
+	e.queued.Add(-int64(j.Bytes))
+	e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedQueueFull)
 }
 
 // Run classifies queued jobs until ctx ends, then returns once its workers
@@ -105,6 +117,7 @@ func (e *Explainer) Run(ctx context.Context) {
 					return
 				case j := <-e.jobs:
 					e.classify(ctx, j)
+					e.queued.Add(-int64(j.Bytes))
 				}
 			}
 		}()

@@ -76,6 +76,37 @@ func TestExplainer(t *testing.T) {
 	}
 }
 
+// TestExplainerQueuedBytes: the prompts of the jobs waiting hold at most
+// maxQueuedBytes together, the job that would pass it counted as
+// queue_full, and a job classified gives its bytes back.
+func TestExplainerQueuedBytes(t *testing.T) {
+	sink := newSinkRecorder()
+	e := NewExplainer(sink, 1)
+	big := Job{Workload: "w", Target: "t", Bytes: maxQueuedBytes / 2,
+		Tokens: func(context.Context) ([]uint32, error) { return nil, errors.New("not asked") }}
+	for range 3 {
+		e.Offer(big)
+	}
+	if got := sink.unclassified[UnclassifiedQueueFull]; got != 1 || len(e.jobs) != 2 {
+		t.Fatalf("%d queued, %d counted as queue_full; want 2, 1", len(e.jobs), got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.Run(ctx)
+	}()
+	testutil.Eventually(t, "both classified and their bytes given back", func() (bool, string) {
+		return e.queued.Load() == 0 && len(e.jobs) == 0, fmt.Sprint(e.queued.Load())
+	})
+	cancel()
+	testutil.Wait(t, "Run to return", done)
+	e.Offer(big)
+	if len(e.jobs) != 1 {
+		t.Errorf("after the queue emptied: %d queued, want 1", len(e.jobs))
+	}
+}
+
 // TestStartTargetMaxBlocks: the configured bound reaches every stream, 0
 // leaving the default.
 func TestStartTargetMaxBlocks(t *testing.T) {

@@ -246,9 +246,11 @@ func (m *missOffer) offer(r *replay.Result, salt string) {
 			ids[i] = uint32(id) // the tokenizer's: within 32 bits
 		}
 		job.Tokens = func(context.Context) ([]uint32, error) { return ids, nil }
+		job.Bytes = 4 * len(ids)
 	case req.Payload == nil && req.Messages == nil && m.spec.CanTokenizePrompts():
 		prompt := req.Prompt
 		job.Tokens = func(ctx context.Context) ([]uint32, error) { return m.tokenize(ctx, prompt) }
+		job.Bytes = len(prompt)
 	default:
 		m.sink.MissedHitUnclassified(r.Workload, r.Target, kvevents.UnclassifiedRequestForm)
 		return
