@@ -3,12 +3,16 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 // The shared reference traces and the golden reports of package synth,
@@ -113,7 +117,7 @@ func TestAnalyzeOutputs(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			// The file's directory does not exist yet: analyze creates it.
 			out := filepath.Join(t.TempDir(), "new", "dir", "stats.json")
-			args := []string{"analyze", needShared(t, sharedSynthetic)}
+			args := []string{"analyze", testutil.NeedShared(t, sharedSynthetic)}
 			for _, f := range tt.flags {
 				args = append(args, strings.ReplaceAll(f, "OUT", out))
 			}
@@ -223,4 +227,95 @@ func withoutProgress(stderr string) string {
 		}
 	}
 	return strings.Join(kept, "")
+}
+
+// TestAnalyzeAIPerfNames: `analyze-trace` is `analyze`, and --input-file
+// names the trace, as in AIPerf; both appear in the help.
+func TestAnalyzeAIPerfNames(t *testing.T) {
+	path := writeTrace(t, testutil.AIPerfDocRows)
+	_, want, _ := runCLI("analyze", path, "--format", "json")
+	for _, args := range [][]string{
+		{"analyze-trace", path, "--format", "json"},
+		{"analyze-trace", "--input-file", path, "--format", "json"},
+		{"analyze", "--input-file", path, "--format", "json"},
+		{"analyze", path, "--input-file", path, "--format", "json"},
+	} {
+		code, got, stderr := runCLI(args...)
+		if code != exitOK || got != want {
+			t.Errorf("%v: exit %d, stderr %q, stdout:\n%s\nwant:\n%s", args, code, stderr, got, want)
+		}
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"analyze-trace"}, "a trace is required: give TRACE or --input-file"},
+		{[]string{"analyze", path, "--input-file", path + ".other"}, "disagree"},
+	} {
+		if code, _, stderr := runCLI(tt.args...); code != exitBadInput || !strings.Contains(stderr, tt.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tt.args, code, stderr, tt.want)
+		}
+	}
+	_, help, _ := runCLI("help", "analyze")
+	for _, name := range []string{"analyze-trace", "--input-file", "aiperf"} {
+		if !strings.Contains(help, name) {
+			t.Errorf("help of analyze does not mention %s:\n%s", name, help)
+		}
+	}
+}
+
+// TestAIPerfDocRows: analyze takes AIPerf's documentation rows, id to spare
+// included, with AIPerf's numbers (worked out by hand from its
+// definitions), and says how many rows had ids to spare; synthesize takes
+// them too, keeping the ids that fit.
+func TestAIPerfDocRows(t *testing.T) {
+	path := writeTrace(t, testutil.AIPerfDocRows)
+	code, out, stderr := runCLI("analyze", path, "--format", "json")
+	if code != exitOK {
+		t.Fatalf("analyze: exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stderr, "1 row has more hash_ids than its input_length fills in 512-token blocks (line 1): 1 id to spare") {
+		t.Errorf("analyze's stderr does not count the row with an id to spare: %q", stderr)
+	}
+	var got struct {
+		Total      int     `json:"total_requests"`
+		Unique     int     `json:"unique_prefixes"`
+		Groups     int     `json:"num_prefix_groups"`
+		CacheHit   float64 `json:"cache_hit_rate"`
+		Reuse      float64 `json:"prefix_reuse_ratio"`
+		AvgISL     float64 `json:"avg_isl"`
+		ContextLen struct {
+			Mean, Min, Max float64
+		} `json:"context_length_stats"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	// Hit rates 0, 3/3, 1/4, 2/3; repeated (position, id): (0,0), (1,1),
+	// (2,2), so contexts 655 (all repeated: the row's length), 1200, 512, 0.
+	want := []float64{4, 9, 1, (0 + 1 + 0.25 + 2.0/3) / 4, 7.0 / 13, (655 + 1200 + 1800 + 1300) / 4.0, (655 + 1200 + 512 + 0) / 4.0, 0, 1200}
+	have := []float64{float64(got.Total), float64(got.Unique), float64(got.Groups), got.CacheHit, got.Reuse, got.AvgISL, got.ContextLen.Mean, got.ContextLen.Min, got.ContextLen.Max}
+	for i := range want {
+		if math.Abs(have[i]-want[i]) > 1e-12 {
+			t.Errorf("analyze: %v, want %v", have, want)
+			break
+		}
+	}
+
+	code, out, stderr = runCLI("synthesize", path, "-o", "-", "--speedup-ratio", "2")
+	if code != exitOK || !strings.Contains(stderr, "synthesized from the ids that fit") {
+		t.Fatalf("synthesize: exit %d, stderr %q", code, stderr)
+	}
+	for i, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r struct {
+			ISL int     `json:"input_length"`
+			IDs []int64 `json:"hash_ids"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		if len(r.IDs) != (r.ISL+511)/512 {
+			t.Errorf("synthesized row %d: %d ids for %d tokens", i+1, len(r.IDs), r.ISL)
+		}
+	}
 }

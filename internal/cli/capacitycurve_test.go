@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 	"github.com/kvload-exporter/kvload-exporter/trace"
@@ -94,7 +95,7 @@ func TestCapacityCurveMatchesReplayModel(t *testing.T) {
 			if path == "" {
 				path = writeTrace(t, tt.text)
 			}
-			rows, err := readTraceTable(needShared(t, path), 512)
+			rows, err := readTraceTable(testutil.NeedShared(t, path), 512)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -222,7 +223,7 @@ func svgElements(t *testing.T, doc []byte) (map[string]int, string) {
 // reads the SVG back: the axes' labels, the limit and the three targets.
 func TestCapacityCurvePlot(t *testing.T) {
 	plot := filepath.Join(t.TempDir(), "plots", "curve.svg")
-	code, _, stderr := runCLI("analyze", needShared(t, sharedSynthetic), "--capacity-curve", "--plot", plot)
+	code, _, stderr := runCLI("analyze", testutil.NeedShared(t, sharedSynthetic), "--capacity-curve", "--plot", plot)
 	if code != exitOK || withoutProgress(stderr) != "" {
 		t.Fatalf("exit code %d, stderr %q", code, stderr)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 	"github.com/kvload-exporter/kvload-exporter/trace"
@@ -127,7 +128,7 @@ func TestHashRoundTrip(t *testing.T) {
 	const rows = 20
 	for _, name := range []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"} {
 		t.Run(name, func(t *testing.T) {
-			recs, err := trace.ReadFile(needShared(t, filepath.Join("..", "..", "..", "shared", "traces", name)), trace.ReadOptions{})
+			recs, err := trace.ReadFile(testutil.NeedShared(t, filepath.Join("..", "..", "..", "shared", "traces", name)), trace.ReadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,4 +195,51 @@ func firstAppearance(rows [][]int64) [][]int64 {
 		}
 	}
 	return out
+}
+
+// TestHashDynamoForm: `hash PROMPTS OUT [BLOCK_SIZE]` writes what -o and
+// --block-size write, and says which block_size a workload needs.
+func TestHashDynamoForm(t *testing.T) {
+	prompts := filepath.Join("..", "..", "examples", "prompts.jsonl")
+	dir := t.TempDir()
+	hash := func(args ...string) (int, string, []byte) {
+		code, _, stderr := runCLI(append([]string{"hash", prompts}, args...)...)
+		b, _ := os.ReadFile(filepath.Join(dir, "t.jsonl"))
+		os.Remove(filepath.Join(dir, "t.jsonl"))
+		return code, stderr, b
+	}
+	out := filepath.Join(dir, "t.jsonl")
+	code, stderr, want := hash("-o", out, "--block-size", "16")
+	if code != exitOK || !strings.Contains(stderr, "needs block_size: 16") {
+		t.Fatalf("-o: exit %d, stderr %q", code, stderr)
+	}
+	for _, args := range [][]string{{out, "16"}, {out, "16", "--block-size", "16"}, {out, "-o", out, "--block-size", "16"}} {
+		if code, stderr, got := hash(args...); code != exitOK || string(got) != string(want) {
+			t.Errorf("%v: exit %d (%s), same trace: %v", args, code, stderr, string(got) == string(want))
+		}
+	}
+	_, _, def := hash("-o", out)
+	if code, _, got := hash(out); code != exitOK || string(got) != string(def) || string(def) == string(want) {
+		t.Errorf("OUT alone: exit %d, want the 512-token trace", code)
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "the trace to write is required"},
+		{[]string{out, "-o", out + ".2"}, "disagree"},
+		{[]string{out, "16", "--block-size", "32"}, "disagree"},
+		{[]string{out, "x"}, "BLOCK_SIZE: want an integer"},
+		{[]string{out, "0"}, "must be positive"},
+	} {
+		if code, stderr, _ := hash(tt.args...); code != exitBadInput || !strings.Contains(stderr, tt.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tt.args, code, stderr, tt.want)
+		}
+	}
+	_, help, _ := runCLI("help", "hash")
+	for _, name := range []string{"OUT", "BLOCK_SIZE", "Dynamo"} {
+		if !strings.Contains(help, name) {
+			t.Errorf("help of hash does not mention %s:\n%s", name, help)
+		}
+	}
 }

@@ -33,6 +33,17 @@ const (
 	exitBadInput = 2
 )
 
+// The exit codes under their exported names, for the whole-program tests
+// that hold the README to them.
+const (
+	ExitOK       = exitOK
+	ExitFailure  = exitFailure
+	ExitBadInput = exitBadInput
+)
+
+// ProgramName is the name the program gives itself in usage and errors.
+const ProgramName = programName
+
 // streams are where a command writes; tests pass buffers.
 type streams struct {
 	stdout io.Writer

@@ -240,6 +240,9 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 // /-/ready starts answering 200.
 const readyMessage = "ready: the first configuration is applied"
 
+// ReadyMessage is readyMessage for the tests that wait for it in the log.
+const ReadyMessage = readyMessage
+
 // startFailed ends a start whose first configuration was not applied:
 // the web server stops, and the error is the web server's failure, none
 // for a shutdown asked for meanwhile, or the configuration's (bad input).

@@ -8,6 +8,12 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/config"
 )
 
+// ParseShardFlag is parseShardFlag for the shipping checks, which hold
+// the Kubernetes example's pods to it.
+func ParseShardFlag(spec string, count int, hostname string) (*config.Shard, error) {
+	return parseShardFlag(spec, count, hostname)
+}
+
 // parseShardFlag resolves --shard and --shard.count into the shard that
 // overrides every workload's own, or nil when --shard is not given.
 //

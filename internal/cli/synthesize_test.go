@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
 var updateSynthesize = flag.Bool("update-synthesize", false, "rewrite the synthesize golden files")
@@ -44,7 +47,7 @@ func TestSynthesizeGolden(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.golden, func(t *testing.T) {
 			if tc.args[0] == synthConversationTrace {
-				needShared(t, synthConversationTrace)
+				testutil.NeedShared(t, synthConversationTrace)
 			}
 			code, stdout, stderr := runSynthesize(t.Context(), append(tc.args, "-o", "-")...)
 			if code != exitOK {
@@ -119,7 +122,7 @@ func TestSynthesizeBadInput(t *testing.T) {
 // seed, other bytes; the root multiplier leaves lengths and timestamps
 // alone; and a failed write leaves nothing behind.
 func TestSynthesizeFile(t *testing.T) {
-	needShared(t, synthConversationTrace)
+	testutil.NeedShared(t, synthConversationTrace)
 	dir := t.TempDir()
 	gen := func(name string, extra ...string) []byte {
 		t.Helper()
@@ -199,5 +202,66 @@ func TestSynthesizeSpecialFiles(t *testing.T) {
 				t.Fatalf("%s was %v, is now %v (%v)", tt.path, before.Mode(), after.Mode(), err)
 			}
 		})
+	}
+}
+
+// TestSynthesizeAIPerfAndDynamoNames: every other spelling of a synthesize
+// flag gives the output of the flag it stands for (which differs from the
+// default's, so that an ignored alias fails), and is in the help.
+func TestSynthesizeAIPerfAndDynamoNames(t *testing.T) {
+	mixed := filepath.Join(synthTestdata, "mixed.jsonl")
+	tests := []struct {
+		flag, alias string
+		value       string
+		with        []string
+	}{
+		{"--speedup-ratio", "--synthesis-speedup-ratio", "2", nil},
+		{"--prefix-len-multiplier", "--synthesis-prefix-len-multiplier", "2", nil},
+		{"--prefix-root-multiplier", "--synthesis-prefix-root-multiplier", "3", []string{"--seed", "5"}},
+		{"--prompt-len-multiplier", "--synthesis-prompt-len-multiplier", "0.5", nil},
+		{"--output-len-multiplier", "--synthesis-output-len-multiplier", "0.5", nil},
+		{"--output-len-multiplier", "--osl-multiplier", "0.5", nil},
+		{"--max-isl", "--synthesis-max-isl", "5000", nil},
+		{"--max-osl", "--synthesis-max-osl", "6", nil},
+		{"--seed", "--random-seed", "9", []string{"--prefix-root-multiplier", "4"}},
+	}
+	_, help, _ := runCLI("help", "synthesize")
+	for _, tt := range tests {
+		t.Run(tt.alias, func(t *testing.T) {
+			base := append([]string{"synthesize", mixed, "-o", "-"}, tt.with...)
+			_, def, _ := runCLI(base...)
+			code, want, stderr := runCLI(append(base, tt.flag, tt.value)...)
+			if code != exitOK || want == def {
+				t.Fatalf("%s %s: exit %d (%s), output changed: %v", tt.flag, tt.value, code, stderr, want != def)
+			}
+			code, got, stderr := runCLI(append(base, tt.alias, tt.value)...)
+			if code != exitOK || got != want {
+				t.Errorf("%s %s: exit %d (%s), output differs from %s's", tt.alias, tt.value, code, stderr, tt.flag)
+			}
+			if !strings.Contains(help, tt.alias) {
+				t.Errorf("help does not mention %s", tt.alias)
+			}
+		})
+	}
+	t.Run("--input-file", func(t *testing.T) {
+		_, want, _ := runCLI("synthesize", mixed, "-o", "-", "--speedup-ratio", "2")
+		code, got, stderr := runCLI("synthesize", "--input-file", mixed, "-o", "-", "--speedup-ratio", "2")
+		if code != exitOK || got != want {
+			t.Errorf("exit %d (%s), output differs from TRACE's", code, stderr)
+		}
+		if !strings.Contains(help, "--input-file") {
+			t.Error("help does not mention --input-file")
+		}
+	})
+}
+
+// The generator's arrival processes are the same in the command's enum and
+// the package's.
+func TestArrivalNames(t *testing.T) {
+	_, help, _ := runCLI("help", "synthesize")
+	for _, a := range synth.Arrivals {
+		if !strings.Contains(help, string(a)) {
+			t.Errorf("help does not name arrival %s", a)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -278,5 +281,135 @@ func TestFormatTokens(t *testing.T) {
 		if got := formatTokens(tt.tokens); got != tt.want {
 			t.Errorf("formatTokens(%v) = %q, want %q", tt.tokens, got, tt.want)
 		}
+	}
+}
+
+// TestWebServerTimeouts: the daemon's web server closes a connection that
+// sends nothing, half a request head, or half a body, and a kept-alive one
+// left idle, each after its timeout, so that such clients cannot hold file
+// descriptors. The server is the daemon's (newWebServer) with its timeouts
+// shortened for the test; TestWebServerTimeoutValues checks the real ones.
+func TestWebServerTimeouts(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		send string // written once connected; the client then only reads
+		// answered: a response comes before the close (the idle case, and
+		// the body cut by the read timeout).
+		answered bool
+	}{
+		{"sends nothing", "", false},
+		{"half a request head", "GET /metrics HTTP/1.1\r\nHost: x\r\n", false},
+		{"head, then half the body", "POST /-/reload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc", true},
+		{"idle after one request", "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if _, err := io.Copy(io.Discard, r.Body); err != nil {
+					http.Error(w, "body: "+err.Error(), http.StatusBadRequest)
+					return
+				}
+				io.WriteString(w, "ok\n")
+			})
+			srv := newWebServer(handler, newConnLimiter(100), nil)
+			srv.ReadHeaderTimeout = 100 * time.Millisecond
+			srv.ReadTimeout = 300 * time.Millisecond
+			srv.IdleTimeout = 100 * time.Millisecond
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(ln) }()
+			t.Cleanup(func() {
+				srv.Close()
+				if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+					t.Errorf("Serve: %v", err)
+				}
+			})
+
+			conn, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if tt.send != "" {
+				if _, err := io.WriteString(conn, tt.send); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Only a hang guard: the server must close well before.
+			if err := conn.SetReadDeadline(time.Now().Add(testutil.Ceiling)); err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(bufio.NewReader(conn))
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("the connection is still open after %v (read %q)", testutil.Ceiling, got)
+			}
+			// A close with unread data in the server's socket may come as a
+			// reset rather than EOF: closed all the same.
+			if err != nil && !strings.Contains(err.Error(), "connection reset") {
+				t.Fatalf("read: %v", err)
+			}
+			if answered := strings.HasPrefix(string(got), "HTTP/1.1 "); answered != tt.answered {
+				t.Errorf("answered before the close: %v, want %v (read %q)", answered, tt.answered, got)
+			}
+		})
+	}
+}
+
+// TestWebServerTimeoutValues: the daemon's web server has every timeout
+// set, at the values docs/reliability.md gives.
+func TestWebServerTimeoutValues(t *testing.T) {
+	t.Parallel()
+	srv := newWebServer(http.NotFoundHandler(), newConnLimiter(1), nil)
+	for _, c := range []struct {
+		name      string
+		got, want time.Duration
+	}{
+		{"ReadHeaderTimeout", srv.ReadHeaderTimeout, 30 * time.Second},
+		{"ReadTimeout", srv.ReadTimeout, time.Minute},
+		{"WriteTimeout", srv.WriteTimeout, 2 * time.Minute},
+		{"IdleTimeout", srv.IdleTimeout, 90 * time.Second},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+// TestLandingReconcile: the landing page's cache reconciliation table, one
+// row per compared target: a disagreement is marked as the engine's
+// metrics disagreeing, a state without ratios shows dashes and its reason,
+// and without reconciled targets there is no table.
+func TestLandingReconcile(t *testing.T) {
+	render := func(rows []collector.ReconcileStatus) string {
+		mux := newMux(webDeps{gatherer: prometheus.NewRegistry(), telemetryPath: "/metrics", ready: func() bool { return true },
+			reload:  func(context.Context) error { return nil },
+			landing: func() landingData { return landingData{Reconcile: rows} }})
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+		return rec.Body.String()
+	}
+	body := render([]collector.ReconcileStatus{
+		{Target: "double", State: collector.ReconcileCompared, Disagree: true, Reason: "the engine's metrics disagree <b>", Window: 5 * time.Minute,
+			CanaryShare: 1, ShareKnown: true, EngineHitRate: 0.4, UsageHitRate: 0.2, TheoreticalRate: 0.2, EngineOverUsage: 2,
+			UsageOverModel: 1, EngineOverModel: 2, ModelKnown: true},
+		{Target: "shared", State: collector.ReconcileSharedEngine, Reason: "this exporter sent 50.0%", Window: time.Minute, CanaryShare: 0.5, ShareKnown: true},
+	})
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?s)<tr data-target="double">.*?<span class="state warn">engine's metrics disagree</span><span class="reason">the engine&#39;s metrics disagree &lt;b&gt;</span>` +
+			`.*?<td>100.0%</td>\s*<td>40.0%</td><td>20.0%</td><td>20.0%</td>\s*<td>2.00</td><td>1.00</td><td>2.00</td>\s*<td>300 s</td>`),
+		regexp.MustCompile(`(?s)<tr data-target="shared">.*?<span class="state none">shared engine</span><span class="reason">this exporter sent 50.0%</span>` +
+			`.*?<td>50.0%</td>\s*<td>–</td><td>–</td><td>–</td><td>–</td><td>–</td><td>–</td>\s*<td>60 s</td>`),
+	} {
+		if !want.MatchString(body) {
+			t.Errorf("the page does not match %s:\n%s", want, body)
+		}
+	}
+	if body := render(nil); strings.Contains(body, "Cache reconciliation") {
+		t.Errorf("a table without reconciled targets:\n%s", body)
 	}
 }
