@@ -220,7 +220,7 @@ func wantError(t *testing.T, c badCase, got string, write bool) string {
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (run go test ./cmd/kvload-exporter -run TestBadInputCheck -update-badinput)", err)
+		t.Fatalf("%v (run go test ./internal/e2e -run TestBadInputCheck -update-badinput)", err)
 	}
 	return strings.TrimSuffix(string(b), "\n")
 }

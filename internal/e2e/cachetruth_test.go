@@ -9,6 +9,8 @@ package e2e
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -21,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
@@ -893,4 +896,450 @@ func TestE2ECacheTruthGranularity(t *testing.T) {
 			}
 		})
 	}
+}
+
+// costTrace is rows conversations, 20 a second: five lanes take turns,
+// each a conversation of 1 to 6 turns that adds 1 to 8 blocks of 64
+// tokens to the prompt before it, then a new conversation. A turn comes
+// 250 ms after the one before it in its lane, after that one's prefill
+// ended on an engine that is not saturated, so that its prefix is cached.
+func costTrace(rows int) []byte {
+	const lanes = 5
+	r := rand.New(rand.NewPCG(23, 5))
+	type lane struct {
+		ids  []int
+		left int
+	}
+	var ls [lanes]lane
+	next := 0
+	var b strings.Builder
+	for i := range rows {
+		l := &ls[i%lanes]
+		if l.left == 0 {
+			l.ids, l.left = nil, 1+r.IntN(6)
+		}
+		for range 1 + r.IntN(8) {
+			next++
+			l.ids = append(l.ids, next)
+		}
+		l.left--
+		ids := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(l.ids)), ", "), "[]")
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 4, "hash_ids": [%s]}`+"\n", i*50, 64*len(l.ids), ids)
+	}
+	return []byte(b.String())
+}
+
+// TestE2ECachedTokenCost: the cost of a cached prompt
+// token against an uncached one, fitted by the exporter from nothing but
+// each request's time and its theoretical tokens, against emulated
+// engines that report no cached tokens (a vLLM without
+// --enable-prompt-tokens-details) and the emulated llama.cpp, which
+// reports its prefill time (timings.prompt_ms). Prefill costs 200 µs per
+// computed token. A working cache reads near 0, one disabled
+// (POST /emulator/cache) near 1. On an engine that runs one request at a
+// time and gets more than it serves, TTFT is mostly its queue: with the
+// engine's prefill time the fit still separates the two; with TTFT alone
+// it may say it cannot tell, but never a confident wrong answer.
+func TestE2ECachedTokenCost(t *testing.T) {
+	t.Parallel()
+	if testutil.RaceEnabled {
+		t.Skip("a replay at speed against six engines: too slow under -race; run by `make test-e2e`")
+	}
+	e2eReplaySlot(t)
+	const rows = 400
+	cases := []struct {
+		name       string
+		engine     emulate.Config
+		dialect    string
+		off        bool // the cache disabled
+		saturated  bool
+		prefill    bool // the fit must use the engine's prefill time
+		lo, hi     float64
+		mayAbstain bool
+	}{
+		{name: "silent", engine: emulate.Config{OmitCachedTokens: true}, dialect: "vllm", lo: -0.1, hi: 0.2},
+		{name: "silent-off", engine: emulate.Config{OmitCachedTokens: true}, dialect: "vllm", off: true, lo: 0.8, hi: 1.2},
+		{name: "llama-saturated", engine: emulate.Config{Engine: emulate.PersonalityLlamaCpp, Slots: 8, MaxRunning: 1}, dialect: "llamacpp",
+			saturated: true, prefill: true, lo: -0.1, hi: 0.2},
+		{name: "llama-saturated-off", engine: emulate.Config{Engine: emulate.PersonalityLlamaCpp, Slots: 8, MaxRunning: 1}, dialect: "llamacpp",
+			off: true, saturated: true, prefill: true, lo: 0.8, hi: 1.2},
+		{name: "silent-saturated", engine: emulate.Config{OmitCachedTokens: true, MaxRunning: 1}, dialect: "vllm",
+			saturated: true, lo: -0.1, hi: 0.3, mayAbstain: true},
+		{name: "silent-saturated-off", engine: emulate.Config{OmitCachedTokens: true, MaxRunning: 1}, dialect: "vllm",
+			off: true, saturated: true, lo: 0.7, hi: 1.3, mayAbstain: true},
+	}
+	cfg := config.Config{Workloads: []config.Workload{{Name: "chat", Trace: "head.jsonl", BlockSize: 64, Loop: "once"}}}
+	for _, c := range cases {
+		ec := c.engine
+		ec.Overhead, ec.PrefillPerToken, ec.InterToken = 2*time.Millisecond, 200*time.Microsecond, time.Millisecond
+		e := daemontest.StartEmulator(t, ec)
+		if c.off {
+			e2ePost(t, e.URL+"/emulator/cache", `{"enabled": false}`)
+		}
+		target := config.Target{Name: c.name, URL: e.URL, Model: emulate.DefaultModel, API: "completions"}
+		daemontest.SetString(&target.Dialect, c.dialect)
+		cfg.Targets = append(cfg.Targets, target)
+		cfg.Workloads[0].Targets = append(cfg.Workloads[0].Targets, c.name)
+	}
+	d := e2eStart(t, ctConfigTrace(t, cfg, costTrace(rows)))
+	var m testutil.Families
+	testutil.EventuallyWithin(t, "every row sent or dropped", e2eDeadline, func() (bool, string) {
+		m = testutil.Scrape(t, d.base)
+		var status []string
+		done := true
+		for _, c := range cases {
+			n := m.Sum("kvload_requests_total", "target", c.name) + m.Sum("kvload_requests_dropped_total", "target", c.name) -
+				m.Sum("kvload_requests_in_flight", "target", c.name)
+			done = done && n >= rows
+			status = append(status, fmt.Sprintf("%s %.0f", c.name, n))
+		}
+		return done, strings.Join(status, ", ")
+	})
+	for _, c := range cases {
+		state := ""
+		for _, s := range []string{"decided", "too_few_requests", "too_little_spread", "no_uncached_cost", "too_uncertain"} {
+			if m.Sum("kvload_cache_cost_fit_state", "target", c.name, "state", s) == 1 {
+				state = s
+			}
+		}
+		ratio, n := m.Value("kvload_cache_cached_token_cost_ratio", "target", c.name)
+		ttft := costMeanTTFT(m, c.name)
+		t.Logf("%s: the TTFT contrast of the cache classes (most over none, per trace token) reads %.2f", c.name, costContrast(m, c.name))
+		t.Logf("%s: %s, ratio %.3f ± %.3f (%d series), %.0f requests fitted, prefill timed %.0f, %.3g s per uncached token, mean TTFT %.2f s, %.0f successes, %.0f dropped",
+			c.name, state, ratio, m.Sum("kvload_cache_cached_token_cost_ratio_stderr", "target", c.name), n,
+			m.Sum("kvload_cache_cost_fit_requests", "target", c.name), m.Sum("kvload_cache_cost_fit_prefill_timed", "target", c.name),
+			m.Sum("kvload_cache_uncached_token_cost_seconds", "target", c.name), ttft,
+			m.Sum("kvload_requests_total", "target", c.name, "outcome", "success"), m.Sum("kvload_requests_dropped_total", "target", c.name))
+		if c.saturated && !(ttft > 1) {
+			t.Errorf("%s: mean TTFT %.2f s: the engine is not saturated, its queue does not dominate", c.name, ttft)
+		}
+		if got := m.Sum("kvload_cache_cost_fit_prefill_timed", "target", c.name); (got == 1) != c.prefill {
+			t.Errorf("%s: prefill timed %v, want %v", c.name, got, c.prefill)
+		}
+		switch {
+		case state == "decided" && n == 1:
+			if !(ratio >= c.lo && ratio <= c.hi) {
+				t.Errorf("%s: ratio %.3f, want within [%g, %g]", c.name, ratio, c.lo, c.hi)
+			}
+		case c.mayAbstain && n == 0 && state != "" && state != "too_few_requests":
+			// Undecided, and says why.
+		default:
+			t.Errorf("%s: state %q, %d ratio series", c.name, state, n)
+		}
+	}
+}
+
+// costMeanTTFT is the mean TTFT of target's successful requests.
+func costMeanTTFT(m testutil.Families, target string) float64 {
+	sum, n := costTTFTSum(m, "kvload_time_to_first_token_seconds", target)
+	return sum / n
+}
+
+// costContrast is what the rule workload_target:kvload_cache_ttft_contrast
+// reads over the whole run: the TTFT per trace token of class most over
+// that of class none.
+func costContrast(m testutil.Families, target string) float64 {
+	perToken := func(class string) float64 {
+		sum, _ := costTTFTSum(m, "kvload_cache_class_time_to_first_token_seconds", target, "cache_class", class)
+		return sum / m.Sum("kvload_cache_class_trace_prompt_tokens_total", "target", target, "cache_class", class)
+	}
+	return perToken("most") / perToken("none")
+}
+
+// costTTFTSum adds up the sums and counts of the histogram name's series
+// carrying target and the label pairs.
+func costTTFTSum(m testutil.Families, name, target string, pairs ...string) (sum, n float64) {
+	want := append([]string{"target", target}, pairs...)
+	for _, s := range m[name].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range s.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		ok := true
+		for i := 0; i+1 < len(want); i += 2 {
+			ok = ok && labels[want[i]] == want[i+1]
+		}
+		if ok {
+			sum += s.GetHistogram().GetSampleSum()
+			n += float64(s.GetHistogram().GetSampleCount())
+		}
+	}
+	return sum, n
+}
+
+// TestE2ECacheTruthEffectiveCapacity: against the emulated engine with an
+// LRU cache of 160,000 blocks of 16 tokens (2.56M tokens), the exporter's
+// effective capacity is within 15 % of it: with default settings, which
+// read the capacity from the engine, and as an OpenAI-compatible target,
+// whose capacity the exporter cannot read (its model is then unbounded,
+// and the effective capacity is the only measure of the cache). On the
+// first 500 rows of the conversation trace the capacity binds there: a
+// cache of 2.2M tokens serves 7.1 % of the prompt tokens, one of 2.56M
+// 8.1 %, one of 3M 11.3 %; below 1M the curve is flat (3.6 % at 20k
+// tokens as at 400k: the shared first block), and the hits could not
+// tell one capacity from another.
+func TestE2ECacheTruthEffectiveCapacity(t *testing.T) {
+	const blocks = 160_000
+	const capacityTokens = blocks * 16
+	for _, dialect := range []string{"vllm", "openai"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			e2eReplayAlone(t)
+			url, _ := ctEngine(t, emulate.Config{CapacityBlocks: blocks})
+			cfg := ctConfigOf(url, "fresh")
+			cfg.Targets[0].Dialect = "openai"
+			if dialect == "vllm" {
+				cfg.Targets[0].Dialect = "vllm"
+			}
+			d := e2eStart(t, ctConfigTrace(t, cfg, e2eHead(t, e2eExamples+"/traces/conversation_head1000.jsonl", ctRows)))
+			start := ctNextPass(t, ctRead(t, d.base), d.base)
+			end := ctNextPass(t, start, d.base)
+			m := testutil.Scrape(t, d.base)
+			got := m.Sum("kvload_cache_effective_capacity_tokens")
+			window := m.Sum("kvload_cache_effective_capacity_window_seconds")
+			t.Logf("%s: effective capacity %.0f tokens (%.3f of the engine's %d) over %.0f s; %v", dialect, got, got/capacityTokens, capacityTokens, window, end.minus(start))
+			if v, n := m.Value("kvload_cache_effective_capacity_state", "state", "measured"); v != 1 || n != 1 {
+				t.Fatalf("state measured is %v (%d series), want 1", v, n)
+			}
+			if got < 0.85*capacityTokens || got > 1.15*capacityTokens {
+				t.Errorf("effective capacity %.0f tokens, want within 15 %% of %d", got, capacityTokens)
+			}
+		})
+	}
+}
+
+// reconcileSpeedup replays the conversation trace five times as fast:
+// three targets take the whole workload each, and two of them tokenize.
+const reconcileSpeedup = 5
+
+// TestE2EReconcile: the exporter, configured as a user
+// writes it (dialect and url; cache.reconcile left at auto), replays one
+// workload to three targets and compares each engine's own counters with
+// its responses:
+//   - healthy: an emulated vLLM engine; its counters read about 1 × the
+//     hit rate of its responses, and the exporter says they agree;
+//   - double: `kvload-exporter emulate --metrics-double-count-hits`, whose
+//     hit counter counts every hit twice and its query counter right; it
+//     reads about 2 ×, and the exporter says the engine's metrics disagree;
+//   - nopage: an engine whose metrics page does not answer; its reads fail,
+//     counted, and it goes on as before (its efficiency from usage).
+//
+// The engines are each the exporter's only client, so the comparison
+// holds. Each ratio is also taken from the counters, as the recording
+// rules take it (the alert's timing is promtool's: dashboards/rules/tests).
+func TestE2EReconcile(t *testing.T) {
+	t.Parallel()
+	if testutil.RaceEnabled {
+		t.Skip("three replays at speed: too slow under -race; run by `make test-e2e`")
+	}
+	e2eReplaySlot(t)
+	healthy := daemontest.StartEmulator(t, emulate.Config{}).URL
+	_, double := ctEmulatorProcess(t, "127.0.0.1:0", "--metrics-double-count-hits", "--overhead=0s", "--prefill-per-token=0s", "--inter-token=0s")
+	nopage := testutil.NewFakeServer(t, nil)
+
+	cfg := ctConfigOf(healthy, "fresh")
+	cfg.Workloads[0].Synthesis.SpeedupRatio = reconcileSpeedup
+	absent := config.Target{Name: "nopage", URL: nopage.URL, Model: emulate.DefaultModel, Dialect: "vllm"}
+	absent.Cache.MetricsURL = closedPort(t) + "/metrics"
+	cfg.Targets = append(cfg.Targets,
+		config.Target{Name: "double", URL: double, Model: emulate.DefaultModel, Dialect: "vllm"}, absent)
+	cfg.Workloads[0].Targets = []string{"vllm", "double", "nopage"}
+	path := ctConfigTrace(t, cfg, e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), ctRows))
+	d := e2eStart(t, path)
+
+	// Reads every 5 s, the first a baseline. The exporter counts a request
+	// in the read its first token came in, which the engine's count of its
+	// prompt precedes by its prefill; at the ends of a window, a request
+	// near a read can still fall on the other side of it (prompts of
+	// 14,000 tokens on average here, some 70 a read, in bursts). So the
+	// figures are taken once the engine's counters hold 6 million prompt
+	// tokens, 6 reads after the baseline. Measured in 4 runs: 1.0000 to
+	// 1.0147 and 1.9931 to 2.0000, the exporter's share 1.0000 to 1.0172
+	// (sent at the time, without the first token: 0.96 to 1.10).
+	var m testutil.Families
+	testutil.EventuallyWithin(t, "both emulators compared", e2eDeadline, func() (bool, string) {
+		m = testutil.Scrape(t, d.base)
+		var seen string
+		ok := true
+		for _, target := range []string{"vllm", "double"} {
+			compared, _ := m.Value("kvload_cache_reconcile_state", "target", target, "state", string(collector.ReconcileCompared))
+			prompt, _ := m.Value("kvload_cache_reconcile_engine_prompt_tokens_total", "target", target)
+			ok = ok && compared == 1 && prompt >= 6e6
+			seen += fmt.Sprintf("%s: compared %v, %v prompt tokens; ", target, compared, prompt)
+		}
+		return ok, seen
+	})
+	for _, tt := range []struct {
+		target string
+		lo, hi float64
+	}{{"vllm", 0.9, 1.1}, {"double", 1.8, 2.2}} {
+		gauge, _ := m.Value("kvload_cache_reconcile_engine_over_usage_ratio", "target", tt.target)
+		share, _ := m.Value("kvload_cache_reconcile_canary_share", "target", tt.target)
+		fromCounters := reconcileRatio(m, tt.target)
+		usageOverModel, _ := m.Value("kvload_cache_reconcile_usage_over_model_ratio", "target", tt.target)
+		engineOverModel, _ := m.Value("kvload_cache_reconcile_engine_over_model_ratio", "target", tt.target)
+		t.Logf("%s: engine / responses %.4f (from the counters %.4f), the exporter's share %.4f; responses / model %.4f, engine / model %.4f",
+			tt.target, gauge, fromCounters, share, usageOverModel, engineOverModel)
+		for what, v := range map[string]float64{"engine / responses": gauge, "from the counters": fromCounters} {
+			if !(v >= tt.lo && v <= tt.hi) {
+				t.Errorf("%s: %s %.4f, want within [%.2f, %.2f]", tt.target, what, v, tt.lo, tt.hi)
+			}
+		}
+		if !(share >= collector.MinCanaryShare && share <= 1.1) {
+			t.Errorf("%s: the exporter's share of the engine's prompt tokens %.4f, want about 1", tt.target, share)
+		}
+	}
+
+	// The landing page says which engine's metrics are wrong. A read's
+	// noise can take a share under 0.95 for a while: the page is read
+	// until both verdicts show together.
+	want := map[string]string{
+		"vllm":   `<span class="state ok">compared</span><span class="reason">the engine&#39;s counters agree with its responses`,
+		"double": `<span class="state warn">engine's metrics disagree</span><span class="reason">the engine&#39;s metrics disagree with its responses: its counters read 2.`,
+		"nopage": `<span class="state none">no engine counter</span><span class="reason">no good read of the engine&#39;s counters`,
+	}
+	testutil.EventuallyWithin(t, "the landing page's verdicts", e2eDeadline, func() (bool, string) {
+		_, body, err := e2eGet(d.base + "/")
+		if err != nil {
+			return false, err.Error()
+		}
+		for target, w := range want {
+			re := regexp.MustCompile(`(?s)<tr data-target="` + target + `">\s*<td class="l">` + target + `</td>\s*<td class="l">` + regexp.QuoteMeta(w))
+			if !re.Match(body) {
+				return false, fmt.Sprintf("the reconciliation row of %s lacks %q:\n%s", target, w, body)
+			}
+		}
+		return true, ""
+	})
+
+	// The target whose page is unreachable: counted failures, no ratio, and
+	// the rest as before.
+	failed, _ := m.Value("kvload_cache_reconcile_errors_total", "target", "nopage", "reason", "scrape")
+	_, ratios := m.Value("kvload_cache_reconcile_engine_over_usage_ratio", "target", "nopage")
+	ok, _ := m.Value("kvload_requests_total", "target", "nopage", "outcome", "success")
+	if failed < 1 || ratios != 0 || ok == 0 {
+		t.Errorf("nopage: %v failed reads counted, %d ratio series, %v successes; want some, none, some", failed, ratios, ok)
+	}
+}
+
+// reconcileRatio is the engine's hit rate over its responses' from the
+// counters, as the recording rule takes it.
+func reconcileRatio(m testutil.Families, target string) float64 {
+	v := func(name string) float64 { x, _ := m.Value(name, "target", target); return x }
+	engine := v("kvload_cache_reconcile_engine_cached_tokens_total") / v("kvload_cache_reconcile_engine_prompt_tokens_total")
+	usage := v("kvload_cache_reconcile_usage_cached_tokens_total") / v("kvload_cache_reconcile_usage_prompt_tokens_total")
+	return engine / usage
+}
+
+// closedPort is the base URL of a loopback port nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return url
+}
+
+// isoRows rows of the conversation trace (54 s) five times as fast: a
+// pass of about 11 s. Each exporter sends every row, so two of them send
+// about as many requests a second as TestE2ECacheTruthFleet's two shards.
+const (
+	isoRows    = 150
+	isoSpeedup = 5
+)
+
+// TestE2EIsolation: two exporters with the same
+// configuration, a new user's (loop fresh, a vLLM target by url; outputs
+// capped at 32 tokens), on one engine. Both walk the same wall-clock pass
+// grid and build the same prompts, so each sends, at the same moment, the
+// prompts the other does. Each is measured from its start to the end of
+// the first whole pass after the one it joined.
+//
+// Shared: a prompt one exporter sent first is cached when the other's copy
+// arrives, a hit the other's model (which knows only what its own fleet
+// sent) does not expect, and each reads an efficiency far above 1 (9.8 to
+// 14.9 in three runs); the test asserts above 1.5.
+//
+// Isolated (cache.isolate: true): each exporter's requests carry a salt
+// of their own, drawn at its start, so the engine keeps the two apart and
+// each reads the truth, 0.93 to 1.01 (0.9944 to 1.0000 measured), as does
+// their sum. Since the engine
+// holds nothing under a fresh salt, nothing of the pass each joined is
+// unknown either: every request counts on both sides, where the shared
+// exporters leave the requests that rest on the rows before their start
+// unknown.
+func TestE2EIsolation(t *testing.T) {
+	t.Parallel()
+	trace := e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), isoRows)
+	for _, isolate := range []bool{false, true} {
+		name := "shared"
+		if isolate {
+			name = "isolated"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			// Two replays whose interleaving at the engine is the point.
+			e2eReplayAlone(t)
+			url, _ := ctEngine(t, emulate.Config{})
+			c := ctConfigOf(url, "fresh")
+			c.Workloads[0].Synthesis.SpeedupRatio = isoSpeedup
+			c.Workloads[0].Synthesis.MaxOSL = 32
+			c.Targets[0].Cache.Isolate = isolate
+			cfg := ctConfigTrace(t, c, trace)
+			bases := []string{e2eStart(t, cfg).base, e2eStart(t, cfg).base}
+
+			each := isoWholePass(t, bases)
+			var both ctCounters
+			for i, c := range each {
+				who := fmt.Sprintf("exporter %d", i)
+				t.Logf("%s, from its start to the end of a whole pass: coverage %.4f", who, c.coverage())
+				if dropped := testutil.Scrape(t, bases[i]).Sum("kvload_requests_dropped_total"); dropped > 0 {
+					t.Logf("%s dropped %.0f rows: its machine is busy", who, dropped)
+				}
+				both = both.plus(c)
+				if !isolate {
+					t.Logf("%s: %v", who, c)
+					if !(c.efficiency() > 1.5) {
+						t.Errorf("%s, sharing the engine: efficiency %.4f, want above 1.5", who, c.efficiency())
+					}
+					continue
+				}
+				ctBand(t, who, c, 0.93, 1.01)
+				if c.coverage() < 0.999 {
+					t.Errorf("%s: the efficiency covers %.4f of its successes' trace prompt tokens, want all (under a fresh salt nothing is unknown)", who, c.coverage())
+				}
+			}
+			if isolate {
+				ctBand(t, "both", both, 0.93, 1.01)
+			} else {
+				t.Logf("both: %v", both)
+			}
+		})
+	}
+}
+
+// isoWholePass waits until every exporter at bases has completed the pass
+// it joined and a whole one after it, and returns each one's counters
+// from its start, read in one poll: a scrape computes the exporter's
+// cache estimates, so reads far apart would cut the exporters' windows at
+// different rows.
+func isoWholePass(t *testing.T, bases []string) []ctCounters {
+	t.Helper()
+	var each []ctCounters
+	testutil.EventuallyWithin(t, "a whole pass to complete", e2eDeadline, func() (bool, string) {
+		each = ctReadEach(t, bases...)
+		var s []string
+		done := true
+		for _, c := range each {
+			done = done && c.passes >= 2
+			s = append(s, c.String())
+		}
+		return done, strings.Join(s, "; ")
+	})
+	return each
 }

@@ -1,6 +1,6 @@
 package e2e
 
-// Acceptance tests of the daemon: the whole program (run) against local
+// Acceptance tests of the daemon: the whole program (cli.Run) against local
 // OpenAI-compatible servers, driven through its config file, its HTTP
 // endpoints and, for shutdown, signals to a real process. Their harness is
 // harness_test.go.

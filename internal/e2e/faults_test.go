@@ -406,7 +406,7 @@ func maxGoroutines(d time.Duration) int {
 // error and no retries, without piling up goroutines, and recover by
 // itself. The figures are logged on one line for the docs:
 //
-//	go test -count=1 -run TestEndpointLoss -v ./cmd/kvload-exporter/ -outage=1m
+//	go test -count=1 -run TestEndpointLoss -v ./internal/e2e/ -outage=1m
 func TestEndpointLoss(t *testing.T) {
 	checkLeaks(t)
 	outage := *outageFlag

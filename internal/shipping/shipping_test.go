@@ -4,13 +4,14 @@ package shipping
 // of examples/compose, the Kubernetes manifests of examples/kubernetes
 // (checked statically: every file parses, every path, port, service and
 // rule they reference exists, and every exporter configuration passes
-// --config.check), the --shard flag, and several sharded replicas replaying
-// one trace against one engine exactly once between them.
+// --config.check), the example prompts and the Makefile's version stamp.
+// Sharded replicas replaying one trace between them are a whole-program
+// scenario, in internal/e2e (shard_test.go).
 //
 // examples/kubernetes/40-prometheusrule.yml and 50-grafana-dashboards.yml
 // are generated from dashboards/: after changing a dashboard or a rule, run
 //
-//	KVLOAD_UPDATE_EXAMPLES=1 go test -run '^TestShippingKubernetes$' ./cmd/kvload-exporter
+//	KVLOAD_UPDATE_EXAMPLES=1 go test -run '^TestShippingKubernetes$' ./internal/shipping
 
 import (
 	"bytes"
@@ -21,6 +22,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"reflect"
@@ -668,7 +670,7 @@ func TestShippingKubernetes(t *testing.T) {
 	}
 	for name, body := range shippingGenerated(t) {
 		if !bytes.Equal(shippingRead(t, filepath.Join(shippingK8s, name)), body) {
-			t.Errorf("examples/kubernetes/%s is not what dashboards/ gives: run KVLOAD_UPDATE_EXAMPLES=1 go test -run '^TestShippingKubernetes$' ./cmd/kvload-exporter", name)
+			t.Errorf("examples/kubernetes/%s is not what dashboards/ gives: run KVLOAD_UPDATE_EXAMPLES=1 go test -run '^TestShippingKubernetes$' ./internal/shipping", name)
 		}
 	}
 
@@ -858,7 +860,7 @@ func shippingGenerated(t *testing.T) map[string][]byte {
 	}
 	var rule bytes.Buffer
 	rule.WriteString(`# Prometheus Operator: the recording and alerting rules of dashboards/rules/,
-# generated from them (see cmd/kvload-exporter/shipping_test.go). The release
+# generated from them (see internal/shipping/shipping_test.go). The release
 # label is what kube-prometheus-stack's Prometheus selects by default.
 apiVersion: monitoring.coreos.com/v1
 kind: PrometheusRule
@@ -884,7 +886,7 @@ spec:
 	dash.WriteString(`# The Grafana dashboards of dashboards/, for Grafana's dashboard sidecar
 # (kube-prometheus-stack, the Grafana Helm chart: ConfigMaps labelled
 # grafana_dashboard: "1"), generated from them (see
-# cmd/kvload-exporter/shipping_test.go). Both dashboards sum over the
+# internal/shipping/shipping_test.go). Both dashboards sum over the
 # exporter's replicas (by workload and target), so a sharded StatefulSet
 # shows as one load generator.
 `)
@@ -1026,4 +1028,70 @@ func shippingSubset(sub, of map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestExamplePrompts: examples/prompts.jsonl, the README's sample for
+// hash, hashes into a trace whose rows share the prefixes they share as
+// text: the support conversations their system prompt, the follow-up its
+// first turn.
+func TestExamplePrompts(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "trace.jsonl")
+	var stderr bytes.Buffer
+	args := []string{"hash", filepath.Join(shippingRoot, "examples", "prompts.jsonl"), "-o", out, "--block-size", "16"}
+	if code := cli.Run(context.Background(), args, &stderr, &stderr); code != cli.ExitOK {
+		t.Fatalf("hash exited %d: %s", code, stderr.String())
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows [][]int64
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var r struct {
+			HashIDs []int64 `json:"hash_ids"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, r.HashIDs)
+	}
+	if len(rows) != 5 {
+		t.Fatalf("%d rows, want 5", len(rows))
+	}
+	shared := func(a, b []int64) int {
+		n := 0
+		for n < len(a) && n < len(b) && a[n] == b[n] {
+			n++
+		}
+		return n
+	}
+	if n := shared(rows[0], rows[1]); n < 3 {
+		t.Errorf("support rows share %d blocks, want their system prompt's", n)
+	}
+	if n := shared(rows[0], rows[2]); n <= shared(rows[0], rows[1]) || n == len(rows[0]) {
+		t.Errorf("the follow-up shares %d blocks with its first turn (%d)", n, len(rows[0]))
+	}
+	if shared(rows[3], rows[4]) < 1 || slices.Contains(rows[3], rows[0][0]) {
+		t.Errorf("summaries %v %v should share their start and nothing with the support rows", rows[3], rows[4])
+	}
+}
+
+// TestMakeStampsVersion: make run and make build link the version in, so
+// the landing page's footer and --version name the commit.
+func TestMakeStampsVersion(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	for _, target := range []string{"build", "run"} {
+		cmd := exec.Command("make", "-n", target)
+		cmd.Dir = filepath.Join("..", "..")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("make -n %s: %v\n%s", target, err, out)
+		}
+		if !strings.Contains(string(out), "-X github.com/prometheus/common/version.Version=") ||
+			!strings.Contains(string(out), "version.Revision=") {
+			t.Errorf("make %s does not stamp the version:\n%s", target, out)
+		}
+	}
 }
