@@ -1,8 +1,11 @@
 // Package dashtest tests the Grafana dashboards and the Prometheus rules
-// under dashboards/: a static lint (lint_test.go) and an end-to-end run
-// against a real Prometheus, the exporter and the engine emulator
-// (e2e_test.go). It lives in the tools module so that the main module does
-// not depend on Prometheus.
+// under dashboards/: a static lint (lint.go), an end-to-end run against a
+// real Prometheus, the exporter and the engine emulator (prometheus.go),
+// the alert scenarios and their recordings (alertsim.go, alerttape.go,
+// rulesim.go, promtoolcheck.go) and real engines (engines.go). Each file's
+// tests are beside it. It lives in the tools module so that the main
+// module does not depend on Prometheus; its non-test files are test
+// helpers, imported by nothing.
 package dashtest
 
 import (
