@@ -77,7 +77,7 @@ test: check vulncheck test-e2e-race test-e2e-beside test-faults test-browser tes
 
 # The end-to-end tests under -race, replaying less (raceEnabled).
 test-e2e-race: tokenizers
-	$(GO) test -race -count=1 -run '^TestE2E' ./cmd/kvload-exporter
+	$(GO) test -race -count=1 -run '^TestE2E' ./internal/e2e
 
 test-go: test-unit test-e2e-race
 
@@ -107,15 +107,16 @@ test-e2e-beside: tokenizers build $(PROMTOOL)
 # over the whole synthetic trace (observed vs theoretical cache hits, then
 # the cache turned off) and prompt-token exactness. A few minutes; too
 # slow under -race. The tests mostly wait on paced replays, so they run
-# side by side; the fast replays two at a time (replayslots_test.go).
+# side by side; the fast replays two at a time (e2eReplays, in
+# internal/e2e/harness_test.go).
 test-e2e:
-	$(GO) test -count=1 -timeout 30m -parallel 32 -run '^TestE2E' ./cmd/kvload-exporter
+	$(GO) test -count=1 -timeout 30m -parallel 32 -run '^TestE2E' ./internal/e2e
 
 # The fault suite (every emulated fault at once, checked against the
 # engine's ground truth) and the endpoint-loss test at full size, with
 # their figures (-v). test-go runs them smaller under -race.
 test-faults:
-	$(GO) test -count=1 -timeout 10m -run '^(TestFaultsMatchGroundTruth|TestEndpointLoss)$$' -v ./cmd/kvload-exporter
+	$(GO) test -count=1 -timeout 10m -run '^(TestFaultsMatchGroundTruth|TestEndpointLoss)$$' -v ./internal/e2e
 
 # Debian's chromium, for the browser test of the landing page.
 CHROMIUM := /usr/bin/chromium
@@ -126,11 +127,11 @@ $(CHROMIUM):
 
 ## test-browser: the landing page in headless Chromium, against emulated healthy, failing, degraded, no-cached-count and stalled targets.
 test-browser: $(CHROMIUM)
-	$(GO) test -tags browser -ldflags '$(LDFLAGS)' -count=1 -timeout 10m -run '^TestBrowser' -v ./cmd/kvload-exporter
+	$(GO) test -tags browser -ldflags '$(LDFLAGS)' -count=1 -timeout 10m -run '^TestBrowser' -v ./internal/e2e
 
 ## screenshot: test-browser, keeping its screenshot as docs/landing-page.png (the README's).
 screenshot: $(CHROMIUM)
-	KVLOAD_SCREENSHOT=docs/landing-page.png $(GO) test -tags browser -ldflags '$(LDFLAGS)' -count=1 -timeout 10m -run '^TestBrowser' ./cmd/kvload-exporter
+	KVLOAD_SCREENSHOT=docs/landing-page.png $(GO) test -tags browser -ldflags '$(LDFLAGS)' -count=1 -timeout 10m -run '^TestBrowser' ./internal/e2e
 
 ## prometheus: build the pinned Prometheus and promtool into bin/.
 prometheus: $(PROMETHEUS) $(PROMTOOL)

@@ -205,7 +205,7 @@ type metricInfo struct {
 	labels []string
 }
 
-// daemonMetrics registers what the daemon registers (cmd/kvload-exporter's
+// daemonMetrics registers what the daemon registers (internal/cli's
 // run: the collector, the build info, Go's runtime and process collectors)
 // and describes it. The runtime and process series are Prometheus' own and
 // vary with the Go version; metrics.md covers them by their prefixes.

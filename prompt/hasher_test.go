@@ -63,7 +63,7 @@ func renumber(rows [][]int64) [][]int64 {
 // TestHasherRoundTrip builds prompts for the first rows of both shared
 // traces, tokenizes them with o200k_base and hashes them at block size 512:
 // the ids and lengths must be the trace's own (after renumbering both in
-// first-appearance order). cmd/kvload-exporter tests the same through the
+// first-appearance order). internal/cli tests the same through the
 // hash command and its files.
 func TestHasherRoundTrip(t *testing.T) {
 	n := 1000 // about 10 s without -race

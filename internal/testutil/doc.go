@@ -1,8 +1,9 @@
 // Package testutil is the test kit shared by the daemon's tests: polling
 // until a condition holds, waiting on an event, reading Prometheus
 // metrics, a fake OpenAI-compatible server, a server that never answers,
-// a log buffer safe to read while it is written, and whether the race
-// detector is on.
+// a log buffer safe to read while it is written, whether the race
+// detector is on, a check that a shared trace is present (NeedShared) and
+// AIPerf's documented example rows.
 //
 // It imports no package of this module, so that the tests of any of them,
 // the internal tests of the packages that config and emulate build on

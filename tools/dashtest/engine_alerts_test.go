@@ -2,7 +2,7 @@ package dashtest
 
 // The cache alerts on real engines. The engines serve the trace at its own
 // pace, and the recording is time-compressed as in the alert scenarios
-// (alertsim_test.go, rulesim_test.go): scrape i is stored at rule time
+// (alertsim.go, rulesim.go): scrape i is stored at rule time
 // i × F, the rule files are evaluated over it and promtool cross-checks
 // the alerts' states. The alerts read ratios of rates, which F does not
 // change; the one absolute rate, the contrast's 0.01 requests/s per cache
@@ -289,13 +289,4 @@ func newEngineScenario(t *testing.T, files []string) *scenarioResult {
 		t.Fatal(err)
 	}
 	return res
-}
-
-// startOllama runs `ollama serve` at addr with env and returns it once it
-// answers.
-func startOllama(t *testing.T, dir, name, ollama, addr string, env []string) *process {
-	t.Helper()
-	srv := startProcessEnv(t, dir, name, env, ollama, "serve")
-	waitHTTP(t, srv, "http://"+addr+"/api/version", 2*time.Minute)
-	return srv
 }

@@ -1,0 +1,103 @@
+package cli
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// sharedPrefixArgs are synthesize's arguments for a shared-prefix workload
+// whose token hit rate the test derives: 8 prefixes of 1,024 tokens in
+// 16-token blocks, 4,000 single requests of 256 ± 32 more tokens.
+var sharedPrefixArgs = []string{"--prefixes", "8", "--prefix-tokens", "1024", "--num-requests", "4000",
+	"--input-tokens-mean", "256", "--input-tokens-stddev", "32", "--output-tokens-mean", "64",
+	"--rate", "20", "--block-size", "16"}
+
+// TestSynthesizeSharedPrefix: the same seed writes the same file, and
+// analyze of it shows the token hit rate the parameters imply.
+func TestSynthesizeSharedPrefix(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, extra ...string) []byte {
+		path := filepath.Join(dir, name)
+		args := append(append([]string{"synthesize", "-o", path}, sharedPrefixArgs...), extra...)
+		if code, _, stderr := runCLI(args...); code != exitOK {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a, b, c := write("a.jsonl", "--seed", "3"), write("b.jsonl", "--seed", "3"), write("c.jsonl", "--seed", "4")
+	if string(a) != string(b) {
+		t.Error("the same seed wrote different files")
+	}
+	if string(a) == string(c) {
+		t.Error("another seed wrote the same file")
+	}
+
+	code, table, stderr := runCLI("analyze", filepath.Join(dir, "a.jsonl"), "--block-size", "16")
+	if code != exitOK {
+		t.Fatalf("analyze: exit %d: %s", code, stderr)
+	}
+	m := regexp.MustCompile(`(?m)^Token hit rate: +(\S+)$`).FindStringSubmatch(table)
+	if m == nil {
+		t.Fatalf("no token hit rate in:\n%s", table)
+	}
+	got, _ := strconv.ParseFloat(m[1], 64)
+	// An infinite cache serves a request the prefix's 64 whole blocks if
+	// its prefix came before: all but the D = P·(1 − (1 − 1/P)^N) first
+	// uses of a prefix. Each request is 1,024 + 256 tokens on average.
+	const P, N, L, mean = 8.0, 4000.0, 1024.0, 256.0
+	first := P * (1 - math.Pow(1-1/P, N))
+	want := L * (N - first) / (N * (L + mean))
+	if math.Abs(got-want) > 0.02 {
+		t.Errorf("token hit rate %.4f, the parameters imply %.4f", got, want)
+	}
+}
+
+// TestSynthesizeSharedPrefixNames: AIPerf's names of the generator's
+// parameters give the same file, and are in the help.
+func TestSynthesizeSharedPrefixNames(t *testing.T) {
+	_, want, _ := runCLI(append([]string{"synthesize", "-o", "-"}, sharedPrefixArgs...)...)
+	aiperf := []string{"--prefix-prompt-pool-size", "8", "--prefix-prompt-length", "1024", "--num-requests", "4000",
+		"--synthetic-input-tokens-mean", "256", "--synthetic-input-tokens-stddev", "32", "--output-tokens-mean", "64",
+		"--request-rate", "20", "--block-size", "16"}
+	code, got, stderr := runCLI(append([]string{"synthesize", "-o", "-"}, aiperf...)...)
+	if code != exitOK || got != want || want == "" {
+		t.Errorf("AIPerf's names: exit %d (%s), same output: %v", code, stderr, got == want)
+	}
+	_, help, _ := runCLI("help", "synthesize")
+	for _, name := range []string{"--prefix-prompt-pool-size", "--prefix-prompt-length", "--synthetic-input-tokens-mean",
+		"--synthetic-input-tokens-stddev", "--request-rate"} {
+		if !strings.Contains(help, name) {
+			t.Errorf("help does not mention %s", name)
+		}
+	}
+}
+
+func TestSynthesizeSharedPrefixBadInput(t *testing.T) {
+	mixed := filepath.Join(synthTestdata, "mixed.jsonl")
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--prefixes", "8", mixed}, "reads no TRACE"},
+		{append([]string{"--speedup-ratio", "2"}, sharedPrefixArgs...), "reshape a TRACE"},
+		{[]string{"--prefixes", "0", "--num-requests", "0", "--rate", "0"}, "--prefixes must be at least 1"},
+		{[]string{"--prefixes", "2", "--num-requests", "10", "--rate", "1", "--output-tokens-mean", "5"}, "--input-tokens-mean must be from 1"},
+		{[]string{mixed, "--rate", "3"}, "--rate needs --prefixes"},
+		{[]string{}, "a trace is required"},
+	}
+	for _, tt := range tests {
+		args := append([]string{"synthesize", "-o", filepath.Join(t.TempDir(), "out.jsonl")}, tt.args...)
+		if code, _, stderr := runCLI(args...); code != exitBadInput || !strings.Contains(stderr, tt.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tt.args, code, stderr, tt.want)
+		}
+	}
+}

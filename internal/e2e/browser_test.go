@@ -1,0 +1,239 @@
+//go:build browser
+
+package e2e
+
+// The landing page in a real browser: headless Chromium (Debian's
+// chromium) loads it from a daemon replaying against five emulated
+// engines (healthy, failing, degraded, reporting no cached tokens, never
+// answering), and the test reads what it rendered (its DOM
+// after load) and takes a screenshot. `make test-browser` runs it; the
+// build tag keeps it out of a plain `go test ./...`, which may lack the
+// browser. KVLOAD_SCREENSHOT=path keeps the screenshot there, relative to
+// the repository (make screenshot writes docs/landing-page.png).
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+)
+
+// chromiumBin is Debian's chromium; `make test-browser` installs it.
+const chromiumBin = "/usr/bin/chromium"
+
+// browserConfig replays a small trace, each row sharing its first block
+// with every other, against five engines: healthy, failing every request,
+// failing one in five (degraded), reporting no cached tokens, and one that
+// never answers (stalled: nothing finishes, so its health is not reported).
+// The stalled one has a workload of its own, whose max_in_flight holds all
+// its hung requests, so that none is dropped.
+const browserConfig = `targets:
+  - name: healthy
+    emulate: {block_size: 16, capacity_blocks: 4096, overhead: 2ms, inter_token: 1ms}
+  - name: failing
+    emulate: {block_size: 16, faults: {error_500: 1}}
+  - name: flaky
+    emulate: {block_size: 16, seed: 3, faults: {error_500: 0.2}}
+  - name: no-cached-count
+    emulate: {block_size: 16, omit_cached_tokens: true}
+  - name: stalled
+    emulate: {block_size: 16, faults: {hang: 1}}
+workloads:
+  - name: canary
+    trace: trace.jsonl
+    targets: [healthy, failing, flaky, no-cached-count]
+    seed: 7
+    synthesis: {max_osl: 8}
+    loop: fresh
+    max_in_flight: 16
+  - name: hung
+    trace: trace.jsonl
+    targets: [stalled]
+    seed: 7
+    synthesis: {max_osl: 8}
+    loop: fresh
+    max_in_flight: 100000
+`
+
+// browserTrace is rows rows, 50 ms apart, of 1,000 prompt tokens: one
+// block shared by all, one of their own.
+func browserTrace(rows int) []byte {
+	var b bytes.Buffer
+	for i := range rows {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 1000, "output_length": 8, "hash_ids": [0, %d]}`+"\n", i*50, i+1)
+	}
+	return b.Bytes()
+}
+
+// chromium runs headless Chromium on args plus url, and returns its stdout.
+func chromium(t *testing.T, ctx context.Context, url string, args ...string) []byte {
+	t.Helper()
+	base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir=" + t.TempDir()}
+	cmd := exec.CommandContext(ctx, chromiumBin, append(append(base, args...), url)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chromium %v: %v\n%s", args, err, stderr.String())
+	}
+	return stdout.Bytes()
+}
+
+// rowOf is the <tr> of table id for target, as rendered.
+func rowOf(t *testing.T, dom, table, target string) string {
+	t.Helper()
+	start := strings.Index(dom, `<table id="`+table+`"`)
+	if start < 0 {
+		t.Fatalf("no table %q in:\n%s", table, dom)
+	}
+	end := strings.Index(dom[start:], "</table>")
+	tbl := dom[start : start+end]
+	re := regexp.MustCompile(`(?s)<tr[^>]*data-target="` + regexp.QuoteMeta(target) + `"[^>]*>.*?</tr>`)
+	row := re.FindString(tbl)
+	if row == "" {
+		t.Fatalf("table %q has no row for %q:\n%s", table, target, tbl)
+	}
+	return row
+}
+
+// cells are the texts of a row's <td> cells.
+func cells(row string) []string {
+	var out []string
+	for _, m := range regexp.MustCompile(`(?s)<td[^>]*>(.*?)</td>`).FindAllStringSubmatch(row, -1) {
+		out = append(out, text(m[1]))
+	}
+	return out
+}
+
+// Columns of the health table (landing.html).
+const (
+	colInFlight = 6
+	colDropped  = 7
+	colLag      = 8
+	colPasses   = 9
+)
+
+// text is markup without its tags, spaces squeezed.
+func text(markup string) string {
+	s := regexp.MustCompile(`<[^>]+>`).ReplaceAllString(markup, " ")
+	return strings.Join(strings.Fields(s), " ")
+}
+
+func TestBrowserLandingPage(t *testing.T) {
+	if _, err := os.Stat(chromiumBin); err != nil {
+		t.Fatalf("%s: %v (make test-browser installs it)", chromiumBin, err)
+	}
+	dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(browserConfig), "trace.jsonl": browserTrace(100)})
+	d := e2eStart(t, filepath.Join(dir, "kvload.yml"), "healthy", "failing", "flaky", "no-cached-count", "stalled")
+
+	// Enough finished requests per target for every figure to be there,
+	// and a completed pass (100 rows, 5 s).
+	testutil.EventuallyWithin(t, "40 finished requests per target and a pass", e2eDeadline, func() (bool, string) {
+		m := testutil.Scrape(t, d.base)
+		var seen []string
+		ok := true
+		for _, tn := range []string{"healthy", "failing", "flaky", "no-cached-count"} {
+			n := e2eTotalsOf(m, tn, "canary").Finished
+			seen = append(seen, fmt.Sprintf("%s %v", tn, n))
+			ok = ok && n >= 40
+		}
+		passes := m.Sum("kvload_trace_loops_total", "workload", "canary")
+		seen = append(seen, fmt.Sprintf("passes %v", passes))
+		return ok && passes >= 1, strings.Join(seen, ", ")
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dom := string(chromium(t, ctx, d.base+"/", "--dump-dom"))
+
+	for _, tt := range []struct {
+		table, target string
+		want          []string // in the row's text, in order
+		class         string   // the state's colour class
+	}{
+		{"health", "healthy", []string{"canary", "healthy", "ok", "none failed"}, "state ok"},
+		{"health", "failing", []string{"canary", "failing", "failing", "requests failed (100.0%), mostly http_error", "http_error", "http_error (HTTP 500)"}, "state bad"},
+		{"health", "flaky", []string{"flaky", "degraded", "requests failed", "mostly http_error", "http_error (HTTP 500)"}, "state warn"},
+		{"health", "no-cached-count", []string{"no-cached-count", "ok"}, "state ok"},
+		{"health", "stalled", []string{"hung", "stalled", "not reported", "no request finished in the last 1m0s", "none"}, "state none"},
+		{"cache", "healthy", []string{"ms", "ms", "%", "%"}, "state ok"},
+		{"cache", "no-cached-count", []string{"not reported", "%", "not reported"}, "state none"},
+		{"cache", "failing", []string{"–", "–", "–", "–", "no success"}, "state none"},
+		{"targets", "healthy", []string{"healthy", "kvload-emulated", "chat", "vllm", "16", "4096", "read from vllm:cache_config_info"}, ""},
+		{"targets", "failing", []string{"failing", "16", "unbounded"}, ""},
+	} {
+		row := rowOf(t, dom, tt.table, tt.target)
+		txt := text(row)
+		rest := txt
+		for _, w := range tt.want {
+			i := strings.Index(rest, w)
+			if i < 0 {
+				t.Errorf("%s/%s: %q missing (in order) from %q", tt.table, tt.target, w, txt)
+				break
+			}
+			rest = rest[i+len(w):]
+		}
+		if tt.class != "" && !strings.Contains(row, `class="`+tt.class+`"`) {
+			t.Errorf("%s/%s: no %q in %s", tt.table, tt.target, tt.class, row)
+		}
+	}
+	// The counters beside the health: a pass completed, nothing dropped,
+	// and the stalled target's hung requests in flight.
+	for _, tt := range []struct {
+		target       string
+		col          int
+		what         string
+		ok           func(v float64) bool
+		want, suffix string
+	}{
+		{"healthy", colPasses, "passes", func(v float64) bool { return v >= 1 }, ">= 1", ""},
+		{"healthy", colDropped, "dropped", func(v float64) bool { return v == 0 }, "0", ""},
+		{"healthy", colLag, "schedule lag p99", func(v float64) bool { return v >= 0 && v < 60_000 }, "a few ms", " ms"},
+		{"stalled", colInFlight, "in flight", func(v float64) bool { return v >= 1 }, ">= 1", ""},
+		{"stalled", colDropped, "dropped", func(v float64) bool { return v == 0 }, "0", ""},
+	} {
+		c := cells(rowOf(t, dom, "health", tt.target))
+		if len(c) <= tt.col {
+			t.Errorf("health/%s: %d cells: %q", tt.target, len(c), c)
+			continue
+		}
+		cell := c[tt.col]
+		v, err := strconv.ParseFloat(strings.TrimSuffix(cell, tt.suffix), 64)
+		if err != nil || !strings.HasSuffix(cell, tt.suffix) || !tt.ok(v) {
+			t.Errorf("health/%s: %s reads %q, want %s%s", tt.target, tt.what, cell, tt.want, tt.suffix)
+		}
+	}
+	// TTFT is always in milliseconds.
+	if cache := rowOf(t, dom, "cache", "healthy"); regexp.MustCompile(`\d(µs|s)<`).MatchString(cache) {
+		t.Errorf("TTFT not in ms: %s", text(cache))
+	}
+	for _, want := range []string{`http-equiv="refresh" content="10"`, "this page refreshes every 10 s", "Updated at 20", "<b>Window</b>"} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+
+	shot := filepath.Join(t.TempDir(), "landing.png")
+	if keep := os.Getenv("KVLOAD_SCREENSHOT"); keep != "" {
+		if !filepath.IsAbs(keep) {
+			keep = filepath.Join("..", "..", keep) // relative to the repository
+		}
+		shot, _ = filepath.Abs(keep)
+	}
+	chromium(t, ctx, d.base+"/", "--screenshot="+shot, "--window-size=1500,1200", "--hide-scrollbars")
+	png, err := os.ReadFile(shot)
+	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) || len(png) < 10_000 {
+		t.Fatalf("screenshot %s: %d bytes, %v", shot, len(png), err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", shot, len(png))
+}

@@ -1,0 +1,23 @@
+package testutil
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// NeedShared returns path, one of the project's shared traces (beside the
+// repository, in ../shared/traces), after checking it is there: a test
+// that needs one fails saying so, rather than skipping or failing later
+// with an error that does not name the cause.
+func NeedShared(t testing.TB, path string) string {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		abs, aerr := filepath.Abs(path)
+		if aerr != nil {
+			abs = path
+		}
+		t.Fatalf("shared traces missing: %s (%v)", abs, err)
+	}
+	return path
+}
