@@ -174,7 +174,7 @@ func New(reg prometheus.Registerer) *Collector {
 		preambleTokens: targetGauge("target_cache_preamble_tokens", "Tokens the target reports as cached for prompts that share nothing (a BOS, a chat header), learned from its answers and left out of the observed hit rate."),
 		tokenizeRatio:  targetGauge("target_tokenize_ratio", "Tokens the target's tokenize endpoint counts in a prompt the exporter built, over the tokens the exporter built it of (1 when the server's tokenizer counts prompts as the exporter does); checked when the target is configured, absent where the engine has no tokenize endpoint or it did not answer."),
 		serverErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "server_metrics_errors_total",
-			Help: "Scrapes of a target's own cached-token counter (observed: server_metrics) not credited, by reason: scrape (unreadable), timeout, duplicate, not_finite, negative, too_large, jump."},
+			Help: "Scrapes of a target's own cached-token and prompt-token counters (observed: server_metrics) not credited, by reason: scrape (unreadable), timeout, duplicate, not_finite, negative, too_large, jump, backwards."},
 			[]string{"target", "reason"}),
 		layout:   newCacheLayout(),
 		template: newChatTemplate(),
