@@ -6,7 +6,8 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/servedcache"
 )
 
-// The effective capacity's names, as the landing page reads them.
+// EffectiveCapacityState is a label value of
+// kvload_cache_effective_capacity_state, as the landing page reads it.
 type EffectiveCapacityState = servedcache.EffectiveCapacityState
 
 // The effective capacity states (servedcache.EffectiveCapacityStates).

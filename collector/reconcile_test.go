@@ -39,12 +39,10 @@ func (q reconcileRequest) result(target string, now time.Time) *replay.Result {
 }
 
 // reconcileStep is what happens between two reads: requests finish, then
-// the engine's counters are read (or fail to be).
+// the engine's counters are read.
 type reconcileStep struct {
 	requests []reconcileRequest
 	read     engine.ServerCounts
-	fail     engine.ServerMetricsErrorReason // the read failed
-	after    time.Duration                   // since the step before
 }
 
 // hit is n requests of 1000 prompt tokens, cached of them cached (usage)
