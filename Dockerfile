@@ -21,8 +21,6 @@ FROM ${GO_IMAGE} AS builder
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
-COPY cachecost/ cachecost/
-COPY cachetruth/ cachetruth/
 COPY cmd/ cmd/
 COPY collector/ collector/
 COPY config/ config/
@@ -35,6 +33,7 @@ COPY lifecycle/ lifecycle/
 COPY openai/ openai/
 COPY prompt/ prompt/
 COPY replay/ replay/
+COPY servedcache/ servedcache/
 COPY synth/ synth/
 COPY tokenizer/ tokenizer/
 COPY trace/ trace/

@@ -6,25 +6,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvload-exporter/kvload-exporter/cachecost"
-	"github.com/kvload-exporter/kvload-exporter/openai"
-	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/servedcache"
+	"github.com/kvload-exporter/kvload-exporter/servedcache/costfit"
 )
 
-// The cost of a cached prompt token is fitted per (workload, target) over
-// the successful requests of its target's estimate window (DefaultWindow
-// unless SetEstimateWindow said otherwise), at most costRequests of them,
-// when /metrics is scraped.
-const costRequests = 512
-
 // DefaultWindow is the estimates' window of a target not given one.
-const DefaultWindow = 5 * time.Minute
+const DefaultWindow = servedcache.DefaultWindow
 
-// costMetrics exports each (workload, target)'s cachecost fit. The fit is
+// costMetrics exports each (workload, target)'s cached-token cost fit
+// (servedcache.CostWindows). The fit is
 // made at scrape time, off the request path, and reused while no request
 // finished and none aged out.
 type costMetrics struct {
-	c                                               *Collector
+	c                                               *Collector // its clock
 	ratio, stdErr, perUncached, state, requests, pf *prometheus.Desc
 }
 
@@ -61,32 +55,19 @@ func (m *costMetrics) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect implements prometheus.Collector: one fit per (workload, target),
-// outside the collector's lock.
+// Collect implements prometheus.Collector: one fit per (workload, target).
 func (m *costMetrics) Collect(ch chan<- prometheus.Metric) {
-	now := m.c.now()
-	type pair struct {
-		k wtKey
-		w *cachecost.Window
-	}
-	m.c.mu.Lock()
-	pairs := make([]pair, 0, len(m.c.costs))
-	for k, w := range m.c.costs {
-		pairs = append(pairs, pair{k, w})
-	}
-	m.c.mu.Unlock()
-	for _, p := range pairs {
-		r := p.w.Estimate(now)
+	for k, r := range m.c.costs.Estimates(m.c.now()) {
 		gauge := func(d *prometheus.Desc, v float64, extra ...string) {
 			if !math.IsNaN(v) {
-				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{p.k.workload, p.k.target}, extra...)...)
+				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{k.Workload, k.Target}, extra...)...)
 			}
 		}
-		for _, s := range cachecost.States {
+		for _, s := range costfit.States {
 			gauge(m.state, boolValue(s == r.State), string(s))
 		}
 		gauge(m.requests, float64(r.Requests))
-		gauge(m.pf, boolValue(r.Timing == cachecost.TimingPrefill))
+		gauge(m.pf, boolValue(r.Timing == costfit.TimingPrefill))
 		gauge(m.ratio, r.Ratio)
 		gauge(m.stdErr, r.RatioStdErr)
 		if !math.IsNaN(r.RatioStdErr) {
@@ -102,65 +83,9 @@ func boolValue(b bool) float64 {
 	return 0
 }
 
-// costObservation is what the cost fit keeps of a finished request; ok is
-// false for one it cannot use: failed, without a theoretical side, or
-// without a first token.
-func costObservation(r *replay.Result, at time.Time) (cachecost.Observation, bool) {
-	if r.Outcome != openai.OutcomeSuccess || !r.TheoreticalKnown {
-		return cachecost.Observation{}, false
-	}
-	ttft, ok := r.TTFT()
-	if !ok {
-		return cachecost.Observation{}, false
-	}
-	return cachecost.Observation{
-		Sent:     r.Sent,
-		At:       at,
-		Uncached: max(r.TraceInputLength-r.TheoreticalCachedTokens, 0),
-		Cached:   r.TheoreticalCachedTokens,
-		TTFT:     ttft,
-		Prefill:  r.PrefillTime, PrefillKnown: r.PrefillKnown,
-	}, true
-}
-
-// addCostLocked gives a finished request to its pair's cost fit; c.mu is
-// held.
-func (c *Collector) addCostLocked(r *replay.Result, at time.Time) {
-	o, ok := costObservation(r, at)
-	if !ok {
-		return
-	}
-	k := wtKey{r.Workload, r.Target}
-	w := c.costs[k]
-	if w == nil {
-		w = c.newCostWindow(r.Target)
-		c.costs[k] = w
-	}
-	w.Add(o)
-}
-
-// newCostWindow is a fit window of target's span; c.mu is held.
-func (c *Collector) newCostWindow(target string) *cachecost.Window {
-	span := c.windows[target]
-	if span <= 0 {
-		span = DefaultWindow
-	}
-	return cachecost.NewWindow(span, costRequests, cachecost.DefaultLimits)
-}
-
 // SetEstimateWindow sets how far back target's estimates look: the cost
 // fit and the effective capacity. A changed window starts them over.
 func (c *Collector) SetEstimateWindow(target string, span time.Duration) {
-	c.effective.setWindow(target, span)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.windows[target] == span {
-		return
-	}
-	c.windows[target] = span
-	for k := range c.costs {
-		if k.target == target {
-			c.costs[k] = c.newCostWindow(target)
-		}
-	}
+	c.effective.SetWindow(target, span)
+	c.costs.SetWindow(target, span)
 }

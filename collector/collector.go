@@ -8,10 +8,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvload-exporter/kvload-exporter/cachecost"
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/servedcache"
 )
 
 const namespace = "kvload"
@@ -33,7 +33,11 @@ var LagBuckets = append([]float64{0.0001, 0.00025, 0.0005, 0.00075}, LatencyBuck
 // Collector implements replay.Observer with the contract's metrics. It
 // counts what it is given: how a result's cached tokens count
 // (replay.Result.Counted) and the server's cached tokens credited to each
-// workload come from the cache-truth step in front of it (cachetruth).
+// workload come from the cache-truth step in front of it
+// (servedcache.Truth), and the estimates it exports are worked out by
+// package servedcache. The metrics of one concern that the daemon drives
+// on their own are reached through small parts: KVEvents, Reconcile,
+// ChatTemplate and CacheLayout.
 type Collector struct {
 	requests          *prometheus.CounterVec
 	dropped           *prometheus.CounterVec
@@ -68,27 +72,23 @@ type Collector struct {
 	tokenizeRatio  *prometheus.GaugeVec
 	serverErrors   *prometheus.CounterVec // by target and reason
 	// The re-reads of a target's KV cache layout.
-	layoutChanges     *prometheus.CounterVec // by target
-	discoveryFailures *prometheus.CounterVec // by target and reason
-	reloadOK          prometheus.Gauge
-	reloadTime        prometheus.Gauge
+	layout     *CacheLayout
+	reloadOK   prometheus.Gauge
+	reloadTime prometheus.Gauge
 	// The chat template's size, per (workload, target).
-	template chatTemplateMetrics
+	template *ChatTemplate
 	// Why hits were missed, from KV cache events (misses.go).
-	misses missMetrics
+	misses *KVEvents
 
 	now      func() time.Time
 	mu       sync.Mutex
 	lastPass map[string]int // workload → the last pass counted in trace_loops_total
 	recent   map[wtKey]*recent
 	// costs fit what a cached prompt token costs, per (workload, target).
-	costs map[wtKey]*cachecost.Window
-	// windows: each target's estimate window, where set.
-	windows map[string]time.Duration
-
-	effective *effectiveCapacity
+	costs     *servedcache.CostWindows
+	effective *servedcache.EffectiveCapacity
 	// reconcile compares each target's engine counters with its responses.
-	reconcile *reconciliation
+	reconcile *Reconcile
 }
 
 // CacheClass is how much of a request's prompt an ideal cache would serve.
@@ -174,43 +174,49 @@ func New(reg prometheus.Registerer) *Collector {
 		preambleTokens: targetGauge("target_cache_preamble_tokens", "Tokens the target reports as cached for prompts that share nothing (a BOS, a chat header), learned from its answers and left out of the observed hit rate."),
 		tokenizeRatio:  targetGauge("target_tokenize_ratio", "Tokens the target's tokenize endpoint counts in a prompt the exporter built, over the tokens the exporter built it of (1 when the server's tokenizer counts prompts as the exporter does); checked when the target is configured, absent where the engine has no tokenize endpoint or it did not answer."),
 		serverErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "server_metrics_errors_total",
-			Help: "Scrapes of a target's own cached-token counter (observed: server_metrics) not credited, by reason: scrape (unreadable), timeout, duplicate, not_finite, negative, too_large, jump."},
+			Help: "Scrapes of a target's own cached-token and prompt-token counters (observed: server_metrics) not credited, by reason: scrape (unreadable), timeout, duplicate, not_finite, negative, too_large, jump, backwards."},
 			[]string{"target", "reason"}),
-		layoutChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "target_cache_layout_changes_total",
-			Help: "Changes of the KV cache layout read from a target at run time (capacity known after unknown, or other blocks or block size); the target's theoretical model follows each."},
-			[]string{"target"}),
-		discoveryFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "target_cache_discovery_failures_total",
-			Help: "Reads of a target's KV cache layout that failed, by reason: unreachable, timeout, bad_answer."},
-			[]string{"target", "reason"}),
-		template: newChatTemplateMetrics(),
-		misses:   newMissMetrics(),
+		layout:   newCacheLayout(),
+		template: newChatTemplate(),
+		misses:   newKVEvents(),
 		now:      time.Now,
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
-		costs:    map[wtKey]*cachecost.Window{},
-		windows:  map[string]time.Duration{},
+		costs:    servedcache.NewCostWindows(),
 	}
+	// The estimates take the collector's clock, which tests set.
+	clock := func() time.Time { return c.now() }
+	c.effective = servedcache.NewEffectiveCapacity(clock)
+	c.reconcile = newReconcile(servedcache.NewReconciliation(clock))
 	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
 		c.capacityBlocks, c.blockSize, c.capacityKnown, c.preambleTokens, c.tokenizeRatio, c.serverErrors,
-		newCostMetrics(c), c.layoutChanges, c.discoveryFailures)
-	c.registerEstimates(reg)
+		newCostMetrics(c))
+	reg.MustRegister(c.layout.collectors()...)
+	reg.MustRegister(c.template.collectors()...)
+	reg.MustRegister(c.misses.collectors()...)
+	reg.MustRegister(newEffectiveMetrics(c.effective))
+	reg.MustRegister(c.reconcile.collectors()...)
 	return c
 }
 
-// registerEstimates registers the metric groups kept apart from New's
-// plain sums: the chat template's, the missed hits', and the estimates
-// worked out at each scrape.
-func (c *Collector) registerEstimates(reg prometheus.Registerer) {
-	reg.MustRegister(c.template.collectors()...)
-	reg.MustRegister(c.misses.collectors()...)
-	c.effective = newEffectiveCapacity(func() time.Time { return c.now() })
-	reg.MustRegister(c.effective)
-	c.reconcile = newReconciliation(func() time.Time { return c.now() })
-	reg.MustRegister(c.reconcile.collectors()...)
-}
+// KVEvents is the part that counts the target's KV event streams and the
+// hits they explain as missed.
+func (c *Collector) KVEvents() *KVEvents { return c.misses }
+
+// Reconcile is the part that compares each target's engine counters with
+// its responses (cache.reconcile).
+func (c *Collector) Reconcile() *Reconcile { return c.reconcile }
+
+// ChatTemplate is the part that publishes each (workload, target)'s chat
+// template size.
+func (c *Collector) ChatTemplate() *ChatTemplate { return c.template }
+
+// CacheLayout is the part that counts the re-reads of each target's KV
+// cache layout.
+func (c *Collector) CacheLayout() *CacheLayout { return c.layout }
 
 // ServerMetricsError counts a scrape of target's cached-token counter that
 // was not credited, for reason (see ServerScraper).
@@ -234,15 +240,13 @@ func (c *Collector) Start(workload, target string) {
 		c.classTokens.WithLabelValues(workload, target, string(cl))
 	}
 	c.loops.WithLabelValues(workload)
-	c.effective.start(workload, target)
+	c.effective.Start(workload, target)
+	c.costs.Start(workload, target)
 	// The landing page lists the pair from now on, even while no request
 	// finishes (a target that hangs must not be invisible).
 	c.mu.Lock()
 	if c.recent[wtKey{workload, target}] == nil {
 		c.recent[wtKey{workload, target}] = &recent{}
-	}
-	if c.costs[wtKey{workload, target}] == nil {
-		c.costs[wtKey{workload, target}] = c.newCostWindow(target)
 	}
 	c.mu.Unlock()
 }
@@ -262,9 +266,9 @@ func (c *Collector) Forget(workload, target string) {
 	c.misses.forget(l)
 	c.mu.Lock()
 	delete(c.recent, wtKey{workload, target})
-	delete(c.costs, wtKey{workload, target})
 	c.mu.Unlock()
-	c.effective.forget(workload, target)
+	c.costs.Forget(workload, target)
+	c.effective.Forget(workload, target)
 }
 
 // ForgetWorkload deletes the per-workload series of a removed workload.
@@ -300,33 +304,6 @@ func (c *Collector) SetTargetCache(target string, blocks, blockSize int, known b
 	c.capacityKnown.WithLabelValues(target).Set(v)
 }
 
-// WatchCacheLayout creates at zero the counters of a target whose KV cache
-// layout is read again at run time, so that their increase exists before
-// the first change or failure.
-func (c *Collector) WatchCacheLayout(target string) {
-	c.layoutChanges.WithLabelValues(target)
-	for _, r := range engine.LayoutFailures {
-		c.discoveryFailures.WithLabelValues(target, string(r))
-	}
-}
-
-// UnwatchCacheLayout deletes those counters of a target whose layout is no
-// longer read (it is configured now).
-func (c *Collector) UnwatchCacheLayout(target string) {
-	c.layoutChanges.DeleteLabelValues(target)
-	c.discoveryFailures.DeletePartialMatch(prometheus.Labels{"target": target})
-}
-
-// CacheLayoutChanged counts a change of the layout read from target.
-func (c *Collector) CacheLayoutChanged(target string) {
-	c.layoutChanges.WithLabelValues(target).Inc()
-}
-
-// CacheDiscoveryFailed counts a failed read of target's layout.
-func (c *Collector) CacheDiscoveryFailed(target string, reason engine.LayoutFailure) {
-	c.discoveryFailures.WithLabelValues(target, string(reason)).Inc()
-}
-
 // SetTokenizeRatio publishes a target's tokenize check: the server's token
 // count over the exporter's for one built prompt; ok false (no endpoint,
 // no answer) removes the series.
@@ -345,13 +322,11 @@ func (c *Collector) ForgetTarget(target string) {
 		v.DeletePartialMatch(l)
 	}
 	c.serverErrors.DeletePartialMatch(l)
-	c.misses.forgetTarget(l)
-	c.UnwatchCacheLayout(target)
-	c.mu.Lock()
-	delete(c.windows, target)
-	c.mu.Unlock()
-	c.effective.forgetTarget(target)
-	c.reconcile.stop(target)
+	c.misses.Stop(target)
+	c.layout.Unwatch(target)
+	c.costs.ForgetTarget(target)
+	c.effective.ForgetTarget(target)
+	c.reconcile.Stop(target)
 }
 
 // AddServerCredit adds cached tokens read from a target's own counter
@@ -362,7 +337,7 @@ func (c *Collector) AddServerCredit(workload, target string, cached, reportedCac
 	if reportedCached > 0 {
 		c.reportedCached.WithLabelValues(workload, target).Add(reportedCached)
 	}
-	c.effective.addCredit(workload, target, reportedCached)
+	c.effective.AddCredit(workload, target, reportedCached)
 }
 
 // ReloadDone records the outcome of a configuration (re)load.
@@ -379,7 +354,7 @@ func (c *Collector) ReloadDone(ok bool, at time.Time) {
 func (c *Collector) Sent(workload, target string, scheduled, sent time.Time) {
 	c.inFlight.WithLabelValues(workload, target).Inc()
 	c.lag.WithLabelValues(workload, target).Observe(sent.Sub(scheduled).Seconds())
-	c.reconcile.sent(target)
+	c.reconcile.comparison.Sent(target)
 }
 
 // Finished implements replay.Observer. Latencies and token counts come from
@@ -389,12 +364,13 @@ func (c *Collector) Finished(r *replay.Result) {
 	w, t := r.Workload, r.Target
 	c.inFlight.WithLabelValues(w, t).Dec()
 	c.requests.WithLabelValues(w, t, string(r.Outcome)).Inc()
+	at := c.now()
 	c.mu.Lock()
-	c.recordLocked(r)
-	c.addCostLocked(r, c.now())
+	c.recentLocked(w, t).add(r, at)
 	c.mu.Unlock()
-	c.effective.add(r)
-	c.reconcile.add(r)
+	c.costs.Add(r, at)
+	c.effective.Add(r)
+	c.reconcile.comparison.Finished(r)
 
 	if r.Outcome != openai.OutcomeSuccess {
 		return
@@ -454,13 +430,7 @@ func (c *Collector) Dropped(workload, target string, reason replay.DropReason, _
 	at := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	k := wtKey{workload, target}
-	w := c.recent[k]
-	if w == nil {
-		w = &recent{}
-		c.recent[k] = w
-	}
-	w.addDrop(at)
+	c.recentLocked(workload, target).addDrop(at)
 }
 
 // PassCompleted implements replay.Observer. Passes are counted per workload:

@@ -21,11 +21,11 @@ import (
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/kvload-exporter/kvload-exporter/cachetruth"
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/servedcache"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -34,7 +34,7 @@ var update = flag.Bool("update", false, "rewrite golden files")
 // the cache-truth step as the daemon does.
 func scripted(c *Collector) {
 	t0 := time.Unix(1_700_000_000, 0)
-	tr := cachetruth.New(c)
+	tr := servedcache.New(c)
 	c.SetTarget("vllm-a", "Qwen/Qwen3-0.6B", "chat", "vllm")
 	tr.SetTarget("vllm-a", "vllm", "usage")
 	c.Start("canary", "vllm-a")
@@ -194,7 +194,7 @@ func TestStatus(t *testing.T) {
 func TestUnknownIsNotZero(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	c := New(reg)
-	tr := cachetruth.New(c)
+	tr := servedcache.New(c)
 	var told []string
 	tr.NotifyUnreported = func(target string, dialect engine.Dialect) { told = append(told, target+"/"+string(dialect)) }
 	c.SetTarget("a", "m", "chat", "vllm")
@@ -239,7 +239,7 @@ func TestUnknownIsNotZero(t *testing.T) {
 func TestServerCachedCarried(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	c := New(reg)
-	tr := cachetruth.New(c)
+	tr := servedcache.New(c)
 	c.SetTarget("s", "m", "chat", "vllm")
 	tr.SetTarget("s", "vllm", "server_metrics")
 	c.Start("w", "s")
@@ -347,7 +347,7 @@ func TestScheduleLagSubMillisecond(t *testing.T) {
 func TestServerMetricsAttribution(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c := New(reg)
-	tr := cachetruth.New(c)
+	tr := servedcache.New(c)
 	c.SetTarget("srv", "m", "chat", "vllm")
 	tr.SetTarget("srv", "vllm", "server_metrics")
 	var value atomic.Int64
@@ -438,7 +438,7 @@ func TestServerMetricsShare(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := New(prometheus.NewRegistry())
-			tr := cachetruth.New(c)
+			tr := servedcache.New(c)
 			c.SetTarget("srv", "m", "chat", "vllm")
 			tr.SetTarget("srv", "vllm", "server_metrics")
 			for _, st := range tt.steps {
@@ -508,7 +508,7 @@ func TestServerMetricsObservedHitRate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := New(prometheus.NewRegistry())
-			tr := cachetruth.New(c)
+			tr := servedcache.New(c)
 			c.SetTarget("srv", "m", "chat", "trtllm")
 			tr.SetTarget("srv", "trtllm", "server_metrics")
 			var mu sync.Mutex
@@ -571,7 +571,7 @@ func TestServerScraperCountsErrors(t *testing.T) {
 	}))
 	defer srv.Close()
 	c := New(prometheus.NewRegistry())
-	tr := cachetruth.New(c)
+	tr := servedcache.New(c)
 	s := &engine.ServerScraper{Target: "t", URL: srv.URL, Dialect: "vllm", Client: srv.Client()}
 	for range 2 {
 		if err := s.ScrapeOnce(context.Background(), tr); err == nil {
@@ -584,5 +584,59 @@ func TestServerScraperCountsErrors(t *testing.T) {
 	c.ForgetTarget("t")
 	if n := promtestutil.CollectAndCount(c.serverErrors); n != 0 {
 		t.Errorf("%d error series left after the target was forgotten", n)
+	}
+}
+
+// TestPreambleLeftOutOfEfficiency: on a trace that shares nothing, an
+// engine that reports its BOS as cached would read an observed hit rate
+// above a theoretical one of 0; once learned, the BOS is on neither side.
+// A request that really shares a prefix keeps its hit less the preamble.
+func TestPreambleLeftOutOfEfficiency(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	c := New(reg)
+	tr := servedcache.New(c)
+	c.SetTarget("llama", "m", "completions", "llamacpp")
+	tr.SetTarget("llama", "llamacpp", "usage")
+	t0 := time.Unix(1_700_000_000, 0)
+	finish := func(cached, theoretical int) {
+		r := &replay.Result{
+			Response: openai.Response{Sent: t0, FirstToken: t0.Add(time.Millisecond), LastToken: t0.Add(time.Second), Outcome: openai.OutcomeSuccess, PromptTokens: 1001, PromptKnown: true, CachedTokens: cached, CachedKnown: true}, Workload: "w", Target: "llama",
+			TraceInputLength: 1000, TheoreticalCachedTokens: theoretical, TheoreticalKnown: true}
+		c.Start("w", "llama")
+		tr.Sent("w", "llama", t0, t0)
+		tr.Finished(r)
+	}
+	// The cache-truth step learns from 8 samples on, over a window of 32.
+	const preambleMinSamples, preambleWindow = 8, 32
+	// The first unrelated prompt finds an empty slot; the next ones hit the
+	// BOS only. From the 8th sample (the 7th BOS hit) on, the lower
+	// quartile is 1: the first 6 BOS hits counted, no later one.
+	finish(0, 0)
+	for range preambleMinSamples {
+		finish(1, 0)
+	}
+	if got := testutil.Gather(t, reg).Sum("kvload_cache_reported_cached_prompt_tokens_total"); got != 6 {
+		t.Fatalf("cached while the preamble was learned: %v, want 6", got)
+	}
+	if got := testutil.Gather(t, reg).Sum("kvload_target_cache_preamble_tokens"); got != 1 {
+		t.Fatalf("preamble: %v, want 1", got)
+	}
+	for range preambleWindow {
+		finish(1, 0)
+	}
+	mid := testutil.Gather(t, reg).Sum("kvload_cache_reported_cached_prompt_tokens_total")
+	// A shared prefix of 512 trace tokens: the server reports BOS + 512.
+	finish(513, 512)
+	if got := testutil.Gather(t, reg).Sum("kvload_cache_reported_cached_prompt_tokens_total") - mid; got != 512 {
+		t.Errorf("shared request credited %v cached tokens, want 512", got)
+	}
+	if mid != 6 {
+		t.Errorf("cached after the second loop: %v, want 6", mid)
+	}
+	// The BOS left out of the last two learning requests, the whole
+	// second loop and the shared request.
+	wantPrompt := float64((1+preambleMinSamples+preambleWindow+1)*1001 - (2 + preambleWindow + 1))
+	if got := testutil.Gather(t, reg).Sum("kvload_cache_reported_prompt_tokens_total"); got != wantPrompt {
+		t.Errorf("reported prompt tokens %v, want %v", got, wantPrompt)
 	}
 }

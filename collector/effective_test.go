@@ -1,7 +1,6 @@
 package collector
 
 import (
-	"math"
 	"testing"
 	"time"
 
@@ -30,72 +29,38 @@ func effResult(trace, prompt, cached int, steps ...replay.CapacityStep) *replay.
 	}
 }
 
-// TestEffectiveCapacityFigure: the state and the capacity read from the
-// window's requests: the inverse of their theoretical hits at the observed
-// cached tokens, interpolated between grid points.
-func TestEffectiveCapacityFigure(t *testing.T) {
-	// Two grid points, and capacities between and below them.
-	c99, c100 := capacityGrid[99], capacityGrid[100]
-	at100 := int64(c100) // its grid point is c100
-	twoSteps := []replay.CapacityStep{{Capacity: at100, Tokens: 300}, {Capacity: int64(capacityGrid[200]), Tokens: 600}}
-	unknown := effResult(1000, 1000, 900, twoSteps...)
-	unknown.TheoreticalByCapacity.Known = false
-	unreported := effResult(1000, 1000, 0, twoSteps...)
-	unreported.Counted = replay.Counted{Unreported: true}
-	withPreamble := effResult(1000, 1010, 310, twoSteps...)
-	withPreamble.Counted.LeftOut = 10
-	// A model bounded at c100 tokens (configured or read): it would serve
-	// 300 tokens, and the engine served them.
-	boundedModel := effResult(1000, 1000, 300, twoSteps...)
-	boundedModel.TheoreticalCachedTokens = 300
+// TestEffectiveCapacitySeries: the landing page's figure is what the
+// series say: one state series at 1, and the capacity with its lower-bound
+// flag only where measured (servedcache works the figures out).
+func TestEffectiveCapacitySeries(t *testing.T) {
+	step := replay.CapacityStep{Capacity: 4096, Tokens: 500}
 	tests := []struct {
-		name    string
-		results []*replay.Result
-		state   EffectiveCapacityState
-		tokens  float64
-		// lowerBound: the engine served 90 % or more of what the model
-		// (unbounded here, but where set) or its ceiling would have.
+		name       string
+		results    []*replay.Result
+		state      EffectiveCapacityState
 		lowerBound bool
 	}{
-		{"nothing yet", nil, EffectiveNotReported, 0, false},
-		{"only unreported requests", []*replay.Result{unreported}, EffectiveNotReported, 0, false},
-		{"only unknown profiles", []*replay.Result{unknown}, EffectiveNotReported, 0, false},
-		{"at a grid point", []*replay.Result{effResult(1000, 1000, 300, twoSteps...)}, EffectiveMeasured, c100, false},
-		{"halfway between two, on a log scale", []*replay.Result{effResult(1000, 1000, 150, twoSteps...)}, EffectiveMeasured, math.Sqrt(c99 * c100), false},
-		{"the server's prompt counts the template", []*replay.Result{effResult(1000, 1100, 330, twoSteps...)}, EffectiveMeasured, c100, false},
-		{"the preamble left out", []*replay.Result{withPreamble}, EffectiveMeasured, c100, false},
-		{"unknown profiles left out", []*replay.Result{effResult(1000, 1000, 300, twoSteps...), unknown}, EffectiveMeasured, c100, false},
-		{"requests added up", []*replay.Result{
-			effResult(1000, 1000, 0, replay.CapacityStep{Capacity: at100, Tokens: 600}),
-			effResult(1000, 1000, 300),
-		}, EffectiveMeasured, math.Sqrt(c99 * c100), false},
-		{"below the first grid point, linear from 0", []*replay.Result{effResult(1000, 1000, 150, replay.CapacityStep{Capacity: 8, Tokens: 300})}, EffectiveMeasured, 8, false},
-		{"no hit observed: a cache of nothing", []*replay.Result{effResult(1000, 1000, 0, twoSteps...)}, EffectiveMeasured, 0, false},
-		{"the ceiling's hits, all observed", []*replay.Result{effResult(1000, 1000, 600, twoSteps...)}, EffectiveMeasured, capacityGrid[200], true},
-		{"more than the ceiling's hits", []*replay.Result{effResult(1000, 1000, 601, twoSteps...)}, EffectiveAboveModel, 0, false},
-		{"nothing to share", []*replay.Result{effResult(1000, 1000, 0)}, EffectiveNothingToShare, 0, false},
-		{"under 1 % shared", []*replay.Result{effResult(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 9})}, EffectiveNothingToShare, 0, false},
-		{"1 % shared", []*replay.Result{effResult(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 10})}, EffectiveMeasured, -1, false},
-		{"90 % of the ceiling's: at least", []*replay.Result{effResult(1000, 1000, 540, twoSteps...)}, EffectiveMeasured, -1, true},
-		{"89 % of the ceiling's: the size", []*replay.Result{effResult(1000, 1000, 534, twoSteps...)}, EffectiveMeasured, -1, false},
-		{"a bounded model's own hits served: at least", []*replay.Result{boundedModel}, EffectiveMeasured, c100, true},
+		{"nothing yet", nil, EffectiveNotReported, false},
+		{"measured", []*replay.Result{effResult(1000, 1000, 300, step)}, EffectiveMeasured, false},
+		{"measured, at least", []*replay.Result{effResult(1000, 1000, 500, step)}, EffectiveMeasured, true},
+		{"above the model", []*replay.Result{effResult(1000, 1000, 600, step)}, EffectiveAboveModel, false},
+		{"nothing to share", []*replay.Result{effResult(1000, 1000, 0)}, EffectiveNothingToShare, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			c := New(reg)
-			now := time.Unix(1000, 0)
+			start := time.Unix(3000, 0)
+			now := start
 			c.now = func() time.Time { return now }
 			c.Start("w", "t")
 			for _, r := range tt.results {
 				c.Finished(r)
 			}
+			now = start.Add(time.Minute)
 			st := c.Status()[0]
-			if st.EffectiveCapacityState != tt.state {
-				t.Fatalf("state %s, want %s", st.EffectiveCapacityState, tt.state)
-			}
-			if tt.tokens >= 0 && math.Abs(st.EffectiveCapacityTokens-tt.tokens) > 1e-6*max(tt.tokens, 1) {
-				t.Errorf("effective capacity %.3f tokens, want %.3f", st.EffectiveCapacityTokens, tt.tokens)
+			if st.EffectiveCapacityState != tt.state || st.EffectiveCapacityLowerBound != tt.lowerBound {
+				t.Fatalf("landing page: %s, lower bound %v; want %s, %v", st.EffectiveCapacityState, st.EffectiveCapacityLowerBound, tt.state, tt.lowerBound)
 			}
 			m := testutil.Gather(t, reg)
 			for _, s := range EffectiveCapacityStates {
@@ -106,9 +71,6 @@ func TestEffectiveCapacityFigure(t *testing.T) {
 				if got, n := m.Value("kvload_cache_effective_capacity_state", "workload", "w", "target", "t", "state", string(s)); n != 1 || got != want {
 					t.Errorf("state series %s: %v (%d series), want %v", s, got, n, want)
 				}
-			}
-			if st.EffectiveCapacityLowerBound != tt.lowerBound {
-				t.Errorf("lower bound %v, want %v", st.EffectiveCapacityLowerBound, tt.lowerBound)
 			}
 			bound, nb := m.Value("kvload_cache_effective_capacity_lower_bound", "workload", "w", "target", "t")
 			switch {
@@ -124,92 +86,10 @@ func TestEffectiveCapacityFigure(t *testing.T) {
 			if tt.state == EffectiveMeasured && (n != 1 || got != st.EffectiveCapacityTokens) {
 				t.Errorf("exported %v (%d series), the landing page says %v", got, n, st.EffectiveCapacityTokens)
 			}
+			if got := m.Sum("kvload_cache_effective_capacity_window_seconds"); got != st.EffectiveCapacityWindow.Seconds() || got != 60 {
+				t.Errorf("window %v s exported, the landing page says %v, want 60 s", got, st.EffectiveCapacityWindow)
+			}
 		})
-	}
-}
-
-// TestEffectiveCapacityServerMetrics: with observed: server_metrics the
-// observed side is the engine's counter, credited per read, over the
-// prompt tokens of the requests counted.
-func TestEffectiveCapacityServerMetrics(t *testing.T) {
-	c := New(prometheus.NewRegistry())
-	now := time.Unix(1000, 0)
-	c.now = func() time.Time { return now }
-	c.Start("w", "t")
-	for range 4 {
-		r := effResult(1000, 1000, 0, replay.CapacityStep{Capacity: int64(capacityGrid[100]), Tokens: 500})
-		r.CachedKnown, r.Counted.UsageCached = false, false
-		c.Finished(r)
-	}
-	if st := c.Status()[0]; st.EffectiveCapacityState != EffectiveMeasured || st.EffectiveCapacityTokens != 0 {
-		t.Fatalf("before any credit: %s, %v tokens; want measured, 0", st.EffectiveCapacityState, st.EffectiveCapacityTokens)
-	}
-	c.AddServerCredit("w", "t", 2500, 2000)
-	if st := c.Status()[0]; st.EffectiveCapacityState != EffectiveMeasured || st.EffectiveCapacityTokens != capacityGrid[100] {
-		t.Errorf("after the credit: %s, %v tokens; want measured, %v", st.EffectiveCapacityState, st.EffectiveCapacityTokens, capacityGrid[100])
-	}
-}
-
-// TestEffectiveCapacityWindow: the figures cover the last 5 minutes in
-// steps of 30 s: requests older than that drop out, and the window
-// exported says how long the figures cover.
-func TestEffectiveCapacityWindow(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	c := New(reg)
-	start := time.Unix(3000, 0) // a sub-window boundary
-	now := start
-	c.now = func() time.Time { return now }
-	c.Start("w", "t")
-	small := replay.CapacityStep{Capacity: int64(capacityGrid[50]), Tokens: 500}
-	large := replay.CapacityStep{Capacity: int64(capacityGrid[150]), Tokens: 500}
-	check := func(after time.Duration, state EffectiveCapacityState, tokens float64, window time.Duration) {
-		t.Helper()
-		now = start.Add(after)
-		st := c.Status()[0]
-		if st.EffectiveCapacityState != state || st.EffectiveCapacityTokens != tokens || st.EffectiveCapacityWindow != window {
-			t.Errorf("after %v: %s, %v tokens over %v; want %s, %v over %v", after, st.EffectiveCapacityState, st.EffectiveCapacityTokens, st.EffectiveCapacityWindow, state, tokens, window)
-		}
-		if got := testutil.Gather(t, reg).Sum("kvload_cache_effective_capacity_window_seconds"); got != window.Seconds() {
-			t.Errorf("after %v: window %v s exported, want %v", after, got, window.Seconds())
-		}
-	}
-	c.Finished(effResult(1000, 1000, 500, small))
-	check(time.Minute, EffectiveMeasured, capacityGrid[50], time.Minute) // the pair is a minute old
-	now = start.Add(2 * time.Minute)
-	c.Finished(effResult(1000, 1000, 500, large))
-	// Both requests: half the hits by capacityGrid[50], all by [150].
-	check(2*time.Minute+10*time.Second, EffectiveMeasured, capacityGrid[150], 2*time.Minute+10*time.Second)
-	check(5*time.Minute-time.Second, EffectiveMeasured, capacityGrid[150], 5*time.Minute-time.Second)
-	// The first request's sub-window has left: the window starts 30 s on.
-	check(5*time.Minute, EffectiveMeasured, capacityGrid[150], 4*time.Minute+30*time.Second)
-	check(7*time.Minute-time.Second, EffectiveMeasured, capacityGrid[150], 5*time.Minute-time.Second)
-	check(7*time.Minute, EffectiveNotReported, 0, 4*time.Minute+30*time.Second)
-}
-
-// TestEffectiveCapacityEstimateWindow: a target's cache.estimate_window
-// sets the window, in tenths of it; a change starts the pair over.
-func TestEffectiveCapacityEstimateWindow(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	c := New(reg)
-	start := time.Unix(3000, 0) // a boundary of 1 s and of 30 s sub-windows
-	now := start
-	c.now = func() time.Time { return now }
-	c.SetEstimateWindow("t", 10*time.Second)
-	c.Start("w", "t")
-	step := replay.CapacityStep{Capacity: int64(capacityGrid[50]), Tokens: 500}
-	c.Finished(effResult(1000, 1000, 500, step))
-	now = start.Add(9 * time.Second)
-	if st := c.Status()[0]; st.EffectiveCapacityState != EffectiveMeasured || st.EffectiveCapacityWindow != 9*time.Second {
-		t.Errorf("9 s on: %s over %v, want measured over 9s", st.EffectiveCapacityState, st.EffectiveCapacityWindow)
-	}
-	now = start.Add(10 * time.Second)
-	if st := c.Status()[0]; st.EffectiveCapacityState != EffectiveNotReported || st.EffectiveCapacityWindow != 9*time.Second {
-		t.Errorf("10 s on: %s over %v, want not_reported over 9s: the request has left a 10 s window", st.EffectiveCapacityState, st.EffectiveCapacityWindow)
-	}
-	c.Finished(effResult(1000, 1000, 500, step))
-	c.SetEstimateWindow("t", 5*time.Minute)
-	if st := c.Status()[0]; st.EffectiveCapacityState != EffectiveNotReported {
-		t.Errorf("after the window changed: %s, want not_reported (started over)", st.EffectiveCapacityState)
 	}
 }
 

@@ -6,9 +6,10 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/kvevents"
 )
 
-// missMetrics are why the engine missed the hits the model counted, from
-// its KV cache events, and the health of those event streams.
-type missMetrics struct {
+// KVEvents is the collector's part for a target's KV cache events: why
+// the engine missed the hits the model counted, and the health of its
+// event streams. It is the explainer's kvevents.Sink.
+type KVEvents struct {
 	tokens       *prometheus.CounterVec // by workload, target, class
 	unclassified *prometheus.CounterVec // by workload, target, reason
 	errors       *prometheus.CounterVec // by target, reason
@@ -17,12 +18,12 @@ type missMetrics struct {
 	connected    *prometheus.GaugeVec   // by target
 }
 
-var _ kvevents.Sink = (*Collector)(nil)
+var _ kvevents.Sink = (*KVEvents)(nil)
 
-func newMissMetrics() missMetrics {
+func newKVEvents() *KVEvents {
 	wt := []string{"workload", "target"}
 	target := []string{"target"}
-	return missMetrics{
+	return &KVEvents{
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "cache_missed_hit_tokens_total",
 			Help: "Prompt tokens the theoretical model counted as cached that the engine did not serve from its cache, by why, from the engine's KV cache events (cache.kv_events): evicted, never_stored, cleared, unexplained."},
 			append(wt, "class")),
@@ -41,16 +42,19 @@ func newMissMetrics() missMetrics {
 	}
 }
 
-func (m missMetrics) collectors() []prometheus.Collector {
+func (m *KVEvents) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.tokens, m.unclassified, m.errors, m.batches, m.streams, m.connected}
 }
 
-func (m missMetrics) forget(l prometheus.Labels) {
+func (m *KVEvents) forget(l prometheus.Labels) {
 	m.tokens.DeletePartialMatch(l)
 	m.unclassified.DeletePartialMatch(l)
 }
 
-func (m missMetrics) forgetTarget(l prometheus.Labels) {
+// Stop deletes a target's stream and miss series: it follows no stream
+// any more.
+func (m *KVEvents) Stop(target string) {
+	l := prometheus.Labels{"target": target}
 	for _, v := range []*prometheus.CounterVec{m.tokens, m.unclassified, m.errors, m.batches} {
 		v.DeletePartialMatch(l)
 	}
@@ -60,52 +64,46 @@ func (m missMetrics) forgetTarget(l prometheus.Labels) {
 
 // StartMissedHits creates a (workload, target)'s miss counters at zero: its
 // target follows KV event streams.
-func (c *Collector) StartMissedHits(workload, target string) {
+func (m *KVEvents) StartMissedHits(workload, target string) {
 	for _, cl := range kvevents.Classes {
-		c.misses.tokens.WithLabelValues(workload, target, string(cl))
+		m.tokens.WithLabelValues(workload, target, string(cl))
 	}
 	for _, r := range kvevents.UnclassifiedReasons {
-		c.misses.unclassified.WithLabelValues(workload, target, string(r))
+		m.unclassified.WithLabelValues(workload, target, string(r))
 	}
 }
 
-// StartKVEvents creates a target's stream series: streams are followed.
-func (c *Collector) StartKVEvents(target string, streams int) {
+// Start creates a target's stream series: streams are followed.
+func (m *KVEvents) Start(target string, streams int) {
 	for _, r := range kvevents.ErrorReasons {
-		c.misses.errors.WithLabelValues(target, string(r))
+		m.errors.WithLabelValues(target, string(r))
 	}
-	c.misses.batches.WithLabelValues(target)
-	c.misses.streams.WithLabelValues(target).Set(float64(streams))
-	c.misses.connected.WithLabelValues(target).Set(0)
-}
-
-// StopKVEvents deletes a target's stream and miss series: it follows no
-// stream any more.
-func (c *Collector) StopKVEvents(target string) {
-	c.misses.forgetTarget(prometheus.Labels{"target": target})
+	m.batches.WithLabelValues(target)
+	m.streams.WithLabelValues(target).Set(float64(streams))
+	m.connected.WithLabelValues(target).Set(0)
 }
 
 // MissedHitTokens implements kvevents.Sink.
-func (c *Collector) MissedHitTokens(workload, target string, class kvevents.Class, tokens int) {
-	c.misses.tokens.WithLabelValues(workload, target, string(class)).Add(float64(tokens))
+func (m *KVEvents) MissedHitTokens(workload, target string, class kvevents.Class, tokens int) {
+	m.tokens.WithLabelValues(workload, target, string(class)).Add(float64(tokens))
 }
 
 // MissedHitUnclassified implements kvevents.Sink.
-func (c *Collector) MissedHitUnclassified(workload, target string, reason kvevents.UnclassifiedReason) {
-	c.misses.unclassified.WithLabelValues(workload, target, string(reason)).Inc()
+func (m *KVEvents) MissedHitUnclassified(workload, target string, reason kvevents.UnclassifiedReason) {
+	m.unclassified.WithLabelValues(workload, target, string(reason)).Inc()
 }
 
-// KVEventsError counts n problems of a target's event streams.
-func (c *Collector) KVEventsError(target string, reason kvevents.ErrorReason, n int) {
-	c.misses.errors.WithLabelValues(target, string(reason)).Add(float64(n))
+// Error counts n problems of a target's event streams.
+func (m *KVEvents) Error(target string, reason kvevents.ErrorReason, n int) {
+	m.errors.WithLabelValues(target, string(reason)).Add(float64(n))
 }
 
-// KVEventsBatch counts a batch received.
-func (c *Collector) KVEventsBatch(target string) {
-	c.misses.batches.WithLabelValues(target).Inc()
+// Batch counts a batch received.
+func (m *KVEvents) Batch(target string) {
+	m.batches.WithLabelValues(target).Inc()
 }
 
-// KVEventsConnected adds delta (+1, -1) to a target's connected streams.
-func (c *Collector) KVEventsConnected(target string, delta int) {
-	c.misses.connected.WithLabelValues(target).Add(float64(delta))
+// Connected adds delta (+1, -1) to a target's connected streams.
+func (m *KVEvents) Connected(target string, delta int) {
+	m.connected.WithLabelValues(target).Add(float64(delta))
 }

@@ -1,140 +1,40 @@
 package collector
 
 import (
-	"fmt"
-	"slices"
-	"sort"
-	"sync"
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
-	"github.com/kvload-exporter/kvload-exporter/openai"
-	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/servedcache"
 )
 
-// ReconcileState is what the comparison of a target's engine counters with
-// its responses says: a label value of kvload_cache_reconcile_state.
-type ReconcileState string
+// The comparison's names, as the landing page reads them.
+type (
+	// ReconcileState is a label value of kvload_cache_reconcile_state.
+	ReconcileState = servedcache.ReconcileState
+	// ReconcileStatus is one target's comparison now.
+	ReconcileStatus = servedcache.ReconcileStatus
+)
 
-// Reconciliation states, in the order they are decided: the first that
-// holds is the state.
+// The reconciliation states (servedcache.ReconcileStates).
 const (
-	// ReconcileNoEngineCounter: no read of the engine's counters in the
-	// window (the page is absent, unreachable, or lacks the counter).
-	ReconcileNoEngineCounter ReconcileState = "no_engine_counter"
-	// ReconcileNoQueryCounter: the engine counts its hits but not the
-	// prompt tokens it looked up, so whose traffic the hits are cannot
-	// be told.
-	ReconcileNoQueryCounter ReconcileState = "no_query_counter"
-	// ReconcileNothingCounted: the engine counted no prompt tokens in the
-	// window (an idle engine, or a page that is not this target's).
-	ReconcileNothingCounted ReconcileState = "nothing_counted"
-	// ReconcileNotReported: no response of the window carried a
-	// cached-token count.
-	ReconcileNotReported ReconcileState = "not_reported"
-	// ReconcileSharedEngine: this exporter sent under MinCanaryShare of
-	// the prompt tokens the engine counted; its counters hold other
-	// clients' traffic.
-	ReconcileSharedEngine ReconcileState = "shared_engine"
-	// ReconcileTooFewHits: under minReconcileHitRate of the responses'
-	// prompt tokens were cached: too few for a ratio.
-	ReconcileTooFewHits ReconcileState = "too_few_hits"
-	// ReconcileCompared: the ratios are exported.
-	ReconcileCompared ReconcileState = "compared"
+	ReconcileNoEngineCounter    = servedcache.ReconcileNoEngineCounter
+	ReconcileNoQueryCounter     = servedcache.ReconcileNoQueryCounter
+	ReconcileNothingCounted     = servedcache.ReconcileNothingCounted
+	ReconcileEngineUndercounted = servedcache.ReconcileEngineUndercounted
+	ReconcileNotReported        = servedcache.ReconcileNotReported
+	ReconcileSharedEngine       = servedcache.ReconcileSharedEngine
+	ReconcileTooFewHits         = servedcache.ReconcileTooFewHits
+	ReconcileCompared           = servedcache.ReconcileCompared
+	// MinCanaryShare is the share of the engine's prompt tokens the
+	// ratios need (servedcache.MinCanaryShare).
+	MinCanaryShare = servedcache.MinCanaryShare
 )
 
-// ReconcileStates lists every state, for the state series.
-var ReconcileStates = [...]ReconcileState{ReconcileNoEngineCounter, ReconcileNoQueryCounter, ReconcileNothingCounted,
-	ReconcileNotReported, ReconcileSharedEngine, ReconcileTooFewHits, ReconcileCompared}
-
-// The comparison's thresholds: those of the recording rules and of
-// KvloadCacheEngineMetricsDisagree (dashboards/rules).
-const (
-	// ReconcileWindow is the time the exporter's own figures cover.
-	ReconcileWindow = 5 * time.Minute
-	// MinCanaryShare: the share of the engine's prompt tokens this
-	// exporter must have sent for the engine's counter to be comparable
-	// with its responses. Other traffic that hits more or less often
-	// than the canary's moves the engine's hit rate by up to 1 −
-	// MinCanaryShare.
-	MinCanaryShare = 0.95
-	// minReconcileHitRate: below this share of prompt tokens cached (in
-	// the responses), a ratio of hit rates is mostly noise.
-	minReconcileHitRate = 0.05
-	// The engine's hit rate over the responses' outside these bounds is
-	// a disagreement.
-	ReconcileDisagreeBelow = 0.8
-	ReconcileDisagreeAbove = 1.25
-	// reconcileSettle: a request in flight for longer does not hold the
-	// figures back (see figure).
-	reconcileSettle = time.Minute
-	// reconcileSendSlack is how long before its result's send time a
-	// request may have been reported sent (the request is built between).
-	reconcileSendSlack = time.Second
-	// reconcileForget: a request in flight for longer is forgotten (its
-	// result was dropped by a reload), beyond any request timeout.
-	reconcileForget = 15 * time.Minute
-)
-
-// canarySums are what this exporter's successful requests to a target
-// counted between two reads of the engine's counters.
-type canarySums struct {
-	prompt float64 // server prompt tokens (the trace's where usage has none)
-	// Those of the requests whose usage carried a cached-token count, and
-	// their cached tokens: the responses' side, whatever cache.observed.
-	usagePrompt, usageCached float64
-	// The trace's input_length of the requests whose theoretical cached
-	// tokens are known, and those tokens: the model's side.
-	trace, theoretical float64
-}
-
-func (s *canarySums) add(o canarySums) {
-	s.prompt += o.prompt
-	s.usagePrompt += o.usagePrompt
-	s.usageCached += o.usageCached
-	s.trace += o.trace
-	s.theoretical += o.theoretical
-}
-
-// reconcileRead is one good read of the engine's counters: their increase
-// since the read before, and what this exporter's requests sent in that
-// time counted, added as they finish.
-type reconcileRead struct {
-	at                         time.Time
-	engineCached, enginePrompt float64
-	promptKnown                bool
-	canary                     canarySums
-}
-
-// reconcileTarget is what is kept of one reconciled target.
-type reconcileTarget struct {
-	since time.Time // reconciled since
-	// baselineAt is when the scraper's first read took the counters'
-	// values; zero before. Requests sent until then count on neither side.
-	baselineAt time.Time
-	// floor: a request sent at or before it counts in no read (the
-	// baseline, or the last read that left the window).
-	floor   time.Time
-	pending canarySums // of the requests sent since the last good read
-	// unposted: of the requests finished since the last good read, which
-	// the counters take at the next.
-	unposted canarySums
-	reads    []reconcileRead
-	// inFlight holds the send times of the requests in flight, in order.
-	inFlight []time.Time
-	// The last failed read, for the landing page.
-	lastError   engine.ServerMetricsErrorReason
-	lastErrorAt time.Time
-}
-
-// reconciliation compares, per target, the engine's own counters with the
-// responses' usage and the model. It adds up what it is handed: each
-// finished request, and each read of the engine's counters; the figures
-// are taken at each scrape over the reads of the last ReconcileWindow.
-type reconciliation struct {
-	now func() time.Time
+// Reconcile is the collector's side of cache.reconcile: the series of the
+// comparison of each target's engine counters with its responses, which
+// servedcache.Reconciliation works out.
+type Reconcile struct {
+	comparison *servedcache.Reconciliation
 
 	engineCached, enginePrompt             *prometheus.CounterVec
 	canaryPrompt, usagePrompt, usageCached *prometheus.CounterVec
@@ -142,12 +42,9 @@ type reconciliation struct {
 	state, share                           *prometheus.Desc
 	engineOverUsage, usageOverModel        *prometheus.Desc
 	engineOverModel                        *prometheus.Desc
-
-	mu      sync.Mutex
-	targets map[string]*reconcileTarget
 }
 
-func newReconciliation(now func() time.Time) *reconciliation {
+func newReconcile(comparison *servedcache.Reconciliation) *Reconcile {
 	t := []string{"target"}
 	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, append(append([]string{}, t...), extra...))
@@ -155,61 +52,111 @@ func newReconciliation(now func() time.Time) *reconciliation {
 	desc := func(name, help string, extra ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, append(append([]string{}, t...), extra...), nil)
 	}
-	return &reconciliation{
-		now:          now,
+	return &Reconcile{
+		comparison:   comparison,
 		engineCached: counter("cache_reconcile_engine_cached_tokens_total", "Increase of the engine's own cached-token counter, over the reads of it that cache.reconcile made after the first."),
 		enginePrompt: counter("cache_reconcile_engine_prompt_tokens_total", "Increase of the engine's own prompt-token (cache query) counter over the same reads."),
 		canaryPrompt: counter("cache_reconcile_canary_prompt_tokens_total", "Prompt tokens of this exporter's successful requests to the target, finished between the same reads."),
 		usagePrompt:  counter("cache_reconcile_usage_prompt_tokens_total", "Prompt tokens of those requests whose usage carried a cached-token count."),
 		usageCached:  counter("cache_reconcile_usage_cached_tokens_total", "Their cached tokens, as their usage said."),
-		errors:       counter("cache_reconcile_errors_total", "Reads of the engine's counters for cache.reconcile that failed, by reason: scrape, timeout, duplicate, not_finite, negative, too_large, jump.", "reason"),
+		errors:       counter("cache_reconcile_errors_total", "Reads of the engine's counters for cache.reconcile that failed or were refused, by reason: scrape, timeout, duplicate, not_finite, negative, too_large, jump, backwards.", "reason"),
 		state: desc("cache_reconcile_state",
-			"1 for the state of the comparison of the engine's counters with the responses over the last 5 minutes, 0 for the others: compared, no_engine_counter, no_query_counter, nothing_counted, not_reported, shared_engine, too_few_hits.", "state"),
+			"1 for the state of the comparison of the engine's counters with the responses over the last 5 minutes, 0 for the others: compared, no_engine_counter, no_query_counter, nothing_counted, engine_undercounted, not_reported, shared_engine, too_few_hits.", "state"),
 		share: desc("cache_reconcile_canary_share",
-			"Prompt tokens this exporter's requests had over those the engine counted in the last 5 minutes; the ratios need 0.95 or more. Absent where the engine counted none."),
+			"Prompt tokens this exporter's requests had over those the engine counted in the last 5 minutes; the ratios need 0.95 to 1.05. Absent where the engine counted none."),
 		engineOverUsage: desc("cache_reconcile_engine_over_usage_ratio",
 			"The engine's hit rate from its own counters over the responses' hit rate from usage, last 5 minutes; 1 when they agree. Present only in the state compared."),
 		usageOverModel: desc("cache_reconcile_usage_over_model_ratio",
 			"The responses' hit rate over the model's theoretical hit rate for the same requests, last 5 minutes. Present only in the state compared, where the model's is 5 % or more."),
 		engineOverModel: desc("cache_reconcile_engine_over_model_ratio",
 			"The engine's hit rate from its own counters over the model's theoretical hit rate, last 5 minutes. As the ratio above."),
-		targets: map[string]*reconcileTarget{},
 	}
 }
 
-// collectors are the reconciliation's series, to register.
-func (r *reconciliation) collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.engineCached, r.enginePrompt, r.canaryPrompt, r.usagePrompt, r.usageCached, r.errors, r}
+// collectors are the comparison's series, to register.
+func (r *Reconcile) collectors() []prometheus.Collector {
+	return []prometheus.Collector{r.engineCached, r.enginePrompt, r.canaryPrompt, r.usagePrompt, r.usageCached, r.errors, reconcileFigures{r}}
 }
 
+// Start begins comparing target's engine counters with its responses,
+// its counters at zero: from now on its finished requests are added up
+// between two reads (AddEngineRead). A target already compared goes on.
+func (r *Reconcile) Start(target string) {
+	if !r.comparison.Start(target) {
+		return
+	}
+	for _, v := range []*prometheus.CounterVec{r.engineCached, r.enginePrompt, r.canaryPrompt, r.usagePrompt, r.usageCached} {
+		v.WithLabelValues(target)
+	}
+	for _, reason := range []engine.ServerMetricsErrorReason{engine.ServerErrorScrape, engine.ServerErrorTimeout} {
+		r.errors.WithLabelValues(target, string(reason))
+	}
+}
+
+// Stop ends the comparison for target and deletes its series.
+func (r *Reconcile) Stop(target string) {
+	r.comparison.Stop(target)
+	l := prometheus.Labels{"target": target}
+	for _, v := range []*prometheus.CounterVec{r.engineCached, r.enginePrompt, r.canaryPrompt, r.usagePrompt, r.usageCached, r.errors} {
+		v.DeletePartialMatch(l)
+	}
+}
+
+// AddEngineRead adds a read of a compared target's engine counters; an
+// implausible one is counted as refused.
+func (r *Reconcile) AddEngineRead(target string, d engine.ServerCounts) {
+	inc, refused := r.comparison.Read(target, d)
+	if refused != "" {
+		r.errors.WithLabelValues(target, string(refused)).Inc()
+		return
+	}
+	if !inc.Stepped {
+		return
+	}
+	r.engineCached.WithLabelValues(target).Add(inc.EngineCached)
+	r.enginePrompt.WithLabelValues(target).Add(inc.EnginePrompt)
+	r.canaryPrompt.WithLabelValues(target).Add(inc.CanaryPrompt)
+	r.usagePrompt.WithLabelValues(target).Add(inc.UsagePrompt)
+	r.usageCached.WithLabelValues(target).Add(inc.UsageCached)
+}
+
+// EngineReadFailed counts a failed read of a compared target's engine
+// counters.
+func (r *Reconcile) EngineReadFailed(target string, reason engine.ServerMetricsErrorReason) {
+	if r.comparison.Failed(target, reason) {
+		r.errors.WithLabelValues(target, string(reason)).Inc()
+	}
+}
+
+// reconcileFigures exports the comparison's figures of the window ending
+// at each scrape.
+type reconcileFigures struct{ r *Reconcile }
+
 // ValueType says that every series made at scrape time is a gauge.
-func (r *reconciliation) ValueType() prometheus.ValueType { return prometheus.GaugeValue }
+func (f reconcileFigures) ValueType() prometheus.ValueType { return prometheus.GaugeValue }
 
 // Describe implements prometheus.Collector.
-func (r *reconciliation) Describe(ch chan<- *prometheus.Desc) {
+func (f reconcileFigures) Describe(ch chan<- *prometheus.Desc) {
+	r := f.r
 	for _, d := range []*prometheus.Desc{r.state, r.share, r.engineOverUsage, r.usageOverModel, r.engineOverModel} {
 		ch <- d
 	}
 }
 
-// Collect implements prometheus.Collector: the figures of the window
-// ending now.
-func (r *reconciliation) Collect(ch chan<- prometheus.Metric) {
+// Collect implements prometheus.Collector.
+func (f reconcileFigures) Collect(ch chan<- prometheus.Metric) {
+	r := f.r
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
-	for _, st := range r.status() {
-		for _, s := range ReconcileStates {
-			v := 0.0
-			if s == st.State {
-				v = 1
-			}
-			gauge(r.state, v, st.Target, string(s))
+	for _, st := range r.comparison.Status() {
+		for _, s := range servedcache.ReconcileStates {
+			gauge(r.state, boolValue(s == st.State), st.Target, string(s))
 		}
 		if st.ShareKnown {
 			gauge(r.share, st.CanaryShare, st.Target)
 		}
-		if st.State != ReconcileCompared {
+		if st.State != servedcache.ReconcileCompared {
 			continue
 		}
 		gauge(r.engineOverUsage, st.EngineOverUsage, st.Target)
@@ -220,326 +167,6 @@ func (r *reconciliation) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// start begins reconciling target, its counters at zero; a target
-// already reconciled goes on.
-func (r *reconciliation) start(target string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.targets[target] != nil {
-		return
-	}
-	r.targets[target] = &reconcileTarget{since: r.now()}
-	for _, v := range []*prometheus.CounterVec{r.engineCached, r.enginePrompt, r.canaryPrompt, r.usagePrompt, r.usageCached} {
-		v.WithLabelValues(target)
-	}
-	for _, reason := range []engine.ServerMetricsErrorReason{engine.ServerErrorScrape, engine.ServerErrorTimeout} {
-		r.errors.WithLabelValues(target, string(reason))
-	}
-}
-
-// stop ends reconciling target and deletes its series.
-func (r *reconciliation) stop(target string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.targets, target)
-	l := prometheus.Labels{"target": target}
-	for _, v := range []*prometheus.CounterVec{r.engineCached, r.enginePrompt, r.canaryPrompt, r.usagePrompt, r.usageCached, r.errors} {
-		v.DeletePartialMatch(l)
-	}
-}
-
-// sent notes a request of a reconciled target going out now.
-func (r *reconciliation) sent(target string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if st := r.targets[target]; st != nil {
-		now := r.now()
-		i := sort.Search(len(st.inFlight), func(i int) bool { return st.inFlight[i].After(now) })
-		st.inFlight = slices.Insert(st.inFlight, i, now)
-	}
-}
-
-// add adds a finished request of a reconciled target to the read whose
-// interval the engine counted its prompt in, about (admittedAbout). Only
-// successes count: their prompt tokens are known. The responses' side takes every request whose usage carried a
-// cached-token count, with cache.observed usage or server_metrics alike,
-// the preamble included, as the engine's counter includes it.
-//
-// The engine counts a prompt when it schedules it, after its queue and
-// before its prefill, so that a read's increase is of the prompts whose
-// first tokens came since the read before, give or take a prefill, and
-// the exporter's of the same prompts is known once those sent before the
-// read have all finished (see sums). A request counted before the
-// baseline was counted in the engine's baseline, and counts on neither
-// side. The counters take the
-// requests finished since the read before at each read, beside the
-// engine's increase: both sides step together, and the requests in flight
-// at either end of a few minutes' rate are about as many, for the
-// recording rules.
-func (r *reconciliation) add(res *replay.Result) {
-	var s canarySums
-	if res.Outcome == openai.OutcomeSuccess {
-		s.prompt = float64(promptOf(res))
-		if res.CachedKnown {
-			s.usagePrompt, s.usageCached = s.prompt, float64(res.CachedTokens)
-		}
-		if res.TheoreticalKnown {
-			s.trace, s.theoretical = float64(res.TraceInputLength), float64(res.TheoreticalCachedTokens)
-		}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	st := r.targets[res.Target]
-	if st == nil {
-		return
-	}
-	st.landed(res.Sent)
-	at := admittedAbout(res)
-	if res.Outcome != openai.OutcomeSuccess || st.baselineAt.IsZero() || !at.After(st.floor) {
-		return
-	}
-	st.unposted.add(s)
-	if i := sort.Search(len(st.reads), func(i int) bool { return !st.reads[i].at.Before(at) }); i < len(st.reads) {
-		st.reads[i].canary.add(s)
-		return
-	}
-	st.pending.add(s)
-}
-
-// admittedAbout is about when the engine counted res's prompt: just
-// before its first token (its prefill between), else when it was sent.
-func admittedAbout(res *replay.Result) time.Time {
-	if !res.FirstToken.IsZero() {
-		return res.FirstToken
-	}
-	return res.Sent
-}
-
-// landed takes a finished request sent at sent off those in flight: the
-// last noted at most reconcileSendSlack before it, if any.
-func (st *reconcileTarget) landed(sent time.Time) {
-	i := sort.Search(len(st.inFlight), func(i int) bool { return st.inFlight[i].After(sent) }) - 1
-	if i >= 0 && sent.Sub(st.inFlight[i]) <= reconcileSendSlack {
-		st.inFlight = slices.Delete(st.inFlight, i, i+1)
-	}
-}
-
-// read adds a good read of target's engine counters. The first read only
-// sets the baseline, and so does a read that finds the engine restarted: what the engine counted between the read before and its end
-// is lost, and the exporter's requests of that time count on neither side.
-func (r *reconciliation) read(target string, d engine.ServerCounts) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	st := r.targets[target]
-	if st == nil {
-		return
-	}
-	now := r.now()
-	rd := reconcileRead{at: d.At, promptKnown: d.PromptKnown}
-	if rd.at.IsZero() || rd.at.After(now) {
-		rd.at = now
-	}
-	// The first read of a target seen here is its baseline, whatever the
-	// scraper's: with observed: server_metrics the scraper took its own
-	// before the first request.
-	if d.Baseline || d.Restarted || st.baselineAt.IsZero() {
-		st.baselineAt, st.floor = rd.at, rd.at
-	} else {
-		rd.engineCached, rd.canary = max(d.Cached, 0), st.pending
-		if d.PromptKnown {
-			rd.enginePrompt = max(d.Prompt, 0)
-		}
-		r.engineCached.WithLabelValues(target).Add(rd.engineCached)
-		r.enginePrompt.WithLabelValues(target).Add(rd.enginePrompt)
-		r.canaryPrompt.WithLabelValues(target).Add(st.unposted.prompt)
-		r.usagePrompt.WithLabelValues(target).Add(st.unposted.usagePrompt)
-		r.usageCached.WithLabelValues(target).Add(st.unposted.usageCached)
-	}
-	st.pending, st.unposted = canarySums{}, canarySums{}
-	st.reads = append(st.prune(now), rd)
-}
-
-// failed counts a read of target's engine counters that failed; the next
-// good read spans its time, on both sides.
-func (r *reconciliation) failed(target string, reason engine.ServerMetricsErrorReason) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	st := r.targets[target]
-	if st == nil {
-		return
-	}
-	r.errors.WithLabelValues(target, string(reason)).Inc()
-	st.lastError, st.lastErrorAt = reason, r.now()
-}
-
-// prune drops the reads older than the window ending at now, and the
-// requests in flight for longer than reconcileForget.
-func (st *reconcileTarget) prune(now time.Time) []reconcileRead {
-	i := 0
-	for i < len(st.reads) && now.Sub(st.reads[i].at) > ReconcileWindow {
-		st.floor = st.reads[i].at
-		i++
-	}
-	st.reads = append(st.reads[:0], st.reads[i:]...)
-	j := sort.Search(len(st.inFlight), func(j int) bool { return now.Sub(st.inFlight[j]) <= reconcileForget })
-	st.inFlight = append(st.inFlight[:0], st.inFlight[j:]...)
-	return st.reads
-}
-
-// status is every reconciled target's figures now, sorted by target.
-func (r *reconciliation) status() []ReconcileStatus {
-	now := r.now()
-	r.mu.Lock()
-	out := make([]ReconcileStatus, 0, len(r.targets))
-	for name, st := range r.targets {
-		st.prune(now)
-		out = append(out, st.figure(name, now))
-	}
-	r.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Target < out[j].Target })
-	return out
-}
-
-// ReconcileStatus is the comparison of one target's engine counters with
-// its responses and the model, over the window ending now.
-type ReconcileStatus struct {
-	Target string
-	State  ReconcileState
-	// Reason says in words why the state is what it is.
-	Reason string
-	// Window is the time the figures cover: ReconcileWindow, or since the
-	// target is reconciled.
-	Window time.Duration
-	// CanaryShare is this exporter's prompt tokens over the engine's, where
-	// the engine counted any (ShareKnown).
-	CanaryShare float64
-	ShareKnown  bool
-	// The three hit rates: the engine's counters', the responses' (usage)
-	// and the model's (theoretical over the trace's tokens).
-	EngineHitRate, UsageHitRate, TheoreticalRate float64
-	// EngineOverUsage is the engine's hit rate over the responses', in the
-	// state compared; Disagree when it is outside the alert's bounds.
-	EngineOverUsage float64
-	Disagree        bool
-	// The two rates over the model's, in the state compared where the
-	// model's rate is minTheoretical or more (ModelKnown).
-	UsageOverModel, EngineOverModel float64
-	ModelKnown                      bool
-	// LastError is the reason the last read failed, at LastErrorAt; empty
-	// when none did.
-	LastError   string
-	LastErrorAt time.Time
-}
-
-// reconcileSums are a window's reads added up.
-type reconcileSums struct {
-	reads, promptKnownReads    int
-	engineCached, enginePrompt float64
-	canary                     canarySums
-}
-
-// sums adds up the window's reads whose requests have all finished: a
-// read after the send of a request still in flight is left out, unless
-// that request has been in flight for longer than reconcileSettle (a slow
-// one, or one whose result a reload dropped).
-func (st *reconcileTarget) sums(now time.Time) reconcileSums {
-	var s reconcileSums
-	j := sort.Search(len(st.inFlight), func(j int) bool { return now.Sub(st.inFlight[j]) <= reconcileSettle })
-	for _, rd := range st.reads {
-		if j < len(st.inFlight) && !rd.at.Before(st.inFlight[j]) {
-			break
-		}
-		s.reads++
-		if !rd.promptKnown {
-			continue
-		}
-		// Only reads that tell the engine's prompt tokens are compared:
-		// the share needs them.
-		s.promptKnownReads++
-		s.engineCached += rd.engineCached
-		s.enginePrompt += rd.enginePrompt
-		s.canary.add(rd.canary)
-	}
-	return s
-}
-
-// figure is the target's comparison now; its reads are pruned.
-func (st *reconcileTarget) figure(target string, now time.Time) ReconcileStatus {
-	f := ReconcileStatus{Target: target, Window: min(now.Sub(st.since), ReconcileWindow), LastError: string(st.lastError), LastErrorAt: st.lastErrorAt}
-	s := st.sums(now)
-	if s.enginePrompt > 0 {
-		f.EngineHitRate = s.engineCached / s.enginePrompt
-		f.CanaryShare, f.ShareKnown = s.canary.prompt/s.enginePrompt, true
-	}
-	if s.canary.usagePrompt > 0 {
-		f.UsageHitRate = s.canary.usageCached / s.canary.usagePrompt
-	}
-	if s.canary.trace > 0 {
-		f.TheoreticalRate = s.canary.theoretical / s.canary.trace
-	}
-	f.State, f.Reason = reconcileState(s, f)
-	if f.State != ReconcileCompared {
-		return f
-	}
-	f.EngineOverUsage = f.EngineHitRate / f.UsageHitRate
-	f.Disagree = f.EngineOverUsage < ReconcileDisagreeBelow || f.EngineOverUsage > ReconcileDisagreeAbove
-	if f.TheoreticalRate >= minTheoretical {
-		f.ModelKnown = true
-		f.UsageOverModel, f.EngineOverModel = f.UsageHitRate/f.TheoreticalRate, f.EngineHitRate/f.TheoreticalRate
-	}
-	f.Reason = comparedReason(f)
-	return f
-}
-
-// reconcileState is the state of a window's sums, with its reason.
-func reconcileState(s reconcileSums, f ReconcileStatus) (ReconcileState, string) {
-	switch {
-	case s.reads == 0 && f.LastError != "":
-		return ReconcileNoEngineCounter, fmt.Sprintf("no good read of the engine's counters in the last %v (the last failed: %s); the responses count as before", f.Window.Round(time.Second), f.LastError)
-	case s.reads == 0:
-		return ReconcileNoEngineCounter, "the engine's counters not read yet"
-	case s.promptKnownReads == 0:
-		return ReconcileNoQueryCounter, "the engine counts its cached tokens but not its prompt tokens: whose traffic they are cannot be told"
-	case s.enginePrompt == 0 && s.canary.prompt > 0:
-		return ReconcileNothingCounted, fmt.Sprintf("the engine counted no prompt tokens while this exporter's requests had %.0f: the page read is not this target's engine (cache.metrics_url)", s.canary.prompt)
-	case s.enginePrompt == 0:
-		return ReconcileNothingCounted, "no prompt tokens counted in the window"
-	case s.canary.usagePrompt == 0:
-		return ReconcileNotReported, "no response of the window carried a cached-token count"
-	case f.CanaryShare < MinCanaryShare:
-		return ReconcileSharedEngine, fmt.Sprintf("this exporter sent %.1f%% of the prompt tokens the engine counted: other clients, or other replicas of a sharded workload, share it (the recording rules compare the fleet's sum)", 100*f.CanaryShare)
-	case f.UsageHitRate < minReconcileHitRate:
-		return ReconcileTooFewHits, fmt.Sprintf("the responses report %.1f%% of their prompt tokens cached, under %.0f%%: too few for a ratio", 100*f.UsageHitRate, 100*minReconcileHitRate)
-	}
-	return ReconcileCompared, ""
-}
-
-// comparedReason says what a compared window shows.
-func comparedReason(f ReconcileStatus) string {
-	if f.Disagree {
-		return fmt.Sprintf("the engine's metrics disagree with its responses: its counters read %.2f × the hit rate its responses report (outside %.2f to %.2f)",
-			f.EngineOverUsage, ReconcileDisagreeBelow, ReconcileDisagreeAbove)
-	}
-	return fmt.Sprintf("the engine's counters agree with its responses (%.2f)", f.EngineOverUsage)
-}
-
-// StartReconcile begins comparing target's engine counters with its
-// responses: from now on its finished requests are added up between two
-// reads (AddEngineRead). A target already compared goes on.
-func (c *Collector) StartReconcile(target string) { c.reconcile.start(target) }
-
-// StopReconcile ends the comparison for target and deletes its series.
-func (c *Collector) StopReconcile(target string) { c.reconcile.stop(target) }
-
-// AddEngineRead adds a read of a compared target's engine counters.
-func (c *Collector) AddEngineRead(target string, d engine.ServerCounts) { c.reconcile.read(target, d) }
-
-// EngineReadFailed counts a failed read of a compared target's engine
-// counters.
-func (c *Collector) EngineReadFailed(target string, reason engine.ServerMetricsErrorReason) {
-	c.reconcile.failed(target, reason)
-}
-
 // Reconciliation is the comparison of every compared target now, for the
 // landing page, sorted by target.
-func (c *Collector) Reconciliation() []ReconcileStatus { return c.reconcile.status() }
+func (c *Collector) Reconciliation() []ReconcileStatus { return c.reconcile.comparison.Status() }

@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/servedcache"
 )
 
 // reconcileRequest is one finished request of a reconcile test.
@@ -37,12 +39,10 @@ func (q reconcileRequest) result(target string, now time.Time) *replay.Result {
 }
 
 // reconcileStep is what happens between two reads: requests finish, then
-// the engine's counters are read (or fail to be).
+// the engine's counters are read.
 type reconcileStep struct {
 	requests []reconcileRequest
 	read     engine.ServerCounts
-	fail     engine.ServerMetricsErrorReason // the read failed
-	after    time.Duration                   // since the step before
 }
 
 // hit is n requests of 1000 prompt tokens, cached of them cached (usage)
@@ -62,73 +62,24 @@ func engineRead(cached, prompt float64) engine.ServerCounts {
 
 var baseline = engine.ServerCounts{PromptKnown: true, Baseline: true}
 
-// TestReconcileStates: the state of a window of reads, and the ratios
-// exported in the state compared only.
-func TestReconcileStates(t *testing.T) {
+// TestReconcileStateSeries: one state series at 1, the share where the
+// engine counted prompts, and the ratios only in the state compared
+// (servedcache works the figures out).
+func TestReconcileStateSeries(t *testing.T) {
 	tests := []struct {
 		name  string
 		steps []reconcileStep
 		want  ReconcileState
-		// Ratios wanted where compared; 0: absent.
-		share, engineOverUsage, usageOverModel, engineOverModel float64
+		// Ratios wanted; 0: absent.
+		share, engineOverUsage, usageOverModel float64
 	}{
-		{name: "no read yet", steps: nil, want: ReconcileNoEngineCounter},
-		{name: "every read failed", steps: []reconcileStep{{requests: hit(4, 400, 400), fail: engine.ServerErrorScrape}},
-			want: ReconcileNoEngineCounter},
+		{name: "no read yet", want: ReconcileNoEngineCounter},
 		{name: "healthy", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 500), read: engineRead(4000, 10000)}},
-			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 0.8, engineOverModel: 0.8},
-		{name: "hits counted twice", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(8000, 10000)}},
-			want: ReconcileCompared, share: 1, engineOverUsage: 2, usageOverModel: 1, engineOverModel: 2},
-		// What the canary counted before the baseline is on neither side,
-		// nor what it sent before it (the engine counted its prompt then).
-		{name: "before the baseline", steps: []reconcileStep{{requests: hit(50, 0, 0), read: baseline},
-			{requests: append(hit(10, 400, 400), reconcileRequest{prompt: 3000, cachedKnown: true, sentAgo: 6 * time.Second}), read: engineRead(4000, 10000)}},
-			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
-		// A failed read in between: the next good one spans its time on
-		// both sides.
-		{name: "a failed read between", steps: []reconcileStep{{read: baseline}, {requests: hit(5, 400, 400), fail: engine.ServerErrorTimeout},
-			{requests: hit(5, 400, 400), read: engineRead(4000, 10000)}},
-			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
-		// The engine counted the prefill of a failed request too: 1000 of
-		// 11000 prompt tokens are not the responses', share 0.91.
-		{name: "other traffic", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(4400, 11000)}},
-			want: ReconcileSharedEngine, share: 10.0 / 11},
+			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 0.8},
 		{name: "a sharded replica", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(8000, 20000)}},
 			want: ReconcileSharedEngine, share: 0.5},
-		{name: "the engine counts fewer prompts", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(4000, 5000)}},
-			want: ReconcileCompared, share: 2, engineOverUsage: 2, usageOverModel: 1, engineOverModel: 2},
-		{name: "usage without cached tokens", steps: []reconcileStep{{read: baseline},
-			{requests: []reconcileRequest{{prompt: 1000, theoretical: 400}}, read: engineRead(400, 1000)}},
-			want: ReconcileNotReported, share: 1},
-		{name: "few hits", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 40, 40), read: engineRead(400, 10000)}},
-			want: ReconcileTooFewHits, share: 1},
-		{name: "model with nothing to share", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 10), read: engineRead(4000, 10000)}},
-			want: ReconcileCompared, share: 1, engineOverUsage: 1},
-		{name: "no query counter", steps: []reconcileStep{{read: engine.ServerCounts{Baseline: true}}, {requests: hit(10, 400, 400), read: engine.ServerCounts{Cached: 4000}}},
-			want: ReconcileNoQueryCounter},
-		{name: "idle", steps: []reconcileStep{{read: baseline}, {read: engineRead(0, 0)}}, want: ReconcileNothingCounted},
-		{name: "another engine's page", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(0, 0)}},
-			want: ReconcileNothingCounted},
-		// Failures do not count on the canary's side.
-		{name: "failed requests", steps: []reconcileStep{{read: baseline},
-			{requests: append(hit(10, 400, 400), reconcileRequest{prompt: 5000, failed: true}), read: engineRead(4000, 10000)}},
-			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
-		// The first read seen is the baseline, though the scraper took its
-		// own before (observed: server_metrics primes it).
-		{name: "the first read seen", steps: []reconcileStep{{requests: hit(5, 400, 400), read: engineRead(2000, 5000)},
-			{requests: hit(10, 400, 400), read: engineRead(4000, 10000)}},
-			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
-		// An engine restart loses what the engine counted since the read
-		// before: the read that finds it is a new baseline, on both sides.
-		{name: "an engine restart", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(4000, 10000)},
-			{requests: hit(5, 400, 400), read: engine.ServerCounts{Cached: 0, Prompt: 2000, PromptKnown: true, Restarted: true}},
-			{requests: hit(10, 100, 400), read: engineRead(1000, 10000)}},
-			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 0.625, engineOverModel: 0.625},
-		// The window is the last 5 minutes: a double count of long ago is
-		// gone.
-		{name: "an old disagreement", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 400, 400), read: engineRead(8000, 10000)},
-			{after: 6 * time.Minute, requests: hit(10, 400, 400), read: engineRead(4000, 10000)}},
-			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
+		{name: "a quieter engine's page", steps: []reconcileStep{{read: baseline}, {requests: hit(12, 400, 400), read: engineRead(800, 2000)}},
+			want: ReconcileEngineUndercounted, share: 6},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -136,28 +87,29 @@ func TestReconcileStates(t *testing.T) {
 			c := New(reg)
 			now := time.Unix(1_700_000_000, 0)
 			c.now = func() time.Time { return now }
-			c.StartReconcile("e")
+			c.Reconcile().Start("e")
 			for _, s := range tt.steps {
-				now = now.Add(5*time.Second + s.after)
+				now = now.Add(5 * time.Second)
 				for _, q := range s.requests {
 					c.Finished(q.result("e", now))
 				}
-				if s.fail != "" {
-					c.EngineReadFailed("e", s.fail)
-					continue
-				}
-				c.AddEngineRead("e", s.read)
+				c.Reconcile().AddEngineRead("e", s.read)
 			}
 			m := testutil.Gather(t, reg)
-			if v, _ := m.Value("kvload_cache_reconcile_state", "target", "e", "state", string(tt.want)); v != 1 {
-				st := c.Reconciliation()
-				t.Fatalf("state %s not 1; the figures: %+v", tt.want, st)
+			for _, s := range servedcache.ReconcileStates {
+				want := 0.0
+				if s == tt.want {
+					want = 1
+				}
+				if v, n := m.Value("kvload_cache_reconcile_state", "target", "e", "state", string(s)); v != want || n != 1 {
+					t.Errorf("state %s: %v (%d series), want %v", s, v, n, want)
+				}
 			}
 			for _, g := range []struct {
 				name string
 				want float64
 			}{{"kvload_cache_reconcile_canary_share", tt.share}, {"kvload_cache_reconcile_engine_over_usage_ratio", tt.engineOverUsage},
-				{"kvload_cache_reconcile_usage_over_model_ratio", tt.usageOverModel}, {"kvload_cache_reconcile_engine_over_model_ratio", tt.engineOverModel}} {
+				{"kvload_cache_reconcile_usage_over_model_ratio", tt.usageOverModel}, {"kvload_cache_reconcile_engine_over_model_ratio", tt.usageOverModel}} {
 				got, n := m.Value(g.name, "target", "e")
 				switch {
 				case g.want == 0 && n != 0:
@@ -184,14 +136,14 @@ func TestReconcileCounters(t *testing.T) {
 		now = now.Add(time.Second)
 		c.Finished(q.result(target, now))
 	}
-	c.StartReconcile("e")
+	c.Reconcile().Start("e")
 	finish(reconcileRequest{prompt: 700, cached: 300, cachedKnown: true, theoretical: -1}, "e")
-	c.AddEngineRead("e", baseline)
+	c.Reconcile().AddEngineRead("e", baseline)
 	finish(reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: -1}, "e")
 	finish(reconcileRequest{prompt: 500, theoretical: -1}, "e")
-	c.EngineReadFailed("e", engine.ServerErrorTimeout)
+	c.Reconcile().EngineReadFailed("e", engine.ServerErrorTimeout)
 	finish(reconcileRequest{prompt: 1000, cached: 600, cachedKnown: true, theoretical: -1}, "e")
-	c.AddEngineRead("e", engineRead(1200, 2600))
+	c.Reconcile().AddEngineRead("e", engineRead(1200, 2600))
 	finish(reconcileRequest{prompt: 1000, cached: 999, cachedKnown: true, theoretical: -1}, "other")
 	// Finished after the last read: counted at the next, beside the
 	// engine's increase.
@@ -214,11 +166,11 @@ func TestReconcileCounters(t *testing.T) {
 	if series := reconcileSeries(m, "other"); len(series) != 0 {
 		t.Errorf("a target not reconciled has series %v", series)
 	}
-	c.StopReconcile("e")
+	c.Reconcile().Stop("e")
 	if series := reconcileSeries(testutil.Gather(t, reg), "e"); len(series) != 0 {
 		t.Errorf("after StopReconcile: %v", series)
 	}
-	c.AddEngineRead("e", engineRead(1, 1)) // a read still under way: ignored
+	c.Reconcile().AddEngineRead("e", engineRead(1, 1)) // a read still under way: ignored
 	if series := reconcileSeries(testutil.Gather(t, reg), "e"); len(series) != 0 {
 		t.Errorf("a late read made %v", series)
 	}
@@ -235,128 +187,36 @@ func reconcileSeries(m testutil.Families, target string) []string {
 	return out
 }
 
-// TestReconcileStatusWords: the landing page's verdicts.
-func TestReconcileStatusWords(t *testing.T) {
-	c := New(prometheus.NewRegistry())
-	now := time.Unix(1_700_000_000, 0)
-	c.now = func() time.Time { return now }
-	for _, tg := range []string{"good", "double"} {
-		c.StartReconcile(tg)
-		c.AddEngineRead(tg, baseline)
-	}
-	now = now.Add(time.Second)
-	for _, tg := range []string{"good", "double"} {
-		for _, q := range hit(10, 400, 400) {
-			c.Finished(q.result(tg, now))
-		}
-	}
-	c.AddEngineRead("good", engineRead(4100, 10000))
-	c.AddEngineRead("double", engineRead(8000, 10000))
-	st := c.Reconciliation()
-	if len(st) != 2 || st[0].Target != "double" || st[1].Target != "good" {
-		t.Fatalf("status %+v", st)
-	}
-	if d := st[0]; !d.Disagree || d.Reason != "the engine's metrics disagree with its responses: its counters read 2.00 × the hit rate its responses report (outside 0.80 to 1.25)" {
-		t.Errorf("double counting: %+v", d)
-	}
-	if g := st[1]; g.Disagree || g.Reason != "the engine's counters agree with its responses (1.02)" {
-		t.Errorf("healthy: %+v", g)
-	}
-}
-
-// TestReconcileInFlight: a request counts in the read whose interval it
-// was sent in, however late it finishes, and a read after the send of a
-// request still in flight is left out of the figures until the request
-// finishes, or has been in flight for over a minute.
-func TestReconcileInFlight(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	c := New(reg)
-	now := time.Unix(1_700_000_000, 0)
-	c.now = func() time.Time { return now }
-	state := func() ReconcileState {
-		t.Helper()
-		m := testutil.Gather(t, reg)
-		for _, s := range ReconcileStates {
-			if v, _ := m.Value("kvload_cache_reconcile_state", "target", "e", "state", string(s)); v == 1 {
-				return s
+// TestReconcileCountersRefuseImplausibleReads: one NaN, +Inf or 1e300
+// read of the engine's prompt-token counter adds nothing to its counter,
+// which goes on counting the good reads after it, and is counted as
+// refused by reason.
+func TestReconcileCountersRefuseImplausibleReads(t *testing.T) {
+	for _, tt := range []struct {
+		bad    float64
+		reason engine.ServerMetricsErrorReason
+	}{{math.NaN(), engine.ServerErrorNotFinite}, {math.Inf(1), engine.ServerErrorNotFinite}, {1e300, engine.ServerErrorTooLarge}} {
+		t.Run(fmt.Sprint(tt.bad), func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			c := New(reg)
+			now := time.Unix(1_700_000_000, 0)
+			c.now = func() time.Time { return now }
+			c.Reconcile().Start("e")
+			c.Reconcile().AddEngineRead("e", baseline)
+			now = now.Add(5 * time.Second)
+			c.Reconcile().AddEngineRead("e", engineRead(400, tt.bad))
+			now = now.Add(5 * time.Second)
+			c.Reconcile().AddEngineRead("e", engineRead(400, 1000))
+			m := testutil.Gather(t, reg)
+			if got, _ := m.Value("kvload_cache_reconcile_engine_prompt_tokens_total", "target", "e"); got != 1000 {
+				t.Errorf("engine prompt tokens %v, want 1000: the good read only", got)
 			}
-		}
-		t.Fatal("no state")
-		return ""
-	}
-	send := func() time.Time {
-		c.Sent("w", "e", now, now)
-		return now
-	}
-	finish := func(q reconcileRequest, sent time.Time) {
-		q.sentAgo = now.Sub(sent)
-		c.Finished(q.result("e", now))
-	}
-	c.StartReconcile("e")
-	c.AddEngineRead("e", baseline)
-	now = now.Add(time.Second)
-	slow, quick := send(), send()
-	now = now.Add(100 * time.Millisecond)
-	finish(reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: 400}, quick)
-	now = now.Add(4 * time.Second)
-	c.AddEngineRead("e", engineRead(800, 2000)) // both prompts, admitted
-	if got := state(); got != ReconcileNothingCounted {
-		t.Errorf("a read of a request still in flight: state %s, want %s (only the baseline counts)", got, ReconcileNothingCounted)
-	}
-	now = now.Add(2 * time.Second)
-	finish(reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: 400}, slow)
-	if got := state(); got != ReconcileCompared {
-		t.Errorf("once it finished, after the read: state %s, want %s", got, ReconcileCompared)
-	}
-	if st := c.Reconciliation()[0]; st.CanaryShare != 1 || st.EngineOverUsage != 1 {
-		t.Errorf("share %v, engine over usage %v; want 1 and 1", st.CanaryShare, st.EngineOverUsage)
-	}
-	// A request that never finishes holds the figures back a minute.
-	send()
-	now = now.Add(5 * time.Second)
-	c.AddEngineRead("e", engineRead(400, 1000))
-	if got := state(); got != ReconcileCompared {
-		t.Errorf("a read after a request in flight: state %s, want the last figures, %s", got, ReconcileCompared)
-	}
-	if st := c.Reconciliation()[0]; st.CanaryShare != 1 {
-		t.Errorf("share %v with the read held back, want 1", st.CanaryShare)
-	}
-	now = now.Add(time.Minute)
-	if st := c.Reconciliation()[0]; st.State != ReconcileSharedEngine || st.CanaryShare != 2000.0/3000 {
-		t.Errorf("a minute on: %s with share %v, want %s with 2/3", st.State, st.CanaryShare, ReconcileSharedEngine)
-	}
-}
-
-// TestReconcileFirstToken: a request counts in the read whose interval
-// its first token came in, the engine having counted its prompt just
-// before, whenever it was sent.
-func TestReconcileFirstToken(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	c := New(reg)
-	now := time.Unix(1_700_000_000, 0)
-	c.now = func() time.Time { return now }
-	c.StartReconcile("e")
-	c.AddEngineRead("e", baseline)
-	now = now.Add(time.Second)
-	sentA := now
-	c.Sent("w", "e", now, now)
-	sentB := now
-	c.Sent("w", "e", now, now)
-	now = now.Add(time.Second)
-	firstA := now
-	now = now.Add(3 * time.Second)
-	c.AddEngineRead("e", engineRead(400, 1000)) // A's prompt only: B waits in the engine's queue
-	now = now.Add(time.Second)
-	firstB := now
-	for _, q := range []struct {
-		sent, first time.Time
-	}{{sentA, firstA}, {sentB, firstB}} {
-		r := reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: 400}.result("e", now)
-		r.Sent, r.FirstToken = q.sent, q.first
-		c.Finished(r)
-	}
-	st := c.Reconciliation()[0]
-	if st.State != ReconcileCompared || st.CanaryShare != 1 || st.EngineOverUsage != 1 {
-		t.Errorf("%s, share %v, engine over usage %v; want compared, 1 and 1 (B in the next read)", st.State, st.CanaryShare, st.EngineOverUsage)
+			if got, _ := m.Value("kvload_cache_reconcile_engine_cached_tokens_total", "target", "e"); got != 400 {
+				t.Errorf("engine cached tokens %v, want 400: the good read only", got)
+			}
+			if got, _ := m.Value("kvload_cache_reconcile_errors_total", "target", "e", "reason", string(tt.reason)); got != 1 {
+				t.Errorf("refused reads counted under %s: %v, want 1", tt.reason, got)
+			}
+		})
 	}
 }

@@ -87,7 +87,7 @@ type sample struct {
 	theoretical int // -1 when unknown
 }
 
-func (r *recent) add(s sample) {
+func (r *recent) addSample(s sample) {
 	if r.n == 0 {
 		r.since = s.at
 	}
@@ -164,34 +164,39 @@ type Status struct {
 
 type wtKey struct{ workload, target string }
 
-// recordLocked adds a finished request to the live summary; c.mu is held.
-// As in the counters, r.Counted says whether its cached tokens are known
-// and count on the efficiency's sides, and what of them is left out.
-func (c *Collector) recordLocked(r *replay.Result) {
-	s := sample{at: c.now(), outcome: r.Outcome, lag: r.ScheduleLag(), success: r.Outcome == openai.OutcomeSuccess, theoretical: -1}
-	if s.success {
-		if d, ok := r.TTFT(); ok {
-			s.ttft = d
-		}
-		s.reported = r.Counted.Reported && r.Counted.UsageCached
-		if s.reported {
-			// The preamble's hit is on neither side.
-			s.prompt, s.cached = promptOf(r)-r.Counted.LeftOut, r.CachedTokens-r.Counted.LeftOut
-		}
-		s.trace = r.TraceInputLength
-		if r.TheoreticalKnown {
-			s.theoretical = r.TheoreticalCachedTokens
-		}
-	}
-	k := wtKey{r.Workload, r.Target}
+// recentLocked is the live summary of a pair, made if needed; c.mu is held.
+func (c *Collector) recentLocked(workload, target string) *recent {
+	k := wtKey{workload, target}
 	w := c.recent[k]
 	if w == nil {
 		w = &recent{}
 		c.recent[k] = w
 	}
-	w.add(s)
-	if !s.success && r.Outcome != openai.OutcomeCanceled {
-		w.lastError, w.lastErrorAt = describeFailure(r), s.at
+	return w
+}
+
+// add adds a request finished at at to the live summary. As in the
+// counters, r.Counted says whether its cached tokens are known and count
+// on the efficiency's sides, and what of them is left out.
+func (r *recent) add(res *replay.Result, at time.Time) {
+	s := sample{at: at, outcome: res.Outcome, lag: res.ScheduleLag(), success: res.Outcome == openai.OutcomeSuccess, theoretical: -1}
+	if s.success {
+		if d, ok := res.TTFT(); ok {
+			s.ttft = d
+		}
+		s.reported = res.Counted.Reported && res.Counted.UsageCached
+		if s.reported {
+			// The preamble's hit is on neither side.
+			s.prompt, s.cached = promptOf(res)-res.Counted.LeftOut, res.CachedTokens-res.Counted.LeftOut
+		}
+		s.trace = res.TraceInputLength
+		if res.TheoreticalKnown {
+			s.theoretical = res.TheoreticalCachedTokens
+		}
+	}
+	r.addSample(s)
+	if !s.success && res.Outcome != openai.OutcomeCanceled {
+		r.lastError, r.lastErrorAt = describeFailure(res), s.at
 	}
 }
 
@@ -227,9 +232,9 @@ func (c *Collector) Status() []Status {
 	out := make([]Status, 0, len(c.recent))
 	for k, w := range c.recent {
 		st := w.status(k, now)
-		f := c.effective.figure(k.workload, k.target, now)
-		st.EffectiveCapacityTokens, st.EffectiveCapacityState, st.EffectiveCapacityWindow = f.tokens, f.state, f.window
-		st.EffectiveCapacityLowerBound = f.lowerBound
+		f := c.effective.Figure(k.workload, k.target, now)
+		st.EffectiveCapacityTokens, st.EffectiveCapacityState, st.EffectiveCapacityWindow = f.Tokens, f.State, f.Window
+		st.EffectiveCapacityLowerBound = f.LowerBound
 		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool {

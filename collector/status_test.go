@@ -7,9 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvload-exporter/kvload-exporter/cachetruth"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/servedcache"
 )
 
 // TestStatusHealth: the landing page's health state and its reason, from
@@ -48,7 +48,7 @@ func TestStatusHealth(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := New(prometheus.NewRegistry())
-			tr := cachetruth.New(c)
+			tr := servedcache.New(c)
 			now := time.Unix(1000, 0)
 			c.now = func() time.Time { return now }
 			for _, r := range tt.results {
@@ -99,7 +99,7 @@ func TestStatusHealth(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := New(prometheus.NewRegistry())
-			tr := cachetruth.New(c)
+			tr := servedcache.New(c)
 			now := time.Unix(1000, 0)
 			c.now = func() time.Time { return now }
 			for range tt.drops {
@@ -124,7 +124,7 @@ func TestStatusHealth(t *testing.T) {
 		c := New(prometheus.NewRegistry())
 		now := time.Unix(1000, 0)
 		c.now = func() time.Time { return now }
-		cachetruth.New(c).Finished(&replay.Result{Workload: "w", Target: "t", Response: openai.Response{Outcome: openai.OutcomeSuccess}})
+		servedcache.New(c).Finished(&replay.Result{Workload: "w", Target: "t", Response: openai.Response{Outcome: openai.OutcomeSuccess}})
 		now = now.Add(2 * statusAge)
 		if s := c.Status()[0]; s.Health != HealthNotReported {
 			t.Errorf("health %q, want %q", s.Health, HealthNotReported)

@@ -17,16 +17,16 @@ const (
 	TemplateFromAnswers TemplateSource = "answers"
 )
 
-// chatTemplateMetrics are the chat template's size per (workload, target)
-// and the times the answers corrected the measured one.
-type chatTemplateMetrics struct {
+// ChatTemplate is the collector's part for the chat template's size per
+// (workload, target) and the times the answers corrected the measured one.
+type ChatTemplate struct {
 	tokens      *prometheus.GaugeVec
 	corrections *prometheus.CounterVec
 }
 
-func newChatTemplateMetrics() chatTemplateMetrics {
+func newChatTemplate() *ChatTemplate {
 	wt := []string{"workload", "target"}
-	return chatTemplateMetrics{
+	return &ChatTemplate{
 		tokens: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "chat_template_tokens",
 			Help: "Tokens the target's chat template adds to a prompt, which chat prompts leave room for, by where the size was found: tokenize (its tokenize endpoint), answers (the answers' prompt_tokens); absent until known."},
 			append(wt, "source")),
@@ -36,31 +36,30 @@ func newChatTemplateMetrics() chatTemplateMetrics {
 	}
 }
 
-func (m chatTemplateMetrics) collectors() []prometheus.Collector {
+func (m *ChatTemplate) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.tokens, m.corrections}
 }
 
-func (m chatTemplateMetrics) forget(l prometheus.Labels) {
+func (m *ChatTemplate) forget(l prometheus.Labels) {
 	m.tokens.DeletePartialMatch(l)
 	m.corrections.DeletePartialMatch(l)
 }
 
-// StartChatTemplate creates the corrections counter of a (workload,
-// target) whose chat prompts leave room for a template, at zero.
-func (c *Collector) StartChatTemplate(workload, target string) {
-	c.template.corrections.WithLabelValues(workload, target)
+// Start creates the corrections counter of a (workload, target) whose
+// chat prompts leave room for a template, at zero.
+func (m *ChatTemplate) Start(workload, target string) {
+	m.corrections.WithLabelValues(workload, target)
 }
 
-// SetChatTemplate publishes the size of the chat template a (workload,
+// Set publishes the size of the chat template a (workload,
 // target)'s prompts leave room for, and where it was found, replacing
 // what was published before.
-func (c *Collector) SetChatTemplate(workload, target string, tokens int, source TemplateSource) {
-	c.template.tokens.DeletePartialMatch(prometheus.Labels{"workload": workload, "target": target})
-	c.template.tokens.WithLabelValues(workload, target, string(source)).Set(float64(tokens))
+func (m *ChatTemplate) Set(workload, target string, tokens int, source TemplateSource) {
+	m.tokens.DeletePartialMatch(prometheus.Labels{"workload": workload, "target": target})
+	m.tokens.WithLabelValues(workload, target, string(source)).Set(float64(tokens))
 }
 
-// ChatTemplateCorrected counts a measured template size that the answers
-// replaced.
-func (c *Collector) ChatTemplateCorrected(workload, target string) {
-	c.template.corrections.WithLabelValues(workload, target).Inc()
+// Corrected counts a measured template size that the answers replaced.
+func (m *ChatTemplate) Corrected(workload, target string) {
+	m.corrections.WithLabelValues(workload, target).Inc()
 }

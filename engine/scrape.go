@@ -179,12 +179,19 @@ const (
 	ServerErrorNegative  ServerMetricsErrorReason = "negative"
 	ServerErrorTooLarge  ServerMetricsErrorReason = "too_large"
 	ServerErrorJump      ServerMetricsErrorReason = "jump"
+	// ServerErrorBackwards: a series went down while the engine's process
+	// start time, known, stayed the same: no restart explains it (another
+	// replica's page behind one address, a counter reset by hand).
+	ServerErrorBackwards ServerMetricsErrorReason = "backwards"
 )
 
 // RejectedCount is a scraped counter value that is not credited, and why.
 type RejectedCount struct {
 	Target string
-	Reason ServerMetricsErrorReason // a value's: not scrape, timeout or duplicate
+	// Counter is the counter refused: the cached-token one, or the
+	// prompt-token one.
+	Counter CounterKind
+	Reason  ServerMetricsErrorReason // a value's: not scrape, timeout or duplicate
 	// Value is the offending series' value; for a jump, the counter's sum
 	// over its series, and Last the sum the same series had before.
 	Value, Last float64
@@ -193,12 +200,23 @@ type RejectedCount struct {
 func (e *RejectedCount) Error() string {
 	switch e.Reason {
 	case ServerErrorJump:
-		return fmt.Sprintf("target %s: server metrics: cached-token counter jumped from %g to %g, more than %d in one scrape: not credited", e.Target, e.Last, e.Value, int64(maxServerIncrease))
+		return fmt.Sprintf("target %s: server metrics: %s counter jumped from %g to %g, more than %d in one scrape: not credited", e.Target, e.Counter, e.Last, e.Value, int64(maxServerIncrease))
 	case ServerErrorTooLarge:
-		return fmt.Sprintf("target %s: server metrics: cached-token counter %g is above 2^53: not credited", e.Target, e.Value)
+		return fmt.Sprintf("target %s: server metrics: %s counter %g is above 2^53: not credited", e.Target, e.Counter, e.Value)
+	case ServerErrorBackwards:
+		return fmt.Sprintf("target %s: server metrics: %s counter went back from %g to %g with no restart of the engine: not credited, counted from there", e.Target, e.Counter, e.Last, e.Value)
 	}
-	return fmt.Sprintf("target %s: server metrics: cached-token counter %g is %s: not credited", e.Target, e.Value, strings.ReplaceAll(string(e.Reason), "_", " "))
+	return fmt.Sprintf("target %s: server metrics: %s counter %g is %s: not credited", e.Target, e.Counter, e.Value, strings.ReplaceAll(string(e.Reason), "_", " "))
 }
+
+// CounterKind names an engine counter the scraper reads.
+type CounterKind string
+
+// The counters read.
+const (
+	CachedCounter CounterKind = "cached-token"
+	PromptCounter CounterKind = "prompt-token"
+)
 
 // seriesValues is one read of a counter: each series' value, by label set
 // (seriesKey).
@@ -214,38 +232,75 @@ type engineRead struct {
 // counts turns a read into increases since the read before, series by
 // series (see counterBaseline.advance). The server restarted when its
 // process start time changed: then every series began again from zero,
-// even one whose new count has already passed the old. A rejected
-// cached-token count leaves every baseline as it was, so that a one-off
-// glitch costs nothing once the counter reads sane again.
+// even one whose new count has already passed the old. Both counters are
+// held to the same rules: an implausible value or jump of either leaves
+// every baseline as it was, so that a one-off glitch costs nothing once
+// the counter reads sane again. A series that went back while the start
+// time, known, stayed the same is refused too, and the counts go on from
+// the values read, which no later read could otherwise pass.
 func (s *ServerScraper) counts(r engineRead) (ServerCounts, error) {
 	restarted := s.seen && r.start != s.lastStart && r.start != 0 && s.lastStart != 0
 	for _, v := range r.cached {
-		if err := s.plausible(v); err != nil {
+		if err := s.plausible(CachedCounter, v); err != nil {
+			return ServerCounts{}, err
+		}
+	}
+	for _, v := range r.prompt {
+		if err := s.plausible(PromptCounter, v); err != nil {
 			return ServerCounts{}, err
 		}
 	}
 	cached, nextCached := s.cached.advance(r.cached, restarted)
 	if cached > maxServerIncrease {
-		return ServerCounts{}, &RejectedCount{Target: s.Target, Reason: ServerErrorJump, Value: r.cached.sum(), Last: s.cached.sumOf(r.cached)}
+		return ServerCounts{}, &RejectedCount{Target: s.Target, Counter: CachedCounter, Reason: ServerErrorJump, Value: r.cached.sum(), Last: s.cached.sumOf(r.cached)}
 	}
 	c := ServerCounts{Cached: cached, Baseline: !s.seen, Restarted: restarted}
+	var nextPrompt counterBaseline
 	if r.prompt != nil {
-		var nextPrompt counterBaseline
 		c.Prompt, nextPrompt = s.prompt.advance(r.prompt, restarted)
+		if c.Prompt > maxServerIncrease {
+			return ServerCounts{}, &RejectedCount{Target: s.Target, Counter: PromptCounter, Reason: ServerErrorJump, Value: r.prompt.sum(), Last: s.prompt.sumOf(r.prompt)}
+		}
 		c.PromptKnown = true
 		if For(s.Dialect).Metrics.PromptExcludesCached {
 			c.Prompt += cached
 		}
-		s.prompt = nextPrompt
+	}
+	var back error
+	if s.seen && r.start != 0 && r.start == s.lastStart {
+		back = s.wentBack(r)
 	}
 	s.cached, s.lastStart, s.seen = nextCached, r.start, true
+	if r.prompt != nil {
+		s.prompt = nextPrompt
+	}
+	if back != nil {
+		return ServerCounts{}, back
+	}
 	return c, nil
 }
 
-// plausible checks one series' value of the cached-token counter.
-func (s *ServerScraper) plausible(v float64) error {
+// wentBack is the refusal of a read in which a series of either counter
+// is below its last value, or nil.
+func (s *ServerScraper) wentBack(r engineRead) error {
+	for _, c := range []struct {
+		kind CounterKind
+		last counterBaseline
+		now  seriesValues
+	}{{CachedCounter, s.cached, r.cached}, {PromptCounter, s.prompt, r.prompt}} {
+		for k, v := range c.now {
+			if last, ok := c.last[k]; ok && v < last.v {
+				return &RejectedCount{Target: s.Target, Counter: c.kind, Reason: ServerErrorBackwards, Value: c.now.sum(), Last: c.last.sumOf(c.now)}
+			}
+		}
+	}
+	return nil
+}
+
+// plausible checks one series' value of a counter.
+func (s *ServerScraper) plausible(kind CounterKind, v float64) error {
 	reject := func(reason ServerMetricsErrorReason) error {
-		return &RejectedCount{Target: s.Target, Reason: reason, Value: v}
+		return &RejectedCount{Target: s.Target, Counter: kind, Reason: reason, Value: v}
 	}
 	switch {
 	case math.IsNaN(v) || math.IsInf(v, 0):

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -68,21 +69,104 @@ func TestServerScraperMissingMetric(t *testing.T) {
 
 func TestServerScraperDelta(t *testing.T) {
 	s := &ServerScraper{}
-	for i, step := range []struct{ value, start, want float64 }{
-		{1000, 10, 0}, // baseline: what the server counted before we started is not ours
-		{1500, 10, 500},
-		{1500, 10, 0},
-		{200, 10, 200}, // restart seen by the decrease: the counter began again
-		{260, 10, 60},
-		{900, 99, 900}, // restart seen by the start time, the new count already past the old
-		{950, 99, 50},
-		{960, 0, 10},  // a server without a start time
-		{100, 0, 100}, // then only a decrease tells
+	for i, step := range []struct {
+		value, start, want float64
+		refused            ServerMetricsErrorReason
+	}{
+		{1000, 10, 0, ""}, // baseline: what the server counted before we started is not ours
+		{1500, 10, 500, ""},
+		{1500, 10, 0, ""},
+		{200, 10, 0, ServerErrorBackwards}, // a decrease with the same start time: no restart explains it
+		{260, 10, 60, ""},                  // counted on from the value refused
+		{900, 99, 900, ""},                 // restart seen by the start time, the new count already past the old
+		{950, 99, 50, ""},
+		{960, 0, 10, ""},  // a server without a start time
+		{100, 0, 100, ""}, // then only a decrease tells: the counter began again
 	} {
 		got, err := s.counts(engineRead{cached: seriesValues{"": step.value}, start: step.start})
-		if err != nil || got.Cached != step.want {
-			t.Errorf("step %d: counts(%v, start %v) = %v, %v, want %v", i, step.value, step.start, got.Cached, err, step.want)
+		var reason ServerMetricsErrorReason
+		if bad := (*RejectedCount)(nil); errors.As(err, &bad) {
+			reason = bad.Reason
+		} else if err != nil {
+			t.Fatalf("step %d: %v", i, err)
 		}
+		if got.Cached != step.want || reason != step.refused {
+			t.Errorf("step %d: counts(%v, start %v) = %v, refused %q, want %v, refused %q", i, step.value, step.start, got.Cached, reason, step.want, step.refused)
+		}
+	}
+}
+
+// TestServerScraperRejectsImplausiblePrompt: the prompt-token counter is
+// held to the cached one's rules. A NaN, +Inf, 1e300, negative, jumping
+// or (with the start time unchanged) decreasing prompt count refuses the
+// read, by reason, and poisons nothing: the next sane read counts from
+// the last good baseline (from the value read, after a decrease).
+func TestServerScraperRejectsImplausiblePrompt(t *testing.T) {
+	tests := []struct {
+		name   string
+		prompt string // the second read's; the first is 1000, the third 1300
+		reason ServerMetricsErrorReason
+		next   float64 // the third read's prompt increase
+	}{
+		{"NaN", "NaN", ServerErrorNotFinite, 300},
+		{"+Inf", "+Inf", ServerErrorNotFinite, 300},
+		{"1e300", "1e300", ServerErrorTooLarge, 300},
+		{"negative", "-1", ServerErrorNegative, 300},
+		{"jump by 2^41", "2199023256552", ServerErrorJump, 300},
+		{"backwards", "400", ServerErrorBackwards, 900},
+		{"sane", "1100", "", 200},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			page := func(prompt string) string {
+				return "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 100\n" +
+					"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total " + prompt + "\n" +
+					"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 10\n"
+			}
+			pages := []string{page("1000"), page(tt.prompt), page("1300")}
+			var mu sync.Mutex
+			next := 0
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				mu.Lock()
+				p := pages[next]
+				next++
+				mu.Unlock()
+				fmt.Fprint(w, p)
+			}))
+			defer srv.Close()
+			s := &ServerScraper{Target: "t", URL: srv.URL, Dialect: "vllm", Client: srv.Client()}
+			var prompts []float64
+			var reasons []ServerMetricsErrorReason
+			for range pages {
+				r, err := s.read(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := s.counts(r)
+				if bad := (*RejectedCount)(nil); errors.As(err, &bad) {
+					reasons = append(reasons, bad.Reason)
+					if bad.Counter != PromptCounter {
+						t.Errorf("refused as the %s counter, want %s", bad.Counter, PromptCounter)
+					}
+					continue
+				}
+				prompts = append(prompts, c.Prompt)
+			}
+			switch {
+			case tt.reason == "" && len(reasons) != 0:
+				t.Errorf("refused %v, want none", reasons)
+			case tt.reason != "" && (len(reasons) != 1 || reasons[0] != tt.reason):
+				t.Errorf("refused %v, want one %s", reasons, tt.reason)
+			}
+			for _, p := range prompts {
+				if math.IsNaN(p) || math.IsInf(p, 0) || p > 1<<53 {
+					t.Fatalf("a read handed on with prompt %v", p)
+				}
+			}
+			if last := prompts[len(prompts)-1]; last != tt.next {
+				t.Errorf("the last read's prompt increase %v, want %v", last, tt.next)
+			}
+		})
 	}
 }
 

@@ -192,7 +192,7 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) (
 		return tc, err // shutting down: the read says nothing of the target
 	}
 	if !errors.Is(err, engine.ErrNotExposed) {
-		d.coll.CacheDiscoveryFailed(t.Name, engine.LayoutFailureOf(err))
+		d.coll.CacheLayout().DiscoveryFailed(t.Name, engine.LayoutFailureOf(err))
 	}
 	if errors.Is(err, engine.ErrImplausibleLayout) {
 		// Taken as true, such a size overflowed the model, or made one
@@ -305,7 +305,7 @@ func readLayout(ctx context.Context, t *config.Target, url string) layoutReading
 func (d *Daemon) applyReading(t *config.Target, r layoutReading) {
 	old := d.caches[t.Name]
 	if r.err != nil {
-		d.coll.CacheDiscoveryFailed(t.Name, engine.LayoutFailureOf(r.err))
+		d.coll.CacheLayout().DiscoveryFailed(t.Name, engine.LayoutFailureOf(r.err))
 		if old.read {
 			level.Warn(d.logger).Log("msg", "the target's KV cache layout could not be read again; its model keeps the last one read, and it is read again soon",
 				"target", t.Name, "model", old.describe(), "err", r.err)
@@ -332,7 +332,7 @@ func (d *Daemon) applyReading(t *config.Target, r layoutReading) {
 	level.Info(d.logger).Log("msg", "the target's KV cache layout changed; its theoretical model follows from the next request on",
 		"target", t.Name, "source", r.layout.Source, "old", old.describe(), "new", tc.describe())
 	d.followCache(t.Name, tc.params)
-	d.coll.CacheLayoutChanged(t.Name)
+	d.coll.CacheLayout().Changed(t.Name)
 	d.coll.SetTargetCache(t.Name, tc.params.CapacityBlocks, tc.params.ServerBlock, tc.known)
 	d.showTargetCache(t.Name, tc)
 }
@@ -468,7 +468,7 @@ func (d *Daemon) startWatches(unitCtx context.Context, cfg *config.Config, settl
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
 		if !watchesLayout(t) {
-			d.coll.UnwatchCacheLayout(t.Name)
+			d.coll.CacheLayout().Unwatch(t.Name)
 			continue
 		}
 		if d.watches[t.Name] != nil {
@@ -486,7 +486,7 @@ func (d *Daemon) startWatches(unitCtx context.Context, cfg *config.Config, settl
 			err := settled[t.Name]
 			w.down.Store(!d.discovery.ignoreAnswers && err != nil && targetDown(err))
 		}
-		d.coll.WatchCacheLayout(t.Name)
+		d.coll.CacheLayout().Watch(t.Name)
 		d.watches[t.Name] = w
 		d.wg.Go(func() { w.run(ctx, failures, d.reportReading) })
 	}

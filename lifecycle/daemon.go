@@ -24,7 +24,6 @@ import (
 	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
 
-	"github.com/kvload-exporter/kvload-exporter/cachetruth"
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
@@ -32,6 +31,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/servedcache"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
@@ -45,7 +45,7 @@ type Daemon struct {
 	drainTimeout time.Duration
 	coll         *collector.Collector
 	// truth decides how results and server counts count, in front of coll.
-	truth *cachetruth.Truth
+	truth *servedcache.Truth
 	// anchor is the origin of every looping workload's pass grid: replicas
 	// and restarts agree on pass numbers, positions and prompts.
 	anchor time.Time
@@ -166,9 +166,9 @@ func New(o Options) *Daemon {
 		done:         make(chan struct{}),
 	}
 	if d.coll != nil {
-		d.truth = cachetruth.New(d.coll)
+		d.truth = servedcache.New(d.coll)
 		d.truth.NotifyUnreported = d.logUnreported
-		d.explainer = kvevents.NewExplainer(d.coll, maxTargetReads)
+		d.explainer = kvevents.NewExplainer(d.coll.KVEvents(), maxTargetReads)
 	}
 	return d
 }
@@ -426,10 +426,10 @@ func (d *Daemon) startUnit(ctx context.Context, w *config.Workload, t *config.Ta
 	logger := log.With(d.logger, "workload", w.Name, "target", t.Name)
 	d.coll.Start(w.Name, t.Name)
 	if u.gate.misses != nil {
-		d.coll.StartMissedHits(w.Name, t.Name)
+		d.coll.KVEvents().StartMissedHits(w.Name, t.Name)
 	}
 	if tpl := u.gate.template; tpl != nil {
-		d.coll.StartChatTemplate(w.Name, t.Name)
+		d.coll.ChatTemplate().Start(w.Name, t.Name)
 		tpl.start()
 	}
 	d.wg.Add(1)
@@ -520,9 +520,9 @@ func (d *Daemon) newUnit(w *config.Workload, t *config.Target, wd *workloadData,
 // target t as its unit settles it.
 func (d *Daemon) templatePublisher(w, t string) templatePublisher {
 	return func(tokens int, source collector.TemplateSource, corrected bool) {
-		d.coll.SetChatTemplate(w, t, tokens, source)
+		d.coll.ChatTemplate().Set(w, t, tokens, source)
 		if corrected {
-			d.coll.ChatTemplateCorrected(w, t)
+			d.coll.ChatTemplate().Corrected(w, t)
 		}
 	}
 }

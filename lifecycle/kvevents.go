@@ -65,7 +65,7 @@ func (d *Daemon) stopKVEvents(cfg *config.Config) {
 			continue
 		}
 		f.streams.Stop()
-		d.coll.StopKVEvents(name)
+		d.coll.KVEvents().Stop(name)
 		delete(d.kvTargets, name)
 	}
 }
@@ -98,10 +98,10 @@ func (d *Daemon) applyKVEvents(ctx, unitCtx context.Context, cfg *config.Config)
 		if err != nil {
 			return fmt.Errorf("target %s: kv events client: %w", t.Name, err)
 		}
-		d.coll.StartKVEvents(t.Name, len(endpoints))
+		d.coll.KVEvents().Start(t.Name, len(endpoints))
 		logger := log.With(d.logger, "target", t.Name)
 		streams := kvevents.StartTarget(unitCtx, endpoints, t.Cache.KVEventsMaxBlocks, newKVReporter(d.coll, t.Name, logger))
-		offer := &missOffer{target: t.Name, streams: streams.Streams, explainer: d.explainer, sink: d.coll,
+		offer := &missOffer{target: t.Name, streams: streams.Streams, explainer: d.explainer, sink: d.coll.KVEvents(),
 			spec: engine.For(t.Dialect), client: client, base: d.targetBaseURL(t), model: t.Model, chat: t.API == openai.APIChat,
 			blockSize: d.caches[t.Name].params.ServerBlock}
 		d.kvTargets[t.Name] = &kvFollowing{fingerprint: d.kvFingerprint(cfg, t), streams: streams, offer: offer}
@@ -166,34 +166,34 @@ func (r *kvReporter) log(s *kvevents.Stream, lvl func(log.Logger) log.Logger, kv
 
 func (r *kvReporter) Up(s *kvevents.Stream, up bool) {
 	if up {
-		r.coll.KVEventsConnected(r.target, 1)
+		r.coll.KVEvents().Connected(r.target, 1)
 		r.log(s, level.Info, "msg", "KV event stream connected")
 		return
 	}
-	r.coll.KVEventsConnected(r.target, -1)
+	r.coll.KVEvents().Connected(r.target, -1)
 }
 
 func (r *kvReporter) Batch(s *kvevents.Stream, a kvevents.Applied) {
-	r.coll.KVEventsBatch(r.target)
+	r.coll.KVEvents().Batch(r.target)
 	if a.Missed > 0 {
 		// At most MaxSequenceJump: a longer jump is a restart.
-		r.coll.KVEventsError(r.target, kvevents.ReasonGap, int(a.Missed))
+		r.coll.KVEvents().Error(r.target, kvevents.ReasonGap, int(a.Missed))
 		r.log(s, level.Warn, "msg", "KV event batches lost: requests sent before now are not classified", "batches", a.Missed)
 	}
 	if a.Restarted {
-		r.coll.KVEventsError(r.target, kvevents.ReasonRestart, 1)
+		r.coll.KVEvents().Error(r.target, kvevents.ReasonRestart, 1)
 		r.log(s, level.Info, "msg", "the engine's KV event sequence started again (went back, or jumped too far to be batches lost): a new engine, whose cache starts empty")
 	}
 	if a.Unlinked > 0 {
-		r.coll.KVEventsError(r.target, kvevents.ReasonUnlinked, a.Unlinked)
+		r.coll.KVEvents().Error(r.target, kvevents.ReasonUnlinked, a.Unlinked)
 	}
 	if n := a.TooMany + a.Inconsistent; n > 0 {
-		r.coll.KVEventsError(r.target, kvevents.ReasonOverflow, n)
+		r.coll.KVEvents().Error(r.target, kvevents.ReasonOverflow, n)
 	}
 }
 
 func (r *kvReporter) Error(s *kvevents.Stream, reason kvevents.ErrorReason, n int, err error) {
-	r.coll.KVEventsError(r.target, reason, n)
+	r.coll.KVEvents().Error(r.target, reason, n)
 	switch reason {
 	case kvevents.ReasonUnreachable, kvevents.ReasonDisconnected, kvevents.ReasonTooLarge:
 		r.log(s, level.Warn, "msg", "KV event stream not followed: missed hits are not classified until it is; the exporter tries again", "reason", reason, "err", err)

@@ -65,7 +65,7 @@ func (d *Daemon) stopScrapers(cfg *config.Config) {
 			<-s.done
 			delete(d.scrapers, name)
 			if s.reconcile {
-				d.coll.StopReconcile(name)
+				d.coll.Reconcile().Stop(name)
 			}
 		}
 	}
@@ -106,7 +106,7 @@ func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config)
 			// takes it, one interval on.
 			sc.FirstAfter = serverScrapeInterval
 		}
-		todo = append(todo, started{name, t, sc, &engineReadSink{target: name, reads: reads, credit: d.truth, comp: d.coll, logger: d.logger}})
+		todo = append(todo, started{name, t, sc, &engineReadSink{target: name, reads: reads, credit: d.truth, comp: d.coll.Reconcile(), logger: d.logger}})
 	}
 	// The baselines come before the targets' first requests.
 	var primes errgroup.Group
@@ -136,7 +136,7 @@ func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config)
 		s := &scraping{fingerprint: d.scraperFingerprint(cfg, st.t), reconcile: st.sink.reads.reconcile, cancel: cancel, done: make(chan struct{})}
 		d.scrapers[st.name] = s
 		if s.reconcile {
-			d.coll.StartReconcile(st.name)
+			d.coll.Reconcile().Start(st.name)
 		}
 		d.wg.Add(1)
 		go func() {

@@ -59,7 +59,7 @@ type Result struct {
 	TheoreticalByCapacity CapacityProfile
 
 	// Counted says how the collector counts the request's cached tokens:
-	// the cache-truth step (package cachetruth) fills it before the
+	// the cache-truth step (servedcache.Truth) fills it before the
 	// collector sees the result.
 	Counted Counted
 }

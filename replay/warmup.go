@@ -32,7 +32,7 @@ const (
 	// is compared with bands of a quarter of the gap, which then hold
 	// the few tokens every prompt shares on some engines (llama.cpp's
 	// BOS and chat header: the preamble, at most 64 tokens, see package
-	// cachetruth) and the block rounding of a chat template's header.
+	// servedcache) and the block rounding of a chat template's header.
 	warmUpMinGap = 256
 	// warmUpMinRequests: requests that pointed one way or the other
 	// before anything is decided.

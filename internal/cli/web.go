@@ -144,6 +144,9 @@ var (
 		collector.ReconcileNotReported:     "none",
 		collector.ReconcileSharedEngine:    "none",
 		collector.ReconcileTooFewHits:      "none",
+
+		// A page that is not the target's engine: a finding, not a lack.
+		collector.ReconcileEngineUndercounted: "warn",
 	}
 	effectiveClass = map[collector.EffectiveCapacityState]string{
 		collector.EffectiveMeasured:       "ok",

@@ -1,4 +1,4 @@
-// Package cachecost estimates what a prompt token that an ideal cache would
+// Package costfit estimates what a prompt token that an ideal cache would
 // serve costs a target, against one it must compute: a robust linear fit of
 // each request's prefill time (or, where the engine reports none, its time
 // to first token) on its theoretical uncached and cached prompt tokens,
@@ -10,7 +10,7 @@
 //
 // It needs nothing from the server but a time, so it also covers targets
 // that report no cached tokens.
-package cachecost
+package costfit
 
 import (
 	"math"

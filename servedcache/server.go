@@ -1,4 +1,4 @@
-package cachetruth
+package servedcache
 
 import (
 	"github.com/kvload-exporter/kvload-exporter/engine"

@@ -1,12 +1,4 @@
-// Package cachetruth decides what counts as a target's observed cached
-// tokens, between the replay and the collector. Per finished request it
-// fills replay.Result.Counted: whether the response's cached tokens are the
-// observed ones, whether the request counts on both sides of the cache
-// efficiency, and how much of its hit is the target's always-cached
-// preamble. With observed: server_metrics it credits this replica's part of
-// the engine's cached-token counter to the workloads that sent prompts. The
-// collector then only adds up what it is given.
-package cachetruth
+package servedcache
 
 import (
 	"sync"
@@ -29,8 +21,14 @@ type Counter interface {
 	SetPreamble(target string, tokens int)
 }
 
-// Truth stands in front of a Counter: it implements replay.Observer and
-// engine.CountSink, decides how each result counts, and forwards.
+// Truth is the cache-truth step, between the replay and the collector: it
+// implements replay.Observer and engine.CountSink, decides how each result
+// counts, and forwards to a Counter. Per finished request it fills
+// replay.Result.Counted: whether the response's cached tokens are the
+// observed ones, whether the request counts on both sides of the cache
+// efficiency, and how much of its hit is the target's always-cached
+// preamble. With observed: server_metrics it credits this replica's part
+// of the engine's cached-token counter to the workloads that sent prompts.
 type Truth struct {
 	next Counter
 

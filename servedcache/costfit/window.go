@@ -1,4 +1,4 @@
-package cachecost
+package costfit
 
 import (
 	"slices"

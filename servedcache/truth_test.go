@@ -1,4 +1,4 @@
-package cachetruth
+package servedcache
 
 import (
 	"sync"
