@@ -87,7 +87,7 @@ func TestKVReporterStreaks(t *testing.T) {
 			var buf bytes.Buffer
 			reg := prometheus.NewRegistry()
 			coll := collector.New(reg)
-			coll.StartKVEvents("emu", 1)
+			coll.KVEvents().Start("emu", 1)
 			start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 			now := start
 			r := newKVReporter(coll, "emu", log.NewLogfmtLogger(&buf))
