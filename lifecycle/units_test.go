@@ -207,7 +207,7 @@ func TestSurplusIDsNotedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := d.units[unitKey{"w", "t"}].plan.Rows()
+	rows := d.units.byKey[unitKey{"w", "t"}].plan.Rows()
 	for i, n := range []int{2, 3, 1} {
 		if ids, _ := rows.AppendHashIDs(nil, i); len(ids) != n {
 			t.Errorf("row %d replays %v, want the %d ids that fit", i+1, ids, n)
