@@ -380,6 +380,14 @@ type layoutWatch struct {
 	done      chan struct{} // closed when run returned
 }
 
+// observe tells the watch of each answer of its target's: an answer
+// after a read found the target down asks for a read at once.
+func (w *layoutWatch) observe(r *replay.Result) {
+	if targetAnswered(r.Outcome) {
+		w.answered()
+	}
+}
+
 // answered is told that the target answered a request; it is called for
 // every answer, so it costs one atomic load when nothing is to be done.
 func (w *layoutWatch) answered() {

@@ -148,7 +148,9 @@ type unit struct {
 	workload    *replay.Workload
 	client      *openai.Client
 	gate        *gatedObserver
-	plan        *replay.Plan // the trace it replays, shared with the other units of the trace
+	template    *templateOverhead // nil: no chat template to learn
+	misses      bool              // its missed hits are classified
+	plan        *replay.Plan      // the trace it replays, shared with the other units of the trace
 	// pacerOpts and newModel build its cache model again when the
 	// target's cache changes (followCache): newModel takes the workload's
 	// trace block, the target's model ceiling and its warm-up learning.
@@ -173,10 +175,10 @@ func (s *unitSet) start(ctx context.Context, w *config.Workload, t *config.Targe
 	}
 	logger := log.With(s.logger, "workload", w.Name, "target", t.Name)
 	s.coll.Start(w.Name, t.Name)
-	if u.gate.misses != nil {
+	if u.misses {
 		s.coll.StartMissedHits(w.Name, t.Name)
 	}
-	if tpl := u.gate.template; tpl != nil {
+	if tpl := u.template; tpl != nil {
 		s.coll.StartChatTemplate(w.Name, t.Name)
 		tpl.start()
 	}
@@ -217,17 +219,25 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 		}
 		return m
 	}
-	gate := &gatedObserver{obs: s.truth, fails: newFailureLog(logger), watch: s.layouts.watches[t.Name], salt: salt}
-	if f := s.kv.following[t.Name]; f != nil {
-		gate.misses = f.offer
+	// The side jobs each result goes through after the cache-truth step,
+	// in this order.
+	var chain []resultObserver
+	kv := s.kv.following[t.Name]
+	if kv != nil {
+		chain = append(chain, missedHits{offer: kv.offer, salt: salt})
+	}
+	if watch := s.layouts.watches[t.Name]; watch != nil {
+		chain = append(chain, watch)
 	}
 	if t.API == openai.APIChat && !rb.tokenIDs {
 		// A chat template wraps the built prompt: its size, measured at
 		// the (re)load where the target can say, or learnt from answers.
 		tc := s.layouts.caches[t.Name]
 		rb.template = newTemplateOverhead(logger, tc.chatTemplate, tc.chatTemplateKnown, s.templatePublisher(w.Name, t.Name))
-		gate.template = rb.template
+		chain = append(chain, rb.template)
 	}
+	chain = append(chain, newFailureLog(logger))
+	gate := &gatedObserver{obs: s.truth, chain: chain}
 	url := t.URL
 	if t.Emulate != nil {
 		url = s.emulators.url(t.Name)
@@ -256,7 +266,7 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 	if err != nil {
 		return nil, err
 	}
-	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, plan: wd.trace.plan,
+	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, template: rb.template, misses: kv != nil, plan: wd.trace.plan,
 		pacerOpts: popts, newModel: newModel, done: make(chan struct{})}, nil
 }
 
@@ -652,91 +662,6 @@ func sessionOf(rec *trace.Record, row int) string {
 		line = row + 1
 	}
 	return "row-" + strconv.Itoa(line)
-}
-
-// gatedObserver forwards to the cache-truth step in front of the collector
-// until closed. A unit that a reload
-// changed or removed has its series deleted at once; the requests it still
-// has in flight finish, but must not recreate those series. close waits
-// for a call under way, so that none lands after the series are deleted.
-type gatedObserver struct {
-	obs      replay.Observer   // the cache-truth step
-	fails    *failureLog       // nil: failures are only counted
-	template *templateOverhead // nil: nothing to learn
-	watch    *layoutWatch      // nil: the target's layout is not read
-	misses   *missOffer        // nil: the target's KV events are not followed
-	salt     string            // the unit's cache salt, "" for none: its missed blocks are looked up under it
-	mu       sync.RWMutex
-	closed   bool
-}
-
-// close stops forwarding; when it returns no call is forwarding any more.
-func (g *gatedObserver) close() {
-	g.mu.Lock()
-	g.closed = true
-	g.mu.Unlock()
-}
-
-// open takes the gate for one call; done releases it.
-func (g *gatedObserver) open() bool {
-	g.mu.RLock()
-	if g.closed {
-		g.mu.RUnlock()
-		return false
-	}
-	return true
-}
-
-func (g *gatedObserver) done() { g.mu.RUnlock() }
-
-func (g *gatedObserver) Sent(w, t string, scheduled, sent time.Time) {
-	if g.open() {
-		defer g.done()
-		g.obs.Sent(w, t, scheduled, sent)
-	}
-}
-
-func (g *gatedObserver) Finished(r *replay.Result) {
-	if g.open() {
-		defer g.done()
-		g.obs.Finished(r)
-		if g.misses != nil {
-			g.misses.offer(r, g.salt) // r.Counted is filled now
-		}
-		if g.watch != nil && targetAnswered(r.Outcome) {
-			g.watch.answered()
-		}
-		if g.template != nil {
-			g.template.observe(r)
-		}
-		if g.fails != nil {
-			g.fails.finished(r)
-		}
-	}
-}
-
-// targetAnswered tells whether a request's outcome says that its target
-// answered it, successfully or not.
-func targetAnswered(o openai.Outcome) bool {
-	switch o {
-	case openai.OutcomeSuccess, openai.OutcomeHTTPError, openai.OutcomeStreamError:
-		return true
-	}
-	return false
-}
-
-func (g *gatedObserver) Dropped(w, t string, reason replay.DropReason, scheduled time.Time) {
-	if g.open() {
-		defer g.done()
-		g.obs.Dropped(w, t, reason, scheduled)
-	}
-}
-
-func (g *gatedObserver) PassCompleted(w, t string, pass int) {
-	if g.open() {
-		defer g.done()
-		g.obs.PassCompleted(w, t, pass)
-	}
 }
 
 // targetConfig converts a configured target for the client; url is the
