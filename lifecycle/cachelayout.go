@@ -509,6 +509,7 @@ func (l *layoutSet) stop(next *nextConfig) {
 	if next != nil {
 		cfg = next.cfg
 	}
+	var stopped []*layoutWatch
 	for name, w := range l.watches {
 		if cfg != nil {
 			t, ok := cfg.Target(name)
@@ -516,8 +517,11 @@ func (l *layoutSet) stop(next *nextConfig) {
 				continue
 			}
 		}
-		w.cancel()
-		<-w.done
+		w.cancel() // every one before waiting for any
+		stopped = append(stopped, w)
 		delete(l.watches, name)
+	}
+	for _, w := range stopped {
+		<-w.done
 	}
 }

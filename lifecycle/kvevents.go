@@ -71,11 +71,19 @@ func (k *kvSet) fingerprint(cfg *config.Config, t *config.Target) string {
 // before their series are deleted. Each stream's context is cancelled
 // first: the wait is as long as a stream takes to see it.
 func (k *kvSet) stop(next *nextConfig) {
+	var stopped []string
+	var ends sync.WaitGroup
 	for name, f := range k.following {
 		if t := next.target(name); t != nil && len(k.endpoints(t)) > 0 && k.fingerprint(next.cfg, t) == f.fingerprint {
 			continue
 		}
-		f.streams.Stop()
+		// All at once: the stop takes as long as the slowest stream, not
+		// the sum of them.
+		ends.Go(f.streams.Stop)
+		stopped = append(stopped, name)
+	}
+	ends.Wait()
+	for _, name := range stopped {
 		k.coll.StopKVEvents(name)
 		delete(k.following, name)
 	}

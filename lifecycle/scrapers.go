@@ -71,14 +71,18 @@ func (s *scraperSet) stop(next *nextConfig) {
 	if next != nil {
 		want = scrapedTargets(next.cfg)
 	}
+	stopped := map[string]*scraping{}
 	for name, sc := range s.running {
 		if t := want[name]; t == nil || s.fingerprint(next.cfg, t) != sc.fingerprint {
-			sc.cancel()
-			<-sc.done
-			delete(s.running, name)
-			if sc.reconcile {
-				s.coll.StopReconcile(name)
-			}
+			sc.cancel() // every one before waiting for any
+			stopped[name] = sc
+		}
+	}
+	for name, sc := range stopped {
+		<-sc.done
+		delete(s.running, name)
+		if sc.reconcile {
+			s.coll.StopReconcile(name)
 		}
 	}
 }
