@@ -77,6 +77,31 @@ func watchesLayout(t *config.Target) bool {
 	return (t.Cache.BlockSize.Auto() || t.Cache.CapacityBlocks.Auto()) && engine.For(t.Dialect).ExposesLayout()
 }
 
+// layoutSet is the part that settles the cache each target's model
+// stands for, and runs a watch that reads it again for each target whose
+// layout is read from it.
+type layoutSet struct {
+	*common
+	emulators *emulatorSet
+	units     *unitSet // their models follow a layout that changed
+	// show puts a target's cache on the landing page.
+	show func(target string, tc targetCache)
+	// discovery is when targets' cache layouts are read again.
+	discovery discoverySchedule
+
+	caches   map[string]targetCache
+	watches  map[string]*layoutWatch // by target
+	readings chan layoutReading      // from the watches, to the owner goroutine
+}
+
+func newLayoutSet(c *common, discovery discoverySchedule, emulators *emulatorSet, units *unitSet, show func(string, targetCache)) *layoutSet {
+	if discovery == (discoverySchedule{}) {
+		discovery = defaultDiscovery
+	}
+	return &layoutSet{common: c, emulators: emulators, units: units, show: show, discovery: discovery,
+		caches: map[string]targetCache{}, watches: map[string]*layoutWatch{}, readings: make(chan layoutReading)}
+}
+
 // maxTargetReads bounds the reads of targets that a (re)load makes at
 // once (cache layouts, tokenize checks): each holds a connection and its
 // answer's parse, so that a configuration of many targets neither opens
@@ -86,7 +111,7 @@ func watchesLayout(t *config.Target) bool {
 // server answers meanwhile, and the shutdown ends the reads.
 const maxTargetReads = 32
 
-// applyCaches settles, for every target of cfg whose configuration changed,
+// apply settles, for every target of cfg whose configuration changed,
 // the cache its model stands for: configured values as they are, auto ones
 // read from the target (at most maxTargetReads reads at once, each within
 // discoverTimeout). A capacity that is neither is unknown: the model is
@@ -95,9 +120,10 @@ const maxTargetReads = 32
 // Each target whose layout is read gets a watch, under unitCtx, that reads
 // it again at run time. The reads end when ctx does (the shutdown): then
 // nothing is applied and ctx's error returned.
-func (d *Daemon) applyCaches(ctx, unitCtx context.Context, cfg *config.Config) error {
-	d.stopWatches(cfg)
-	next := map[string]targetCache{}
+func (l *layoutSet) apply(ctx, unitCtx context.Context, next *nextConfig) error {
+	cfg := next.cfg
+	l.stop(next)
+	settledCaches := map[string]targetCache{}
 	templates := map[string]template{}
 	settled := map[string]error{}         // targets read anew: the read's error
 	rereads := map[string]layoutReading{} // unchanged targets read again
@@ -115,14 +141,14 @@ func (d *Daemon) applyCaches(ctx, unitCtx context.Context, cfg *config.Config) e
 	}
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
-		fp := cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name)
-		if old, ok := d.caches[t.Name]; ok && old.fingerprint == fp {
-			// Under mu too: the goroutines of earlier targets write next.
+		fp := cfg.Fingerprint("target", t.Name) + "\x00" + l.emulators.url(t.Name)
+		if old, ok := l.caches[t.Name]; ok && old.fingerprint == fp {
+			// Under mu too: the goroutines of earlier targets write settledCaches.
 			mu.Lock()
-			next[t.Name] = old
+			settledCaches[t.Name] = old
 			mu.Unlock()
 			if watchesLayout(t) && !old.read {
-				url := d.targetBaseURL(t)
+				url := l.emulators.baseURL(t)
 				read(func() {
 					r := readLayout(ctx, t, url)
 					mu.Lock()
@@ -133,14 +159,14 @@ func (d *Daemon) applyCaches(ctx, unitCtx context.Context, cfg *config.Config) e
 			continue
 		}
 		read(func() {
-			tc, err := d.settleCache(ctx, t, fp)
+			tc, err := l.settle(ctx, t, fp)
 			mu.Lock()
-			next[t.Name], settled[t.Name] = tc, err
+			settledCaches[t.Name], settled[t.Name] = tc, err
 			mu.Unlock()
 		})
 		// The same moment and bound suit the tokenizer check.
 		read(func() {
-			n, known := d.checkTokenizer(ctx, t)
+			n, known := l.checkTokenizer(ctx, t)
 			mu.Lock()
 			templates[t.Name] = template{n, known}
 			mu.Unlock()
@@ -151,23 +177,23 @@ func (d *Daemon) applyCaches(ctx, unitCtx context.Context, cfg *config.Config) e
 		return err
 	}
 	for name, tpl := range templates {
-		tc := next[name]
+		tc := settledCaches[name]
 		tc.chatTemplate, tc.chatTemplateKnown = tpl.tokens, tpl.known
-		next[name] = tc
+		settledCaches[name] = tc
 	}
-	d.caches = next
+	l.caches = settledCaches
 	for name, r := range rereads {
 		t, _ := cfg.Target(name)
-		d.applyReading(t, r)
+		l.applyReading(t, r)
 	}
-	for name, tc := range d.caches {
-		d.coll.SetTargetCache(name, tc.params.CapacityBlocks, tc.params.ServerBlock, tc.known)
+	for name, tc := range l.caches {
+		l.coll.SetTargetCache(name, tc.params.CapacityBlocks, tc.params.ServerBlock, tc.known)
 	}
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
-		d.coll.SetEstimateWindow(t.Name, time.Duration(t.Cache.EstimateWindow))
+		l.coll.SetEstimateWindow(t.Name, time.Duration(t.Cache.EstimateWindow))
 	}
-	d.startWatches(unitCtx, cfg, settled)
+	l.startWatches(unitCtx, cfg, settled)
 	return nil
 }
 
@@ -177,14 +203,14 @@ type template struct {
 	known  bool
 }
 
-// settleCache is the cache of t, whose configuration is new: configured
+// settle is the cache of t, whose configuration is new: configured
 // values, and auto ones read from t. The error is the read's.
-func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) (targetCache, error) {
+func (l *layoutSet) settle(ctx context.Context, t *config.Target, fp string) (targetCache, error) {
 	tc := configuredCache(t, fp)
 	if !t.Cache.BlockSize.Auto() && !t.Cache.CapacityBlocks.Auto() {
 		return tc, nil
 	}
-	layout, err := discoverLayout(ctx, t, d.targetBaseURL(t))
+	layout, err := discoverLayout(ctx, t, l.emulators.baseURL(t))
 	if err == nil {
 		return tc.withLayout(t, layout), nil
 	}
@@ -192,7 +218,7 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) (
 		return tc, err // shutting down: the read says nothing of the target
 	}
 	if !errors.Is(err, engine.ErrNotExposed) {
-		d.coll.CacheLayout().DiscoveryFailed(t.Name, engine.LayoutFailureOf(err))
+		l.coll.CacheLayout().DiscoveryFailed(t.Name, engine.LayoutFailureOf(err))
 	}
 	if errors.Is(err, engine.ErrImplausibleLayout) {
 		// Taken as true, such a size overflowed the model, or made one
@@ -201,7 +227,7 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) (
 		if t.Cache.CapacityBlocks.Auto() {
 			tc.note = "unknown: the layout read is implausible; set cache.capacity_blocks and cache.block_size"
 		}
-		level.Warn(d.logger).Log("msg", "the target reports a KV cache layout no server has: it is refused, and its model takes the configured values, else an unknown (unbounded) capacity and the engine's block size",
+		level.Warn(l.logger).Log("msg", "the target reports a KV cache layout no server has: it is refused, and its model takes the configured values, else an unknown (unbounded) capacity and the engine's block size",
 			"target", t.Name, "reason", err, "what_to_do", "set cache.capacity_blocks and cache.block_size for it")
 		return tc, err
 	}
@@ -211,7 +237,7 @@ func (d *Daemon) settleCache(ctx context.Context, t *config.Target, fp string) (
 			why, then = err.Error(), "it is read again until the target answers, or set cache.capacity_blocks (and cache.block_size) for it"
 			tc.note = "unknown: read again until the target answers, or set cache.capacity_blocks"
 		}
-		level.Warn(d.logger).Log("msg", "the target's KV cache size is unknown, so its theoretical model assumes an unbounded cache and cache efficiency will read low on a healthy server; "+then,
+		level.Warn(l.logger).Log("msg", "the target's KV cache size is unknown, so its theoretical model assumes an unbounded cache and cache efficiency will read low on a healthy server; "+then,
 			"target", t.Name, "reason", why)
 	}
 	return tc, err
@@ -302,82 +328,39 @@ func readLayout(ctx context.Context, t *config.Target, url string) layoutReading
 // layout other than the model's (or a capacity known at last) is logged,
 // counted and shown, and the models of t's units follow it from their
 // next row on.
-func (d *Daemon) applyReading(t *config.Target, r layoutReading) {
-	old := d.caches[t.Name]
+func (l *layoutSet) applyReading(t *config.Target, r layoutReading) {
+	old := l.caches[t.Name]
 	if r.err != nil {
-		d.coll.CacheLayout().DiscoveryFailed(t.Name, engine.LayoutFailureOf(r.err))
+		l.coll.CacheLayout().DiscoveryFailed(t.Name, engine.LayoutFailureOf(r.err))
 		if old.read {
-			level.Warn(d.logger).Log("msg", "the target's KV cache layout could not be read again; its model keeps the last one read, and it is read again soon",
+			level.Warn(l.logger).Log("msg", "the target's KV cache layout could not be read again; its model keeps the last one read, and it is read again soon",
 				"target", t.Name, "model", old.describe(), "err", r.err)
 			old.lost = true
 		} else {
-			level.Debug(d.logger).Log("msg", "the target's KV cache layout is still unknown", "target", t.Name, "err", r.err)
+			level.Debug(l.logger).Log("msg", "the target's KV cache layout is still unknown", "target", t.Name, "err", r.err)
 		}
 		old.read = false
-		d.caches[t.Name] = old
+		l.caches[t.Name] = old
 		return
 	}
 	if old.lost {
-		level.Info(d.logger).Log("msg", "the target's KV cache layout is read again", "target", t.Name)
+		level.Info(l.logger).Log("msg", "the target's KV cache layout is read again", "target", t.Name)
 	}
 	tc := old.withLayout(t, r.layout)
 	tc.lost = false
 	if tc.params == old.params && tc.known == old.known {
 		old.read, old.lost = true, false // its note keeps an earlier change
-		d.caches[t.Name] = old
+		l.caches[t.Name] = old
 		return
 	}
 	tc.note += fmt.Sprintf(", changed from %s to %s at %s", old.describe(), tc.describe(), r.at.UTC().Format(time.RFC3339))
-	d.caches[t.Name] = tc
-	level.Info(d.logger).Log("msg", "the target's KV cache layout changed; its theoretical model follows from the next request on",
+	l.caches[t.Name] = tc
+	level.Info(l.logger).Log("msg", "the target's KV cache layout changed; its theoretical model follows from the next request on",
 		"target", t.Name, "source", r.layout.Source, "old", old.describe(), "new", tc.describe())
-	d.followCache(t.Name, tc.params)
-	d.coll.CacheLayout().Changed(t.Name)
-	d.coll.SetTargetCache(t.Name, tc.params.CapacityBlocks, tc.params.ServerBlock, tc.known)
-	d.showTargetCache(t.Name, tc)
-}
-
-// followCache gives every unit of target a model of params, from the row
-// it sends next: the rows it sent before are the new model's warm-up.
-func (d *Daemon) followCache(target string, params replay.CacheParams) {
-	for k, u := range d.units {
-		if k.target != target {
-			continue
-		}
-		if err := u.followCache(params); err != nil {
-			// The pacer's options and position are the unit's own: this
-			// cannot fail unless they are broken.
-			level.Error(d.logger).Log("msg", "the unit's model could not follow the target's cache", "workload", k.workload, "target", target, "err", err)
-		}
-	}
-}
-
-// followCache makes u's model stand for params from the row it sends next.
-func (u *unit) followCache(params replay.CacheParams) error {
-	pacer, err := u.plan.NewPacer(u.pacerOpts)
-	if err != nil {
-		return fmt.Errorf("cache model: %w", err)
-	}
-	if err := pacer.Seek(u.workload.Position()); err != nil {
-		return fmt.Errorf("cache model: %w", err)
-	}
-	u.workload.SetCache(u.newModel(pacer, params))
-	return nil
-}
-
-// showTargetCache puts target's cache on the landing page.
-func (d *Daemon) showTargetCache(target string, tc targetCache) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	// A new slice: Status has handed the old one out.
-	targets := append([]Target(nil), d.targets...)
-	for i := range targets {
-		if targets[i].Name == target {
-			targets[i].BlockSize, targets[i].CapacityBlocks = tc.params.ServerBlock, tc.params.CapacityBlocks
-			targets[i].CapacityKnown, targets[i].CacheNote = tc.known, tc.note
-		}
-	}
-	d.targets = targets
+	l.units.followCache(t.Name, tc.params)
+	l.coll.CacheLayout().Changed(t.Name)
+	l.coll.SetTargetCache(t.Name, tc.params.CapacityBlocks, tc.params.ServerBlock, tc.known)
+	l.show(t.Name, tc)
 }
 
 // layoutWatch reads one target's layout again and again, in a goroutine
@@ -395,6 +378,14 @@ type layoutWatch struct {
 	recovered chan struct{} // capacity 1
 	cancel    context.CancelFunc
 	done      chan struct{} // closed when run returned
+}
+
+// observe tells the watch of each answer of its target's: an answer
+// after a read found the target down asks for a read at once.
+func (w *layoutWatch) observe(r *replay.Result) {
+	if targetAnswered(r.Outcome) {
+		w.answered()
+	}
 }
 
 // answered is told that the target answered a request; it is called for
@@ -464,79 +455,73 @@ func timer(d time.Duration) (<-chan time.Time, func() bool) {
 // startWatches starts a watch for every target of cfg whose layout is
 // read and that has none; settled holds the errors of the reads just
 // made of new targets.
-func (d *Daemon) startWatches(unitCtx context.Context, cfg *config.Config, settled map[string]error) {
+func (l *layoutSet) startWatches(unitCtx context.Context, cfg *config.Config, settled map[string]error) {
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
 		if !watchesLayout(t) {
-			d.coll.CacheLayout().Unwatch(t.Name)
+			l.coll.CacheLayout().Unwatch(t.Name)
 			continue
 		}
-		if d.watches[t.Name] != nil {
+		if l.watches[t.Name] != nil {
 			continue
 		}
-		tc := d.caches[t.Name]
+		tc := l.caches[t.Name]
 		ctx, cancel := context.WithCancel(unitCtx)
-		w := &layoutWatch{target: *t, fingerprint: tc.fingerprint, schedule: d.discovery, newTimer: timer,
+		w := &layoutWatch{target: *t, fingerprint: tc.fingerprint, schedule: l.discovery, newTimer: timer,
 			recovered: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
-		url := d.targetBaseURL(t) // the emulators are the owner goroutine's
+		url := l.emulators.baseURL(t) // the emulators are the owner goroutine's
 		w.read = func(ctx context.Context) layoutReading { return readLayout(ctx, &w.target, url) }
 		failures := 0
 		if !tc.read {
 			failures = 1
 			err := settled[t.Name]
-			w.down.Store(!d.discovery.ignoreAnswers && err != nil && targetDown(err))
+			w.down.Store(!l.discovery.ignoreAnswers && err != nil && targetDown(err))
 		}
-		d.coll.CacheLayout().Watch(t.Name)
-		d.watches[t.Name] = w
-		d.wg.Go(func() { w.run(ctx, failures, d.reportReading) })
+		l.coll.CacheLayout().Watch(t.Name)
+		l.watches[t.Name] = w
+		l.wg.Go(func() { w.run(ctx, failures, l.report) })
 	}
 }
 
-// reportReading hands a watch's reading to the owner goroutine; false
+// report hands a watch's reading to the owner goroutine; false
 // once ctx is done.
-func (d *Daemon) reportReading(ctx context.Context, r layoutReading) bool {
+func (l *layoutSet) report(ctx context.Context, r layoutReading) bool {
 	select {
-	case d.readings <- r:
+	case l.readings <- r:
 		return true
 	case <-ctx.Done():
 		return false
 	}
 }
 
-// takeReading applies a watch's reading on the owner goroutine, unless a
+// take applies a watch's reading on the owner goroutine, unless a
 // reload has replaced the watch since.
-func (d *Daemon) takeReading(r layoutReading) {
-	if w := d.watches[r.watch.target.Name]; w == r.watch && d.caches[w.target.Name].fingerprint == w.fingerprint {
-		d.applyReading(&w.target, r)
+func (l *layoutSet) take(r layoutReading) {
+	if w := l.watches[r.watch.target.Name]; w == r.watch && l.caches[w.target.Name].fingerprint == w.fingerprint {
+		l.applyReading(&w.target, r)
 	}
 }
 
-// stopWatches stops the watches of targets that cfg changed or removed
-// (all of them when cfg is nil) and waits for their end.
-func (d *Daemon) stopWatches(cfg *config.Config) {
-	for name, w := range d.watches {
+// stop stops the watches of targets that next changed or removed (all of
+// them when next is nil) and waits for their end.
+func (l *layoutSet) stop(next *nextConfig) {
+	var cfg *config.Config
+	if next != nil {
+		cfg = next.cfg
+	}
+	var stopped []*layoutWatch
+	for name, w := range l.watches {
 		if cfg != nil {
 			t, ok := cfg.Target(name)
-			if ok && watchesLayout(t) && cfg.Fingerprint("target", name)+"\x00"+d.emulatorURL(name) == w.fingerprint {
+			if ok && watchesLayout(t) && cfg.Fingerprint("target", name)+"\x00"+l.emulators.url(name) == w.fingerprint {
 				continue
 			}
 		}
-		w.cancel()
+		w.cancel() // every one before waiting for any
+		stopped = append(stopped, w)
+		delete(l.watches, name)
+	}
+	for _, w := range stopped {
 		<-w.done
-		delete(d.watches, name)
 	}
-}
-
-// targetBaseURL is where a target answers: its url, or its emulator's.
-func (d *Daemon) targetBaseURL(t *config.Target) string {
-	if t.Emulate != nil {
-		return d.emulatorURL(t.Name)
-	}
-	return t.URL
-}
-
-// logUnreported is the cache-truth step's NotifyUnreported.
-func (d *Daemon) logUnreported(target string, dialect engine.Dialect) {
-	level.Warn(d.logger).Log("msg", "responses carry no cached-token count: their requests count on neither side of the cache efficiency, shown as not reported",
-		"target", target, "what_to_do", engine.For(dialect).UnreportedAdvice)
 }

@@ -236,10 +236,10 @@ func steadyConfig(t *testing.T, url string) config.Config {
 }
 
 // modelParams is the cache the model of the unit (w, t) stands for now. The
-// owner goroutine never writes d.units outside a reload.
+// owner goroutine never writes d.units.byKey outside a reload.
 func (d *started) modelParams(t *testing.T) replay.CacheParams {
 	t.Helper()
-	u := d.units[unitKey{"w", "t"}]
+	u := d.units.byKey[unitKey{"w", "t"}]
 	if u == nil {
 		t.Fatal("no unit (w, t)")
 	}

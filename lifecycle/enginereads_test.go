@@ -51,7 +51,7 @@ func TestEngineReadsForReconcile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := keys(maps(d.scrapers)), []string{"both", "emu", "explicit", "nopage"}; !slices.Equal(got, want) {
+	if got, want := keys(maps(d.scrapers.running)), []string{"both", "emu", "explicit", "nopage"}; !slices.Equal(got, want) {
 		t.Errorf("scrapers of %v, want %v", got, want)
 	}
 	testutil.Eventually(t, "two failed reads of each absent page, a good one of each emulator", func() (bool, string) {
@@ -98,7 +98,7 @@ func TestEngineReadsForReconcile(t *testing.T) {
 	if err := d.Reload(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if got := keys(maps(d.scrapers)); !slices.Equal(got, []string{"both"}) {
+	if got := keys(maps(d.scrapers.running)); !slices.Equal(got, []string{"both"}) {
 		t.Errorf("after turning it off, scrapers of %v, want [both]", got)
 	}
 	m = testutil.Gather(t, d.reg)

@@ -38,8 +38,8 @@ func newFailureLog(logger log.Logger) *failureLog {
 	return &failureLog{logger: logger, interval: failureLogInterval, now: time.Now, counts: map[openai.Outcome]int{}}
 }
 
-// finished records one request's outcome.
-func (f *failureLog) finished(r *replay.Result) {
+// observe records one request's outcome.
+func (f *failureLog) observe(r *replay.Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.now()

@@ -60,7 +60,7 @@ func TestFailureLog(t *testing.T) {
 			f.now = func() time.Time { return now }
 			for _, s := range tt.steps {
 				now = start.Add(s.at)
-				f.finished(&replay.Result{Response: openai.Response{Outcome: s.outcome, Error: s.err}})
+				f.observe(&replay.Result{Response: openai.Response{Outcome: s.outcome, Error: s.err}})
 			}
 			var got []string
 			for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {

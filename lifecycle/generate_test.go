@@ -25,7 +25,7 @@ func TestGeneratedWorkloadShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	parses := d.traces.stats.parses.Load
-	rows := d.units[unitKey{"w", "t"}].plan.Rows()
+	rows := d.units.byKey[unitKey{"w", "t"}].plan.Rows()
 	if rows.Len() != 5 || rows.ISL(0) != 42 || parses() != 1 {
 		t.Fatalf("%d rows, the first of %d tokens, %d made; want 5 of 42, made once", rows.Len(), rows.ISL(0), parses())
 	}
@@ -42,7 +42,7 @@ func TestGeneratedWorkloadShared(t *testing.T) {
 	if err := d.Reload(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if got := d.units[unitKey{"w", "t"}].plan.Rows().Len(); parses() != 2 || got != 6 {
+	if got := d.units.byKey[unitKey{"w", "t"}].plan.Rows().Len(); parses() != 2 || got != 6 {
 		t.Errorf("after changing requests: %d rows, %d made; want 6, made twice", got, parses())
 	}
 }

@@ -4,11 +4,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-
-	"github.com/go-kit/log"
-	"github.com/go-kit/log/level"
-
-	"github.com/kvload-exporter/kvload-exporter/config"
 )
 
 // saltHexDigits is the length of a cache salt: 64 bits of SHA-256 keep
@@ -31,23 +26,4 @@ func cacheSalt(epoch, w, t string) string {
 		h.Write([]byte{0})
 	}
 	return hex.EncodeToString(h.Sum(nil))[:saltHexDigits]
-}
-
-// unitSalt is the cache salt of workload w on target t, "" when t does not
-// isolate; fresh says that no request can have carried it before: its
-// epoch is this daemon's own and no unit of this daemon sent it yet, so
-// the engine holds nothing of it. Owner goroutine only.
-func (d *Daemon) unitSalt(w *config.Workload, t *config.Target, logger log.Logger) (salt string, fresh bool) {
-	if !t.Cache.Isolate {
-		return "", false
-	}
-	epoch, from := d.epoch, "drawn at this start"
-	if t.Cache.IsolationEpoch != "" {
-		epoch, from = t.Cache.IsolationEpoch, "configured"
-	}
-	salt = cacheSalt(epoch, w.Name, t.Name)
-	fresh = t.Cache.IsolationEpoch == "" && !d.saltsSent[salt]
-	d.saltsSent[salt] = true
-	level.Info(logger).Log("msg", "requests carry a cache salt of their own: the engine shares their prefixes with no other client", "epoch", from, "engine_holds_nothing_yet", fresh)
-	return salt, fresh
 }

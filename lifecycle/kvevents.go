@@ -33,13 +33,27 @@ type kvFollowing struct {
 	offer       *missOffer
 }
 
-// kvEndpoints are the event streams of t: cache.kv_events, else those of
+// kvSet is the part that follows the KV event streams of the targets
+// that have some, to classify their missed hits.
+type kvSet struct {
+	*common
+	explainer *kvevents.Explainer
+	emulators *emulatorSet
+	layouts   *layoutSet // the targets' block sizes
+	following map[string]*kvFollowing
+}
+
+func newKVSet(c *common, explainer *kvevents.Explainer, emulators *emulatorSet, layouts *layoutSet) *kvSet {
+	return &kvSet{common: c, explainer: explainer, emulators: emulators, layouts: layouts, following: map[string]*kvFollowing{}}
+}
+
+// endpoints are the event streams of t: cache.kv_events, else those of
 // its emulated engine when that publishes any.
-func (d *Daemon) kvEndpoints(t *config.Target) []string {
+func (k *kvSet) endpoints(t *config.Target) []string {
 	if len(t.Cache.KVEvents) > 0 {
 		return t.Cache.KVEvents
 	}
-	if e := d.emulators[t.Name]; e != nil {
+	if e := k.emulators.running[t.Name]; e != nil {
 		if ep := e.engine.KVEventsEndpoint(); ep != "" {
 			return []string{ep}
 		}
@@ -47,37 +61,42 @@ func (d *Daemon) kvEndpoints(t *config.Target) []string {
 	return nil
 }
 
-// kvFingerprint is what following t's streams restarts on a change of.
-func (d *Daemon) kvFingerprint(cfg *config.Config, t *config.Target) string {
-	return cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name) + "\x00" + strings.Join(d.kvEndpoints(t), "\x00")
+// fingerprint is what following t's streams restarts on a change of.
+func (k *kvSet) fingerprint(cfg *config.Config, t *config.Target) string {
+	return cfg.Fingerprint("target", t.Name) + "\x00" + k.emulators.url(t.Name) + "\x00" + strings.Join(k.endpoints(t), "\x00")
 }
 
-// stopKVEvents stops following the streams of targets that cfg changed,
-// removed or gave none (all when cfg is nil), and waits for their
-// goroutines, before their series are deleted.
-func (d *Daemon) stopKVEvents(cfg *config.Config) {
-	for name, f := range d.kvTargets {
-		var t *config.Target
-		if cfg != nil {
-			t, _ = cfg.Target(name)
-		}
-		if t != nil && len(d.kvEndpoints(t)) > 0 && d.kvFingerprint(cfg, t) == f.fingerprint {
+// stop stops following the streams of targets that next changed, removed
+// or gave none (all when next is nil), and waits for their goroutines,
+// before their series are deleted. Each stream's context is cancelled
+// first: the wait is as long as a stream takes to see it.
+func (k *kvSet) stop(next *nextConfig) {
+	var stopped []string
+	var ends sync.WaitGroup
+	for name, f := range k.following {
+		if t := next.target(name); t != nil && len(k.endpoints(t)) > 0 && k.fingerprint(next.cfg, t) == f.fingerprint {
 			continue
 		}
-		f.streams.Stop()
-		d.coll.KVEvents().Stop(name)
-		delete(d.kvTargets, name)
+		// All at once: the stop takes as long as the slowest stream, not
+		// the sum of them.
+		ends.Go(f.streams.Stop)
+		stopped = append(stopped, name)
+	}
+	ends.Wait()
+	for _, name := range stopped {
+		k.coll.KVEvents().Stop(name)
+		delete(k.following, name)
 	}
 }
 
-// applyKVEvents follows the event streams of every target of cfg that has
-// some and is not followed yet (stopKVEvents stopped those no longer
-// wanted), under unitCtx until a reload or the shutdown stops them, and
-// returns once each new stream connected or failed to, within
-// discoverTimeout (and ctx, the shutdown's). The owner goroutine owns
-// d.kvTargets.
-func (d *Daemon) applyKVEvents(ctx, unitCtx context.Context, cfg *config.Config) error {
-	d.stopKVEvents(cfg)
+// apply follows the event streams of every target of next that has some
+// and is not followed yet (stop stops those no longer wanted), under
+// unitCtx until a reload or the shutdown stops them, and returns once
+// each new stream connected or failed to, within discoverTimeout (and
+// ctx, the shutdown's).
+func (k *kvSet) apply(ctx, unitCtx context.Context, next *nextConfig) error {
+	cfg := next.cfg
+	k.stop(next)
 	var started []*kvevents.Target
 	defer func() {
 		// A target's first requests are classified only once its streams
@@ -90,21 +109,21 @@ func (d *Daemon) applyKVEvents(ctx, unitCtx context.Context, cfg *config.Config)
 	}()
 	for i := range cfg.Targets {
 		t := &cfg.Targets[i]
-		endpoints := d.kvEndpoints(t)
-		if len(endpoints) == 0 || d.kvTargets[t.Name] != nil {
+		endpoints := k.endpoints(t)
+		if len(endpoints) == 0 || k.following[t.Name] != nil {
 			continue
 		}
 		client, err := targetHTTPClient(t, "kvload_kv_events")
 		if err != nil {
 			return fmt.Errorf("target %s: kv events client: %w", t.Name, err)
 		}
-		d.coll.KVEvents().Start(t.Name, len(endpoints))
-		logger := log.With(d.logger, "target", t.Name)
-		streams := kvevents.StartTarget(unitCtx, endpoints, t.Cache.KVEventsMaxBlocks, newKVReporter(d.coll, t.Name, logger))
-		offer := &missOffer{target: t.Name, streams: streams.Streams, explainer: d.explainer, sink: d.coll.KVEvents(),
-			spec: engine.For(t.Dialect), client: client, base: d.targetBaseURL(t), model: t.Model, chat: t.API == openai.APIChat,
-			blockSize: d.caches[t.Name].params.ServerBlock}
-		d.kvTargets[t.Name] = &kvFollowing{fingerprint: d.kvFingerprint(cfg, t), streams: streams, offer: offer}
+		k.coll.KVEvents().Start(t.Name, len(endpoints))
+		logger := log.With(k.logger, "target", t.Name)
+		streams := kvevents.StartTarget(unitCtx, endpoints, t.Cache.KVEventsMaxBlocks, newKVReporter(k.coll, t.Name, logger))
+		offer := &missOffer{target: t.Name, streams: streams.Streams, explainer: k.explainer, sink: k.coll.KVEvents(),
+			spec: engine.For(t.Dialect), client: client, base: k.emulators.baseURL(t), model: t.Model, chat: t.API == openai.APIChat,
+			blockSize: k.layouts.caches[t.Name].params.ServerBlock}
+		k.following[t.Name] = &kvFollowing{fingerprint: k.fingerprint(cfg, t), streams: streams, offer: offer}
 		started = append(started, streams)
 		level.Info(logger).Log("msg", "following the engine's KV cache events, to classify missed hits", "endpoints", strings.Join(endpoints, ","))
 	}

@@ -43,7 +43,7 @@ func TestKVEventsFollowed(t *testing.T) {
 		v, n := connected()
 		return n == 1 && v == 1, fmt.Sprint(v, n)
 	})
-	if f := d.kvTargets["emu"]; f == nil || len(f.streams.Streams) != 1 || f.streams.Streams[0].Endpoint != d.emulators["emu"].engine.KVEventsEndpoint() {
+	if f := d.kv.following["emu"]; f == nil || len(f.streams.Streams) != 1 || f.streams.Streams[0].Endpoint != d.emulators.running["emu"].engine.KVEventsEndpoint() {
 		t.Fatalf("following %+v, want the emulator's own endpoint", f)
 	}
 
@@ -52,8 +52,8 @@ func TestKVEventsFollowed(t *testing.T) {
 	if err := d.Reload(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if _, n := connected(); n != 0 || len(d.kvTargets) != 0 {
-		t.Errorf("after the reload: %d connected series, %d targets followed; want none", n, len(d.kvTargets))
+	if _, n := connected(); n != 0 || len(d.kv.following) != 0 {
+		t.Errorf("after the reload: %d connected series, %d targets followed; want none", n, len(d.kv.following))
 	}
 }
 

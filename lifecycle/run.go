@@ -33,8 +33,9 @@ type Options struct {
 	// Watch reloads when the configuration file changes.
 	Watch bool
 
-	beforeApply func(ctx context.Context) // tests only
-	discovery   discoverySchedule         // tests only: the zero value is the default
+	beforeApply func(ctx context.Context)  // tests only
+	buildStep   func(*config.Config) error // tests only: a build that fails
+	discovery   discoverySchedule          // tests only: the zero value is the default
 }
 
 // reloadRequest is a reload waiting for the owner goroutine.
@@ -107,9 +108,8 @@ func (d *Daemon) Start(ctx context.Context) error {
 		close(d.done)
 		return err
 	}
-	d.haltMu.Lock()
-	d.ready.Store(!d.halted) // a shutdown begun just now stays not ready
-	d.haltMu.Unlock()
+	// A shutdown begun just now stays not ready.
+	d.units.unlessHalted(func() { d.ready.Store(true) })
 	go func() {
 		defer close(d.done)
 		defer cancelUnits()
@@ -134,8 +134,8 @@ func (d *Daemon) own(ctx, unitCtx context.Context, fileChanged <-chan struct{}) 
 			_ = d.reload(ctx, unitCtx, false)
 		case req := <-d.reqs:
 			req.reply <- d.reload(ctx, unitCtx, req.force)
-		case r := <-d.readings:
-			d.takeReading(r)
+		case r := <-d.layouts.readings:
+			d.layouts.take(r)
 		}
 	}
 }

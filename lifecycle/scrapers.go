@@ -46,41 +46,57 @@ func scrapedTargets(cfg *config.Config) map[string]*config.Target {
 	return want
 }
 
-// scraperFingerprint is what a scraper of t is restarted on a change of.
-func (d *Daemon) scraperFingerprint(cfg *config.Config, t *config.Target) string {
-	return cfg.Fingerprint("target", t.Name) + "\x00" + d.emulatorURL(t.Name)
+// scraperSet is the part that runs one server-metrics scraper per target
+// whose engine counters are read.
+type scraperSet struct {
+	*common
+	emulators *emulatorSet
+	running   map[string]*scraping
 }
 
-// stopScrapers stops the scrapers of targets that cfg changed, removed or
-// no longer scrapes (all of them when cfg is nil) and waits for their end,
+func newScraperSet(c *common, emulators *emulatorSet) *scraperSet {
+	return &scraperSet{common: c, emulators: emulators, running: map[string]*scraping{}}
+}
+
+// fingerprint is what a scraper of t is restarted on a change of.
+func (s *scraperSet) fingerprint(cfg *config.Config, t *config.Target) string {
+	return cfg.Fingerprint("target", t.Name) + "\x00" + s.emulators.url(t.Name)
+}
+
+// stop stops the scrapers of targets that next changed, removed or no
+// longer scrapes (all of them when next is nil) and waits for their end,
 // so that none counts anything for its target after that.
-func (d *Daemon) stopScrapers(cfg *config.Config) {
+func (s *scraperSet) stop(next *nextConfig) {
 	want := map[string]*config.Target{}
-	if cfg != nil {
-		want = scrapedTargets(cfg)
+	if next != nil {
+		want = scrapedTargets(next.cfg)
 	}
-	for name, s := range d.scrapers {
-		if t := want[name]; t == nil || d.scraperFingerprint(cfg, t) != s.fingerprint {
-			s.cancel()
-			<-s.done
-			delete(d.scrapers, name)
-			if s.reconcile {
-				d.coll.Reconcile().Stop(name)
-			}
+	stopped := map[string]*scraping{}
+	for name, sc := range s.running {
+		if t := want[name]; t == nil || s.fingerprint(next.cfg, t) != sc.fingerprint {
+			sc.cancel() // every one before waiting for any
+			stopped[name] = sc
+		}
+	}
+	for name, sc := range stopped {
+		<-sc.done
+		delete(s.running, name)
+		if sc.reconcile {
+			s.coll.Reconcile().Stop(name)
 		}
 	}
 }
 
-// applyScrapers runs one scraper per target whose engine counters are read
-// (observed: server_metrics, cache.reconcile) that has none (stopScrapers
-// stopped those no longer wanted). The baselines of server_metrics are
+// apply runs one scraper per target whose engine counters are read
+// (observed: server_metrics, cache.reconcile) that has none (stop
+// stops those no longer wanted). The baselines of server_metrics are
 // read first, at most maxTargetReads at once, each within
 // discoverTimeout; they end when ctx does (the shutdown), and then no
 // scraper starts and ctx's error is returned. The scrapers run under
-// unitCtx, through the drain, until stopScrapers or a reload stops them.
-// The reload goroutine owns d.scrapers.
-func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config) error {
-	d.stopScrapers(cfg)
+// unitCtx, through the drain, until stop or a reload stops them.
+func (s *scraperSet) apply(ctx, unitCtx context.Context, next *nextConfig) error {
+	cfg := next.cfg
+	s.stop(next)
 	type started struct {
 		name string
 		t    *config.Target
@@ -89,12 +105,12 @@ func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config)
 	}
 	var todo []started
 	for name, t := range scrapedTargets(cfg) {
-		if d.scrapers[name] != nil {
+		if s.running[name] != nil {
 			continue
 		}
 		url := t.EngineMetricsURL()
 		if t.Emulate != nil && url == "" {
-			url = d.emulatorURL(name) + "/metrics"
+			url = s.emulators.url(name) + "/metrics"
 		}
 		sc, err := newServerScraper(t, url)
 		if err != nil {
@@ -106,13 +122,13 @@ func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config)
 			// takes it, one interval on.
 			sc.FirstAfter = serverScrapeInterval
 		}
-		todo = append(todo, started{name, t, sc, &engineReadSink{target: name, reads: reads, credit: d.truth, comp: d.coll.Reconcile(), logger: d.logger}})
+		todo = append(todo, started{name, t, sc, &engineReadSink{target: name, reads: reads, credit: s.truth, comp: s.coll.Reconcile(), logger: s.logger}})
 	}
 	// The baselines come before the targets' first requests.
 	var primes errgroup.Group
 	primes.SetLimit(maxTargetReads)
-	for _, s := range todo {
-		if !s.sink.reads.credit {
+	for _, st := range todo {
+		if !st.sink.reads.credit {
 			continue
 		}
 		primes.Go(func() error {
@@ -121,8 +137,8 @@ func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config)
 			}
 			pctx, pcancel := context.WithTimeout(ctx, discoverTimeout)
 			defer pcancel()
-			if err := s.sc.Prime(pctx); err != nil {
-				level.Warn(d.logger).Log("msg", "server metrics: no baseline before the first request; hits until the first good scrape are not counted", "target", s.name, "err", err)
+			if err := st.sc.Prime(pctx); err != nil {
+				level.Warn(s.logger).Log("msg", "server metrics: no baseline before the first request; hits until the first good scrape are not counted", "target", st.name, "err", err)
 			}
 			return nil
 		})
@@ -133,15 +149,15 @@ func (d *Daemon) applyScrapers(ctx, unitCtx context.Context, cfg *config.Config)
 	}
 	for _, st := range todo {
 		ctx, cancel := context.WithCancel(unitCtx)
-		s := &scraping{fingerprint: d.scraperFingerprint(cfg, st.t), reconcile: st.sink.reads.reconcile, cancel: cancel, done: make(chan struct{})}
-		d.scrapers[st.name] = s
-		if s.reconcile {
-			d.coll.Reconcile().Start(st.name)
+		sc := &scraping{fingerprint: s.fingerprint(cfg, st.t), reconcile: st.sink.reads.reconcile, cancel: cancel, done: make(chan struct{})}
+		s.running[st.name] = sc
+		if sc.reconcile {
+			s.coll.Reconcile().Start(st.name)
 		}
-		d.wg.Add(1)
+		s.wg.Add(1)
 		go func() {
-			defer d.wg.Done()
-			defer close(s.done)
+			defer s.wg.Done()
+			defer close(sc.done)
 			st.sc.Run(ctx, st.sink, st.sink.failed)
 		}()
 	}

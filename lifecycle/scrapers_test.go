@@ -129,7 +129,7 @@ func TestReloadsCloseScraperConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(d.scrapers); n != targets {
+	if n := len(d.scrapers.running); n != targets {
 		t.Fatalf("%d scrapers, want %d", n, targets)
 	}
 	// The baseline: 200 scrapers, each with its connection (both ends of
@@ -232,7 +232,7 @@ func TestReloadReconcilesScrapers(t *testing.T) {
 			t.Fatalf("%s: %v", step.name, err)
 		}
 		// Read once Start or Reload answered: the owner goroutine is idle.
-		scrapers, engines := maps(d.scrapers), maps(d.emulators)
+		scrapers, engines := maps(d.scrapers.running), maps(d.emulators.running)
 
 		var wantScrapers, wantEngines []string
 		for _, tg := range step.targets {

@@ -36,29 +36,29 @@ const (
 // not checked. On chat, where the endpoint renders messages, it also
 // returns the size of the target's chat template (known false otherwise),
 // so that prompts leave it room from the first request on.
-func (d *Daemon) checkTokenizer(ctx context.Context, t *config.Target) (template int, known bool) {
+func (l *layoutSet) checkTokenizer(ctx context.Context, t *config.Target) (template int, known bool) {
 	dialect := t.Dialect
-	logger := log.With(d.logger, "target", t.Name)
+	logger := log.With(l.logger, "target", t.Name)
 	if !engine.For(dialect).CanTokenize() {
-		d.coll.SetTokenizeRatio(t.Name, 0, false)
+		l.coll.SetTokenizeRatio(t.Name, 0, false)
 		level.Debug(logger).Log("msg", "prompt length not checked: the engine has no tokenize endpoint", "dialect", dialect)
 		return 0, false
 	}
-	res, err := d.tokenizeCheck(ctx, t)
+	res, err := l.tokenizeCheck(ctx, t)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return 0, false // shutting down: the check says nothing of the target
 	case errors.Is(err, engine.ErrTooManyTokens):
-		d.coll.SetTokenizeRatio(t.Name, 0, false)
+		l.coll.SetTokenizeRatio(t.Name, 0, false)
 		level.Warn(logger).Log("msg", "prompt length not checked: the target's tokenize endpoint counts more tokens than the prompt has bytes, which no tokenizer does", "err", err)
 		return 0, false
 	case err != nil:
-		d.coll.SetTokenizeRatio(t.Name, 0, false)
+		l.coll.SetTokenizeRatio(t.Name, 0, false)
 		level.Info(logger).Log("msg", "prompt length not checked: the target's tokenize endpoint did not answer", "err", err)
 		return 0, false
 	}
 	ratio := float64(res.server) / float64(res.built)
-	d.coll.SetTokenizeRatio(t.Name, ratio, true)
+	l.coll.SetTokenizeRatio(t.Name, ratio, true)
 	kv := []any{"built_tokens", res.built, "server_tokens", res.server, "ratio", fmt.Sprintf("%.4f", ratio)}
 	switch {
 	case math.Abs(ratio-1) > tokenizeWarnRatio:
@@ -91,7 +91,7 @@ type tokenizeResult struct {
 	templateErr   error
 }
 
-func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeResult, error) {
+func (l *layoutSet) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeResult, error) {
 	b, err := prompt.NewBuilder(prompt.Options{BlockSize: tokenizeCheckTokens})
 	if err != nil {
 		return tokenizeResult{}, err
@@ -116,7 +116,7 @@ func (d *Daemon) tokenizeCheck(ctx context.Context, t *config.Target) (tokenizeR
 	defer client.CloseIdleConnections()
 	cctx, cancel := context.WithTimeout(ctx, discoverTimeout)
 	defer cancel()
-	base := d.targetBaseURL(t)
+	base := l.emulators.baseURL(t)
 	res := tokenizeResult{built: tokenizeCheckTokens}
 	var each func(int)
 	if mine != nil {

@@ -71,11 +71,11 @@ func TestTraceParsedOnce(t *testing.T) {
 	if got := parses(); got != 1 {
 		t.Fatalf("%d parses for one file used by 4 units, want 1", got)
 	}
-	a1 := d.units[unitKey{"a", "t1"}]
-	if a1 == nil || len(d.units) != 4 {
-		t.Fatalf("units %v", d.units)
+	a1 := d.units.byKey[unitKey{"a", "t1"}]
+	if a1 == nil || len(d.units.byKey) != 4 {
+		t.Fatalf("units %v", d.units.byKey)
 	}
-	if d.units[unitKey{"a", "t1"}].workload == nil {
+	if d.units.byKey[unitKey{"a", "t1"}].workload == nil {
 		t.Fatal("no workload")
 	}
 
@@ -106,11 +106,11 @@ func TestTraceParsedOnce(t *testing.T) {
 		if got := parses(); got != st.wantParses {
 			t.Errorf("%s: %d parses in all, want %d", st.what, got, st.wantParses)
 		}
-		if d.units[unitKey{"a", "t1"}] != a1 {
+		if d.units.byKey[unitKey{"a", "t1"}] != a1 {
 			t.Errorf("%s: the unit of an unchanged workload was replaced", st.what)
 		}
 		// All workloads of one file and knobs share one plan.
-		if p1, p2 := d.units[unitKey{"a", "t1"}].plan, d.units[unitKey{"b", "t2"}].plan; p1 != p2 {
+		if p1, p2 := d.units.byKey[unitKey{"a", "t1"}].plan, d.units.byKey[unitKey{"b", "t2"}].plan; p1 != p2 {
 			t.Errorf("%s: workloads a and b hold two copies of one trace", st.what)
 		}
 	}
@@ -123,7 +123,7 @@ func TestTraceParsedOnce(t *testing.T) {
 	if got := parses(); got != 4 {
 		t.Errorf("after the file changed: %d parses in all, want 4", got)
 	}
-	if d.units[unitKey{"a", "t1"}] == a1 {
+	if d.units.byKey[unitKey{"a", "t1"}] == a1 {
 		t.Error("the units of a changed trace kept running on the old rows")
 	}
 }
@@ -295,7 +295,7 @@ func TestReloadLeavesNeighbourAlone(t *testing.T) {
 		n := srv.Count(busyPath)
 		return n >= 20, fmt.Sprintf("%d requests", n)
 	})
-	busyUnit := d.units[unitKey{"busy", "tb"}]
+	busyUnit := d.units.byKey[unitKey{"busy", "tb"}]
 	for _, st := range []struct {
 		what   string
 		config config.Config
@@ -315,7 +315,7 @@ func TestReloadLeavesNeighbourAlone(t *testing.T) {
 				return n > smallBefore, fmt.Sprintf("%d requests, %d before the reload", n, smallBefore)
 			})
 		}
-		if d.units[unitKey{"busy", "tb"}] != busyUnit {
+		if d.units.byKey[unitKey{"busy", "tb"}] != busyUnit {
 			t.Fatalf("%s: the busy workload's unit was replaced", st.what)
 		}
 		testutil.Eventually(t, st.what+": the busy workload going on", func() (bool, string) {

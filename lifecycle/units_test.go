@@ -2,11 +2,13 @@ package lifecycle
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -207,7 +209,7 @@ func TestSurplusIDsNotedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := d.units[unitKey{"w", "t"}].plan.Rows()
+	rows := d.units.byKey[unitKey{"w", "t"}].plan.Rows()
 	for i, n := range []int{2, 3, 1} {
 		if ids, _ := rows.AppendHashIDs(nil, i); len(ids) != n {
 			t.Errorf("row %d replays %v, want the %d ids that fit", i+1, ids, n)
@@ -236,5 +238,162 @@ func TestTooFewIDsNamesBlockSize(t *testing.T) {
 	_, err := Check(path)
 	if !errors.Is(err, trace.ErrTooFewHashIDs) || !strings.Contains(err.Error(), "t.jsonl:1: input_length 600 does not fit 2 hash_ids of 64-token blocks: it needs 10; workloads[0].block_size is 64 tokens") {
 		t.Errorf("Check: %v", err)
+	}
+}
+
+// TestSendsTokenIDs: a target with prompt_format: token_ids gets its
+// prompts as token ids, as many as the trace's input_length (a regression:
+// the daemon used to build the token-id builder and send text anyway).
+func TestSendsTokenIDs(t *testing.T) {
+	t.Parallel()
+	prompts := make(chan json.RawMessage, 8)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Prompt json.RawMessage `json:"prompt"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			t.Errorf("request body: %v", err)
+		}
+		select {
+		case prompts <- req.Prompt:
+		default:
+		}
+		http.Error(w, `{"error":{"message":"not here"}}`, http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	path := filepath.Join(t.TempDir(), "kvload.yml")
+	cfg := config.Config{
+		Targets:   []config.Target{{Name: "ids", URL: srv.URL, Model: "m", API: "completions", PromptFormat: "token_ids"}},
+		Workloads: []config.Workload{daemontest.Workload("w", fixture(t, "future.jsonl"), "ids")},
+	}
+	daemontest.WriteConfig(t, path, cfg)
+	if _, err := startDaemon(t, path, nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		var ids []int
+		p := testutil.Wait(t, "a request", prompts)
+		if err := json.Unmarshal(p, &ids); err != nil {
+			t.Fatalf("prompt %.80s…: not a list of token ids: %v", p, err)
+		}
+		if len(ids) != 20 {
+			t.Errorf("%d token ids, want the trace's input_length 20", len(ids))
+		}
+	}
+}
+
+// TestOnceEndLogged: a loop: once workload logs one info line naming it and
+// its target when its single pass is done and drained; a workload still
+// replaying (loop: repeat) logs none.
+func TestOnceEndLogged(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, nil)
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "now.jsonl")
+	if err := os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [1, 2]}
+{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [3, 4]}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "kvload.yml")
+	forever := daemontest.Workload("forever", fixture(t, "future.jsonl"), "t")
+	forever.Loop = "repeat"
+	daemontest.WriteConfig(t, path, config.Config{
+		Targets:   []config.Target{daemontest.Target("t", srv.URL)},
+		Workloads: []config.Workload{daemontest.Workload("once", trace, "t"), forever},
+	})
+	var logs testutil.Buffer
+	d, err := startDaemon(t, path, func(o *Options) { o.Logger = log.NewLogfmtLogger(&logs) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	const line = `msg="replay finished: its single pass is done and drained"`
+	testutil.Eventually(t, "the end of the once workload logged", func() (bool, string) {
+		return strings.Contains(logs.String(), line), logs.String()
+	})
+	d.stop()
+	testutil.Wait(t, "the daemon stopped", d.Done())
+	var ends []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, line) {
+			ends = append(ends, l)
+		}
+	}
+	if len(ends) != 1 || !strings.Contains(ends[0], "workload=once") || !strings.Contains(ends[0], "target=t ") ||
+		!strings.Contains(ends[0], "level=info") {
+		t.Errorf("want one info line for workload once, target t; got %q", ends)
+	}
+}
+
+// TestLoopsAfterRestart: a workload whose units all start over — removed
+// by a reload then added back, or changed — counts its new passes in
+// kvload_trace_loops_total. (A changed one used to count none until it had
+// replayed as many passes as before the change: the collector remembered
+// them.)
+func TestLoopsAfterRestart(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		change func(cfg config.Config) []config.Config // the configurations applied in turn
+	}{
+		{"removed then added back", func(cfg config.Config) []config.Config {
+			without := cfg
+			without.Workloads = cfg.Workloads[:1] // "other" only
+			return []config.Config{without, cfg}
+		}},
+		{"changed", func(cfg config.Config) []config.Config {
+			changed := cfg
+			changed.Workloads = slices.Clone(cfg.Workloads)
+			changed.Workloads[1].MaxInFlight = 7
+			return []config.Config{changed}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := newFakeServer(t, nil)
+			dir := t.TempDir()
+			trace := filepath.Join(dir, "short.jsonl")
+			if err := os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 20, "output_length": 1, "hash_ids": [1, 2]}
+{"timestamp": 20, "input_length": 20, "output_length": 1, "hash_ids": [3, 4]}
+`), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "kvload.yml")
+			cfg := daemontest.Config(srv.URL, trace)
+			cfg.Workloads[0].Name = "other"
+			w := daemontest.Workload("w", trace, "t")
+			w.Loop = "repeat"
+			cfg.Workloads = append(cfg.Workloads, w)
+			daemontest.WriteConfig(t, path, cfg)
+			d, err := startDaemon(t, path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			loops := func() float64 {
+				v, _ := testutil.Gather(t, d.reg).Value("kvload_trace_loops_total", "workload", "w")
+				return v
+			}
+			testutil.Eventually(t, "passes counted", func() (bool, string) { return loops() >= 10, fmt.Sprint(loops()) })
+			for _, c := range tt.change(cfg) {
+				daemontest.WriteConfig(t, path, c)
+				if err := d.Reload(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := loops()
+			u := d.units.byKey[unitKey{"w", "t"}] // read after Reload answered: the owner is idle
+			// Passes are numbered on the anchored grid: three after the restart's.
+			first := u.workload.Position().Pass
+			testutil.Eventually(t, "the restarted workload three passes on", func() (bool, string) {
+				p := u.workload.Position()
+				return p.Pass >= first+3, fmt.Sprintf("%+v", p)
+			})
+			// Counting on from before, or afresh from a deleted series; not
+			// stuck where it was.
+			if got := loops(); got-before < 2 && (got < 2 || got >= before) {
+				t.Errorf("kvload_trace_loops_total %v after 3 passes of the restarted workload (it was %v at the restart)", got, before)
+			}
+		})
 	}
 }
