@@ -236,7 +236,7 @@ func TestSharedPrefixBounds(t *testing.T) {
 		{"turns 2^40", func(s *SharedPrefix) { s.Turns = 1 << 40 }, "turns"},
 		{"rate spreads past 100 years", func(s *SharedPrefix) { s.Rate = 1e-300 }, "rate"},
 		{"constant rate spreads past 100 years", func(s *SharedPrefix) { s.Rate, s.Arrival = 1e-9, ArrivalConstant }, "rate"},
-		{"turn delay of 200 years", func(s *SharedPrefix) { s.Turns, s.TurnDelay = 2, 200 * 365.25 * 24 * 3600e3 }, "turn_delay"},
+		{"turn delay of 200 years", func(s *SharedPrefix) { s.Turns, s.TurnDelay = 2, 200*365.25*24*3600e3 }, "turn_delay"},
 		{"ids at the bound", func(s *SharedPrefix) {
 			s.BlockSize, s.PrefixTokens, s.InputTokens, s.OutputTokens, s.Requests = 1, 1000, Lengths{Mean: 23}, Lengths{Mean: 1}, MaxGeneratedIDs/1024
 		}, ""},
