@@ -27,6 +27,11 @@ type MemoryCosts struct {
 	// trace table's columns, the replay's plan and schedule entries.
 	TraceRow int64
 	TraceID  int64
+	// SynthesizedRow and SynthesizedID are a row that synthesis reshaped
+	// (any workloads[].synthesis key set), held beside the file's rows
+	// while they are made, and each hash id it holds.
+	SynthesizedRow int64
+	SynthesizedID  int64
 	// PromptCache is a workload's cache of prompt text at its bound, and
 	// PromptToken a cached block's token while the cache is below it.
 	PromptCache int64
@@ -55,19 +60,21 @@ type MemoryCosts struct {
 
 // DefaultMemoryCosts are the costs measured on this release.
 var DefaultMemoryCosts = MemoryCosts{
-	Process:       40 << 20,
-	TraceRow:      16,
-	TraceID:       5,
-	PromptCache:   64 << 20,
-	PromptToken:   6,
-	ModelBlock:    160,
-	ProfileBlock:  160,
-	InFlight:      64 << 10,
-	InFlightToken: 16,
-	EmulatedToken: 214,
-	EmulatorBlock: 256,
-	EmulatorToken: 56,
-	KVEventStream: (1<<20)*190 + 10<<20,
+	Process:        40 << 20,
+	TraceRow:       16,
+	TraceID:        5,
+	SynthesizedRow: 76,
+	SynthesizedID:  1,
+	PromptCache:    64 << 20,
+	PromptToken:    6,
+	ModelBlock:     160,
+	ProfileBlock:   160,
+	InFlight:       64 << 10,
+	InFlightToken:  16,
+	EmulatedToken:  214,
+	EmulatorBlock:  256,
+	EmulatorToken:  56,
+	KVEventStream:  (1<<20)*190 + 10<<20,
 }
 
 // TraceSize is what a trace holds: its rows and their hash ids.
@@ -188,15 +195,21 @@ func (c *Config) Footprint(costs MemoryCosts, traces map[string]TraceSize) Footp
 			size = TraceSize{Rows: int64(g.Requests), IDs: int64(g.MeanIDs())}
 			rowsPath, what = p+".generate", "generated rows"
 		}
-		// A prefix multiplier stretches every shared prefix: its ids scale
-		// with it.
-		ids := int64(float64(size.IDs) * max(w.Synthesis.PrefixLenMultiplier, 1))
+		rowBytes := size.Rows*costs.TraceRow + size.IDs*costs.TraceID
+		ids := size.IDs
+		if w.synthesized() {
+			// A prefix multiplier stretches every shared prefix: its
+			// ids scale with it.
+			ids = int64(float64(size.IDs) * max(w.Synthesis.PrefixLenMultiplier, 1))
+			rowBytes += size.Rows*costs.SynthesizedRow + ids*costs.SynthesizedID
+			what = "rows reshaped by synthesis from " + what
+		}
 		traceBlock := int64(max(w.BlockSize, 1))
 		promptCache := min(costs.PromptCache, ids*traceBlock*costs.PromptToken)
 		f.Items = append(f.Items, FootprintItem{
 			Path:  rowsPath,
 			What:  fmt.Sprintf("%d %s, %d hash ids, prompt-text cache of %s", size.Rows, what, ids, FormatBytes(promptCache)),
-			Bytes: size.Rows*costs.TraceRow + ids*costs.TraceID + promptCache,
+			Bytes: rowBytes + promptCache,
 		})
 		// A prompt's tokens, for what a request in flight holds: its
 		// blocks, at most max_isl.
@@ -232,6 +245,13 @@ func (c *Config) Footprint(costs MemoryCosts, traces map[string]TraceSize) Footp
 		}
 	}
 	return f
+}
+
+// synthesized tells whether w's rows are reshaped by synthesis.
+func (w *Workload) synthesized() bool {
+	s := w.Synthesis
+	return s.SpeedupRatio != 1 || s.PrefixLenMultiplier != 1 || s.PrefixRootMultiplier != 1 ||
+		s.PromptLenMultiplier != 1 || s.OutputLenMultiplier != 1 || s.MaxISL != 0 || s.MaxOSL != 0
 }
 
 // unitFootprint is one (workload, target)'s theoretical cache model at

@@ -11,7 +11,7 @@ import (
 // unitCosts prices each structure at a distinct power of two, so that a
 // total tells which terms it holds.
 var unitCosts = MemoryCosts{
-	Process: 1 << 20, TraceRow: 10, TraceID: 1, PromptCache: 1 << 40, PromptToken: 2,
+	Process: 1 << 20, TraceRow: 10, TraceID: 1, SynthesizedRow: 20, SynthesizedID: 4, PromptCache: 1 << 40, PromptToken: 2,
 	ModelBlock: 100, ProfileBlock: 1000, InFlight: 10000, InFlightToken: 3, EmulatedToken: 5,
 	EmulatorBlock: 7, EmulatorToken: 3, KVEventStream: 1 << 30,
 }
@@ -41,12 +41,13 @@ func TestFootprint(t *testing.T) {
 			},
 		},
 		{
-			name:   "a prefix multiplier doubles the ids",
+			name:   "synthesis: a prefix multiplier doubles the ids",
 			yaml:   remote + "workloads:\n  - {name: w, trace: t.jsonl, targets: [r], max_in_flight: 8, synthesis: {prefix_len_multiplier: 2}}\n",
 			traces: map[string]TraceSize{"w": {Rows: 1000, IDs: 20000}},
 			want: []FootprintItem{
 				{Path: "", Bytes: 1 << 20},
-				{Path: "workloads[0]", Bytes: 1000*10 + 40000 + 40000*512*2},
+				// The file's rows, and the reshaped ones beside them.
+				{Path: "workloads[0]", Bytes: 1000*10 + 20000 + 1000*20 + 40000*4 + 40000*512*2},
 				{Path: "workloads[0].targets[0]", Bytes: 2048*100 + defaultProfile*1000 + 8*(10000+20480*3)},
 			},
 		},
