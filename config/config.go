@@ -826,8 +826,8 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 					bad(path, "%s", msg)
 				}
 			}
-		} else if sp := s.SpeedupRatio; sp > 0 && sp < 1 && g.LastArrival()/sp > synth.MaxGeneratedSpan {
-			bad(p+".synthesis.speedup_ratio", "%v stretches the generated sessions over more than 100 years", sp)
+		} else {
+			validateGeneratedSynthesis(g, s, p, bad)
 		}
 	}
 	oneOf(w.Loop, p+".loop", bad, replay.LoopModes[:])
@@ -846,6 +846,31 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 		bad(p+".shard.count", "must be at least 1, got %d", w.Shard.Count)
 	} else if w.Shard.Index < 0 || w.Shard.Index >= w.Shard.Count {
 		bad(p+".shard.index", "must be in 0..%d, got %d", w.Shard.Count-1, w.Shard.Index)
+	}
+}
+
+// validateGeneratedSynthesis checks what synthesis makes of generated
+// rows at their longest: rows a request can hold, ids within the
+// generator's bound, sessions within the time axis.
+func validateGeneratedSynthesis(g *synth.SharedPrefix, s Synthesis, p string, bad func(string, string, ...any)) {
+	in, out := g.LongestRow()
+	grow, key := s.PrefixLenMultiplier, "prefix_len_multiplier"
+	if s.PromptLenMultiplier > grow {
+		grow, key = s.PromptLenMultiplier, "prompt_len_multiplier"
+	}
+	if grow > 1 {
+		if in*grow > synth.MaxRowTokens && (s.MaxISL == 0 || s.MaxISL > synth.MaxRowTokens) {
+			bad(p+".synthesis."+key, "%v makes generated prompts of up to %.0f tokens, more than the %d a request holds (max_isl caps them)", grow, in*grow, synth.MaxRowTokens)
+		}
+		if ids := g.HeldIDs() * grow; ids > synth.MaxGeneratedIDs {
+			bad(p+".synthesis."+key, "%v makes generated rows holding up to %.3g hash ids, more than %d", grow, ids, synth.MaxGeneratedIDs)
+		}
+	}
+	if m := s.OutputLenMultiplier; m > 1 && out*m > synth.MaxRowTokens && (s.MaxOSL == 0 || s.MaxOSL > synth.MaxRowTokens) {
+		bad(p+".synthesis.output_len_multiplier", "%v makes generated answers of up to %.0f tokens, more than the %d a request holds (max_osl caps them)", m, out*m, synth.MaxRowTokens)
+	}
+	if sp := s.SpeedupRatio; sp > 0 && sp < 1 && g.LastArrival()/sp > synth.MaxGeneratedSpan {
+		bad(p+".synthesis.speedup_ratio", "%v stretches the generated sessions over more than 100 years", sp)
 	}
 }
 

@@ -198,9 +198,9 @@ func (c *Config) Footprint(costs MemoryCosts, traces map[string]TraceSize) Footp
 		rowBytes := size.Rows*costs.TraceRow + size.IDs*costs.TraceID
 		ids := size.IDs
 		if w.synthesized() {
-			// A prefix multiplier stretches every shared prefix: its
-			// ids scale with it.
-			ids = int64(float64(size.IDs) * max(w.Synthesis.PrefixLenMultiplier, 1))
+			// A prefix multiplier stretches every shared prefix, a
+			// prompt multiplier the rest: the ids scale with the larger.
+			ids = int64(float64(size.IDs) * max(w.Synthesis.PrefixLenMultiplier, w.Synthesis.PromptLenMultiplier, 1))
 			rowBytes += size.Rows*costs.SynthesizedRow + ids*costs.SynthesizedID
 			what = "rows reshaped by synthesis from " + what
 		}

@@ -174,6 +174,11 @@ func (s SharedPrefix) sessions() (n, lastTurns int) {
 	return n, s.Requests - (n-1)*s.Turns
 }
 
+// LongestRow is the longest input and output lengths a row can have.
+func (s SharedPrefix) LongestRow() (input, output float64) {
+	return s.longestPrompt(), s.OutputTokens.max()
+}
+
 // longestPrompt is the longest input length a row can have: a session's
 // last turn holds the prefix, every turn's input and every earlier answer.
 func (s SharedPrefix) longestPrompt() float64 {
