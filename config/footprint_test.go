@@ -18,7 +18,6 @@ var unitCosts = MemoryCosts{
 
 func TestFootprint(t *testing.T) {
 	const remote = "targets:\n  - {name: r, url: http://r:8000, model: m, cache: {block_size: 16, capacity_blocks: 65536}}\n"
-	const emulated = "targets:\n  - {name: e, emulate: {block_size: 64, capacity_blocks: 1000}}\n"
 	defaultProfile := int64(replay.DefaultModelCeilingTokens / 512)
 	for _, tc := range []struct {
 		name   string
