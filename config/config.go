@@ -337,7 +337,11 @@ const (
 	DefaultTraceBlockSize = 512
 	DefaultLoop           = replay.LoopFresh
 	DefaultMaxInFlight    = 64
-	DefaultOnSaturation   = replay.SaturationDrop
+	// MaxInFlightLimit bounds max_in_flight (and so schedule.users):
+	// each request in flight holds a goroutine, a connection and its
+	// buffers (MemoryCosts.InFlightRequest).
+	MaxInFlightLimit    = 1 << 16
+	DefaultOnSaturation = replay.SaturationDrop
 )
 
 // Load reads, defaults and validates a configuration file. Its error lists
@@ -825,11 +829,13 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 					bad(path, "%s", msg)
 				}
 			}
+		} else {
+			validateGeneratedSynthesis(g, s, p, bad)
 		}
 	}
 	oneOf(w.Loop, p+".loop", bad, replay.LoopModes[:])
-	if w.MaxInFlight < 1 {
-		bad(p+".max_in_flight", "must be at least 1, got %d", w.MaxInFlight)
+	if w.MaxInFlight < 1 || w.MaxInFlight > MaxInFlightLimit {
+		bad(p+".max_in_flight", "must be from 1 to %d, got %d", MaxInFlightLimit, w.MaxInFlight)
 	}
 	oneOf(w.OnSaturation, p+".on_saturation", bad, replay.SaturationPolicies[:])
 	if w.MaxQueueLag != 0 && w.OnSaturation != replay.SaturationQueue {
@@ -846,14 +852,39 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 	}
 }
 
+// validateGeneratedSynthesis checks what synthesis makes of generated
+// rows at their longest: rows a request can hold, ids within the
+// generator's bound, sessions within the time axis.
+func validateGeneratedSynthesis(g *synth.SharedPrefix, s Synthesis, p string, bad func(string, string, ...any)) {
+	in, out := g.LongestRow()
+	grow, key := s.PrefixLenMultiplier, "prefix_len_multiplier"
+	if s.PromptLenMultiplier > grow {
+		grow, key = s.PromptLenMultiplier, "prompt_len_multiplier"
+	}
+	if grow > 1 {
+		if in*grow > synth.MaxRowTokens && (s.MaxISL == 0 || s.MaxISL > synth.MaxRowTokens) {
+			bad(p+".synthesis."+key, "%v makes generated prompts of up to %.0f tokens, more than the %d a request holds (max_isl caps them)", grow, in*grow, synth.MaxRowTokens)
+		}
+		if ids := g.HeldIDs() * grow; ids > synth.MaxGeneratedIDs {
+			bad(p+".synthesis."+key, "%v makes generated rows holding up to %.3g hash ids, more than %d", grow, ids, synth.MaxGeneratedIDs)
+		}
+	}
+	if m := s.OutputLenMultiplier; m > 1 && out*m > synth.MaxRowTokens && (s.MaxOSL == 0 || s.MaxOSL > synth.MaxRowTokens) {
+		bad(p+".synthesis.output_len_multiplier", "%v makes generated answers of up to %.0f tokens, more than the %d a request holds (max_osl caps them)", m, out*m, synth.MaxRowTokens)
+	}
+	if sp := s.SpeedupRatio; sp > 0 && sp < 1 && g.LastArrival()/sp > synth.MaxGeneratedSpan {
+		bad(p+".synthesis.speedup_ratio", "%v stretches the generated sessions over more than 100 years", sp)
+	}
+}
+
 // validateSchedule checks a workload's schedule and what it excludes.
 func validateSchedule(w *Workload, p string, bad func(string, string, ...any)) {
 	s, sp := w.Schedule, p+".schedule"
 	if s.Rate != 0 && !(s.Rate >= replay.MinRate && s.Rate <= replay.MaxRate) {
 		bad(sp+".rate", "must be from 1/3600 (one an hour) to %d requests a second, got %v", int(replay.MaxRate), s.Rate)
 	}
-	if s.Users < 0 {
-		bad(sp+".users", "must not be negative, got %d", s.Users)
+	if s.Users < 0 || s.Users > MaxInFlightLimit {
+		bad(sp+".users", "must be from 0 to %d, got %d", MaxInFlightLimit, s.Users)
 	}
 	if s.Rate != 0 && s.Users != 0 {
 		bad(sp, "rate (an open loop) and users (a closed loop) exclude each other")
@@ -870,7 +901,7 @@ func validateSchedule(w *Workload, p string, bad func(string, string, ...any)) {
 	case s.ThinkTime != 0 && s.Users == 0:
 		bad(sp+".think_time", "applies only with users")
 	}
-	if s.Users > 0 && s.Users > w.MaxInFlight && w.MaxInFlight >= 1 {
+	if s.Users > 0 && s.Users <= MaxInFlightLimit && s.Users > w.MaxInFlight && w.MaxInFlight >= 1 {
 		bad(sp+".users", "%d users need max_in_flight %d at least, got %d", s.Users, s.Users, w.MaxInFlight)
 	}
 	if (s.Rate != 0 || s.Users != 0) && w.Synthesis.SpeedupRatio != 1 {

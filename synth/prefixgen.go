@@ -66,48 +66,71 @@ const (
 	StreamSharedArrival   = "shared_prefix.arrival"
 )
 
-// maxGeneratedTokens bounds a generated prompt: far above any context,
-// far below what overflows the trace's columns. maxGeneratedRows bounds
-// the rows: some 6 GB held as a trace table.
+// Bounds of a shared-prefix workload, checked by Validate before anything
+// is generated, so that no value can take the generator (or the daemon
+// holding its rows) past a size told in advance.
 const (
-	maxGeneratedTokens = 1 << 30
-	maxGeneratedRows   = 1 << 27
+	// MaxRowTokens bounds a generated row's input and output lengths: the
+	// most tokens the daemon sends in one request.
+	MaxRowTokens = 1 << 24
+	// MaxGeneratedRows bounds requests: some 3 GiB held as a trace table.
+	MaxGeneratedRows = 1 << 27
+	// MaxGeneratedIDs bounds the hash ids the generated rows hold at
+	// worst (HeldIDs), which are most of their memory.
+	MaxGeneratedIDs = 1 << 26
+	// maxDrawSigmas caps a length draw at Mean + maxDrawSigmas·StdDev, so
+	// that the longest prompt is known in advance; a normal draw beyond
+	// it has odds under 10⁻¹⁵.
+	maxDrawSigmas = 8
+	// maxGapMeans caps a Poisson gap between sessions at maxGapMeans
+	// mean gaps (odds of a longer one: e⁻⁴⁰), so that the last arrival is
+	// known in advance.
+	maxGapMeans = 40
+	// MaxGeneratedSpan bounds, in seconds, the last session's arrival at
+	// worst: 100 years, within what the replay's schedule holds.
+	MaxGeneratedSpan = 100 * 365.25 * 24 * 3600
 )
 
 // Validate reports every parameter out of range at once, named by
 // name(key) with the configuration's keys (prefixes, prefix_tokens, ...).
+// Past each key's own range it checks what the rows will hold at worst:
+// every row's lengths (MaxRowTokens), their hash ids (MaxGeneratedIDs) and
+// the last arrival (MaxGeneratedSpan).
 func (s SharedPrefix) Validate(name func(key string) string) error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s %s", name(key), fmt.Sprintf(format, args...)))
 	}
 	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
-	if s.Prefixes < 1 {
-		bad("prefixes", "must be at least 1, got %d", s.Prefixes)
+	if s.Prefixes < 1 || s.Prefixes > MaxGeneratedRows {
+		bad("prefixes", "must be from 1 to %d, got %d", MaxGeneratedRows, s.Prefixes)
 	}
-	if s.PrefixTokens < 0 || s.PrefixTokens > maxGeneratedTokens {
-		bad("prefix_tokens", "must be from 0 to %d, got %d", maxGeneratedTokens, s.PrefixTokens)
+	if s.PrefixTokens < 0 || s.PrefixTokens >= MaxRowTokens {
+		bad("prefix_tokens", "must be from 0 to %d (a request holds at most %d tokens), got %d", MaxRowTokens-1, MaxRowTokens, s.PrefixTokens)
 	}
-	if s.Requests < 1 || s.Requests > maxGeneratedRows {
-		bad("requests", "must be from 1 to %d, got %d", maxGeneratedRows, s.Requests)
+	if s.Requests < 1 || s.Requests > MaxGeneratedRows {
+		bad("requests", "must be from 1 to %d, got %d", MaxGeneratedRows, s.Requests)
 	}
+	lengthsOK := true
 	for _, kl := range []struct {
 		key string
 		l   Lengths
 	}{{"input_tokens", s.InputTokens}, {"output_tokens", s.OutputTokens}} {
 		key, l := kl.key, kl.l
-		if !finite(l.Mean) || l.Mean < 1 || l.Mean > maxGeneratedTokens {
-			bad(key+".mean", "must be from 1 to %d tokens, got %v", maxGeneratedTokens, l.Mean)
+		if !finite(l.Mean) || l.Mean < 1 || l.Mean > MaxRowTokens {
+			bad(key+".mean", "must be from 1 to %d tokens, got %v", MaxRowTokens, l.Mean)
+			lengthsOK = false
 		}
-		if !finite(l.StdDev) || l.StdDev < 0 {
-			bad(key+".stddev", "must be a finite number ≥ 0, got %v", l.StdDev)
+		if !finite(l.StdDev) || l.StdDev < 0 || l.StdDev > MaxRowTokens {
+			bad(key+".stddev", "must be from 0 to %d tokens, got %v", MaxRowTokens, l.StdDev)
+			lengthsOK = false
 		}
 	}
-	if s.Turns < 1 {
-		bad("turns", "must be at least 1, got %d", s.Turns)
+	if s.Turns < 1 || s.Turns > MaxGeneratedRows {
+		bad("turns", "must be from 1 to %d, got %d", MaxGeneratedRows, s.Turns)
 	}
-	if !finite(s.TurnDelay) || s.TurnDelay < 0 {
-		bad("turn_delay", "must be ≥ 0, got %v ms", s.TurnDelay)
+	if !finite(s.TurnDelay) || s.TurnDelay < 0 || s.TurnDelay > MaxGeneratedSpan*1000 {
+		bad("turn_delay", "must be from 0 to 100 years, got %v ms", s.TurnDelay)
 	}
 	if !finite(s.Rate) || !(s.Rate > 0) {
 		bad("rate", "must be a finite number of sessions per second > 0, got %v", s.Rate)
@@ -118,7 +141,85 @@ func (s SharedPrefix) Validate(name func(key string) string) error {
 	if s.BlockSize < 1 {
 		bad("block_size", "must be > 0, got %d", s.BlockSize)
 	}
+	if len(errs) > 0 || !lengthsOK {
+		return errors.Join(errs...) // what follows assumes each key in range
+	}
+	if out := s.OutputTokens.max(); out > MaxRowTokens {
+		bad("output_tokens", "draws up to %.0f tokens (mean + %d stddev), more than the %d a request holds", out, maxDrawSigmas, MaxRowTokens)
+	}
+	if isl := s.longestPrompt(); isl > MaxRowTokens {
+		bad("prefix_tokens", "with turns, input_tokens and output_tokens makes prompts of up to %.0f tokens, more than the %d a request holds", isl, MaxRowTokens)
+	}
+	if ids := s.HeldIDs(); ids > MaxGeneratedIDs {
+		bad("requests", "with prefix_tokens, input_tokens, turns and the block size makes rows holding up to %.3g hash ids, more than %d: fewer requests or tokens, or a larger block_size", ids, MaxGeneratedIDs)
+	}
+	if span := s.LastArrival(); span > MaxGeneratedSpan {
+		bad("rate", "%v sessions a second spread the sessions over up to %.3g years, more than 100: a higher rate or fewer requests", s.Rate, span/(365.25*24*3600))
+	}
 	return errors.Join(errs...)
+}
+
+// max is the longest draw from l.
+func (l Lengths) max() float64 {
+	return max(1, math.Round(l.Mean+maxDrawSigmas*l.StdDev))
+}
+
+// mean is the mean draw from l (a draw below one token is drawn again:
+// ignored here).
+func (l Lengths) mean() float64 { return max(1, math.Round(l.Mean)) }
+
+// sessions is the number of sessions and the turns of the last one.
+func (s SharedPrefix) sessions() (n, lastTurns int) {
+	n = (s.Requests + s.Turns - 1) / s.Turns
+	return n, s.Requests - (n-1)*s.Turns
+}
+
+// LongestRow is the longest input and output lengths a row can have.
+func (s SharedPrefix) LongestRow() (input, output float64) {
+	return s.longestPrompt(), s.OutputTokens.max()
+}
+
+// longestPrompt is the longest input length a row can have: a session's
+// last turn holds the prefix, every turn's input and every earlier answer.
+func (s SharedPrefix) longestPrompt() float64 {
+	t := float64(min(s.Turns, s.Requests))
+	return float64(s.PrefixTokens) + t*s.InputTokens.max() + (t-1)*s.OutputTokens.max()
+}
+
+// HeldIDs is the most hash ids the rows can hold together, with every
+// draw at its longest: a row of n tokens holds ⌈n/B⌉.
+func (s SharedPrefix) HeldIDs() float64 {
+	return s.heldIDs(s.InputTokens.max(), s.OutputTokens.max())
+}
+
+// heldIDs is the ids of the rows with every input and output draw at in
+// and out tokens.
+func (s SharedPrefix) heldIDs(in, out float64) float64 {
+	n, last := s.sessions()
+	B := float64(s.BlockSize)
+	// turns(k): the ids of a session of k turns, each row's ⌈isl/B⌉ taken
+	// as isl/B + 1.
+	turns := func(k float64) float64 {
+		return k*(float64(s.PrefixTokens)/B+1) + in/B*k*(k+1)/2 + out/B*k*(k-1)/2
+	}
+	return float64(n-1)*turns(float64(s.Turns)) + turns(float64(last))
+}
+
+// MeanIDs is the hash ids the rows hold with every draw at its mean: what
+// the rows hold in practice, for a memory estimate.
+func (s SharedPrefix) MeanIDs() float64 {
+	return s.heldIDs(s.InputTokens.mean(), s.OutputTokens.mean())
+}
+
+// LastArrival is the latest the last session can arrive, in seconds after
+// the first.
+func (s SharedPrefix) LastArrival() float64 {
+	n, _ := s.sessions()
+	gap := 1 / s.Rate
+	if s.Arrival != ArrivalConstant {
+		gap *= maxGapMeans
+	}
+	return float64(n-1) * gap
 }
 
 // GenerateSharedPrefix writes the rows of s, in session order, to emit. The
@@ -141,7 +242,7 @@ func GenerateSharedPrefix(s SharedPrefix, emit func(*trace.Record) error) error 
 		outLen:    rng.New(s.Seed, StreamSharedOutputLen),
 		pick:      rng.New(s.Seed, StreamSharedPrefix),
 		arrive:    rng.New(s.Seed, StreamSharedArrival),
-		prefixIDs: make([][]int64, s.Prefixes),
+		prefixIDs: make(map[int][]int64),
 	}
 	rows := 0
 	for session := 0; rows < s.Requests; session++ {
@@ -158,9 +259,9 @@ func GenerateSharedPrefix(s SharedPrefix, emit func(*trace.Record) error) error 
 type sharedGen struct {
 	s                           SharedPrefix
 	inLen, outLen, pick, arrive *rand.Rand
-	prefixIDs                   [][]int64 // per prefix, its full blocks' ids
-	next                        int64     // the next unused id
-	at                          float64   // ms, the arrival of the last session
+	prefixIDs                   map[int][]int64 // per prefix used, its full blocks' ids
+	next                        int64           // the next unused id
+	at                          float64         // ms, the arrival of the last session
 }
 
 // session emits the turns of one session.
@@ -170,7 +271,7 @@ func (g *sharedGen) session(index, turns int, emit func(*trace.Record) error) er
 		if s.Arrival == ArrivalConstant {
 			g.at = float64(index) * 1000 / s.Rate
 		} else {
-			g.at += g.arrive.ExpFloat64() * 1000 / s.Rate
+			g.at += min(g.arrive.ExpFloat64(), maxGapMeans) * 1000 / s.Rate
 		}
 	}
 	p := g.pick.IntN(s.Prefixes)
@@ -179,9 +280,6 @@ func (g *sharedGen) session(index, turns int, emit func(*trace.Record) error) er
 	for turn := range turns {
 		isl := length + draw(g.inLen, s.InputTokens)
 		osl := draw(g.outLen, s.OutputTokens)
-		if isl > maxGeneratedTokens {
-			return fmt.Errorf("session %d turn %d: the prompt grows past %d tokens", index, turn+1, maxGeneratedTokens)
-		}
 		rec := trace.Record{InputLength: trace.Ptr(isl), OutputLength: trace.Ptr(osl)}
 		rec.HashIDs, own = g.ids(p, own, isl)
 		if turn == 0 {
@@ -233,14 +331,14 @@ func (g *sharedGen) fresh() int64 {
 }
 
 // draw is a length from l: a normal draw rounded, drawn again below one
-// token; round(Mean) when StdDev is 0, without a draw.
+// token, at most l.max(); round(Mean) when StdDev is 0, without a draw.
 func draw(r *rand.Rand, l Lengths) int {
 	if l.StdDev == 0 {
 		return max(1, int(math.Round(l.Mean)))
 	}
 	for {
 		if v := math.Round(l.Mean + l.StdDev*r.NormFloat64()); v >= 1 {
-			return int(min(v, maxGeneratedTokens))
+			return int(min(v, l.max()))
 		}
 	}
 }

@@ -208,3 +208,88 @@ func TestSharedPrefixLengthsDraw(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedPrefixBounds: every value that would make the generator
+// allocate past its bounds, or make rows the daemon cannot send or
+// schedule, is refused by Validate, named by its key, before anything is
+// generated; values at the bounds pass.
+func TestSharedPrefixBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*SharedPrefix)
+		key  string // "" for a valid spec
+	}{
+		{"prefixes 2^60", func(s *SharedPrefix) { s.Prefixes = 1 << 60 }, "prefixes"},
+		{"prefixes 2^33", func(s *SharedPrefix) { s.Prefixes = 1 << 33 }, "prefixes"},
+		{"prefixes at the bound", func(s *SharedPrefix) { s.Prefixes = MaxGeneratedRows }, ""},
+		{"16M-token prefix in 1-token blocks", func(s *SharedPrefix) {
+			s.BlockSize, s.PrefixTokens, s.Requests = 1, 16e6, 200
+		}, "requests"},
+		{"prefix past a request", func(s *SharedPrefix) { s.PrefixTokens = MaxRowTokens }, "prefix_tokens"},
+		{"input mean past a request", func(s *SharedPrefix) { s.InputTokens.Mean = 6e8 }, "input_tokens.mean"},
+		{"output mean past a request", func(s *SharedPrefix) { s.OutputTokens.Mean = 2e7 }, "output_tokens.mean"},
+		{"output spread past a request", func(s *SharedPrefix) { s.OutputTokens.StdDev = 1e300 }, "output_tokens.stddev"},
+		{"output draws past a request", func(s *SharedPrefix) { s.OutputTokens.StdDev = MaxRowTokens / 8 }, "output_tokens"},
+		{"turns grow the prompt past a request", func(s *SharedPrefix) {
+			s.BlockSize, s.InputTokens, s.Turns, s.Requests = 1<<20, Lengths{Mean: 1e7}, 3, 3
+		}, "prefix_tokens"},
+		{"turns 2^40", func(s *SharedPrefix) { s.Turns = 1 << 40 }, "turns"},
+		{"rate spreads past 100 years", func(s *SharedPrefix) { s.Rate = 1e-300 }, "rate"},
+		{"constant rate spreads past 100 years", func(s *SharedPrefix) { s.Rate, s.Arrival = 1e-9, ArrivalConstant }, "rate"},
+		{"turn delay of 200 years", func(s *SharedPrefix) { s.Turns, s.TurnDelay = 2, 200*365.25*24*3600e3 }, "turn_delay"},
+		{"ids at the bound", func(s *SharedPrefix) {
+			s.BlockSize, s.PrefixTokens, s.InputTokens, s.OutputTokens, s.Requests = 1, 1000, Lengths{Mean: 23}, Lengths{Mean: 1}, MaxGeneratedIDs/1024
+		}, ""},
+		{"ids past the bound", func(s *SharedPrefix) {
+			s.BlockSize, s.PrefixTokens, s.InputTokens, s.OutputTokens, s.Requests = 1, 1000, Lengths{Mean: 24}, Lengths{Mean: 1}, MaxGeneratedIDs/1024
+		}, "requests"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := sharedSpec()
+			tc.edit(&s)
+			err := s.Validate(func(key string) string { return key })
+			if tc.key == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("accepted")
+			}
+			if !strings.HasPrefix(err.Error(), tc.key+" ") {
+				t.Errorf("error names the wrong key (want %s): %v", tc.key, err)
+			}
+		})
+	}
+}
+
+// TestSharedPrefixHeldIDs: the bound on the ids is an upper bound of what
+// the generator makes, and exact up to one id a row with whole blocks.
+func TestSharedPrefixHeldIDs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*SharedPrefix)
+	}{
+		{"one turn", func(*SharedPrefix) {}},
+		{"sessions", func(s *SharedPrefix) { s.Turns, s.Requests = 5, 1003 }},
+		{"fixed lengths", func(s *SharedPrefix) {
+			s.Turns, s.InputTokens, s.OutputTokens = 3, Lengths{Mean: 160}, Lengths{Mean: 32}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := sharedSpec()
+			tc.edit(&s)
+			var ids int
+			for _, r := range generateShared(t, s) {
+				ids += len(r.HashIDs)
+			}
+			if bound := s.HeldIDs(); float64(ids) > bound {
+				t.Errorf("%d ids, above the bound %v", ids, bound)
+			}
+			if mean := s.MeanIDs(); math.Abs(float64(ids)-mean) > 0.1*mean+float64(s.Requests) {
+				t.Errorf("%d ids, far from the mean estimate %v", ids, mean)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -14,7 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/alecthomas/units"
 	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,13 +40,14 @@ type runFlags struct {
 	drainTimeout  time.Duration
 	shard         string
 	shardCount    int
+	memoryLimit   units.Base2Bytes // -1: the cgroup's limit, if any
 	log           logFlags
 	web           *web.FlagConfig
 }
 
 // runCommand is the daemon, also run when no command is given.
 func runCommand(app *kingpin.Application) command {
-	f := &runFlags{}
+	f := &runFlags{memoryLimit: -1}
 	cl := app.Command("run", "Replay the configured workloads and serve their metrics (the default command).").Default()
 	cl.Flag("config.file", "Configuration file.").Default("kvload.yml").StringVar(&f.configFile)
 	cl.Flag("config.check", "Check the configuration file and the traces it names, print every problem, and exit (0 if fine, 2 if not, as a start with it would).").BoolVar(&f.configCheck)
@@ -51,6 +55,7 @@ func runCommand(app *kingpin.Application) command {
 	cl.Flag("shutdown.drain-timeout", "On shutdown or when a reload removes a workload, how long requests in flight may take to finish.").Default("30s").DurationVar(&f.drainTimeout)
 	cl.Flag("shard", "Replay only this replica's share of every workload, overriding the workloads' shard: INDEX/COUNT (such as 0/3), or auto to take INDEX from the hostname's trailing ordinal (a StatefulSet pod kvload-2 is 2) with --shard.count.").PlaceHolder("INDEX/COUNT").StringVar(&f.shard)
 	cl.Flag("shard.count", "With --shard=auto: the number of replicas sharing the workloads.").IntVar(&f.shardCount)
+	cl.Flag("memory.limit", "Refuse a configuration whose memory estimate at its bounds (printed by --config.check) exceeds this many bytes, such as 512MiB; 0 is none. Default: the cgroup's memory limit, if any.").PlaceHolder("BYTES").BytesVar(&f.memoryLimit)
 	cl.Flag("log.level", "Only log messages with the given severity or above: debug, info, warn, error.").Default("info").EnumVar(&f.log.level, "debug", "info", "warn", "error")
 	cl.Flag("log.format", "Output format of log messages: logfmt, json.").Default("logfmt").EnumVar(&f.log.format, "logfmt", "json")
 	f.web = kingpinflag.AddFlags(cl, ":9812")
@@ -153,8 +158,12 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 	if err != nil {
 		return badInput(err)
 	}
+	limit := memoryLimit(f.memoryLimit)
 	if f.configCheck {
-		return checkConfig(f.configFile, s)
+		return checkConfig(f.configFile, limit, s)
+	}
+	if err := checkMemory(f.configFile, limit, logger); err != nil {
+		return err
 	}
 	shard, err := shardOf(f, logger)
 	if err != nil {
@@ -398,7 +407,7 @@ func logDrained(logger log.Logger, g prometheus.Gatherer) {
 
 // checkConfig is --config.check: every problem of the file and of the traces
 // it names, then exit 0, or 2 (bad input) as a start would.
-func checkConfig(path string, s streams) error {
+func checkConfig(path string, limit int64, s streams) error {
 	notes, err := lifecycle.Check(path)
 	if err != nil {
 		fmt.Fprintln(s.stdout, err)
@@ -407,6 +416,47 @@ func checkConfig(path string, s streams) error {
 	for _, n := range notes {
 		fmt.Fprintf(s.stdout, "warning: %s\n", n)
 	}
+	cfg, fp, err := config.EstimateFile(path, config.DefaultMemoryCosts)
+	if err == nil {
+		fmt.Fprint(s.stdout, fp)
+		err = cfg.CheckMemory(fp, limit)
+	}
+	if err != nil {
+		fmt.Fprintln(s.stdout, err)
+		return withExitCode(errors.New("configuration check failed"), exitBadInput)
+	}
 	fmt.Fprintf(s.stdout, "%s: configuration is valid\n", path)
+	return nil
+}
+
+// memoryLimit is --memory.limit in bytes, 0 for none: as given, else the
+// cgroup's limit, if any. Unless the operator set GOMEMLIMIT, the Go
+// runtime's soft limit is set from the cgroup's limit too.
+func memoryLimit(flag units.Base2Bytes) int64 {
+	_, _ = memlimit.SetGoMemLimitWithOpts(memlimit.WithProvider(memlimit.FromCgroup))
+	if flag >= 0 {
+		return int64(flag)
+	}
+	if cg, err := memlimit.FromCgroup(); err == nil && cg > 0 && cg < math.MaxInt64 {
+		return int64(cg)
+	}
+	return 0
+}
+
+// checkMemory refuses, at start, a configuration whose memory estimate
+// exceeds limit; --config.check prints the estimate. Problems of the
+// file itself are left for the start to report, as it does.
+func checkMemory(path string, limit int64, logger log.Logger) error {
+	if limit <= 0 {
+		return nil
+	}
+	cfg, fp, err := config.EstimateFile(path, config.DefaultMemoryCosts)
+	if err != nil {
+		return nil
+	}
+	if err := cfg.CheckMemory(fp, limit); err != nil {
+		return badInput(err)
+	}
+	level.Info(logger).Log("msg", "memory estimate within the limit", "estimate", config.FormatBytes(fp.Total()), "limit", config.FormatBytes(limit))
 	return nil
 }

@@ -89,7 +89,7 @@ func TestSynthesizeSharedPrefixBadInput(t *testing.T) {
 	}{
 		{[]string{"--prefixes", "8", mixed}, "reads no TRACE"},
 		{append([]string{"--speedup-ratio", "2"}, sharedPrefixArgs...), "reshape a TRACE"},
-		{[]string{"--prefixes", "0", "--num-requests", "0", "--rate", "0"}, "--prefixes must be at least 1"},
+		{[]string{"--prefixes", "0", "--num-requests", "0", "--rate", "0"}, "--prefixes must be from 1 to"},
 		{[]string{"--prefixes", "2", "--num-requests", "10", "--rate", "1", "--output-tokens-mean", "5"}, "--input-tokens-mean must be from 1"},
 		{[]string{mixed, "--rate", "3"}, "--rate needs --prefixes"},
 		{[]string{}, "a trace is required"},

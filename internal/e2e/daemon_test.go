@@ -400,8 +400,9 @@ func TestConfigCheck(t *testing.T) {
 				t.Errorf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", code, tt.wantCode, stdout.String(), stderr.String())
 			}
 			if tt.wantCode == cli.ExitOK {
-				if want := tt.file + ": configuration is valid\n"; stdout.String() != want {
-					t.Errorf("stdout %q, want %q", stdout.String(), want)
+				out := stdout.String()
+				if want := tt.file + ": configuration is valid\n"; !strings.HasSuffix(out, want) || !strings.HasPrefix(out, "memory at the configuration's bounds (estimate):\n") {
+					t.Errorf("stdout %q, want the memory estimate, then %q", out, want)
 				}
 				return
 			}
@@ -431,4 +432,32 @@ func stripConfigPath(line string) string {
 		return line[i+len(".yml: "):]
 	}
 	return line
+}
+
+// TestConfigCheckMemoryLimit: --config.check refuses, with a YAML path, a
+// configuration whose memory estimate exceeds --memory.limit, and a start
+// refuses it too, before it listens; 0 is no limit.
+func TestConfigCheckMemoryLimit(t *testing.T) {
+	t.Parallel()
+	good := fixture(t, "check-good.yml")
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		code  int
+		stdio string // in stdout or stderr
+	}{
+		{"check under the limit", []string{"--config.check", "--memory.limit=64GiB"}, cli.ExitOK, "configuration is valid"},
+		{"check with no limit", []string{"--config.check", "--memory.limit=0"}, cli.ExitOK, "configuration is valid"},
+		{"check past the limit", []string{"--config.check", "--memory.limit=1MiB"}, cli.ExitBadInput, good + ": workloads[0].targets[0]: the configuration's memory estimate exceeds the memory limit"},
+		{"start past the limit", []string{"--memory.limit=1MiB", "--web.listen-address=127.0.0.1:0"}, cli.ExitBadInput, good + ": workloads[0].targets[0]: the configuration's memory estimate exceeds the memory limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			code := cli.Run(context.Background(), append([]string{"--config.file=" + good}, tc.args...), &stdout, &stderr)
+			if code != tc.code || !strings.Contains(stdout.String()+stderr.String(), tc.stdio) {
+				t.Errorf("exit %d, want %d with %q\nstdout:\n%s\nstderr:\n%s", code, tc.code, tc.stdio, stdout.String(), stderr.String())
+			}
+		})
+	}
 }

@@ -126,7 +126,29 @@ func (b *bench) startupWith(synthesis string, rows int) error {
 	}
 	fmt.Printf("startup, %s: %d rows; ready %.2f s and first request %.2f s after exec; resident %s now, %s at peak (%.0f bytes a row at peak, whole process)\n",
 		what, rows, ready.Sub(r.started).Seconds(), first.Sub(r.started).Seconds(), mib(r.rss), mib(r.peak), float64(r.peak)/float64(rows))
+	estimate, err := b.estimate(r.config)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("startup, %s: --config.check estimates %s, %+.1f %% of the peak\n", what, mib(estimate), 100*(float64(estimate)/float64(r.peak)-1))
 	return nil
+}
+
+// estimate is the total of the memory estimate --config.check prints for
+// the configuration file cfg, in bytes.
+func (b *bench) estimate(cfg string) (int64, error) {
+	out, err := exec.Command(b.bin, "--config.check", "--config.file="+cfg).Output()
+	if err != nil {
+		return 0, fmt.Errorf("--config.check: %w: %s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "total" && f[2] == "MiB" {
+			v, err := strconv.ParseFloat(f[1], 64)
+			return int64(v * (1 << 20)), err
+		}
+	}
+	return 0, fmt.Errorf("--config.check printed no total: %s", out)
 }
 
 // targets: 1 workload × 50 targets against 1 × 1.
