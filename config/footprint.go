@@ -357,12 +357,22 @@ func FormatBytes(n int64) string {
 }
 
 // EstimateFile loads the configuration at path and estimates its
-// footprint with costs, sizing each trace by reading it (MeasureTrace).
+// footprint with costs (Estimate).
 func EstimateFile(path string, costs MemoryCosts) (*Config, Footprint, error) {
 	c, err := Load(path)
 	if err != nil {
 		return nil, Footprint{}, err
 	}
+	f, err := c.Estimate(costs)
+	if err != nil {
+		return nil, Footprint{}, err
+	}
+	return c, f, nil
+}
+
+// Estimate is c's footprint with costs, sizing each trace by reading it
+// (MeasureTrace): the start and every reload check the same figure.
+func (c *Config) Estimate(costs MemoryCosts) (Footprint, error) {
 	traces := map[string]TraceSize{}
 	for i := range c.Workloads {
 		w := &c.Workloads[i]
@@ -371,11 +381,11 @@ func EstimateFile(path string, costs MemoryCosts) (*Config, Footprint, error) {
 		}
 		size, err := MeasureTrace(c.TracePath(w))
 		if err != nil {
-			return nil, Footprint{}, c.TraceError(w, err)
+			return Footprint{}, c.TraceError(w, err)
 		}
 		traces[w.Name] = size
 	}
-	return c, c.Footprint(costs, traces), nil
+	return c.Footprint(costs, traces), nil
 }
 
 // String is the estimate as a table: one line an item, then the total.

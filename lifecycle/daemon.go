@@ -44,6 +44,8 @@ type Daemon struct {
 	// shard, when set (--shard), replaces every workload's own shard.
 	shard *config.Shard
 	watch bool
+	// memoryLimit refuses a configuration past it (Options.MemoryLimit).
+	memoryLimit int64
 	// beforeApply, when set, runs once a configuration is built and before
 	// it is applied: tests make a reload slow with it.
 	beforeApply func(ctx context.Context)
@@ -98,6 +100,7 @@ func New(o Options) *Daemon {
 		configFile:  o.ConfigFile,
 		shard:       o.Shard,
 		watch:       o.Watch,
+		memoryLimit: o.MemoryLimit,
 		beforeApply: o.beforeApply,
 		buildStep:   o.buildStep,
 		traces:      newTraceCache(),
@@ -193,6 +196,17 @@ func (d *Daemon) build(ctx context.Context, data []byte) (next *nextConfig, err 
 	}
 	if d.shard != nil {
 		if err := cfg.CheckShardIsolation(d.shard.Count); err != nil {
+			return nil, err
+		}
+	}
+	if d.memoryLimit > 0 {
+		// Before anything is allocated for it: a configuration past the
+		// limit would take the running one down with it.
+		f, err := cfg.Estimate(config.DefaultMemoryCosts)
+		if err != nil {
+			return nil, err
+		}
+		if err := cfg.CheckMemory(f, d.memoryLimit); err != nil {
 			return nil, err
 		}
 	}

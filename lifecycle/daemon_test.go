@@ -297,6 +297,12 @@ func TestBadReloadKeepsRunning(t *testing.T) {
 				return nil
 			}
 		}, "the engine cannot be built"},
+		{"past the memory limit", func(t *testing.T, dir string, good config.Config) {
+			good.Workloads[0].MaxInFlight = config.MaxInFlightLimit // 64 KiB a request in flight: 4 GiB
+			daemontest.WriteConfig(t, filepath.Join(dir, "kvload.yml"), good)
+		}, func(o *Options, _ *atomic.Bool) {
+			o.MemoryLimit = 1 << 30 // the good configuration needs about 100 MiB
+		}, "exceeds the memory limit"},
 		{"build panics", changeInFlight, func(o *Options, armed *atomic.Bool) {
 			o.beforeApply = func(context.Context) {
 				if armed.Load() {

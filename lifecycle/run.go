@@ -32,6 +32,10 @@ type Options struct {
 	Shard *config.Shard
 	// Watch reloads when the configuration file changes.
 	Watch bool
+	// MemoryLimit refuses, at every reload as at the start, a
+	// configuration whose memory estimate at its bounds exceeds it, in
+	// bytes (--memory.limit); 0 is none.
+	MemoryLimit int64
 
 	beforeApply func(ctx context.Context)  // tests only
 	buildStep   func(*config.Config) error // tests only: a build that fails

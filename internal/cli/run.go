@@ -199,6 +199,7 @@ func runDaemon(ctx context.Context, f *runFlags, s streams) error {
 		Collector:    coll,
 		Shard:        shard,
 		Watch:        true,
+		MemoryLimit:  limit,
 	})
 
 	var wg sync.WaitGroup
