@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 
 	"github.com/kvload-exporter/kvload-exporter/prompt"
@@ -287,8 +286,8 @@ func (e *Engine) encodeText(s string) ([]int, *apiError) {
 	return ids, nil
 }
 
-// tokenIDs decodes a JSON list of token ids, each within 32 bits like a
-// real vocabulary's.
+// tokenIDs decodes a JSON list of token ids, each within 24 bits like a
+// real vocabulary's (the prefix cache keeps them in 3 bytes).
 func tokenIDs(raw json.RawMessage) ([]int, *apiError) {
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err != nil {
@@ -296,7 +295,7 @@ func tokenIDs(raw json.RawMessage) ([]int, *apiError) {
 	}
 	out := make([]int, len(ids))
 	for i, id := range ids {
-		if id < 0 || id > math.MaxUint32 {
+		if id < 0 || id > maxToken {
 			return nil, badRequest("prompt", "prompt: token id %d out of range", id)
 		}
 		out[i] = int(id)

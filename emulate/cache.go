@@ -78,8 +78,8 @@ func newPrefixCache(p Personality, blockSize, capacity, slots int, enabled bool)
 // prefix is never evicted before its extension.
 //
 // The blocks live in flat arrays indexed by block id, their tokens as
-// 32-bit ids in one slab, and the trie's and the LRU list's links are ids:
-// a block costs cacheBlockBytes plus 4 bytes a token plus its entry in
+// 24-bit ids in one slab, and the trie's and the LRU list's links are ids:
+// a block costs cacheBlockBytes plus tokenBytes a token plus its entry in
 // children, and nothing in them is a pointer for the garbage collector to
 // scan. A bounded cache never holds more than its capacity, so the arrays
 // stop growing there; a flush gives them back.
@@ -95,7 +95,7 @@ type trieCache struct {
 	capacity int // blocks; 0 means unbounded (up to maxCacheBlocks)
 
 	blocks []cacheBlock // by block id
-	tokens []uint32     // block id b's tokens are tokens[b*blockSize:(b+1)*blockSize]
+	tokens []byte       // block id b's tokens, tokenBytes each, little-endian, from b*blockSize*tokenBytes
 	free   int32        // a freed block id, the rest chained through nextSib; noBlock when none
 	live   int          // blocks in the trie, all of them in the LRU list
 
@@ -127,6 +127,13 @@ const noBlock = -1
 // maxCacheBlocks bounds the blocks a trie cache holds, so that block ids
 // fit in 32 bits; capacity_blocks is checked against it.
 const maxCacheBlocks = math.MaxInt32
+
+// Token ids are kept in 24 bits: more than any real vocabulary needs
+// (o200k_base has 200,019), and the server refuses larger ones.
+const (
+	tokenBytes = 3
+	maxToken   = 1<<(8*tokenBytes) - 1
+)
 
 // nodeRef names a trie node: a block id, or ^id for a root.
 type nodeRef int32
@@ -222,34 +229,47 @@ func commonPrefix(a, b []int) int {
 	return n
 }
 
-// commonPrefix32 is commonPrefix of stored tokens and a prompt's.
-func commonPrefix32(a []uint32, b []int) int {
-	n := min(len(a), len(b))
+// commonPrefixStored is commonPrefix of stored tokens and a prompt's.
+func commonPrefixStored(a []byte, b []int) int {
+	n := min(len(a)/tokenBytes, len(b))
 	for i := range n {
-		if int(a[i]) != b[i] {
+		if storedToken(a, i) != b[i] {
 			return i
 		}
 	}
 	return n
 }
 
-// fingerprint hashes a block's tokens; ok is false when one of them is
-// outside 32 bits, which no block can hold (the server refuses such ids).
-func (c *trieCache) fingerprint(chunk []int) (fp uint64, ok bool) {
-	b := c.scratch[:0]
-	for _, t := range chunk {
-		if uint(t) > math.MaxUint32 {
-			return 0, false
+func storedToken(a []byte, i int) int {
+	return int(a[tokenBytes*i]) | int(a[tokenBytes*i+1])<<8 | int(a[tokenBytes*i+2])<<16
+}
+
+// appendStored appends tokens as stored; ok is false when one of them is
+// outside 0..maxToken, which no block can hold.
+func appendStored(b []byte, tokens []int) (_ []byte, ok bool) {
+	for _, t := range tokens {
+		if uint(t) > maxToken {
+			return b, false
 		}
-		b = binary.LittleEndian.AppendUint32(b, uint32(t))
+		b = append(b, byte(t), byte(t>>8), byte(t>>16))
 	}
+	return b, true
+}
+
+// fingerprint hashes a block's tokens; ok is false when one of them is
+// outside 0..maxToken, which no block can hold.
+func (c *trieCache) fingerprint(chunk []int) (fp uint64, ok bool) {
+	b, ok := appendStored(c.scratch[:0], chunk)
 	c.scratch = b
+	if !ok {
+		return 0, false
+	}
 	return maphash.Bytes(c.seed, b) & c.fpMask, true
 }
 
-func (c *trieCache) blockTokens(id int32) []uint32 {
-	B := c.blockSize
-	return c.tokens[int(id)*B : (int(id)+1)*B]
+func (c *trieCache) blockTokens(id int32) []byte {
+	n := c.blockSize * tokenBytes
+	return c.tokens[int(id)*n : (int(id)+1)*n]
 }
 
 // child returns parent's child holding chunk, noBlock when none does.
@@ -259,7 +279,7 @@ func (c *trieCache) child(parent nodeRef, chunk []int, fp uint64) int32 {
 		return noBlock
 	}
 	for ; id != noBlock; id = c.blocks[id].sameKey {
-		if commonPrefix32(c.blockTokens(id), chunk) == len(chunk) {
+		if commonPrefixStored(c.blockTokens(id), chunk) == len(chunk) {
 			return id
 		}
 	}
@@ -315,7 +335,7 @@ func (c *trieCache) lookup(salt string, tokens []int) (int, claim) {
 		// the most recently used on ties.
 		best, bestLen := int32(noBlock), 0
 		for ch := *c.firstChild(n); ch != noBlock; ch = c.blocks[ch].next {
-			l := commonPrefix32(c.blockTokens(ch), tokens[hit:maxHit])
+			l := commonPrefixStored(c.blockTokens(ch), tokens[hit:maxHit])
 			if l > bestLen || (l == bestLen && l > 0 && c.blocks[ch].used > c.blocks[best].used) {
 				best, bestLen = ch, l
 			}
@@ -453,9 +473,7 @@ func (c *trieCache) deleteRoot(id int32) {
 // newBlock adds a block holding chunk under parent, most recently used.
 func (c *trieCache) newBlock(parent nodeRef, chunk []int, fp uint64) int32 {
 	id := c.allocBlock()
-	for i, t := range chunk {
-		c.tokens[int(id)*c.blockSize+i] = uint32(t)
-	}
+	appendStored(c.blockTokens(id)[:0], chunk)
 	head := c.firstChild(parent)
 	b := cacheBlock{parent: parent, firstChild: noBlock, next: *head, prev: noBlock,
 		newer: noBlock, older: c.newest, sameKey: noBlock, fp: fp}
@@ -490,17 +508,18 @@ func (c *trieCache) allocBlock() int32 {
 	if n == maxCacheBlocks {
 		panic("emulate: prefix cache holds 2^31-1 blocks")
 	}
-	if n == cap(c.blocks) || (n+1)*c.blockSize > cap(c.tokens) {
+	perBlock := c.blockSize * tokenBytes
+	if n == cap(c.blocks) || (n+1)*perBlock > cap(c.tokens) {
 		want := max(2*n, 64)
 		if c.capacity > 0 {
 			want = max(min(want, c.capacity), n+1)
 		}
 		want = min(want, maxCacheBlocks)
 		c.blocks = resized(c.blocks, want)
-		c.tokens = resized(c.tokens, want*c.blockSize)
+		c.tokens = resized(c.tokens, want*perBlock)
 	}
 	c.blocks = c.blocks[:n+1]
-	c.tokens = c.tokens[:(n+1)*c.blockSize]
+	c.tokens = c.tokens[:(n+1)*perBlock]
 	return int32(n)
 }
 

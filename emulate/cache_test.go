@@ -212,15 +212,15 @@ func TestTrieFingerprintCollisions(t *testing.T) {
 	}
 }
 
-// Token ids beyond 32 bits, which the server refuses, are never stored
+// Token ids beyond 24 bits, which the server refuses, are never stored
 // and never hit; the blocks before them still are.
 func TestTrieTokensBeyond32Bits(t *testing.T) {
 	c := newTrieCache(2, 0, false, true)
-	p := []int{1, 2, 3, 1 << 32, 5, 6, 7}
+	p := []int{1, 2, 3, 1 << 24, 5, 6, 7}
 	_, cl := c.lookup("", p)
 	c.insert(cl)
 	if got, _ := c.lookup("", p); got != 2 {
-		t.Fatalf("hit %d, want the 2 tokens before the 33-bit one", got)
+		t.Fatalf("hit %d, want the 2 tokens before the 25-bit one", got)
 	}
 	if st := c.state(); st.Blocks != 1 {
 		t.Fatalf("state %+v, want the one block before it", st)
@@ -377,8 +377,8 @@ func checkTrie(t *testing.T, c *trieCache) {
 			}
 			before = ch
 			chunk := make([]int, c.blockSize)
-			for i, tok := range c.blockTokens(ch) {
-				chunk[i] = int(tok)
+			for i := range chunk {
+				chunk[i] = storedToken(c.blockTokens(ch), i)
 			}
 			if fp, _ := c.fingerprint(chunk); fp != b.fp || c.child(n, chunk, fp) != ch {
 				t.Fatalf("block %d (%v) not found by its tokens", ch, chunk)
@@ -585,7 +585,7 @@ func TestTrieArraysBoundedByCapacity(t *testing.T) {
 		t.Fatalf("state %+v, want a full cache", st)
 	}
 	// Beyond the capacity only the allocator's rounding to a size class.
-	if len(c.blocks) != capacity || cap(c.blocks) > capacity*5/4 || cap(c.tokens) > capacity*5/4*block {
+	if len(c.blocks) != capacity || cap(c.blocks) > capacity*5/4 || cap(c.tokens) > capacity*5/4*block*tokenBytes {
 		t.Fatalf("%d block ids, arrays of %d blocks and %d tokens, for a capacity of %d", len(c.blocks), cap(c.blocks), cap(c.tokens), capacity)
 	}
 	checkTrie(t, c)
@@ -699,8 +699,8 @@ func TestTrieBytesPerBlock(t *testing.T) {
 			c.insert(cl)
 		}
 	})
-	t.Logf("%.0f bytes a 64-token block (%d in the block, %d in its tokens)", got, cacheBlockBytes, 4*block)
-	if limit := float64(cacheBlockBytes + 4*block + 64); got > limit {
+	t.Logf("%.0f bytes a 64-token block (%d in the block, %d in its tokens)", got, cacheBlockBytes, tokenBytes*block)
+	if limit := float64(cacheBlockBytes + tokenBytes*block + 64); got > limit {
 		t.Fatalf("a 64-token block costs %.0f bytes, more than %.0f", got, limit)
 	}
 }
