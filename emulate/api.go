@@ -276,7 +276,9 @@ const (
 // configured (every text path goes through here, /tokenize included, so
 // counts agree).
 func (e *Engine) encodeText(s string) ([]int, *apiError) {
+	e.encoding <- struct{}{}
 	ids, err := e.tok.Encode(s)
+	<-e.encoding
 	if err != nil {
 		return nil, badRequest("prompt", "%v", err)
 	}
