@@ -15,7 +15,7 @@ interval=${INTERVAL:-5}
 limit=${LIMIT_MIB:-250}
 addr=${ADDR:-127.0.0.1:9817}
 bin=${BIN:-./bin/kvload-exporter}
-log=${LOG:-bench-quickstart.log}
+log=${LOG:-${TMPDIR:-/tmp}/bench-quickstart.log}
 
 [ -x "$bin" ] || go build -o "$bin" ./cmd/kvload-exporter
 "$bin" --config.file="$config" --web.listen-address="$addr" --log.level=warn 2>"$log" &
