@@ -206,15 +206,29 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // readJSON decodes a bounded request body into v.
 func readJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) *apiError {
+	data, err := readBody(w, r, limit)
+	if err != nil {
+		return err
+	}
+	return decodeBody(data, v)
+}
+
+// readBody reads a request body of at most limit bytes.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *apiError) {
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return &apiError{status: http.StatusRequestEntityTooLarge, typ: "RequestEntityTooLarge",
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "RequestEntityTooLarge",
 				message: fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit)}
 		}
-		return badRequest("", "reading request body: %v", err)
+		return nil, badRequest("", "reading request body: %v", err)
 	}
+	return data, nil
+}
+
+// decodeBody decodes a JSON request body into v.
+func decodeBody(data []byte, v any) *apiError {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return badRequest("", "empty request body")
 	}
@@ -222,6 +236,14 @@ func readJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) *apiEr
 		return badRequest("", "invalid JSON body: %v", err)
 	}
 	return nil
+}
+
+// tokenizing takes one of the engine's tokenization slots, for the time
+// a request's body is decoded, rendered and tokenized, and returns its
+// release: a request waiting for one holds only its body's bytes.
+func (e *Engine) tokenizing() (release func()) {
+	e.encoding <- struct{}{}
+	return func() { <-e.encoding }
 }
 
 // parsePrompt reads a /v1/completions or /tokenize prompt: a string, a
@@ -276,9 +298,7 @@ const (
 // configured (every text path goes through here, /tokenize included, so
 // counts agree).
 func (e *Engine) encodeText(s string) ([]int, *apiError) {
-	e.encoding <- struct{}{}
 	ids, err := e.tok.Encode(s)
-	<-e.encoding
 	if err != nil {
 		return nil, badRequest("prompt", "%v", err)
 	}

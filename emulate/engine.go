@@ -69,10 +69,11 @@ type Engine struct {
 	// redeploy changes it.
 	told atomic.Int64
 
-	// encoding holds a token for each tokenization running: one per
-	// CPU, since an encode keeps several times its text's size in flight
-	// and more at once would only share the CPUs, while requests
-	// queueing behind a slow emulator would each hold that much.
+	// encoding holds a token for each request being decoded, rendered
+	// and tokenized: one per CPU, since an encode keeps several times its
+	// text's size in flight and more at once would only share the CPUs,
+	// while requests queueing behind a slow emulator would each hold
+	// that much (tokenizing).
 	encoding chan struct{}
 
 	statsMu sync.Mutex
