@@ -36,7 +36,7 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: check test-unit test-tapes test-e2e-race engines test-engines all build release run test test-browser screenshot test-go test-prompts test-e2e test-e2e-beside test-faults lint fmt-check vet golangci-lint staticcheck bench bench-scale tokenizers clean \
+.PHONY: check test-unit test-tapes test-e2e-race engines test-engines all build release run test test-browser screenshot test-go test-prompts test-e2e test-e2e-beside test-faults lint fmt-check vet golangci-lint staticcheck bench bench-scale bench-quickstart tokenizers clean \
         prometheus test-rules test-dashboards test-prometheus test-alerts record-alerts vulncheck bench-rate
 
 all: build
@@ -256,6 +256,10 @@ BENCH_RATE_FLAGS ?=
 bench-rate: build
 	cd tools && $(GO) build -o ../bin/vegeta github.com/tsenart/vegeta/v12 && $(GO) build -o ../bin/benchrate ./benchrate
 	bin/benchrate -exporter $(BIN) -vegeta bin/vegeta $(BENCH_RATE_FLAGS)
+
+## bench-quickstart: the quickstart's resident memory over 10 minutes, sampled every 5 s: peak and final, failing above 250 MiB (DURATION, INTERVAL, LIMIT_MIB; docs/benchmarks.md).
+bench-quickstart: build
+	BIN=$(BIN) scripts/bench-quickstart.sh
 
 ## bench-scale: start-up and memory (without synthesis, and with a speed-up, max_osl and a prefix multiplier), 50 targets and reloads against a generated 2M-row trace (about 4 minutes).
 SHARED_TRACES ?= ../shared/traces

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 
 	"github.com/kvload-exporter/kvload-exporter/prompt"
@@ -207,15 +206,29 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // readJSON decodes a bounded request body into v.
 func readJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) *apiError {
+	data, err := readBody(w, r, limit)
+	if err != nil {
+		return err
+	}
+	return decodeBody(data, v)
+}
+
+// readBody reads a request body of at most limit bytes.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *apiError) {
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return &apiError{status: http.StatusRequestEntityTooLarge, typ: "RequestEntityTooLarge",
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "RequestEntityTooLarge",
 				message: fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit)}
 		}
-		return badRequest("", "reading request body: %v", err)
+		return nil, badRequest("", "reading request body: %v", err)
 	}
+	return data, nil
+}
+
+// decodeBody decodes a JSON request body into v.
+func decodeBody(data []byte, v any) *apiError {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return badRequest("", "empty request body")
 	}
@@ -223,6 +236,14 @@ func readJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) *apiEr
 		return badRequest("", "invalid JSON body: %v", err)
 	}
 	return nil
+}
+
+// tokenizing takes one of the engine's tokenization slots, for the time
+// a request's body is decoded, rendered and tokenized, and returns its
+// release: a request waiting for one holds only its body's bytes.
+func (e *Engine) tokenizing() (release func()) {
+	e.encoding <- struct{}{}
+	return func() { <-e.encoding }
 }
 
 // parsePrompt reads a /v1/completions or /tokenize prompt: a string, a
@@ -287,8 +308,8 @@ func (e *Engine) encodeText(s string) ([]int, *apiError) {
 	return ids, nil
 }
 
-// tokenIDs decodes a JSON list of token ids, each within 32 bits like a
-// real vocabulary's.
+// tokenIDs decodes a JSON list of token ids, each within 24 bits like a
+// real vocabulary's (the prefix cache keeps them in 3 bytes).
 func tokenIDs(raw json.RawMessage) ([]int, *apiError) {
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err != nil {
@@ -296,7 +317,7 @@ func tokenIDs(raw json.RawMessage) ([]int, *apiError) {
 	}
 	out := make([]int, len(ids))
 	for i, id := range ids {
-		if id < 0 || id > math.MaxUint32 {
+		if id < 0 || id > maxToken {
 			return nil, badRequest("prompt", "prompt: token id %d out of range", id)
 		}
 		out[i] = int(id)

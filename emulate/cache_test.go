@@ -3,6 +3,7 @@ package emulate
 import (
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -190,17 +191,47 @@ func TestCacheControl(t *testing.T) {
 	}
 }
 
-// Block keys are exact: different token sequences never share one.
-func TestChunkKeyExact(t *testing.T) {
-	seqs := [][]int{{}, {0}, {1}, {0, 1}, {1, 0}, {1, 2}, {258}, {128}, {0, 128}, {128, 0}, {1 << 31}, {199999, 7}}
-	seen := map[string][]int{}
-	for _, s := range seqs {
-		k := chunkKey(s)
-		if prev, ok := seen[k]; ok {
-			t.Fatalf("%v and %v share key %q", prev, s, k)
+// Blocks are found by their exact tokens, not by their fingerprints:
+// with every fingerprint made to collide, every hit still matches the
+// reference, and a bounded cache keeps its invariants.
+func TestTrieFingerprintCollisions(t *testing.T) {
+	collide := func(c *trieCache) { c.fpMask = 0 }
+	for _, s := range referenceShapes {
+		for seed := range uint64(5) {
+			ops := randomOps(rand.New(rand.NewPCG(seed, uint64(s.block))), 150)
+			checkAgainstReference(t, s.p, s.block, ops, collide)
 		}
-		seen[k] = s
 	}
+	c := newTrieCache(2, 5, false, true)
+	collide(c)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, op := range randomOps(rng, 300) {
+		_, cl := c.lookup(op.salt, op.tokens)
+		c.insert(cl)
+		checkTrie(t, c)
+	}
+}
+
+// Token ids beyond 24 bits, which the server refuses, are never stored
+// and never hit; the blocks before them still are.
+func TestTrieTokensBeyond32Bits(t *testing.T) {
+	c := newTrieCache(2, 0, false, true)
+	p := []int{1, 2, 3, 1 << 24, 5, 6, 7}
+	_, cl := c.lookup("", p)
+	c.insert(cl)
+	if got, _ := c.lookup("", p); got != 2 {
+		t.Fatalf("hit %d, want the 2 tokens before the 25-bit one", got)
+	}
+	if st := c.state(); st.Blocks != 1 {
+		t.Fatalf("state %+v, want the one block before it", st)
+	}
+	q := []int{-1, 2, 3}
+	_, cl = c.lookup("s", q)
+	c.insert(cl)
+	if st := c.state(); st.Blocks != 1 || len(c.roots) != 1 {
+		t.Fatalf("state %+v with roots %v: nothing should be stored under salt s", st, c.roots)
+	}
+	checkTrie(t, c)
 }
 
 // cat joins token sequences, for hand-made prompts.
@@ -316,44 +347,74 @@ func TestTrieEvictionOrder(t *testing.T) {
 }
 
 // checkTrie verifies the trie's invariants: every block in the LRU list
-// is reachable from its root and vice versa, parents are more recent than
-// their children, and the capacity holds.
+// is reachable from its root and found by its tokens, and vice versa,
+// parents are more recent than their children, the links agree both
+// ways, every block id is live or free, and the capacity holds.
 func checkTrie(t *testing.T, c *trieCache) {
 	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	pos := map[*node]int{}
-	i := 0
-	for e := c.lru.Front(); e != nil; e = e.Next() {
-		pos[e.Value.(*node)] = i
-		i++
+	pos := map[int32]int{}
+	prev := int32(noBlock)
+	for id := c.newest; id != noBlock; id = c.blocks[id].older {
+		if c.blocks[id].newer != prev {
+			t.Fatalf("LRU list: block %d's newer is %d, want %d", id, c.blocks[id].newer, prev)
+		}
+		pos[id] = len(pos)
+		prev = id
+	}
+	if prev != c.oldest {
+		t.Fatalf("LRU list ends at %d, oldest is %d", prev, c.oldest)
 	}
 	seen := 0
-	var walk func(n *node)
-	walk = func(n *node) {
-		for k, ch := range n.children {
-			if ch.parent != n || ch.key != k || len(ch.tokens) != c.blockSize {
-				t.Fatalf("malformed block %+v", ch)
+	var walk func(n nodeRef)
+	walk = func(n nodeRef) {
+		before := int32(noBlock)
+		for ch := *c.firstChild(n); ch != noBlock; ch = c.blocks[ch].next {
+			b := c.blocks[ch]
+			if b.parent != n || b.prev != before {
+				t.Fatalf("malformed block %d %+v under %d", ch, b, n)
+			}
+			before = ch
+			chunk := make([]int, c.blockSize)
+			for i := range chunk {
+				chunk[i] = storedToken(c.blockTokens(ch), i)
+			}
+			if fp, _ := c.fingerprint(chunk); fp != b.fp || c.child(n, chunk, fp) != ch {
+				t.Fatalf("block %d (%v) not found by its tokens", ch, chunk)
 			}
 			p, ok := pos[ch]
 			if !ok {
-				t.Fatalf("block %v reachable but not in the LRU list", ch.tokens)
+				t.Fatalf("block %v reachable but not in the LRU list", chunk)
 			}
-			if n.parent != nil && pos[n] > p {
-				t.Fatalf("block %v is more recent than its parent", ch.tokens)
+			if !n.isRoot() && pos[n.blockID()] > p {
+				t.Fatalf("block %v is more recent than its parent", chunk)
 			}
 			seen++
-			walk(ch)
+			walk(blockRef(ch))
 		}
 	}
 	for salt, r := range c.roots {
-		if r.key != salt || len(r.children) == 0 {
+		if c.rootNodes[r].salt != salt || c.rootNodes[r].firstChild == noBlock {
 			t.Fatalf("root %q malformed or empty", salt)
 		}
-		walk(r)
+		walk(rootRef(r))
 	}
-	if seen != c.lru.Len() {
-		t.Fatalf("%d reachable blocks, %d in the LRU list", seen, c.lru.Len())
+	if seen != len(pos) || seen != c.live {
+		t.Fatalf("%d reachable blocks, %d in the LRU list, %d live", seen, len(pos), c.live)
+	}
+	chained := 0
+	for _, id := range c.children {
+		for ; id != noBlock; id = c.blocks[id].sameKey {
+			chained++
+		}
+	}
+	free := 0
+	for id := c.free; id != noBlock; id = c.blocks[id].next {
+		free++
+	}
+	if chained != seen || free+seen != len(c.blocks) {
+		t.Fatalf("%d blocks in children, %d free, %d live, %d ids", chained, free, seen, len(c.blocks))
 	}
 	if c.capacity > 0 && seen > c.capacity {
 		t.Fatalf("%d blocks over capacity %d", seen, c.capacity)
@@ -401,9 +462,12 @@ type cacheOp struct {
 
 // checkAgainstReference runs ops through an unbounded trie cache and the
 // reference, comparing every hit, and checks the trie's invariants.
-func checkAgainstReference(t *testing.T, p Personality, block int, ops []cacheOp) {
+func checkAgainstReference(t *testing.T, p Personality, block int, ops []cacheOp, tune ...func(*trieCache)) {
 	t.Helper()
 	c := newTrieCache(block, 0, p == PersonalityTRTLLM, true)
+	for _, f := range tune {
+		f(c)
+	}
 	ref := &refCache{p: p, block: block}
 	for i, op := range ops {
 		want := ref.lookup(op.salt, op.tokens)
@@ -508,6 +572,29 @@ func TestTrieBoundedInvariants(t *testing.T) {
 	}
 }
 
+// A bounded cache's arrays stop at its capacity, however many blocks pass
+// through it, and a flush gives them back.
+func TestTrieArraysBoundedByCapacity(t *testing.T) {
+	const capacity, block = 1000, 4
+	c := newTrieCache(block, capacity, false, true)
+	for i := range 500 {
+		_, cl := c.lookup("", seq(i*1000, 37*block)) // 37 new blocks each
+		c.insert(cl)
+	}
+	if st := c.state(); st.Blocks != capacity {
+		t.Fatalf("state %+v, want a full cache", st)
+	}
+	// Beyond the capacity only the allocator's rounding to a size class.
+	if len(c.blocks) != capacity || cap(c.blocks) > capacity*5/4 || cap(c.tokens) > capacity*5/4*block*tokenBytes {
+		t.Fatalf("%d block ids, arrays of %d blocks and %d tokens, for a capacity of %d", len(c.blocks), cap(c.blocks), cap(c.tokens), capacity)
+	}
+	checkTrie(t, c)
+	c.flush()
+	if c.blocks != nil || c.tokens != nil || c.state().Blocks != 0 {
+		t.Fatalf("after a flush: %d block ids, %d tokens, state %+v", len(c.blocks), len(c.tokens), c.state())
+	}
+}
+
 // Salted prompts share nothing with other salts, at any granularity.
 func TestCacheSaltIsolation(t *testing.T) {
 	for _, p := range []Personality{PersonalityVLLM, PersonalitySGLang, PersonalityTRTLLM, PersonalityLlamaCpp} {
@@ -577,5 +664,43 @@ func BenchmarkPrefixCache(b *testing.B) {
 				i++
 			}
 		})
+	}
+}
+
+// The cache's memory is sized by bytes: a full quickstart-sized cache
+// (64-token blocks) costs what docs/reliability.md's limits table says a
+// block costs, measured on the live heap.
+func TestTrieBytesPerBlock(t *testing.T) {
+	const block, capacity = 64, 1 << 15
+	perBlock := func(fill func(c *trieCache)) float64 {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		c := newTrieCache(block, capacity, false, true)
+		fill(c)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if st := c.state(); st.Blocks != capacity {
+			t.Fatalf("state %+v, want a full cache", st)
+		}
+		runtime.KeepAlive(c)
+		return float64(after.HeapAlloc-before.HeapAlloc) / capacity
+	}
+	// Prompts of 32 blocks sharing their first 8 with the one before, in
+	// token ids of o200k_base's range.
+	rng := rand.New(rand.NewPCG(1, 2))
+	prompt := make([]int, 32*block)
+	got := perBlock(func(c *trieCache) {
+		for range 2 * capacity / 24 {
+			for i := 8 * block; i < len(prompt); i++ {
+				prompt[i] = rng.IntN(200_000)
+			}
+			_, cl := c.lookup("", prompt)
+			c.insert(cl)
+		}
+	})
+	t.Logf("%.0f bytes a 64-token block (%d in the block, %d in its tokens)", got, cacheBlockBytes, tokenBytes*block)
+	if limit := float64(cacheBlockBytes + tokenBytes*block + 64); got > limit {
+		t.Fatalf("a 64-token block costs %.0f bytes, more than %.0f", got, limit)
 	}
 }

@@ -192,6 +192,9 @@ func (c Config) withDefaults() (Config, error) {
 	positive("max_body_bytes", c.MaxBodyBytes)
 	positive("block_size", int64(c.BlockSize))
 	positive("capacity_blocks", int64(c.CapacityBlocks))
+	if c.CapacityBlocks > maxCacheBlocks {
+		errs = append(errs, fmt.Errorf("capacity_blocks must be at most %d, got %d", maxCacheBlocks, c.CapacityBlocks))
+	}
 	positive("slots", int64(c.Slots))
 	positive("max_running", int64(c.MaxRunning))
 	for _, d := range []struct {

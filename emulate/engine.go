@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +69,13 @@ type Engine struct {
 	// redeploy changes it.
 	told atomic.Int64
 
+	// encoding holds a token for each request being decoded, rendered
+	// and tokenized: one per CPU, since an encode keeps several times its
+	// text's size in flight and more at once would only share the CPUs,
+	// while requests queueing behind a slow emulator would each hold
+	// that much (tokenizing).
+	encoding chan struct{}
+
 	statsMu sync.Mutex
 	stats   Stats // request and token counts only
 
@@ -88,15 +96,16 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("emulate: tokenizer: %w", err)
 	}
 	e := &Engine{
-		cfg:    cfg,
-		tok:    tok,
-		pieces: outputPieces(),
-		cache:  newPrefixCache(cfg.Engine, cfg.BlockSize, cfg.CapacityBlocks, cfg.Slots, !cfg.DisablePrefixCache),
-		sched:  newScheduler(cfg.MaxRunning),
-		faults: faultState{f: cfg.Faults, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6b766c6f6164))},
-		reg:    prometheus.NewRegistry(),
-		now:    time.Now,
-		sleep:  sleepCtx,
+		cfg:      cfg,
+		tok:      tok,
+		pieces:   outputPieces(),
+		cache:    newPrefixCache(cfg.Engine, cfg.BlockSize, cfg.CapacityBlocks, cfg.Slots, !cfg.DisablePrefixCache),
+		sched:    newScheduler(cfg.MaxRunning),
+		faults:   faultState{f: cfg.Faults, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6b766c6f6164))},
+		reg:      prometheus.NewRegistry(),
+		encoding: make(chan struct{}, runtime.GOMAXPROCS(0)),
+		now:      time.Now,
+		sleep:    sleepCtx,
 	}
 	if sc, ok := e.cache.(*slotCache); ok {
 		sc.setHostBudget(cfg.CacheRAMTokens)

@@ -10,12 +10,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
 
 // newTestServer starts an engine for cfg behind an httptest server. The
@@ -346,5 +349,64 @@ func TestSleepCtx(t *testing.T) {
 	}
 	if err := sleepCtx(ctx, 0); !errors.Is(err, context.Canceled) {
 		t.Fatalf("zero sleep on a canceled context: %v", err)
+	}
+}
+
+// encodeWatch is a tokenizer that notes, at each encode, how many of the
+// engine's encode tokens are held.
+type encodeWatch struct {
+	tokenizer.Tokenizer
+	e    *Engine
+	held []int
+	mu   sync.Mutex
+}
+
+func (w *encodeWatch) Encode(text string) ([]int, error) {
+	w.mu.Lock()
+	w.held = append(w.held, len(w.e.encoding))
+	w.mu.Unlock()
+	return w.Tokenizer.Encode(text)
+}
+
+// Tokenizations run at most one per CPU at once, whichever endpoint asks:
+// each holds several times its text in memory, and requests queueing
+// behind a loaded emulator must not all hold that at once.
+func TestEncodesBoundedByCPUs(t *testing.T) {
+	w := &encodeWatch{}
+	_, srv := newTestServer(t, Config{}, func(e *Engine) {
+		w.Tokenizer, w.e = e.tok, e
+		e.tok = w
+	})
+	var wg sync.WaitGroup
+	for range 4 * runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			resp := post(t, context.Background(), srv.URL+"/v1/completions",
+				`{"model": "kvload-emulated", "prompt": "the prompt of a test", "max_tokens": 1}`)
+			resp.Body.Close()
+		})
+	}
+	wg.Wait()
+	for _, r := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model": "kvload-emulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}`},
+		{"/tokenize", `{"prompt": "and here"}`},
+	} {
+		resp := post(t, context.Background(), srv.URL+r.path, r.body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d", r.path, resp.StatusCode)
+		}
+		resp.Body.Close()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.held) < 4*runtime.GOMAXPROCS(0)+2 {
+		t.Fatalf("%d encodes seen", len(w.held))
+	}
+	for i, h := range w.held {
+		if h < 1 || h > runtime.GOMAXPROCS(0) {
+			t.Fatalf("encode %d ran with %d encode tokens held, want 1..%d", i, h, runtime.GOMAXPROCS(0))
+		}
+	}
+	if c := cap(w.e.encoding); c != runtime.GOMAXPROCS(0) {
+		t.Fatalf("%d encodes allowed at once, want GOMAXPROCS %d", c, runtime.GOMAXPROCS(0))
 	}
 }

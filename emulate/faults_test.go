@@ -305,6 +305,8 @@ func TestConfigValidation(t *testing.T) {
 		{"defaults", DefaultConfig(), ""},
 		{"negative block size", Config{BlockSize: -1}, "block_size"},
 		{"negative capacity", Config{CapacityBlocks: -1}, "capacity_blocks"},
+		{"capacity beyond 32-bit block ids", Config{CapacityBlocks: 1 << 31}, "capacity_blocks must be at most 2147483647"},
+		{"the largest capacity", Config{CapacityBlocks: 1<<31 - 1}, ""},
 		{"negative inter-token", Config{InterToken: -time.Second}, "inter_token"},
 		{"probability above one", Config{Faults: Faults{Hang: 1.5}}, "faults.hang"},
 		{"probabilities sum above one", Config{Faults: Faults{Error500: 0.6, Error429: 0.6}}, "must not exceed 1"},

@@ -61,17 +61,28 @@ type generation struct {
 func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 	arrival := e.now()
 	e.received()
-	var req chatRequest
-	if err := readJSON(w, r, e.cfg.MaxBodyBytes, &req); err != nil {
+	body, err := readBody(w, r, e.cfg.MaxBodyBytes)
+	if err != nil {
 		e.reject(w, err)
 		return
 	}
-	g, err := e.chatGeneration(&req)
+	g, err := e.chatBody(body)
 	if err != nil {
 		e.reject(w, err)
 		return
 	}
 	e.generate(w, r, g, arrival)
+}
+
+// chatBody turns a chat request's body into a generation, in a
+// tokenization slot.
+func (e *Engine) chatBody(body []byte) (generation, *apiError) {
+	defer e.tokenizing()()
+	var req chatRequest
+	if err := decodeBody(body, &req); err != nil {
+		return generation{}, err
+	}
+	return e.chatGeneration(&req)
 }
 
 func (e *Engine) chatGeneration(req *chatRequest) (generation, *apiError) {
@@ -118,31 +129,39 @@ func (e *Engine) cacheSalt(chat bool, salt string) (string, *apiError) {
 func (e *Engine) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	arrival := e.now()
 	e.received()
-	var req completionRequest
-	if err := readJSON(w, r, e.cfg.MaxBodyBytes, &req); err != nil {
-		e.reject(w, err)
-		return
-	}
-	if err := e.checkCommon(req.Model, req.Stream, req.StreamOptions, req.N); err != nil {
-		e.reject(w, err)
-		return
-	}
-	tokens, err := e.parsePrompt(req.Prompt)
+	body, err := readBody(w, r, e.cfg.MaxBodyBytes)
 	if err != nil {
 		e.reject(w, err)
 		return
 	}
-	salt, err := e.cacheSalt(false, req.CacheSalt)
-	if err != nil {
-		e.reject(w, err)
-		return
-	}
-	g, err := e.finishGeneration(false, tokens, req.Stream, req.StreamOptions, req.MaxTokens, salt)
+	g, err := e.completionBody(body)
 	if err != nil {
 		e.reject(w, err)
 		return
 	}
 	e.generate(w, r, g, arrival)
+}
+
+// completionBody turns a completion request's body into a generation, in
+// a tokenization slot.
+func (e *Engine) completionBody(body []byte) (generation, *apiError) {
+	defer e.tokenizing()()
+	var req completionRequest
+	if err := decodeBody(body, &req); err != nil {
+		return generation{}, err
+	}
+	if err := e.checkCommon(req.Model, req.Stream, req.StreamOptions, req.N); err != nil {
+		return generation{}, err
+	}
+	tokens, err := e.parsePrompt(req.Prompt)
+	if err != nil {
+		return generation{}, err
+	}
+	salt, err := e.cacheSalt(false, req.CacheSalt)
+	if err != nil {
+		return generation{}, err
+	}
+	return e.finishGeneration(false, tokens, req.Stream, req.StreamOptions, req.MaxTokens, salt)
 }
 
 // checkCommon validates what chat and completion requests share.
@@ -527,27 +546,39 @@ func (e *Engine) handleModels(w http.ResponseWriter, _ *http.Request) {
 // handleTokenize counts tokens exactly as the generation endpoints do, so
 // a client can calibrate: the chat form renders the same template.
 func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
-	var req tokenizeRequest
-	if err := readJSON(w, r, e.cfg.MaxBodyBytes, &req); err != nil {
+	body, err := readBody(w, r, e.cfg.MaxBodyBytes)
+	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if req.Model != "" && req.Model != e.cfg.Model {
-		writeError(w, &apiError{status: http.StatusNotFound, typ: "NotFoundError", param: "model",
-			message: fmt.Sprintf("model %q is not served here; this emulator serves %q", req.Model, e.cfg.Model)})
+	resp, err := e.tokenizeBody(body)
+	if err != nil {
+		writeError(w, err)
 		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// tokenizeBody answers a tokenize request's body, in a tokenization slot.
+func (e *Engine) tokenizeBody(body []byte) (tokenizeResponse, *apiError) {
+	defer e.tokenizing()()
+	var req tokenizeRequest
+	if err := decodeBody(body, &req); err != nil {
+		return tokenizeResponse{}, err
+	}
+	if req.Model != "" && req.Model != e.cfg.Model {
+		return tokenizeResponse{}, &apiError{status: http.StatusNotFound, typ: "NotFoundError", param: "model",
+			message: fmt.Sprintf("model %q is not served here; this emulator serves %q", req.Model, e.cfg.Model)}
 	}
 	var tokens []int
 	if req.Messages != nil {
 		text, err := renderChat(req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
 		if err != nil {
-			writeError(w, badRequest("messages", "%v", err))
-			return
+			return tokenizeResponse{}, badRequest("messages", "%v", err)
 		}
 		var apiErr *apiError
 		if tokens, apiErr = e.encodeText(text); apiErr != nil {
-			writeError(w, apiErr)
-			return
+			return tokenizeResponse{}, apiErr
 		}
 	} else {
 		prompt, special := req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens
@@ -556,8 +587,7 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		}
 		var apiErr *apiError
 		if tokens, apiErr = e.parsePrompt(prompt); apiErr != nil {
-			writeError(w, apiErr)
-			return
+			return tokenizeResponse{}, apiErr
 		}
 		// Text without special tokens: the BOS encodeText added goes.
 		if !special && e.cfg.BOS && len(tokens) > 0 && tokens[0] == bosToken && isTextPrompt(prompt) {
@@ -568,12 +598,11 @@ func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	if req.ReturnTokenStrs {
 		strs, err := pieces(e.tok, tokens)
 		if err != nil {
-			writeError(w, badRequest("prompt", "%v", err))
-			return
+			return tokenizeResponse{}, badRequest("prompt", "%v", err)
 		}
 		resp.TokenStrs = strs
 	}
-	writeJSON(w, http.StatusOK, resp)
+	return resp, nil
 }
 
 // isTextPrompt tells a text prompt (a string or strings) from token ids.

@@ -6,6 +6,7 @@
 package prompt
 
 import (
+	"bytes"
 	"container/list"
 	"errors"
 	"fmt"
@@ -208,9 +209,13 @@ func (b *Builder) appendBlockText(dst []byte, ns uint64, h int64, n int) []byte 
 	if e, ok := b.cache.get(k); ok {
 		return append(dst, e.text...)
 	}
-	text := appendWordsText(make([]byte, 0, n*b.avgWord), b.hashKey(ns, h), n)
-	b.cache.put(k, cacheEntry{text: text})
-	return append(dst, text...)
+	// Built in place, then copied at its exact size: a block's length is
+	// known only once built, and an estimate would leave slack in every
+	// entry that the cache's bound does not see.
+	start := len(dst)
+	dst = appendWordsText(dst, b.hashKey(ns, h), n)
+	b.cache.put(k, cacheEntry{text: bytes.Clone(dst[start:])})
+	return dst
 }
 
 func (b *Builder) appendBlockIDs(dst []int, ns uint64, h int64, n int) []int {
@@ -293,9 +298,10 @@ type blockCache struct {
 
 const cacheShards = 32
 
-// entryOverhead approximates the bytes an entry costs beyond its data (map
-// slot, list element, key).
-const entryOverhead = 128
+// entryOverhead is what an entry costs beyond its data: its item (80
+// bytes), list element (48) and map slot (about 50), as
+// TestPromptCacheHeapWithinBound measures.
+const entryOverhead = 192
 
 type cacheKey struct {
 	ns  uint64
@@ -310,7 +316,7 @@ type cacheEntry struct {
 }
 
 func (e cacheEntry) size() int64 {
-	return int64(len(e.text)) + int64(len(e.ids))*8 + entryOverhead
+	return int64(cap(e.text)) + int64(cap(e.ids))*8 + entryOverhead
 }
 
 type cacheShard struct {

@@ -300,6 +300,30 @@ func TestPromptCacheConcurrent(t *testing.T) {
 	}
 }
 
+// TestPromptCacheHeapWithinBound fills a block cache with far more 512-token
+// blocks than it holds and measures the live heap it keeps: its bound is
+// in bytes of memory, not of text.
+func TestPromptCacheHeapWithinBound(t *testing.T) {
+	const limit = 8 << 20
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	b := newTestBuilder(t, Options{Seed: 3, CacheBytes: limit})
+	var buf []byte
+	for h := range int64(4 * limit / 3000) {
+		buf = b.AppendBlockText(buf[:0], 0, h, 512)
+	}
+	buf = nil
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("a cache of %d bytes holds %d bytes of heap (%d accounted)", limit, held, b.cache.cachedBytes())
+	if held > limit*21/20 {
+		t.Fatalf("a cache bounded at %d bytes holds %d bytes of heap", limit, held)
+	}
+	runtime.KeepAlive(b)
+}
+
 // TestEveryTraceRowPromptLength builds the prompt of every row of both
 // shared traces and checks it has exactly input_length words, which the
 // tests above show are exactly input_length tokens in all four tokenizers.
