@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 
 	"github.com/kvload-exporter/kvload-exporter/replay"
@@ -43,12 +44,16 @@ type MemoryCosts struct {
 	// profile (its stack-distance tracker), up to the model's ceiling.
 	ProfileBlock int64
 	// InFlight is a request in flight: its goroutine, connection and
-	// buffers; InFlightToken each token of its prompt (text, body);
-	// EmulatedToken each token an emulated engine tokenizes and holds
-	// while it serves the request.
-	InFlight      int64
-	InFlightToken int64
-	EmulatedToken int64
+	// buffers; InFlightToken each token of its prompt (text, body).
+	// Against an emulated engine, EmulatedBodyToken is each prompt token
+	// of a request's body the engine holds while the request waits, and
+	// EmulatedToken each token of the prompts it decodes and tokenizes
+	// at once, EmulatorEncoders of them (one per CPU).
+	InFlight          int64
+	InFlightToken     int64
+	EmulatedBodyToken int64
+	EmulatedToken     int64
+	EmulatorEncoders  int64
 	// EmulatorBlock and EmulatorToken are an emulated engine's cached
 	// block: its node, and each token it keeps.
 	EmulatorBlock int64
@@ -65,16 +70,24 @@ var DefaultMemoryCosts = MemoryCosts{
 	TraceID:        5,
 	SynthesizedRow: 76,
 	SynthesizedID:  1,
-	PromptCache:    64 << 20,
+	PromptCache:    16 << 20, // lifecycle's 8 MiB bound, twice over
 	PromptToken:    6,
 	ModelBlock:     160,
 	ProfileBlock:   160,
 	InFlight:       64 << 10,
 	InFlightToken:  16,
-	EmulatedToken:  214,
-	EmulatorBlock:  256,
-	EmulatorToken:  56,
-	KVEventStream:  (1<<20)*190 + 10<<20,
+	// A body's JSON text: about 4 bytes a token, twice over.
+	EmulatedBodyToken: 8,
+	// tiktoken allocates about 5 MB to encode a 12,000-token prompt.
+	EmulatedToken:    840,
+	EmulatorEncoders: int64(runtime.GOMAXPROCS(0)),
+	// The flat trie: 108 bytes a block and 3 a token (300 bytes a
+	// 64-token block, emulate.TestTrieBytesPerBlock), twice over.
+	EmulatorBlock: 216,
+	EmulatorToken: 6,
+	// 182 MiB of store with every bound reached, and 48 MiB of a message
+	// being read and decoded (docs/reliability.md, the KV event rows).
+	KVEventStream: 230 << 20,
 }
 
 // TraceSize is what a trace holds: its rows and their hash ids.
@@ -278,13 +291,16 @@ func unitFootprint(costs MemoryCosts, w *Workload, t *Target, ids, promptTokens 
 	profileBlocks := ceiling / traceBlock
 	inFlight := int64(w.MaxInFlight)
 	perRequest := costs.InFlight + promptTokens*costs.InFlightToken
+	var encoding int64
 	if t.Emulate != nil {
-		perRequest += promptTokens * costs.EmulatedToken
+		// Every request waits with its body; only a few are tokenized.
+		perRequest += promptTokens * costs.EmulatedBodyToken
+		encoding = min(inFlight, costs.EmulatorEncoders) * promptTokens * costs.EmulatedToken
 	}
 	return FootprintItem{
 		What: fmt.Sprintf("target %s: model of %d blocks, capacity profile of %d blocks, %d requests in flight of %d prompt tokens",
 			t.Name, modelBlocks, profileBlocks, inFlight, promptTokens),
-		Bytes:     modelBlocks*costs.ModelBlock + profileBlocks*costs.ProfileBlock + inFlight*perRequest,
+		Bytes:     modelBlocks*costs.ModelBlock + profileBlocks*costs.ProfileBlock + inFlight*perRequest + encoding,
 		Unbounded: unbounded,
 	}
 }

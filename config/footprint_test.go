@@ -12,7 +12,7 @@ import (
 // total tells which terms it holds.
 var unitCosts = MemoryCosts{
 	Process: 1 << 20, TraceRow: 10, TraceID: 1, SynthesizedRow: 20, SynthesizedID: 4, PromptCache: 1 << 40, PromptToken: 2,
-	ModelBlock: 100, ProfileBlock: 1000, InFlight: 10000, InFlightToken: 3, EmulatedToken: 5,
+	ModelBlock: 100, ProfileBlock: 1000, InFlight: 10000, InFlightToken: 3, EmulatedBodyToken: 1, EmulatedToken: 5, EmulatorEncoders: 1,
 	EmulatorBlock: 7, EmulatorToken: 3, KVEventStream: 1 << 30,
 }
 
@@ -62,7 +62,7 @@ func TestFootprint(t *testing.T) {
 				{Path: "workloads[0].generate", Bytes: 10*10 + 130 + 130*16*2},
 				// 1000 blocks of 64 tokens are 4000 trace blocks of 16;
 				// a prompt of 13 blocks, tokenized by the emulated engine.
-				{Path: "workloads[0].targets[0]", Bytes: 4000*100 + (replay.DefaultModelCeilingTokens/16)*1000 + 2*(10000+208*(3+5))},
+				{Path: "workloads[0].targets[0]", Bytes: 4000*100 + (replay.DefaultModelCeilingTokens/16)*1000 + 2*(10000+208*(3+1)) + 1*208*5},
 				{Path: "targets[0].emulate", Bytes: 1000 * (7 + 64*3)},
 				{Path: "targets[0].cache.kv_events", Bytes: 2 << 30},
 			},
@@ -75,7 +75,7 @@ func TestFootprint(t *testing.T) {
 				{Path: "", Bytes: 1 << 20},
 				{Path: "workloads[0]", Bytes: 10*10 + 30 + 30*512*2},
 				// No capacity: the model holds the trace's blocks, once.
-				{Path: "workloads[0].targets[0]", Bytes: 30*100 + defaultProfile*1000 + (10000 + 1536*(3+5))},
+				{Path: "workloads[0].targets[0]", Bytes: 30*100 + defaultProfile*1000 + (10000 + 1536*(3+1)) + 1*1536*5},
 				{Path: "targets[0].emulate.capacity_blocks", Bytes: 0},
 			},
 		},
