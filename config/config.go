@@ -269,9 +269,9 @@ type Generate struct {
 	Arrival synth.Arrivals `yaml:"arrival,omitempty"`
 }
 
-// ArrivalsKey is the arrival process g names and the key it is under,
+// arrivalsKey is the arrival process g names and the key it is under,
 // arrivals or its older spelling arrival; arrivals when neither is given.
-func (g *Generate) ArrivalsKey() (synth.Arrivals, string) {
+func (g *Generate) arrivalsKey() (synth.Arrivals, string) {
 	if g.Arrivals == "" && g.Arrival != "" {
 		return g.Arrival, "arrival"
 	}
@@ -291,7 +291,7 @@ func (w *Workload) SharedPrefix() *synth.SharedPrefix {
 	if g == nil {
 		return nil
 	}
-	arrivals, _ := g.ArrivalsKey()
+	arrivals, _ := g.arrivalsKey()
 	turns := g.Turns
 	if turns == 0 {
 		turns = 1
@@ -834,13 +834,13 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 		}
 	}
 	if g := w.SharedPrefix(); g != nil {
-		_, arrivalsKey := w.Generate.ArrivalsKey()
+		_, arrivalsSpelled := w.Generate.arrivalsKey()
 		if w.Generate.Arrivals != "" && w.Generate.Arrival != "" {
 			bad(p+".generate.arrival", "cannot be given with arrivals: it is the older spelling of the same key")
 		}
 		err := g.Validate(func(key string) string {
 			if key == "arrivals" {
-				key = arrivalsKey // the spelling the user wrote
+				key = arrivalsSpelled // the spelling the user wrote
 			}
 			return p + ".generate." + key + ":"
 		})
