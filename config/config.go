@@ -215,10 +215,10 @@ type Workload struct {
 
 // Schedule is a workload's schedule.
 type Schedule struct {
-	Rate      float64         `yaml:"rate,omitempty"`     // requests a second, whole fleet
-	Arrivals  replay.Arrivals `yaml:"arrivals,omitempty"` // with rate: poisson (default) or constant
-	Users     int             `yaml:"users,omitempty"`    // closed-loop users
-	ThinkTime Duration        `yaml:"think_time,omitempty"`
+	Rate      float64        `yaml:"rate,omitempty"`     // requests a second, whole fleet
+	Arrivals  synth.Arrivals `yaml:"arrivals,omitempty"` // with rate: poisson (default) or constant
+	Users     int            `yaml:"users,omitempty"`    // closed-loop users
+	ThinkTime Duration       `yaml:"think_time,omitempty"`
 }
 
 // Replay is the schedule as the replay takes it, seeded with the
@@ -226,7 +226,7 @@ type Schedule struct {
 // workloads that differ only in their seed share a constant schedule.
 func (s Schedule) Replay(seed uint64) replay.Schedule {
 	r := replay.Schedule{Rate: s.Rate, Arrivals: s.Arrivals, Users: s.Users, ThinkTime: time.Duration(s.ThinkTime)}
-	if r.Rate > 0 && r.Arrivals == replay.ArrivalsPoisson {
+	if r.Rate > 0 && r.Arrivals == synth.ArrivalsPoisson {
 		r.Seed = seed
 	}
 	return r
@@ -255,15 +255,27 @@ type Synthesis struct {
 // synthesize --prefixes would write, made in memory. Its block size and seed
 // are the workload's.
 type Generate struct {
-	Prefixes     int          `yaml:"prefixes"`
-	PrefixTokens int          `yaml:"prefix_tokens"`
-	Requests     int          `yaml:"requests"`
-	InputTokens  TokenLengths `yaml:"input_tokens"`
-	OutputTokens TokenLengths `yaml:"output_tokens"`
-	Turns        int          `yaml:"turns,omitempty"`
-	TurnDelay    Duration     `yaml:"turn_delay,omitempty"`
-	Rate         float64      `yaml:"rate"`
-	Arrival      string       `yaml:"arrival,omitempty"`
+	Prefixes     int            `yaml:"prefixes"`
+	PrefixTokens int            `yaml:"prefix_tokens"`
+	Requests     int            `yaml:"requests"`
+	InputTokens  TokenLengths   `yaml:"input_tokens"`
+	OutputTokens TokenLengths   `yaml:"output_tokens"`
+	Turns        int            `yaml:"turns,omitempty"`
+	TurnDelay    Duration       `yaml:"turn_delay,omitempty"`
+	Rate         float64        `yaml:"rate"`
+	Arrivals     synth.Arrivals `yaml:"arrivals,omitempty"`
+	// Arrival is the spelling of arrivals that shipped first, still
+	// accepted; giving both is an error.
+	Arrival synth.Arrivals `yaml:"arrival,omitempty"`
+}
+
+// arrivalsKey is the arrival process g names and the key it is under,
+// arrivals or its older spelling arrival; arrivals when neither is given.
+func (g *Generate) arrivalsKey() (synth.Arrivals, string) {
+	if g.Arrivals == "" && g.Arrival != "" {
+		return g.Arrival, "arrival"
+	}
+	return g.Arrivals, "arrivals"
 }
 
 // TokenLengths is a normal distribution of token counts.
@@ -279,6 +291,7 @@ func (w *Workload) SharedPrefix() *synth.SharedPrefix {
 	if g == nil {
 		return nil
 	}
+	arrivals, _ := g.arrivalsKey()
 	turns := g.Turns
 	if turns == 0 {
 		turns = 1
@@ -289,7 +302,7 @@ func (w *Workload) SharedPrefix() *synth.SharedPrefix {
 		OutputTokens: synth.Lengths{Mean: g.OutputTokens.Mean, StdDev: g.OutputTokens.StdDev},
 		Turns:        turns,
 		TurnDelay:    float64(time.Duration(g.TurnDelay)) / float64(time.Millisecond),
-		Rate:         g.Rate, Arrival: synth.Arrival(orDefault(g.Arrival, string(synth.ArrivalPoisson))),
+		Rate:         g.Rate, Arrivals: arrivals.OrDefault(),
 		BlockSize: w.BlockSize, Seed: w.Seed,
 	}
 }
@@ -500,7 +513,7 @@ func (c *Config) applyDefaults() {
 			w.Shard = Shard{Index: 0, Count: 1}
 		}
 		if w.Schedule.Rate != 0 {
-			w.Schedule.Arrivals = orDefault(w.Schedule.Arrivals, replay.ArrivalsPoisson)
+			w.Schedule.Arrivals = w.Schedule.Arrivals.OrDefault()
 		}
 	}
 }
@@ -821,7 +834,16 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 		}
 	}
 	if g := w.SharedPrefix(); g != nil {
-		err := g.Validate(func(key string) string { return p + ".generate." + key + ":" })
+		_, arrivalsSpelled := w.Generate.arrivalsKey()
+		if w.Generate.Arrivals != "" && w.Generate.Arrival != "" {
+			bad(p+".generate.arrival", "cannot be given with arrivals: it is the older spelling of the same key")
+		}
+		err := g.Validate(func(key string) string {
+			if key == "arrivals" {
+				key = arrivalsSpelled // the spelling the user wrote
+			}
+			return p + ".generate." + key + ":"
+		})
 		if err != nil {
 			for _, line := range strings.Split(err.Error(), "\n") {
 				path, msg, _ := strings.Cut(line, ": ")
@@ -889,11 +911,12 @@ func validateSchedule(w *Workload, p string, bad func(string, string, ...any)) {
 	if s.Rate != 0 && s.Users != 0 {
 		bad(sp, "rate (an open loop) and users (a closed loop) exclude each other")
 	}
+	arrivalsErr := s.Arrivals.Validate()
 	switch {
 	case s.Arrivals != "" && s.Rate == 0:
 		bad(sp+".arrivals", "applies only with a rate")
-	case s.Arrivals != "":
-		oneOf(s.Arrivals, sp+".arrivals", bad, replay.ArrivalProcesses[:])
+	case arrivalsErr != nil:
+		bad(sp+".arrivals", "%v", arrivalsErr)
 	}
 	switch {
 	case s.ThinkTime < 0:

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -376,6 +377,9 @@ func TestClosedSets(t *testing.T) {
 		{"on_saturation", "", "on_saturation: %s", []string{"drop", "queue"},
 			func(c *Config) string { return string(c.Workloads[0].OnSaturation) },
 			"block", `workloads[0].on_saturation: "block" is not one of drop, queue`},
+		{"schedule.arrivals", "", "schedule: {rate: 1, arrivals: %s}", []string{"poisson", "constant"},
+			func(c *Config) string { return string(c.Workloads[0].Schedule.Arrivals) },
+			"bursty", `workloads[0].schedule.arrivals: "bursty" is not one of poisson, constant`},
 	}
 	for _, tt := range tests {
 		parse := func(v string) (*Config, error) {
@@ -553,5 +557,54 @@ workloads:
 	}
 	if !cfg.Workloads[3].Prompts.Reproducible || cfg.Workloads[0].Prompts.Reproducible {
 		t.Errorf("prompts.reproducible not read: %+v, %+v", cfg.Workloads[3].Prompts, cfg.Workloads[0].Prompts)
+	}
+}
+
+// TestGenerateArrivalsAlias: generate.arrivals is the key, as in schedule;
+// generate.arrival, the spelling that shipped first, is still read, and
+// every message names the spelling the user wrote.
+func TestGenerateArrivalsAlias(t *testing.T) {
+	tests := []struct {
+		name, keys string
+		want       synth.Arrivals
+		wantErr    string
+	}{
+		{"neither", "", synth.ArrivalsPoisson, ""},
+		{"new spelling", "arrivals: constant", synth.ArrivalsConstant, ""},
+		{"old spelling", "arrival: constant", synth.ArrivalsConstant, ""},
+		{"both", "arrivals: constant, arrival: constant", "",
+			"workloads[0].generate.arrival: cannot be given with arrivals: it is the older spelling of the same key"},
+		{"bad under the new spelling", "arrivals: bursty", "",
+			`workloads[0].generate.arrivals: "bursty" is not one of poisson, constant`},
+		{"bad under the old spelling", "arrival: bursty", "",
+			`workloads[0].generate.arrival: "bursty" is not one of poisson, constant`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			keys := ""
+			if tt.keys != "" {
+				keys = ", " + tt.keys
+			}
+			cfg, err := Parse([]byte(`
+targets:
+  - {name: t, url: "http://t:8000", model: m}
+workloads:
+  - name: w
+    targets: [t]
+    generate: {prefixes: 2, prefix_tokens: 8, requests: 4, input_tokens: {mean: 4}, output_tokens: {mean: 2}, rate: 1`+keys+`}
+`), "")
+			if tt.wantErr != "" {
+				if err == nil || err.Error() != tt.wantErr {
+					t.Fatalf("Parse: %v\nwant %s", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.Workloads[0].SharedPrefix().Arrivals; got != tt.want {
+				t.Errorf("arrivals = %q, want %q", got, tt.want)
+			}
+		})
 	}
 }

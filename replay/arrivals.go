@@ -9,21 +9,18 @@ import (
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/internal/rng"
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
-// Arrivals says how an open-loop rate spaces the requests of a pass.
-type Arrivals string
+// Arrivals is synth.Arrivals, the one arrival-process type, under the
+// schedule's name: how an open-loop rate spaces the requests of a pass.
+type Arrivals = synth.Arrivals
 
-// The arrival processes of schedule.arrivals.
+// The arrival processes of schedule.arrivals, as synth defines them.
 const (
-	// ArrivalsPoisson draws exponential gaps: a Poisson process, seeded.
-	ArrivalsPoisson Arrivals = "poisson"
-	// ArrivalsConstant spaces requests evenly, 1/rate apart.
-	ArrivalsConstant Arrivals = "constant"
+	ArrivalsPoisson  = synth.ArrivalsPoisson
+	ArrivalsConstant = synth.ArrivalsConstant
 )
-
-// ArrivalProcesses lists every arrival process.
-var ArrivalProcesses = [...]Arrivals{ArrivalsPoisson, ArrivalsConstant}
 
 // The bounds of Schedule.Rate, in requests a second: one an hour at least,
 // and no faster than a dispatcher can place requests a microsecond apart.
@@ -91,10 +88,8 @@ func (s Schedule) Validate() error {
 	if s.ThinkTime < 0 {
 		errs = append(errs, fmt.Errorf("think time must not be negative, got %v", s.ThinkTime))
 	}
-	switch s.Arrivals {
-	case "", ArrivalsPoisson, ArrivalsConstant:
-	default:
-		errs = append(errs, fmt.Errorf("unknown arrivals %q (want poisson or constant)", s.Arrivals))
+	if err := s.Arrivals.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("arrivals %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -105,7 +100,7 @@ func (s Schedule) String() string {
 	case s.Closed():
 		return fmt.Sprintf("closed loop of %d users, think time %v", s.Users, s.ThinkTime)
 	case s.Rate > 0:
-		return fmt.Sprintf("%s arrivals at %g requests/s", cmp.Or(s.Arrivals, ArrivalsPoisson), s.Rate)
+		return fmt.Sprintf("%s arrivals at %g requests/s", s.Arrivals.OrDefault(), s.Rate)
 	}
 	return "trace timestamps"
 }

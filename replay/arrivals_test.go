@@ -188,7 +188,7 @@ func TestScheduleErrors(t *testing.T) {
 		{untimed, Schedule{Rate: MaxRate * 2}, "rate must be from"},
 		{untimed, Schedule{Rate: 1, Users: 2}, "exclude each other"},
 		{untimed, Schedule{Users: -1}, "users must not be negative"},
-		{untimed, Schedule{Rate: 1, Arrivals: "bursty"}, `unknown arrivals "bursty"`},
+		{untimed, Schedule{Rate: 1, Arrivals: "bursty"}, `arrivals "bursty" is not one of poisson, constant`},
 		{untimed, Schedule{Users: 1, ThinkTime: -time.Second}, "think time must not be negative"},
 	} {
 		_, err := NewPacer(tc.recs, PacerOptions{Schedule: tc.s})

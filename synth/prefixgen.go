@@ -5,26 +5,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 
 	"github.com/kvload-exporter/kvload-exporter/internal/rng"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
-
-// Arrival is how a shared-prefix workload's sessions arrive at its rate.
-type Arrival string
-
-// The arrival processes.
-const (
-	// ArrivalPoisson: exponential gaps, as a large population of
-	// independent users gives.
-	ArrivalPoisson Arrival = "poisson"
-	// ArrivalConstant: one session every 1/rate seconds.
-	ArrivalConstant Arrival = "constant"
-)
-
-// Arrivals lists the arrival processes, for validation and help texts.
-var Arrivals = [...]Arrival{ArrivalPoisson, ArrivalConstant}
 
 // Lengths is a token count drawn from a normal distribution; a draw below
 // one token is drawn again, and a zero StdDev gives round(Mean) without a
@@ -48,11 +32,11 @@ type SharedPrefix struct {
 	Requests     int     // N ≥ 1 rows
 	InputTokens  Lengths // per turn, after the prefix
 	OutputTokens Lengths
-	Turns        int     // ≥ 1; 1 = no sessions
-	TurnDelay    float64 // ms from a turn's answer to the next turn (the rows' delay)
-	Rate         float64 // sessions per second, > 0
-	Arrival      Arrival // ArrivalPoisson when empty
-	BlockSize    int     // tokens per hash block
+	Turns        int      // ≥ 1; 1 = no sessions
+	TurnDelay    float64  // ms from a turn's answer to the next turn (the rows' delay)
+	Rate         float64  // sessions per second, > 0
+	Arrivals     Arrivals // ArrivalsPoisson when empty
+	BlockSize    int      // tokens per hash block
 	Seed         uint64
 }
 
@@ -135,8 +119,8 @@ func (s SharedPrefix) Validate(name func(key string) string) error {
 	if !finite(s.Rate) || !(s.Rate > 0) {
 		bad("rate", "must be a finite number of sessions per second > 0, got %v", s.Rate)
 	}
-	if s.Arrival != "" && !slices.Contains(Arrivals[:], s.Arrival) {
-		bad("arrival", "%q is not one of poisson, constant", s.Arrival)
+	if err := s.Arrivals.Validate(); err != nil {
+		bad("arrivals", "%v", err)
 	}
 	if s.BlockSize < 1 {
 		bad("block_size", "must be > 0, got %d", s.BlockSize)
@@ -216,7 +200,7 @@ func (s SharedPrefix) MeanIDs() float64 {
 func (s SharedPrefix) LastArrival() float64 {
 	n, _ := s.sessions()
 	gap := 1 / s.Rate
-	if s.Arrival != ArrivalConstant {
+	if s.Arrivals != ArrivalsConstant {
 		gap *= maxGapMeans
 	}
 	return float64(n-1) * gap
@@ -268,7 +252,7 @@ type sharedGen struct {
 func (g *sharedGen) session(index, turns int, emit func(*trace.Record) error) error {
 	s := g.s
 	if index > 0 {
-		if s.Arrival == ArrivalConstant {
+		if s.Arrivals == ArrivalsConstant {
 			g.at = float64(index) * 1000 / s.Rate
 		} else {
 			g.at += min(g.arrive.ExpFloat64(), maxGapMeans) * 1000 / s.Rate

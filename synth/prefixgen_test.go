@@ -73,7 +73,7 @@ func TestSharedPrefixStreams(t *testing.T) {
 // at the rate, ids that fit, and later turns that extend the turn before.
 func TestSharedPrefixRows(t *testing.T) {
 	s := sharedSpec()
-	s.Requests, s.Turns, s.TurnDelay, s.Arrival = 1001, 4, 1500, ArrivalConstant
+	s.Requests, s.Turns, s.TurnDelay, s.Arrivals = 1001, 4, 1500, ArrivalsConstant
 	rows := generateShared(t, s)
 	if len(rows) != 1001 {
 		t.Fatalf("%d rows, want 1001", len(rows))
@@ -179,13 +179,13 @@ func TestSharedPrefixHitRate(t *testing.T) {
 
 func TestSharedPrefixValidate(t *testing.T) {
 	bad := SharedPrefix{Prefixes: 0, PrefixTokens: -1, Requests: 0, InputTokens: Lengths{Mean: 0.5, StdDev: -1},
-		OutputTokens: Lengths{Mean: math.NaN()}, Turns: 0, TurnDelay: -1, Rate: 0, Arrival: "burst", BlockSize: 0}
+		OutputTokens: Lengths{Mean: math.NaN()}, Turns: 0, TurnDelay: -1, Rate: 0, Arrivals: "burst", BlockSize: 0}
 	err := bad.Validate(func(key string) string { return key })
 	if err == nil {
 		t.Fatal("no error")
 	}
 	for _, key := range []string{"prefixes", "prefix_tokens", "requests", "input_tokens.mean", "input_tokens.stddev",
-		"output_tokens.mean", "turns", "turn_delay", "rate", "arrival", "block_size"} {
+		"output_tokens.mean", "turns", "turn_delay", "rate", "arrivals", "block_size"} {
 		if !strings.Contains(err.Error(), "\n"+key+" ") && !strings.HasPrefix(err.Error(), key+" ") {
 			t.Errorf("no error for %s in:\n%v", key, err)
 		}
@@ -235,7 +235,7 @@ func TestSharedPrefixBounds(t *testing.T) {
 		}, "prefix_tokens"},
 		{"turns 2^40", func(s *SharedPrefix) { s.Turns = 1 << 40 }, "turns"},
 		{"rate spreads past 100 years", func(s *SharedPrefix) { s.Rate = 1e-300 }, "rate"},
-		{"constant rate spreads past 100 years", func(s *SharedPrefix) { s.Rate, s.Arrival = 1e-9, ArrivalConstant }, "rate"},
+		{"constant rate spreads past 100 years", func(s *SharedPrefix) { s.Rate, s.Arrivals = 1e-9, ArrivalsConstant }, "rate"},
 		{"turn delay of 200 years", func(s *SharedPrefix) { s.Turns, s.TurnDelay = 2, 200*365.25*24*3600e3 }, "turn_delay"},
 		{"ids at the bound", func(s *SharedPrefix) {
 			s.BlockSize, s.PrefixTokens, s.InputTokens, s.OutputTokens, s.Requests = 1, 1000, Lengths{Mean: 23}, Lengths{Mean: 1}, MaxGeneratedIDs/1024

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -23,7 +24,7 @@ type generatorFlags struct {
 	input, output                 synth.Lengths
 	turnDelay                     time.Duration
 	rate                          float64
-	arrival                       string
+	arrivals                      string
 	set                           map[string]*bool // by flag name: given on the command line
 }
 
@@ -50,14 +51,21 @@ func (g *generatorFlags) flags(cl *kingpin.CmdClause) {
 	flag("turn-delay", "Shared-prefix workload: think time from an answer to the next turn (the rows' delay).").Default("0s").DurationVar(&g.turnDelay)
 	flag("rate", "Shared-prefix workload: new sessions a second (requests a second without turns).").Default("0").Float64Var(&g.rate)
 	alias("request-rate", "rate").Float64Var(&g.rate)
-	flag("arrival", "Shared-prefix workload: arrival process, poisson or constant.").Default(string(synth.ArrivalPoisson)).
-		EnumVar(&g.arrival, string(synth.ArrivalPoisson), string(synth.ArrivalConstant))
+	// Checked by synth.Arrivals.Validate, not as a kingpin enum, so that
+	// a bad value is told under the spelling given.
+	arrivals := make([]string, len(synth.ArrivalProcesses))
+	for i, a := range synth.ArrivalProcesses {
+		arrivals[i] = string(a)
+	}
+	flag("arrivals", "Shared-prefix workload: arrival process, "+strings.Join(arrivals, " or ")+".").
+		Default(string(synth.ArrivalsPoisson)).PlaceHolder(strings.Join(arrivals, "|")).StringVar(&g.arrivals)
+	flag("arrival", "The older spelling of --arrivals.").PlaceHolder(strings.Join(arrivals, "|")).StringVar(&g.arrivals)
 }
 
 // flagWithout names a shared-prefix flag given without --prefixes, or "".
 func (g *generatorFlags) flagWithout() string {
 	for _, name := range []string{"prefix-tokens", "input-tokens-mean", "input-tokens-stddev", "output-tokens-mean",
-		"output-tokens-stddev", "turns", "turn-delay", "rate", "arrival"} {
+		"output-tokens-stddev", "turns", "turn-delay", "rate", "arrivals", "arrival"} {
 		if *g.set[name] {
 			return name
 		}
@@ -71,7 +79,7 @@ func (g *generatorFlags) spec(requests int, k synth.Knobs) synth.SharedPrefix {
 		Prefixes: g.prefixes, PrefixTokens: g.prefixTokens, Requests: requests,
 		InputTokens: g.input, OutputTokens: g.output, Turns: g.turns,
 		TurnDelay: float64(g.turnDelay) / float64(time.Millisecond),
-		Rate:      g.rate, Arrival: synth.Arrival(g.arrival),
+		Rate:      g.rate, Arrivals: synth.Arrivals(g.arrivals),
 		BlockSize: k.BlockSize, Seed: k.Seed,
 	}
 }
@@ -84,8 +92,16 @@ func runSharedPrefix(ctx context.Context, s streams, o synthesizeOptions) error 
 	if o.knobs.Rewrites() || o.knobs.MaxISL != 0 || o.knobs.MaxOSL != 0 {
 		return badInput(errors.New("synthesize: the synthesis multipliers, --max-isl and --max-osl reshape a TRACE; with --prefixes, set the lengths instead"))
 	}
+	if *o.gen.set["arrivals"] && *o.gen.set["arrival"] {
+		return badInput(errors.New("synthesize: --arrival cannot be given with --arrivals: it is the older spelling of the same flag"))
+	}
 	spec := o.gen.spec(o.numRequests, o.knobs)
-	err := spec.Validate(func(key string) string { return "--" + sharedPrefixFlag(key) })
+	err := spec.Validate(func(key string) string {
+		if key == "arrivals" && *o.gen.set["arrival"] {
+			return "--arrival" // the spelling given
+		}
+		return "--" + sharedPrefixFlag(key)
+	})
 	if err != nil {
 		return badInput(fmt.Errorf("synthesize: %w", err))
 	}

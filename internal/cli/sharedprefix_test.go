@@ -101,3 +101,53 @@ func TestSynthesizeSharedPrefixBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestSynthesizeSharedPrefixArrivals: --arrivals is the flag, named as the
+// workload's generate.arrivals key; --arrival, the spelling that shipped
+// first, gives the same file; a bad value under either is refused.
+func TestSynthesizeSharedPrefixArrivals(t *testing.T) {
+	synthesize := func(extra ...string) (int, string, string) {
+		return runCLI(append(append([]string{"synthesize", "-o", "-", "--seed", "3"}, sharedPrefixArgs...), extra...)...)
+	}
+	_, poisson, _ := synthesize()
+	_, constant, _ := synthesize("--arrivals", "constant")
+	if poisson == "" || constant == "" || poisson == constant {
+		t.Fatalf("constant and Poisson arrivals wrote the same file (or none)")
+	}
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		want     string // the output, or a part of stderr when refused
+	}{
+		{"new spelling", []string{"--arrivals", "constant"}, exitOK, constant},
+		{"old spelling", []string{"--arrival", "constant"}, exitOK, constant},
+		{"old spelling, default value", []string{"--arrival", "poisson"}, exitOK, poisson},
+		{"both", []string{"--arrivals", "constant", "--arrival", "constant"}, exitBadInput,
+			"--arrival cannot be given with --arrivals"},
+		{"bad under the new spelling", []string{"--arrivals", "bursty"}, exitBadInput,
+			`--arrivals "bursty" is not one of poisson, constant`},
+		{"bad under the old spelling", []string{"--arrival", "bursty"}, exitBadInput,
+			`--arrival "bursty" is not one of poisson, constant`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, stderr := synthesize(tt.args...)
+			if code != tt.wantCode {
+				t.Fatalf("exit %d, want %d: %s", code, tt.wantCode, stderr)
+			}
+			if tt.wantCode == exitOK && out != tt.want {
+				t.Errorf("output differs from the expected arrivals'")
+			}
+			if tt.wantCode != exitOK && !strings.Contains(stderr, tt.want) {
+				t.Errorf("stderr %q does not name %s", stderr, tt.want)
+			}
+		})
+	}
+	_, help, _ := runCLI("help", "synthesize")
+	for _, name := range []string{"--arrivals=", "--arrival="} {
+		if !strings.Contains(help, name) {
+			t.Errorf("help does not mention %s", name)
+		}
+	}
+}

@@ -259,7 +259,7 @@ func TestSynthesizeAIPerfAndDynamoNames(t *testing.T) {
 // the package's.
 func TestArrivalNames(t *testing.T) {
 	_, help, _ := runCLI("help", "synthesize")
-	for _, a := range synth.Arrivals {
+	for _, a := range synth.ArrivalProcesses {
 		if !strings.Contains(help, string(a)) {
 			t.Errorf("help does not name arrival %s", a)
 		}
