@@ -117,6 +117,7 @@ func New(o Options) *Daemon {
 	d.kv = newKVSet(c, d.explainer, d.emulators, d.layouts)
 	d.scrapers = newScraperSet(c, d.emulators)
 	d.units.layouts, d.units.kv = d.layouts, d.kv
+	d.units.clock, d.units.resultObserved = o.dispatchClock, o.resultObserved
 	return d
 }
 

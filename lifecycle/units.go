@@ -237,6 +237,9 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 		chain = append(chain, rb.template)
 	}
 	chain = append(chain, newFailureLog(logger))
+	if s.resultObserved != nil {
+		chain = append(chain, resultHook(s.resultObserved))
+	}
 	gate := &gatedObserver{obs: s.truth, chain: chain}
 	url := t.URL
 	if t.Emulate != nil {
@@ -259,6 +262,7 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 		MaxInFlight:  w.MaxInFlight,
 		OnSaturation: w.OnSaturation,
 		MaxQueueLag:  time.Duration(w.MaxQueueLag),
+		Clock:        s.clock,
 		Start:        start,
 		Cache:        newModel(pacer, s.layouts.caches[t.Name].params),
 		OnBuildError: func(err error) { level.Warn(logger).Log("msg", "request not built, counted as dropped", "err", err) },
@@ -354,6 +358,10 @@ type unitSet struct {
 	anchor time.Time
 	// shard, when set (--shard), replaces every workload's own shard.
 	shard *config.Shard
+	// clock paces the replay; nil is the system clock. resultObserved, when
+	// set, hears each result last. Both are seams for tests.
+	clock          replay.DispatchClock
+	resultObserved func(*replay.Result)
 	// epoch makes the cache salts of targets that isolate without an
 	// isolation_epoch: this daemon's own (see salt).
 	epoch     string
