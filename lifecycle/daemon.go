@@ -404,6 +404,8 @@ func (d *Daemon) showTargetCache(target string, tc targetCache) {
 // halt ends every unit's dispatch and starts its drain, from any
 // goroutine, without waiting; no unit starts after it. The owner goroutine
 // then finishes what it was doing and waits for the drains (shutdown).
+// Not ready comes once dispatch has stopped, so that a reader of Ready
+// (GET /-/ready) can tell.
 func (d *Daemon) halt() {
 	d.units.halt(func() { d.ready.Store(false) })
 }

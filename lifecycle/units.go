@@ -539,17 +539,18 @@ func (s *unitSet) unregister(u *unit) {
 }
 
 // halt ends every unit's dispatch and starts its drain, from any
-// goroutine, without waiting; no unit starts after it. also runs first,
-// under the same lock as unlessHalted.
+// goroutine, without waiting; no unit starts after it. also runs last,
+// under the same lock as unlessHalted: whoever sees its effect knows that
+// every unit was told to stop dispatching.
 func (s *unitSet) halt(also func()) {
 	s.haltMu.Lock()
 	defer s.haltMu.Unlock()
 	s.halted = true
-	also()
 	for u := range s.live {
 		u.stopping.Store(true)
 		u.workload.Halt(s.drainTimeout)
 	}
+	also()
 }
 
 // unlessHalted runs f unless halt has begun, and keeps halt from
