@@ -120,6 +120,7 @@ func New(o Options) *Daemon {
 	d.kv = newKVSet(c, d.explainer, d.emulators, d.layouts)
 	d.scrapers = newScraperSet(c, d.emulators)
 	d.units.layouts, d.units.kv = d.layouts, d.kv
+	d.units.clock, d.units.resultObserved = o.dispatchClock, o.resultObserved
 	return d
 }
 
@@ -417,6 +418,8 @@ func (d *Daemon) showTargetCache(target string, tc targetCache) {
 // halt ends every unit's dispatch and starts its drain, from any
 // goroutine, without waiting; no unit starts after it. The owner goroutine
 // then finishes what it was doing and waits for the drains (shutdown).
+// Not ready comes once dispatch has stopped, so that a reader of Ready
+// (GET /-/ready) can tell.
 func (d *Daemon) halt() {
 	d.units.halt(func() { d.ready.Store(false) })
 }

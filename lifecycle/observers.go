@@ -43,6 +43,11 @@ type missedHits struct {
 
 func (m missedHits) observe(r *replay.Result) { m.offer.offer(r, m.salt) }
 
+// resultHook is a function as a side job.
+type resultHook func(*replay.Result)
+
+func (h resultHook) observe(r *replay.Result) { h(r) }
+
 func (g *gatedObserver) close() {
 	g.mu.Lock()
 	g.closed = true

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // reloadDebounce is how long the config directory must be quiet before a
@@ -40,6 +41,11 @@ type Options struct {
 	beforeApply func(ctx context.Context)  // tests only
 	buildStep   func(*config.Config) error // tests only: a build that fails
 	discovery   discoverySchedule          // tests only: the zero value is the default
+	// dispatchClock paces the replay (tests only): nil is the system clock.
+	dispatchClock replay.DispatchClock
+	// resultObserved, when set, hears each result after every other side
+	// job has (tests only): a test then knows what the daemon has learnt.
+	resultObserved func(*replay.Result)
 }
 
 // reloadRequest is a reload waiting for the owner goroutine.

@@ -9,7 +9,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/go-kit/log"
 
@@ -101,7 +103,6 @@ func TestChatTemplateLearnt(t *testing.T) {
 		return 40 + i
 	}
 	for i := range rows {
-		// 100 ms apart, so that each answer is back before the next row.
 		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": [%d, %d, %d]}`+"\n", 100*i, isl(i), 3*i, 3*i+1, 3*i+2)
 	}
 	daemontest.WriteFile(t, filepath.Join(dir, "trace.jsonl"), trace.String())
@@ -110,9 +111,8 @@ func TestChatTemplateLearnt(t *testing.T) {
 	cfg.Targets[0].API = "chat"
 	daemontest.WriteConfig(t, path, cfg)
 	var logs testutil.Buffer
-	if _, err := startDaemon(t, path, func(o *Options) { o.Logger = log.NewLogfmtLogger(&logs) }); err != nil {
-		t.Fatal(err)
-	}
+	_, play := rowByRow(t, path, func(o *Options) { o.Logger = log.NewLogfmtLogger(&logs) })
+	play(rows, 100*time.Millisecond)
 	testutil.Eventually(t, "every row answered", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -234,7 +234,6 @@ func TestChatTemplateCorrected(t *testing.T) {
 	const rows = 6
 	isl := func(i int) int { return 2000 + 10*i } // one block each
 	for i := range rows {
-		// 100 ms apart, so that each answer is back before the next row.
 		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": %d, "output_length": 1, "hash_ids": [%d]}`+"\n", 100*i, isl(i), i)
 	}
 	daemontest.WriteFile(t, filepath.Join(dir, "trace.jsonl"), trace.String())
@@ -244,13 +243,11 @@ func TestChatTemplateCorrected(t *testing.T) {
 	cfg.Workloads[0].BlockSize = 4096
 	daemontest.WriteConfig(t, path, cfg)
 	var logs testutil.Buffer
-	d, err := startDaemon(t, path, func(o *Options) { o.Logger = log.NewLogfmtLogger(&logs) })
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, play := rowByRow(t, path, func(o *Options) { o.Logger = log.NewLogfmtLogger(&logs) })
 	if v, _ := testutil.Gather(t, d.reg).Value("kvload_chat_template_tokens", "source", "tokenize"); v != claimed {
 		t.Fatalf("kvload_chat_template_tokens{source=tokenize} %v at the start, want the %d measured", v, claimed)
 	}
+	play(rows, 100*time.Millisecond)
 	testutil.Eventually(t, "every row answered", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -289,4 +286,34 @@ func streamOneToken(w http.ResponseWriter, promptTokens int) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" tok\"},\"finish_reason\":\"length\"}]}\n\n")
 	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":1,\"total_tokens\":%d}}\n\ndata: [DONE]\n\n", promptTokens, promptTokens+1)
+}
+
+// rowByRow starts a daemon on the configuration file path with a dispatch
+// clock that stands still until the test moves it. The returned play runs
+// a trace of rows rows gap apart: it moves the clock on to the next row
+// only once every answer so far was heard by all of the daemon's side
+// jobs. A row is thus never built before the answers to the rows ahead of
+// it were learnt from, however slow the machine.
+func rowByRow(t *testing.T, path string, configure func(*Options)) (d *started, play func(rows int, gap time.Duration)) {
+	t.Helper()
+	clock := newManualClock()
+	var observed atomic.Int64
+	d, err := startDaemon(t, path, func(o *Options) {
+		o.dispatchClock = clock
+		o.resultObserved = func(*replay.Result) { observed.Add(1) }
+		configure(o)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, func(rows int, gap time.Duration) {
+		t.Helper()
+		for i := 1; i < rows; i++ {
+			testutil.Eventually(t, fmt.Sprintf("answer %d heard", i), func() (bool, string) {
+				n := observed.Load()
+				return n >= int64(i), fmt.Sprint(n, " heard")
+			})
+			clock.Advance(gap)
+		}
+	}
 }

@@ -239,6 +239,9 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 		chain = append(chain, rb.template)
 	}
 	chain = append(chain, newFailureLog(logger))
+	if s.resultObserved != nil {
+		chain = append(chain, resultHook(s.resultObserved))
+	}
 	gate := &gatedObserver{obs: s.truth, chain: chain}
 	url := t.URL
 	if t.Emulate != nil {
@@ -261,6 +264,7 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 		MaxInFlight:  w.MaxInFlight,
 		OnSaturation: w.OnSaturation,
 		MaxQueueLag:  time.Duration(w.MaxQueueLag),
+		Clock:        s.clock,
 		Start:        start,
 		Cache:        newModel(pacer, s.layouts.caches[t.Name].params),
 		OnBuildError: func(err error) { level.Warn(logger).Log("msg", "request not built, counted as dropped", "err", err) },
@@ -356,6 +360,10 @@ type unitSet struct {
 	anchor time.Time
 	// shard, when set (--shard), replaces every workload's own shard.
 	shard *config.Shard
+	// clock paces the replay; nil is the system clock. resultObserved, when
+	// set, hears each result last. Both are seams for tests.
+	clock          replay.DispatchClock
+	resultObserved func(*replay.Result)
 	// epoch makes the cache salts of targets that isolate without an
 	// isolation_epoch: this daemon's own (see salt).
 	epoch     string
@@ -533,17 +541,18 @@ func (s *unitSet) unregister(u *unit) {
 }
 
 // halt ends every unit's dispatch and starts its drain, from any
-// goroutine, without waiting; no unit starts after it. also runs first,
-// under the same lock as unlessHalted.
+// goroutine, without waiting; no unit starts after it. also runs last,
+// under the same lock as unlessHalted: whoever sees its effect knows that
+// every unit was told to stop dispatching.
 func (s *unitSet) halt(also func()) {
 	s.haltMu.Lock()
 	defer s.haltMu.Unlock()
 	s.halted = true
-	also()
 	for u := range s.live {
 		u.stopping.Store(true)
 		u.workload.Halt(s.drainTimeout)
 	}
+	also()
 }
 
 // unlessHalted runs f unless halt has begun, and keeps halt from

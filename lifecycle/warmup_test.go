@@ -38,10 +38,12 @@ func sharedTrace(t *testing.T, name string) string {
 // (decoding the token ids of every prompt) to a few seconds under -race.
 // The engine gets exactly the trace's tokens (completions, token_ids);
 // outputs are capped at 4 tokens (max_osl), as they do not matter here.
-// Requests go one at a time (max_in_flight 1, on_saturation queue): a
-// request that overtakes an earlier one sharing its prefix misses blocks
-// the model counts as hits, a property of the server's scheduling, not of
-// the model tested here.
+// Requests go one at a time, from one closed-loop user: a request that
+// overtakes an earlier one sharing its prefix misses blocks the model
+// counts as hits, a property of the server's scheduling, not of the model
+// tested here. A closed loop sends each row when the last answer is in,
+// so that no row can fall behind a schedule and be dropped however slow
+// the machine.
 func TestCacheMatchesTheory(t *testing.T) {
 	t.Parallel()
 	const rows, maxISL = 500, 16000
@@ -78,8 +80,8 @@ func TestCacheMatchesTheory(t *testing.T) {
 			Emulate: &config.Emulate{CapacityBlocks: 0, BlockSize: 16}}},
 		// The trace's own block size: the default.
 		Workloads: []config.Workload{{Name: "synthetic", Trace: "slice.jsonl", Targets: []string{"emu"}, Loop: "once",
-			MaxInFlight: 1, OnSaturation: "queue",
-			Synthesis: config.Synthesis{SpeedupRatio: 1000, MaxISL: maxISL, MaxOSL: 4}}},
+			MaxInFlight: 1, Schedule: config.Schedule{Users: 1},
+			Synthesis: config.Synthesis{MaxISL: maxISL, MaxOSL: 4}}},
 	})
 	d, err := startDaemon(t, path, nil)
 	if err != nil {

@@ -266,7 +266,7 @@ func (c *Client) Close() {
 //     point.
 //   - canceled: ctx ended (cancel or the caller's own deadline).
 //   - connection_error: no response was received (dial, TLS, reset).
-//     A request that failed on a reused idle connection before any byte
+//     A request that failed on a reused kept-alive connection before any byte
 //     of a response is first retried once on a new connection, with Sent
 //     taken anew; the Response is that of the retry.
 //   - http_error: a non-2xx status, with the message of the error body.
@@ -391,14 +391,18 @@ func mentionsLengthKey(raw []byte) bool {
 }
 
 // send makes one attempt at the request. On failure, retry reports that
-// the attempt went out on a reused connection from the idle pool and
-// failed before any byte of a response arrived, which is what a server
-// closing an idle connection at that moment looks like.
+// the attempt went out on a reused (kept-alive) connection and failed
+// before any byte of a response arrived, which is what a server closing
+// an idle connection at that moment looks like.
 func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, session string) (resp *http.Response, retry bool, err error) {
-	// The transport may call these from its own goroutines.
-	var reusedIdle, responded atomic.Bool
+	// The transport may call these from its own goroutines. Any reused
+	// connection counts, not only one taken from the idle pool: one handed
+	// straight to a request that was dialing (WasIdle false) has been idle
+	// on the server's side since its last answer, on a busy machine long
+	// enough for the server to close it.
+	var reused, responded atomic.Bool
 	tctx := httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
-		GotConn:              func(i httptrace.GotConnInfo) { reusedIdle.Store(i.Reused && i.WasIdle) },
+		GotConn:              func(i httptrace.GotConnInfo) { reused.Store(i.Reused) },
 		GotFirstResponseByte: func() { responded.Store(true) },
 	})
 	hreq, err := http.NewRequestWithContext(tctx, http.MethodPost, c.endpoint, body.reader())
@@ -423,7 +427,7 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, s
 		if errors.As(err, &ue) {
 			err = ue.Err // drop the URL: the target name already says which endpoint
 		}
-		return nil, reusedIdle.Load() && !responded.Load(), err
+		return nil, reused.Load() && !responded.Load(), err
 	}
 	return resp, false, nil
 }
