@@ -247,7 +247,7 @@ func changeInFlight(t *testing.T, dir string, good config.Config) {
 // the problem, sets the reload gauge to 0 and leaves the running set alone:
 // the same unit keeps sending. So does a configuration whose build fails
 // or panics after it parsed. The whole catalogue of bad inputs, with the
-// exact messages, is cmd/kvload-exporter's TestBadInputReload (through
+// exact messages, is internal/e2e's TestBadInputReload (through
 // POST /-/reload).
 func TestBadReloadKeepsRunning(t *testing.T) {
 	t.Parallel()
