@@ -7,27 +7,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
-	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/servedcache/servedcachetest"
 )
-
-// effResult is a successful request counted on both sides of the cache
-// efficiency with observed: usage: trace and server prompt tokens, its
-// observed cached tokens and its profile.
-func effResult(trace, prompt, cached int, steps ...replay.CapacityStep) *replay.Result {
-	model := 0 // an unbounded model: the hit at its ceiling
-	if len(steps) > 0 {
-		model = steps[len(steps)-1].Tokens
-	}
-	return &replay.Result{
-		TheoreticalCachedTokens: model,
-		Workload:                "w", Target: "t",
-		Response:         openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: prompt, PromptKnown: true, CachedTokens: cached, CachedKnown: true},
-		TraceInputLength: trace, TheoreticalKnown: true,
-		TheoreticalByCapacity: replay.CapacityProfile{Steps: steps, Known: true},
-		Counted:               replay.Counted{UsageCached: true, Reported: true},
-	}
-}
 
 // TestEffectiveCapacitySeries: the landing page's figure is what the
 // series say: one state series at 1, and the capacity with its lower-bound
@@ -41,10 +23,10 @@ func TestEffectiveCapacitySeries(t *testing.T) {
 		lowerBound bool
 	}{
 		{"nothing yet", nil, EffectiveNotReported, false},
-		{"measured", []*replay.Result{effResult(1000, 1000, 300, step)}, EffectiveMeasured, false},
-		{"measured, at least", []*replay.Result{effResult(1000, 1000, 500, step)}, EffectiveMeasured, true},
-		{"above the model", []*replay.Result{effResult(1000, 1000, 600, step)}, EffectiveAboveModel, false},
-		{"nothing to share", []*replay.Result{effResult(1000, 1000, 0)}, EffectiveNothingToShare, false},
+		{"measured", []*replay.Result{servedcachetest.Counted(1000, 1000, 300, step)}, EffectiveMeasured, false},
+		{"measured, at least", []*replay.Result{servedcachetest.Counted(1000, 1000, 500, step)}, EffectiveMeasured, true},
+		{"above the model", []*replay.Result{servedcachetest.Counted(1000, 1000, 600, step)}, EffectiveAboveModel, false},
+		{"nothing to share", []*replay.Result{servedcachetest.Counted(1000, 1000, 0)}, EffectiveNothingToShare, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -99,7 +81,7 @@ func TestEffectiveCapacityForget(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c := New(reg)
 	c.Start("w", "t")
-	c.Finished(effResult(1000, 1000, 300, replay.CapacityStep{Capacity: 4096, Tokens: 500}))
+	c.Finished(servedcachetest.Counted(1000, 1000, 300, replay.CapacityStep{Capacity: 4096, Tokens: 500}))
 	if n := len(testutil.Gather(t, reg).SeriesWith("target", "t")); n == 0 {
 		t.Fatal("no series of the pair")
 	}

@@ -11,46 +11,23 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
-	"github.com/kvload-exporter/kvload-exporter/openai"
-	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/servedcache"
+	"github.com/kvload-exporter/kvload-exporter/servedcache/servedcachetest"
 )
-
-// reconcileRequest is one finished request of a reconcile test.
-type reconcileRequest struct {
-	prompt, cached int
-	cachedKnown    bool // usage carried a cached-token count
-	theoretical    int  // -1: unknown
-	failed         bool
-	sentAgo        time.Duration // sent this long before it finished
-}
-
-// result is the request's result, finished at now.
-func (q reconcileRequest) result(target string, now time.Time) *replay.Result {
-	r := &replay.Result{Response: openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: q.prompt, PromptKnown: true,
-		CachedTokens: q.cached, CachedKnown: q.cachedKnown, Sent: now.Add(-q.sentAgo)}, Workload: "w", Target: target, TraceInputLength: q.prompt}
-	if q.failed {
-		r.Outcome = openai.OutcomeStreamError
-	}
-	if q.theoretical >= 0 {
-		r.TheoreticalCachedTokens, r.TheoreticalKnown = q.theoretical, true
-	}
-	return r
-}
 
 // reconcileStep is what happens between two reads: requests finish, then
 // the engine's counters are read.
 type reconcileStep struct {
-	requests []reconcileRequest
+	requests []servedcachetest.Request
 	read     engine.ServerCounts
 }
 
 // hit is n requests of 1000 prompt tokens, cached of them cached (usage)
 // and theoretical in the model.
-func hit(n, cached, theoretical int) []reconcileRequest {
-	out := make([]reconcileRequest, n)
+func hit(n, cached, theoretical int) []servedcachetest.Request {
+	out := make([]servedcachetest.Request, n)
 	for i := range out {
-		out[i] = reconcileRequest{prompt: 1000, cached: cached, cachedKnown: true, theoretical: theoretical}
+		out[i] = servedcachetest.Request{Prompt: 1000, Cached: cached, CachedKnown: true, Theoretical: theoretical}
 	}
 	return out
 }
@@ -91,7 +68,7 @@ func TestReconcileStateSeries(t *testing.T) {
 			for _, s := range tt.steps {
 				now = now.Add(5 * time.Second)
 				for _, q := range s.requests {
-					c.Finished(q.result("e", now))
+					c.Finished(q.Result("e", now))
 				}
 				c.Reconcile().AddEngineRead("e", s.read)
 			}
@@ -132,22 +109,22 @@ func TestReconcileCounters(t *testing.T) {
 	c := New(reg)
 	now := time.Unix(1_700_000_000, 0)
 	c.now = func() time.Time { return now }
-	finish := func(q reconcileRequest, target string) {
+	finish := func(q servedcachetest.Request, target string) {
 		now = now.Add(time.Second)
-		c.Finished(q.result(target, now))
+		c.Finished(q.Result(target, now))
 	}
 	c.Reconcile().Start("e")
-	finish(reconcileRequest{prompt: 700, cached: 300, cachedKnown: true, theoretical: -1}, "e")
+	finish(servedcachetest.Request{Prompt: 700, Cached: 300, CachedKnown: true, Theoretical: -1}, "e")
 	c.Reconcile().AddEngineRead("e", baseline)
-	finish(reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: -1}, "e")
-	finish(reconcileRequest{prompt: 500, theoretical: -1}, "e")
+	finish(servedcachetest.Request{Prompt: 1000, Cached: 400, CachedKnown: true, Theoretical: -1}, "e")
+	finish(servedcachetest.Request{Prompt: 500, Theoretical: -1}, "e")
 	c.Reconcile().EngineReadFailed("e", engine.ServerErrorTimeout)
-	finish(reconcileRequest{prompt: 1000, cached: 600, cachedKnown: true, theoretical: -1}, "e")
+	finish(servedcachetest.Request{Prompt: 1000, Cached: 600, CachedKnown: true, Theoretical: -1}, "e")
 	c.Reconcile().AddEngineRead("e", engineRead(1200, 2600))
-	finish(reconcileRequest{prompt: 1000, cached: 999, cachedKnown: true, theoretical: -1}, "other")
+	finish(servedcachetest.Request{Prompt: 1000, Cached: 999, CachedKnown: true, Theoretical: -1}, "other")
 	// Finished after the last read: counted at the next, beside the
 	// engine's increase.
-	finish(reconcileRequest{prompt: 800, cached: 800, cachedKnown: true, theoretical: -1}, "e")
+	finish(servedcachetest.Request{Prompt: 800, Cached: 800, CachedKnown: true, Theoretical: -1}, "e")
 	m := testutil.Gather(t, reg)
 	for name, want := range map[string]float64{
 		"kvload_cache_reconcile_engine_cached_tokens_total": 1200,

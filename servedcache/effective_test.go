@@ -5,27 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/servedcache/servedcachetest"
 )
-
-// effResult is a successful request counted on both sides of the cache
-// efficiency with observed: usage: trace and server prompt tokens, its
-// observed cached tokens and its profile.
-func effResult(trace, prompt, cached int, steps ...replay.CapacityStep) *replay.Result {
-	model := 0 // an unbounded model: the hit at its ceiling
-	if len(steps) > 0 {
-		model = steps[len(steps)-1].Tokens
-	}
-	return &replay.Result{
-		TheoreticalCachedTokens: model,
-		Workload:                "w", Target: "t",
-		Response:         openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: prompt, PromptKnown: true, CachedTokens: cached, CachedKnown: true},
-		TraceInputLength: trace, TheoreticalKnown: true,
-		TheoreticalByCapacity: replay.CapacityProfile{Steps: steps, Known: true},
-		Counted:               replay.Counted{UsageCached: true, Reported: true},
-	}
-}
 
 // TestEffectiveCapacityFigure: the state and the capacity read from the
 // window's requests: the inverse of their theoretical hits at the observed
@@ -35,15 +17,15 @@ func TestEffectiveCapacityFigure(t *testing.T) {
 	c99, c100 := capacityGrid[99], capacityGrid[100]
 	at100 := int64(c100) // its grid point is c100
 	twoSteps := []replay.CapacityStep{{Capacity: at100, Tokens: 300}, {Capacity: int64(capacityGrid[200]), Tokens: 600}}
-	unknown := effResult(1000, 1000, 900, twoSteps...)
+	unknown := servedcachetest.Counted(1000, 1000, 900, twoSteps...)
 	unknown.TheoreticalByCapacity.Known = false
-	unreported := effResult(1000, 1000, 0, twoSteps...)
+	unreported := servedcachetest.Counted(1000, 1000, 0, twoSteps...)
 	unreported.Counted = replay.Counted{Unreported: true}
-	withPreamble := effResult(1000, 1010, 310, twoSteps...)
+	withPreamble := servedcachetest.Counted(1000, 1010, 310, twoSteps...)
 	withPreamble.Counted.LeftOut = 10
 	// A model bounded at c100 tokens (configured or read): it would serve
 	// 300 tokens, and the engine served them.
-	boundedModel := effResult(1000, 1000, 300, twoSteps...)
+	boundedModel := servedcachetest.Counted(1000, 1000, 300, twoSteps...)
 	boundedModel.TheoreticalCachedTokens = 300
 	tests := []struct {
 		name    string
@@ -57,24 +39,24 @@ func TestEffectiveCapacityFigure(t *testing.T) {
 		{"nothing yet", nil, EffectiveNotReported, 0, false},
 		{"only unreported requests", []*replay.Result{unreported}, EffectiveNotReported, 0, false},
 		{"only unknown profiles", []*replay.Result{unknown}, EffectiveNotReported, 0, false},
-		{"at a grid point", []*replay.Result{effResult(1000, 1000, 300, twoSteps...)}, EffectiveMeasured, c100, false},
-		{"halfway between two, on a log scale", []*replay.Result{effResult(1000, 1000, 150, twoSteps...)}, EffectiveMeasured, math.Sqrt(c99 * c100), false},
-		{"the server's prompt counts the template", []*replay.Result{effResult(1000, 1100, 330, twoSteps...)}, EffectiveMeasured, c100, false},
+		{"at a grid point", []*replay.Result{servedcachetest.Counted(1000, 1000, 300, twoSteps...)}, EffectiveMeasured, c100, false},
+		{"halfway between two, on a log scale", []*replay.Result{servedcachetest.Counted(1000, 1000, 150, twoSteps...)}, EffectiveMeasured, math.Sqrt(c99 * c100), false},
+		{"the server's prompt counts the template", []*replay.Result{servedcachetest.Counted(1000, 1100, 330, twoSteps...)}, EffectiveMeasured, c100, false},
 		{"the preamble left out", []*replay.Result{withPreamble}, EffectiveMeasured, c100, false},
-		{"unknown profiles left out", []*replay.Result{effResult(1000, 1000, 300, twoSteps...), unknown}, EffectiveMeasured, c100, false},
+		{"unknown profiles left out", []*replay.Result{servedcachetest.Counted(1000, 1000, 300, twoSteps...), unknown}, EffectiveMeasured, c100, false},
 		{"requests added up", []*replay.Result{
-			effResult(1000, 1000, 0, replay.CapacityStep{Capacity: at100, Tokens: 600}),
-			effResult(1000, 1000, 300),
+			servedcachetest.Counted(1000, 1000, 0, replay.CapacityStep{Capacity: at100, Tokens: 600}),
+			servedcachetest.Counted(1000, 1000, 300),
 		}, EffectiveMeasured, math.Sqrt(c99 * c100), false},
-		{"below the first grid point, linear from 0", []*replay.Result{effResult(1000, 1000, 150, replay.CapacityStep{Capacity: 8, Tokens: 300})}, EffectiveMeasured, 8, false},
-		{"no hit observed: a cache of nothing", []*replay.Result{effResult(1000, 1000, 0, twoSteps...)}, EffectiveMeasured, 0, false},
-		{"the ceiling's hits, all observed", []*replay.Result{effResult(1000, 1000, 600, twoSteps...)}, EffectiveMeasured, capacityGrid[200], true},
-		{"more than the ceiling's hits", []*replay.Result{effResult(1000, 1000, 601, twoSteps...)}, EffectiveAboveModel, 0, false},
-		{"nothing to share", []*replay.Result{effResult(1000, 1000, 0)}, EffectiveNothingToShare, 0, false},
-		{"under 1 % shared", []*replay.Result{effResult(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 9})}, EffectiveNothingToShare, 0, false},
-		{"1 % shared", []*replay.Result{effResult(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 10})}, EffectiveMeasured, -1, false},
-		{"90 % of the ceiling's: at least", []*replay.Result{effResult(1000, 1000, 540, twoSteps...)}, EffectiveMeasured, -1, true},
-		{"89 % of the ceiling's: the size", []*replay.Result{effResult(1000, 1000, 534, twoSteps...)}, EffectiveMeasured, -1, false},
+		{"below the first grid point, linear from 0", []*replay.Result{servedcachetest.Counted(1000, 1000, 150, replay.CapacityStep{Capacity: 8, Tokens: 300})}, EffectiveMeasured, 8, false},
+		{"no hit observed: a cache of nothing", []*replay.Result{servedcachetest.Counted(1000, 1000, 0, twoSteps...)}, EffectiveMeasured, 0, false},
+		{"the ceiling's hits, all observed", []*replay.Result{servedcachetest.Counted(1000, 1000, 600, twoSteps...)}, EffectiveMeasured, capacityGrid[200], true},
+		{"more than the ceiling's hits", []*replay.Result{servedcachetest.Counted(1000, 1000, 601, twoSteps...)}, EffectiveAboveModel, 0, false},
+		{"nothing to share", []*replay.Result{servedcachetest.Counted(1000, 1000, 0)}, EffectiveNothingToShare, 0, false},
+		{"under 1 % shared", []*replay.Result{servedcachetest.Counted(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 9})}, EffectiveNothingToShare, 0, false},
+		{"1 % shared", []*replay.Result{servedcachetest.Counted(1000, 1000, 5, replay.CapacityStep{Capacity: 100, Tokens: 10})}, EffectiveMeasured, -1, false},
+		{"90 % of the ceiling's: at least", []*replay.Result{servedcachetest.Counted(1000, 1000, 540, twoSteps...)}, EffectiveMeasured, -1, true},
+		{"89 % of the ceiling's: the size", []*replay.Result{servedcachetest.Counted(1000, 1000, 534, twoSteps...)}, EffectiveMeasured, -1, false},
 		{"a bounded model's own hits served: at least", []*replay.Result{boundedModel}, EffectiveMeasured, c100, true},
 	}
 	for _, tt := range tests {
@@ -110,7 +92,7 @@ func TestEffectiveCapacityServerMetrics(t *testing.T) {
 	e := NewEffectiveCapacity(func() time.Time { return now })
 	e.Start("w", "t")
 	for range 4 {
-		r := effResult(1000, 1000, 0, replay.CapacityStep{Capacity: int64(capacityGrid[100]), Tokens: 500})
+		r := servedcachetest.Counted(1000, 1000, 0, replay.CapacityStep{Capacity: int64(capacityGrid[100]), Tokens: 500})
 		r.CachedKnown, r.Counted.UsageCached = false, false
 		e.Add(r)
 	}
@@ -141,10 +123,10 @@ func TestEffectiveCapacityWindow(t *testing.T) {
 			t.Errorf("after %v: %s, %v tokens over %v; want %s, %v over %v", after, f.State, f.Tokens, f.Window, state, tokens, window)
 		}
 	}
-	e.Add(effResult(1000, 1000, 500, small))
+	e.Add(servedcachetest.Counted(1000, 1000, 500, small))
 	check(time.Minute, EffectiveMeasured, capacityGrid[50], time.Minute) // the pair is a minute old
 	now = start.Add(2 * time.Minute)
-	e.Add(effResult(1000, 1000, 500, large))
+	e.Add(servedcachetest.Counted(1000, 1000, 500, large))
 	// Both requests: half the hits by capacityGrid[50], all by [150].
 	check(2*time.Minute+10*time.Second, EffectiveMeasured, capacityGrid[150], 2*time.Minute+10*time.Second)
 	check(5*time.Minute-time.Second, EffectiveMeasured, capacityGrid[150], 5*time.Minute-time.Second)
@@ -163,7 +145,7 @@ func TestEffectiveCapacityEstimateWindow(t *testing.T) {
 	e.SetWindow("t", 10*time.Second)
 	e.Start("w", "t")
 	step := replay.CapacityStep{Capacity: int64(capacityGrid[50]), Tokens: 500}
-	e.Add(effResult(1000, 1000, 500, step))
+	e.Add(servedcachetest.Counted(1000, 1000, 500, step))
 	now = start.Add(9 * time.Second)
 	if f := e.Figure("w", "t", now); f.State != EffectiveMeasured || f.Window != 9*time.Second {
 		t.Errorf("9 s on: %s over %v, want measured over 9s", f.State, f.Window)
@@ -172,7 +154,7 @@ func TestEffectiveCapacityEstimateWindow(t *testing.T) {
 	if f := e.Figure("w", "t", now); f.State != EffectiveNotReported || f.Window != 9*time.Second {
 		t.Errorf("10 s on: %s over %v, want not_reported over 9s: the request has left a 10 s window", f.State, f.Window)
 	}
-	e.Add(effResult(1000, 1000, 500, step))
+	e.Add(servedcachetest.Counted(1000, 1000, 500, step))
 	e.SetWindow("t", 5*time.Minute)
 	if f := e.Figure("w", "t", now); f.State != EffectiveNotReported {
 		t.Errorf("after the window changed: %s, want not_reported (started over)", f.State)

@@ -6,36 +6,13 @@ import (
 	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
-	"github.com/kvload-exporter/kvload-exporter/openai"
-	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/servedcache/servedcachetest"
 )
-
-// reconcileRequest is one finished request of a reconcile test.
-type reconcileRequest struct {
-	prompt, cached int
-	cachedKnown    bool // usage carried a cached-token count
-	theoretical    int  // -1: unknown
-	failed         bool
-	sentAgo        time.Duration // sent this long before it finished
-}
-
-// result is the request's result, finished at now.
-func (q reconcileRequest) result(target string, now time.Time) *replay.Result {
-	r := &replay.Result{Response: openai.Response{Outcome: openai.OutcomeSuccess, PromptTokens: q.prompt, PromptKnown: true,
-		CachedTokens: q.cached, CachedKnown: q.cachedKnown, Sent: now.Add(-q.sentAgo)}, Workload: "w", Target: target, TraceInputLength: q.prompt}
-	if q.failed {
-		r.Outcome = openai.OutcomeStreamError
-	}
-	if q.theoretical >= 0 {
-		r.TheoreticalCachedTokens, r.TheoreticalKnown = q.theoretical, true
-	}
-	return r
-}
 
 // reconcileStep is what happens between two reads: requests finish, then
 // the engine's counters are read (or fail to be).
 type reconcileStep struct {
-	requests []reconcileRequest
+	requests []servedcachetest.Request
 	read     engine.ServerCounts
 	fail     engine.ServerMetricsErrorReason // the read failed
 	after    time.Duration                   // since the step before
@@ -43,10 +20,10 @@ type reconcileStep struct {
 
 // hit is n requests of 1000 prompt tokens, cached of them cached (usage)
 // and theoretical in the model.
-func hit(n, cached, theoretical int) []reconcileRequest {
-	out := make([]reconcileRequest, n)
+func hit(n, cached, theoretical int) []servedcachetest.Request {
+	out := make([]servedcachetest.Request, n)
 	for i := range out {
-		out[i] = reconcileRequest{prompt: 1000, cached: cached, cachedKnown: true, theoretical: theoretical}
+		out[i] = servedcachetest.Request{Prompt: 1000, Cached: cached, CachedKnown: true, Theoretical: theoretical}
 	}
 	return out
 }
@@ -78,7 +55,7 @@ func TestReconcileStates(t *testing.T) {
 		// What the canary counted before the baseline is on neither side,
 		// nor what it sent before it (the engine counted its prompt then).
 		{name: "before the baseline", steps: []reconcileStep{{requests: hit(50, 0, 0), read: baseline},
-			{requests: append(hit(10, 400, 400), reconcileRequest{prompt: 3000, cachedKnown: true, sentAgo: 6 * time.Second}), read: engineRead(4000, 10000)}},
+			{requests: append(hit(10, 400, 400), servedcachetest.Request{Prompt: 3000, CachedKnown: true, SentAgo: 6 * time.Second}), read: engineRead(4000, 10000)}},
 			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
 		// A failed read in between: the next good one spans its time on
 		// both sides.
@@ -105,7 +82,7 @@ func TestReconcileStates(t *testing.T) {
 			{requests: hit(5, 400, 400), read: engineRead(4000, 10000)}},
 			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
 		{name: "usage without cached tokens", steps: []reconcileStep{{read: baseline},
-			{requests: []reconcileRequest{{prompt: 1000, theoretical: 400}}, read: engineRead(400, 1000)}},
+			{requests: []servedcachetest.Request{{Prompt: 1000, Theoretical: 400}}, read: engineRead(400, 1000)}},
 			want: ReconcileNotReported, share: 1},
 		{name: "few hits", steps: []reconcileStep{{read: baseline}, {requests: hit(10, 40, 40), read: engineRead(400, 10000)}},
 			want: ReconcileTooFewHits, share: 1},
@@ -118,7 +95,7 @@ func TestReconcileStates(t *testing.T) {
 			want: ReconcileNothingCounted},
 		// Failures do not count on the canary's side.
 		{name: "failed requests", steps: []reconcileStep{{read: baseline},
-			{requests: append(hit(10, 400, 400), reconcileRequest{prompt: 5000, failed: true}), read: engineRead(4000, 10000)}},
+			{requests: append(hit(10, 400, 400), servedcachetest.Request{Prompt: 5000, Failed: true}), read: engineRead(4000, 10000)}},
 			want: ReconcileCompared, share: 1, engineOverUsage: 1, usageOverModel: 1, engineOverModel: 1},
 		// The first read seen is the baseline, though the scraper took its
 		// own before (observed: server_metrics primes it).
@@ -145,7 +122,7 @@ func TestReconcileStates(t *testing.T) {
 			for _, s := range tt.steps {
 				now = now.Add(5*time.Second + s.after)
 				for _, q := range s.requests {
-					r.Finished(q.result("e", now))
+					r.Finished(q.Result("e", now))
 				}
 				if s.fail != "" {
 					r.Failed("e", s.fail)
@@ -185,7 +162,7 @@ func TestReconcileStatusWords(t *testing.T) {
 	now = now.Add(time.Second)
 	for _, tg := range []string{"good", "double"} {
 		for _, q := range hit(10, 400, 400) {
-			c.Finished(q.result(tg, now))
+			c.Finished(q.Result(tg, now))
 		}
 	}
 	c.Read("good", engineRead(4100, 10000))
@@ -214,23 +191,23 @@ func TestReconcileInFlight(t *testing.T) {
 		c.Sent("e")
 		return now
 	}
-	finish := func(q reconcileRequest, sent time.Time) {
-		q.sentAgo = now.Sub(sent)
-		c.Finished(q.result("e", now))
+	finish := func(q servedcachetest.Request, sent time.Time) {
+		q.SentAgo = now.Sub(sent)
+		c.Finished(q.Result("e", now))
 	}
 	c.Start("e")
 	c.Read("e", baseline)
 	now = now.Add(time.Second)
 	slow, quick := send(), send()
 	now = now.Add(100 * time.Millisecond)
-	finish(reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: 400}, quick)
+	finish(servedcachetest.Request{Prompt: 1000, Cached: 400, CachedKnown: true, Theoretical: 400}, quick)
 	now = now.Add(4 * time.Second)
 	c.Read("e", engineRead(800, 2000)) // both prompts, admitted
 	if got := state(); got != ReconcileNothingCounted {
 		t.Errorf("a read of a request still in flight: state %s, want %s (only the baseline counts)", got, ReconcileNothingCounted)
 	}
 	now = now.Add(2 * time.Second)
-	finish(reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: 400}, slow)
+	finish(servedcachetest.Request{Prompt: 1000, Cached: 400, CachedKnown: true, Theoretical: 400}, slow)
 	if got := state(); got != ReconcileCompared {
 		t.Errorf("once it finished, after the read: state %s, want %s", got, ReconcileCompared)
 	}
@@ -275,7 +252,7 @@ func TestReconcileFirstToken(t *testing.T) {
 	for _, q := range []struct {
 		sent, first time.Time
 	}{{sentA, firstA}, {sentB, firstB}} {
-		r := reconcileRequest{prompt: 1000, cached: 400, cachedKnown: true, theoretical: 400}.result("e", now)
+		r := servedcachetest.Request{Prompt: 1000, Cached: 400, CachedKnown: true, Theoretical: 400}.Result("e", now)
 		r.Sent, r.FirstToken = q.sent, q.first
 		c.Finished(r)
 	}
@@ -315,7 +292,7 @@ func TestReconcileRefusesImplausibleReads(t *testing.T) {
 			}
 			now = now.Add(5 * time.Second)
 			for _, q := range hit(1, 400, 400) {
-				r.Finished(q.result("e", now))
+				r.Finished(q.Result("e", now))
 			}
 			inc, reason := r.Read("e", tt.read)
 			if reason != tt.reason {
