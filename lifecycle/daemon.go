@@ -200,9 +200,11 @@ func (d *Daemon) build(ctx context.Context, data []byte) (next *nextConfig, err 
 			return nil, err
 		}
 	}
-	if d.memoryLimit > 0 {
-		// Before anything is allocated for it: a configuration past the
-		// limit would take the running one down with it.
+	if d.memoryLimit > 0 && d.cfg != nil {
+		// A reload, before anything is allocated for it: a configuration
+		// past the limit would take the running one down with it. The
+		// first configuration was checked by the command before it
+		// listened; its traces are not read twice more.
 		f, err := cfg.Estimate(config.DefaultMemoryCosts)
 		if err != nil {
 			return nil, err
