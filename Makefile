@@ -224,6 +224,7 @@ fmt-check:
 
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags browser ./internal/e2e
 
 # staticcheck on its own; `make lint` runs it inside golangci-lint.
 staticcheck:
