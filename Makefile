@@ -162,7 +162,7 @@ test-prometheus: build $(PROMETHEUS) $(PROMTOOL)
 # disabled, capacity cut, flush, engine restart, engines the model does
 # not match, and a target that reports no cached tokens. Each scenario's
 # alert states are checked again by `promtool test rules` over the same
-# samples. Six at a time: about 5 minutes; needs ../shared/traces. Not part
+# samples. Six at a time: about 5 minutes; replays testdata/mooncake. Not part
 # of `make test`, which judges the kept recordings (test-tapes): what the
 # exporter says moves with the machine's load, the rules' judgement of it
 # must not.
@@ -263,7 +263,7 @@ bench-quickstart: build
 	BIN=$(BIN) scripts/bench-quickstart.sh
 
 ## bench-scale: start-up and memory (without synthesis, and with a speed-up, max_osl and a prefix multiplier), 50 targets and reloads against a generated 2M-row trace (about 4 minutes).
-SHARED_TRACES ?= ../shared/traces
+SHARED_TRACES ?= testdata/mooncake
 SCALE_ROWS    ?= 2000000
 SCALE_TRACE   := $(CACHE)/scale/conversation-$(SCALE_ROWS).jsonl
 

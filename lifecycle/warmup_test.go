@@ -18,7 +18,7 @@ import (
 // beside the repository; a test that needs one fails when it is missing.
 func sharedTrace(t *testing.T, name string) string {
 	t.Helper()
-	p, err := filepath.Abs(filepath.Join("..", "..", "shared", "traces", name))
+	p, err := filepath.Abs(filepath.Join("..", "testdata", "mooncake", name))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 
 // sharedTrace is the path of one of the shared Mooncake traces.
 func sharedTrace(name string) string {
-	return filepath.Join("..", "..", "shared", "traces", name)
+	return filepath.Join("..", "testdata", "mooncake", name)
 }
 
 var sharedTraceNames = []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"}

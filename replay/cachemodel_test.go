@@ -519,8 +519,8 @@ func TestCacheModelClosed(t *testing.T) {
 // included), which other jobs on the machine disturb less.
 func BenchmarkCacheModelAccept(b *testing.B) {
 	traces := []struct{ name, path string }{
-		{"conversation", "../../shared/traces/conversation_trace.jsonl"},
-		{"synthetic", "../../shared/traces/synthetic_trace.jsonl"},
+		{"conversation", "../testdata/mooncake/conversation_trace.jsonl"},
+		{"synthetic", "../testdata/mooncake/synthetic_trace.jsonl"},
 	}
 	caches := []struct {
 		name   string
@@ -532,7 +532,7 @@ func BenchmarkCacheModelAccept(b *testing.B) {
 	for _, tr := range traces {
 		recs, err := trace.ReadFile(tr.path, trace.ReadOptions{BlockSize: 512})
 		if err != nil {
-			b.Fatalf("the shared traces are missing (../shared beside the checkout, as CI has it): %v", err)
+			b.Fatalf("the Mooncake traces are missing from testdata/mooncake: %v", err)
 		}
 		for _, c := range caches {
 			b.Run(tr.name+"/"+c.name, func(b *testing.B) {

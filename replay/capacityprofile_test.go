@@ -253,9 +253,9 @@ func TestCapacityProfileReject(t *testing.T) {
 // readSharedTrace reads the first n rows of a shared trace.
 func readSharedTrace(t testing.TB, name string, n int) []trace.Record {
 	t.Helper()
-	recs, err := trace.ReadFile("../../shared/traces/"+name, trace.ReadOptions{BlockSize: 512})
+	recs, err := trace.ReadFile("../testdata/mooncake/"+name, trace.ReadOptions{BlockSize: 512})
 	if err != nil {
-		t.Fatalf("the shared traces are missing (../shared beside the checkout, as CI has it): %v", err)
+		t.Fatalf("the Mooncake traces are missing from testdata/mooncake: %v", err)
 	}
 	return recs[:min(n, len(recs)):min(n, len(recs))]
 }

@@ -234,9 +234,9 @@ func wlTestRun(ctx context.Context, w *Workload) <-chan error {
 // wlTestReadSlice reads the first n rows of the conversation trace.
 func wlTestReadSlice(t testing.TB, n int) []trace.Record {
 	t.Helper()
-	recs, err := trace.ReadFile("../../shared/traces/conversation_trace.jsonl", trace.ReadOptions{BlockSize: 512})
+	recs, err := trace.ReadFile("../testdata/mooncake/conversation_trace.jsonl", trace.ReadOptions{BlockSize: 512})
 	if err != nil {
-		t.Fatalf("the shared traces are missing (../shared beside the checkout, as CI has it): %v", err)
+		t.Fatalf("the Mooncake traces are missing from testdata/mooncake: %v", err)
 	}
 	if len(recs) < n {
 		t.Fatalf("trace has %d rows, want at least %d", len(recs), n)

@@ -23,7 +23,7 @@ var update = flag.Bool("update", false, "rewrite golden files")
 
 // sharedTraces is where the project's reference traces live, relative to
 // this package's directory. They are read, never written.
-const sharedTraces = "../../shared/traces/"
+const sharedTraces = "../testdata/mooncake/"
 
 func row(isl, osl int, ids ...int64) trace.Record {
 	r := trace.Record{InputLength: &isl, OutputLength: &osl}

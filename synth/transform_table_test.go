@@ -43,7 +43,7 @@ const interleavedRows = `{"timestamp": 10, "input_length": 9000, "output_length"
 // sharedTraceText is the text of one of the real traces beside the checkout.
 func sharedTraceText(t testing.TB, name string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "shared", "traces", name))
+	b, err := os.ReadFile(filepath.Join("..", "testdata", "mooncake", name))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -250,7 +250,7 @@ func TestTransformErrors(t *testing.T) {
 // traceFile is one of the real traces every checkout has beside it.
 func traceFile(t testing.TB, name string) []trace.Record {
 	t.Helper()
-	rows, err := trace.ReadFile(filepath.Join("..", "..", "shared", "traces", name), trace.ReadOptions{BlockSize: 512})
+	rows, err := trace.ReadFile(filepath.Join("..", "testdata", "mooncake", name), trace.ReadOptions{BlockSize: 512})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -247,9 +247,9 @@ func TestReaderStreamsSharedTraces(t *testing.T) {
 // sharedTraceFile returns the path of one of the shared, read-only traces.
 func sharedTraceFile(t testing.TB, name string) string {
 	t.Helper()
-	p := filepath.Join("..", "..", "shared", "traces", name)
+	p := filepath.Join("..", "testdata", "mooncake", name)
 	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("shared trace missing (the checkout must sit beside ../shared): %v", err)
+		t.Fatalf("Mooncake trace missing from testdata/mooncake: %v", err)
 	}
 	return p
 }

@@ -18,7 +18,7 @@ import (
 // The shared reference traces and the golden reports of package synth,
 // relative to this directory.
 const (
-	sharedSynthetic = "../../../shared/traces/synthetic_trace.jsonl"
+	sharedSynthetic = "../../testdata/mooncake/synthetic_trace.jsonl"
 	goldenDir       = "../../synth/testdata/analyze/"
 )
 

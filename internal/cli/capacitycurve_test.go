@@ -78,11 +78,11 @@ func TestCapacityCurveMatchesReplayModel(t *testing.T) {
 		serverBlock int
 		capacities  []int64 // tokens
 	}{
-		{name: "conversation", path: "../../../shared/traces/conversation_trace.jsonl", serverBlock: 16,
+		{name: "conversation", path: "../../testdata/mooncake/conversation_trace.jsonl", serverBlock: 16,
 			capacities: []int64{16, 512, 8_000, 100_000, 1_000_000, 2_500_016, 4_194_304, 15_630_320, 40_000_000, 90_606_656}},
-		{name: "synthetic", path: "../../../shared/traces/synthetic_trace.jsonl", serverBlock: 16,
+		{name: "synthetic", path: "../../testdata/mooncake/synthetic_trace.jsonl", serverBlock: 16,
 			capacities: []int64{32, 1_024, 20_000, 250_000, 999_984, 3_108_848, 5_000_000, 10_100_720, 16_646_128, 21_313_728}},
-		{name: "synthetic, blocks of 32", path: "../../../shared/traces/synthetic_trace.jsonl", serverBlock: 32,
+		{name: "synthetic, blocks of 32", path: "../../testdata/mooncake/synthetic_trace.jsonl", serverBlock: 32,
 			capacities: []int64{32, 4_096, 65_536, 1_000_000, 6_000_000}},
 		{name: "sessions", text: sessionRows, serverBlock: 16,
 			capacities: []int64{16, 64, 512, 1_024, 1_536, 2_048, 3_072, 4_096}},

@@ -128,7 +128,7 @@ func TestHashRoundTrip(t *testing.T) {
 	const rows = 20
 	for _, name := range []string{"conversation_trace.jsonl", "synthetic_trace.jsonl"} {
 		t.Run(name, func(t *testing.T) {
-			recs, err := trace.ReadFile(testutil.NeedShared(t, filepath.Join("..", "..", "..", "shared", "traces", name)), trace.ReadOptions{})
+			recs, err := trace.ReadFile(testutil.NeedShared(t, filepath.Join("..", "..", "testdata", "mooncake", name)), trace.ReadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}

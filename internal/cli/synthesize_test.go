@@ -17,7 +17,7 @@ var updateSynthesize = flag.Bool("update-synthesize", false, "rewrite the synthe
 
 const (
 	synthTestdata          = "../../synth/testdata/synthesize"
-	synthConversationTrace = "../../../shared/traces/conversation_trace.jsonl"
+	synthConversationTrace = "../../testdata/mooncake/conversation_trace.jsonl"
 )
 
 // runSynthesize runs the command and returns exit code, stdout and stderr.

@@ -29,7 +29,7 @@ import (
 )
 
 const (
-	e2eTraces   = "../../../shared/traces"
+	e2eTraces   = "../../testdata/mooncake"
 	e2eExamples = "../../examples"
 	e2eFixtures = "testdata/e2e"
 	// e2eDeadline only guards against a hang; no test asserts speed.

@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// NeedShared returns path, one of the project's shared traces (beside the
-// repository, in ../shared/traces), after checking it is there: a test
+// NeedShared returns path, one of the project's copies of the Mooncake
+// traces (testdata/mooncake), after checking it is there: a test
 // that needs one fails saying so, rather than skipping or failing later
 // with an error that does not name the cause.
 func NeedShared(t testing.TB, path string) string {
@@ -17,7 +17,7 @@ func NeedShared(t testing.TB, path string) string {
 		if aerr != nil {
 			abs = path
 		}
-		t.Fatalf("shared traces missing: %s (%v)", abs, err)
+		t.Fatalf("Mooncake trace missing: %s (%v)", abs, err)
 	}
 	return path
 }

@@ -26,7 +26,7 @@ func TestAlertScenarios(t *testing.T) {
 	// Beside TestPrometheusEndToEnd, which waits on Prometheus' clock.
 	t.Parallel()
 	root := repoRoot(t)
-	trace := filepath.Join(root, "..", "shared", "traces", "conversation_trace.jsonl")
+	trace := filepath.Join(root, "testdata", "mooncake", "conversation_trace.jsonl")
 	if _, err := os.Stat(trace); err != nil {
 		t.Fatalf("the alert scenarios replay the shared conversation trace, which is missing: %v", err)
 	}

@@ -77,7 +77,7 @@ func TestRealEngineCacheRegression(t *testing.T) {
 			t.Parallel()
 			res := newEngineScenario(t, files)
 			dir := t.TempDir()
-			writeLines(t, filepath.Join(root, "..", "shared", "traces", "synthetic_trace.jsonl"),
+			writeLines(t, filepath.Join(root, "testdata", "mooncake", "synthetic_trace.jsonl"),
 				filepath.Join(dir, "slice.jsonl"), engineSliceFrom, engineSliceTo)
 
 			addr := freeAddr(t)

@@ -30,7 +30,7 @@ func TestRealEngineLlamaServer(t *testing.T) {
 	modelFile := engineBinary(t, "TINY_MODEL")
 	kvload := binary(t, "KVLOAD_EXPORTER_BIN", root, "./cmd/kvload-exporter", t.TempDir())
 	dir := t.TempDir()
-	writeLines(t, filepath.Join(root, "..", "shared", "traces", "synthetic_trace.jsonl"),
+	writeLines(t, filepath.Join(root, "testdata", "mooncake", "synthetic_trace.jsonl"),
 		filepath.Join(dir, "slice.jsonl"), engineSliceFrom, engineSliceTo)
 
 	serverAddr := freeAddr(t)
