@@ -79,6 +79,8 @@ type Collector struct {
 	template *ChatTemplate
 	// Why hits were missed, from KV cache events (misses.go).
 	misses *KVEvents
+	// The service-level objectives and their judgements (slo.go).
+	slos *SLOs
 
 	now      func() time.Time
 	mu       sync.Mutex
@@ -179,6 +181,7 @@ func New(reg prometheus.Registerer) *Collector {
 		layout:   newCacheLayout(),
 		template: newChatTemplate(),
 		misses:   newKVEvents(),
+		slos:     newSLOs(),
 		now:      time.Now,
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
@@ -197,6 +200,7 @@ func New(reg prometheus.Registerer) *Collector {
 	reg.MustRegister(c.layout.collectors()...)
 	reg.MustRegister(c.template.collectors()...)
 	reg.MustRegister(c.misses.collectors()...)
+	reg.MustRegister(c.slos.collectors()...)
 	reg.MustRegister(newEffectiveMetrics(c.effective))
 	reg.MustRegister(c.reconcile.collectors()...)
 	return c
@@ -213,6 +217,10 @@ func (c *Collector) Reconcile() *Reconcile { return c.reconcile }
 // ChatTemplate is the part that publishes each (workload, target)'s chat
 // template size.
 func (c *Collector) ChatTemplate() *ChatTemplate { return c.template }
+
+// SLOs is the part that judges each (workload, target)'s requests against
+// its service-level objective.
+func (c *Collector) SLOs() *SLOs { return c.slos }
 
 // CacheLayout is the part that counts the re-reads of each target's KV
 // cache layout.
@@ -264,6 +272,7 @@ func (c *Collector) Forget(workload, target string) {
 	}
 	c.template.forget(l)
 	c.misses.forget(l)
+	c.slos.forget(l)
 	c.mu.Lock()
 	delete(c.recent, wtKey{workload, target})
 	c.mu.Unlock()
@@ -371,6 +380,7 @@ func (c *Collector) Finished(r *replay.Result) {
 	c.costs.Add(r, at)
 	c.effective.Add(r)
 	c.reconcile.comparison.Finished(r)
+	c.slos.observe(r)
 
 	if r.Outcome != openai.OutcomeSuccess {
 		return

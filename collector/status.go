@@ -195,7 +195,7 @@ func (r *recent) add(res *replay.Result, at time.Time) {
 		}
 	}
 	r.addSample(s)
-	if !s.success && res.Outcome != openai.OutcomeCanceled {
+	if res.Outcome.IsError() {
 		r.lastError, r.lastErrorAt = describeFailure(res), s.at
 	}
 }

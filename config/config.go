@@ -211,6 +211,10 @@ type Workload struct {
 	// closed loop of users. Unset, the trace's timestamps are the schedule.
 	Schedule Schedule `yaml:"schedule,omitempty"`
 	Prompts  Prompts  `yaml:"prompts,omitempty"`
+	// SLO judges each request against latency thresholds (slo.go).
+	SLO *SLO `yaml:"slo,omitempty"`
+	// Abandon closes the stream of a share of requests early (slo.go).
+	Abandon *Abandon `yaml:"abandon,omitempty"`
 }
 
 // Schedule is a workload's schedule.
@@ -864,6 +868,8 @@ func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 		bad(p+".max_queue_lag", "applies only with on_saturation: queue")
 	}
 	validateSchedule(w, p, bad)
+	validateSLO(w.SLO, p+".slo", bad)
+	validateAbandon(w.Abandon, p+".abandon", bad)
 	if w.Prompts.Reproducible && w.Loop != replay.LoopOnce {
 		bad(p+".prompts.reproducible", "applies only with loop: once (repeat sends the same prompts every pass already; fresh sends new ones by design)")
 	}

@@ -42,6 +42,9 @@ func newFailureLog(logger log.Logger) *failureLog {
 func (f *failureLog) observe(r *replay.Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if r.Outcome == openai.OutcomeAbandoned {
+		return // closed on purpose: neither a failure nor a recovery
+	}
 	now := f.now()
 	if r.Outcome == openai.OutcomeSuccess {
 		if f.failing {

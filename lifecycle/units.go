@@ -177,6 +177,7 @@ func (s *unitSet) start(ctx context.Context, w *config.Workload, t *config.Targe
 	}
 	logger := log.With(s.logger, "workload", w.Name, "target", t.Name)
 	s.coll.Start(w.Name, t.Name)
+	s.coll.SLOs().Set(w.Name, t.Name, collectorSLO(w.SLO))
 	if u.misses {
 		s.coll.KVEvents().StartMissedHits(w.Name, t.Name)
 	}
@@ -274,6 +275,15 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 	}
 	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, template: rb.template, misses: kv != nil, plan: wd.trace.plan,
 		pacerOpts: popts, newModel: newModel, done: make(chan struct{})}, nil
+}
+
+// collectorSLO is a workload's slo key as the collector judges it; nil
+// without one.
+func collectorSLO(s *config.SLO) *collector.SLO {
+	if s == nil {
+		return nil
+	}
+	return &collector.SLO{TTFT: time.Duration(s.TTFT), InterToken: time.Duration(s.InterToken), Request: time.Duration(s.Request), Objective: s.Objective}
 }
 
 // templatePublisher exports the chat template size of workload w on

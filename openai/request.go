@@ -20,6 +20,10 @@ const (
 	OutcomeTimeout         Outcome = "timeout"
 	OutcomeConnectionError Outcome = "connection_error"
 	OutcomeCanceled        Outcome = "canceled"
+	// OutcomeAbandoned: the exporter closed the stream on purpose, as a
+	// user pressing stop does (Request.Abandon); neither a success nor an
+	// error.
+	OutcomeAbandoned Outcome = "abandoned"
 )
 
 // ServerNeverGotIt tells whether a request with this outcome certainly did
@@ -30,8 +34,19 @@ func (o Outcome) ServerNeverGotIt() bool {
 	return o == OutcomeConnectionError || o == OutcomeHTTPError
 }
 
+// IsError tells whether the outcome is a failure of the target or of the
+// way to it: neither a success nor a request the exporter ended itself
+// (canceled, abandoned).
+func (o Outcome) IsError() bool {
+	switch o {
+	case OutcomeHTTPError, OutcomeStreamError, OutcomeTimeout, OutcomeConnectionError:
+		return true
+	}
+	return false
+}
+
 // Outcomes lists every outcome, for initialising metrics.
-var Outcomes = [...]Outcome{OutcomeSuccess, OutcomeHTTPError, OutcomeStreamError, OutcomeTimeout, OutcomeConnectionError, OutcomeCanceled}
+var Outcomes = [...]Outcome{OutcomeSuccess, OutcomeHTTPError, OutcomeStreamError, OutcomeTimeout, OutcomeConnectionError, OutcomeCanceled, OutcomeAbandoned}
 
 // API is the OpenAI endpoint a target is driven through.
 type API string
