@@ -75,6 +75,12 @@ var contract = map[string]metric{
 	"kvload_cache_reconcile_usage_over_model_ratio":                {gauge, targetOnly},
 	"kvload_cache_reconcile_engine_over_model_ratio":               {gauge, targetOnly},
 
+	// Service-level objectives (workloads[].slo).
+	"kvload_slo_requests_total":      {counter, workloadTarget},
+	"kvload_slo_good_requests_total": {counter, workloadTarget},
+	"kvload_slo_objective_ratio":     {gauge, workloadTarget},
+	"kvload_slo_threshold_seconds":   {gauge, workloadTarget},
+
 	"vllm:prefix_cache_hits_total":    {counter, engine},
 	"vllm:prefix_cache_queries_total": {counter, engine},
 	"sglang:cached_tokens_total":      {counter, engine},

@@ -78,6 +78,7 @@ workloads:
     synthesis: {speedup_ratio: 4, max_osl: 32}
     loop: fresh
     max_in_flight: 64
+    slo: {ttft: 30s, objective: 0.99}
 `, e2eTarget, emuAddr, e2eModel, eventsAddr, e2eWorkload, trace, e2eTarget)
 	writeFile(t, filepath.Join(dir, "kvload.yml"), cfg)
 	expAddr := freeAddr(t)
