@@ -97,6 +97,7 @@ type Emulate struct {
 	KVEventsFormat     string        `yaml:"kv_events_format"`
 
 	MetricsDoubleCountHits bool `yaml:"metrics_double_count_hits"` // see emulate.Config
+	HoldAbandonedSlots     bool `yaml:"hold_abandoned_slots"`      // see emulate.Config
 }
 
 // EmulateFaults are the keys of emulate.Faults, field for field, so that

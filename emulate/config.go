@@ -96,6 +96,11 @@ type Config struct {
 	// vLLM's did when it retried an admission and when it counted
 	// preempted tokens as hits. Usage and Stats stay true.
 	MetricsDoubleCountHits bool `yaml:"metrics_double_count_hits"`
+	// HoldAbandonedSlots keeps generating for a client that closed its
+	// stream, holding the request's running slot until its output would
+	// have ended, as an engine that misses the disconnect does; by
+	// default the slot is freed at once.
+	HoldAbandonedSlots bool `yaml:"hold_abandoned_slots"`
 
 	// MaxRunning is how many sequences prefill or decode at once; later
 	// requests wait in a FIFO queue (vllm:num_requests_waiting). 0 picks

@@ -319,17 +319,27 @@ func (rn *run) stream(ctx context.Context, sse *sseWriter) {
 		}
 	}
 	var first time.Time
+	// gone: the client left while HoldAbandonedSlots keeps generating
+	// into the void, its slot held, until the output would have ended.
+	gone := false
+	decodeCtx := ctx
+	if e.cfg.HoldAbandonedSlots {
+		decodeCtx = context.WithoutCancel(ctx)
+	}
 	for i := range g.maxTokens {
-		if i == rn.cut {
+		if i == rn.cut && !gone {
 			rn.breakStream(sse)
 			return
 		}
 		if ctx.Err() != nil {
-			rn.end(ResultCanceled, usageCounts{})
-			return
+			if !e.cfg.HoldAbandonedSlots {
+				rn.end(ResultCanceled, usageCounts{})
+				return
+			}
+			gone = true
 		}
 		if i > 0 && e.cfg.InterToken > 0 {
-			if err := rn.sleepUntil(ctx, first.Add(time.Duration(i)*e.cfg.InterToken)); err != nil {
+			if err := rn.sleepUntil(decodeCtx, first.Add(time.Duration(i)*e.cfg.InterToken)); err != nil {
 				rn.end(ResultCanceled, usageCounts{})
 				return
 			}
@@ -356,10 +366,20 @@ func (rn *run) stream(ctx context.Context, sse *sseWriter) {
 				Choices: []textChoice{{Text: piece, FinishReason: finish}}, Timings: timings}
 		}
 		e.m.genTokens.Inc()
-		if err := sse.event(chunk); err != nil {
-			rn.end(ResultCanceled, usageCounts{})
-			return
+		if gone {
+			continue
 		}
+		if err := sse.event(chunk); err != nil {
+			if !e.cfg.HoldAbandonedSlots {
+				rn.end(ResultCanceled, usageCounts{})
+				return
+			}
+			gone = true
+		}
+	}
+	if gone {
+		rn.end(ResultCanceled, usageCounts{})
+		return
 	}
 	if rn.cut == g.maxTokens {
 		rn.breakStream(sse)

@@ -269,6 +269,7 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 		Start:        start,
 		Cache:        newModel(pacer, s.layouts.caches[t.Name].params),
 		OnBuildError: func(err error) { level.Warn(logger).Log("msg", "request not built, counted as dropped", "err", err) },
+		Abandon:      abandonment(w),
 	}, pacer, replay.SendWith(client), rb, gate)
 	if err != nil {
 		return nil, err
@@ -284,6 +285,15 @@ func collectorSLO(s *config.SLO) *collector.SLO {
 		return nil
 	}
 	return &collector.SLO{TTFT: time.Duration(s.TTFT), InterToken: time.Duration(s.InterToken), Request: time.Duration(s.Request), Objective: s.Objective}
+}
+
+// abandonment is a workload's abandon key as the replay takes it.
+func abandonment(w *config.Workload) replay.Abandonment {
+	a := w.Abandon
+	if a == nil {
+		return replay.Abandonment{}
+	}
+	return replay.Abandonment{Share: a.Share, Seed: w.Seed, When: openai.Abandon{AfterTokens: a.AfterTokens, After: time.Duration(a.After)}}
 }
 
 // templatePublisher exports the chat template size of workload w on

@@ -99,6 +99,9 @@ const (
 // apart from a deadline of the caller's context.
 var errRequestTimeout = errors.New("request timeout")
 
+// errAbandoned is the cause of the deadline of Request.Abandon.After.
+var errAbandoned = errors.New("abandoned")
+
 // New validates cfg and builds its HTTP client. Outbound auth, TLS and
 // proxy come from cfg.HTTPClientConfig via prometheus/common; its transport
 // keeps connections alive with MaxIdleConnsPerHost 1000 (MaxIdleConns
@@ -265,6 +268,8 @@ func (c *Client) Close() {
 //   - timeout: the per-request deadline (RequestTimeout) expired, at any
 //     point.
 //   - canceled: ctx ended (cancel or the caller's own deadline).
+//   - abandoned: the client closed the stream on purpose (Request.Abandon)
+//     before it ended.
 //   - connection_error: no response was received (dial, TLS, reset).
 //     A request that failed on a reused kept-alive connection before any byte
 //     of a response is first retried once on a new connection, with Sent
@@ -294,6 +299,11 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
 		rctx, cancel = context.WithTimeoutCause(ctx, c.timeout, errRequestTimeout)
+		defer cancel()
+	}
+	if req.Abandon.After > 0 {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeoutCause(rctx, req.Abandon.After, errAbandoned)
 		defer cancel()
 	}
 	res.Sent = time.Now()
@@ -330,7 +340,7 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 		return
 	}
 
-	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), c.limitsFor(req, body.size()), res)
+	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), c.limitsFor(req, body.size()), req.Abandon.AfterTokens, res)
 }
 
 const (
@@ -433,8 +443,9 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, s
 }
 
 // readStream consumes a 2xx streaming body into res and decides the
-// outcome (see Do).
-func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentType string, lim usageLimits, res *Response) {
+// outcome (see Do). With abandonAfter above 0 it stops reading once that
+// many content chunks arrived; Do then closes the body.
+func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentType string, lim usageLimits, abandonAfter int, res *Response) {
 	sp, _ := c.streams.Get().(*streamParser)
 	if sp == nil {
 		sp = new(streamParser)
@@ -444,11 +455,21 @@ func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentTy
 	sp.state.reset()
 	st := &sp.state
 	st.lim = lim
+	abandoned := false
 	for {
 		ev, ok := sp.sse.next()
 		if !ok || st.handle(ev) {
 			break
 		}
+		if abandonAfter > 0 && st.contentChunks >= abandonAfter && !st.done && !st.failed {
+			abandoned = true
+			break
+		}
+	}
+	if abandoned {
+		c.fillUsage(res, st)
+		c.setOutcome(res, OutcomeAbandoned, fmt.Sprintf("closed after %d tokens (abandon.after_tokens)", st.contentChunks))
+		return
 	}
 	if !st.failed {
 		st.checkUsage()
@@ -522,6 +543,8 @@ func (c *Client) failureText(o Outcome, text string) string {
 		return fmt.Sprintf("request_timeout %v expired", c.timeout)
 	case OutcomeCanceled:
 		return "canceled by the caller"
+	case OutcomeAbandoned:
+		return "closed on purpose (abandon.after)"
 	}
 	return text
 }
@@ -532,6 +555,8 @@ func (c *Client) classify(ctx, rctx context.Context, otherwise Outcome) Outcome 
 	switch {
 	case errors.Is(context.Cause(rctx), errRequestTimeout):
 		return OutcomeTimeout
+	case errors.Is(context.Cause(rctx), errAbandoned):
+		return OutcomeAbandoned
 	case ctx.Err() != nil:
 		return OutcomeCanceled
 	}

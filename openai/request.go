@@ -77,7 +77,21 @@ type Request struct {
 	// Session identifies the request's conversation in the target's
 	// session header (TargetConfig.SessionHeader), when it has one.
 	Session string
+	// Abandon, when set, closes the stream early on purpose.
+	Abandon Abandon
 }
+
+// Abandon says when the client closes a request's stream before its end,
+// as a user pressing stop or a client timing out does: once AfterTokens
+// content chunks arrived, or After past the send. The zero value never
+// abandons. A request that ends first is not abandoned.
+type Abandon struct {
+	AfterTokens int
+	After       time.Duration
+}
+
+// Set tells whether a abandons at all.
+func (a Abandon) Set() bool { return a.AfterTokens > 0 || a.After > 0 }
 
 // Response is what the client measures of one request.
 type Response struct {

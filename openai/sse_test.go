@@ -369,8 +369,8 @@ func FuzzSSE(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, split uint8) {
 		ctx := context.Background()
 		var whole, cut Response
-		c.readStream(ctx, ctx, bytes.NewReader(body), "text/event-stream", anyRequest, &whole)
-		c.readStream(ctx, ctx, &chunkReader{b: body, n: int(split) + 1}, "text/event-stream", anyRequest, &cut)
+		c.readStream(ctx, ctx, bytes.NewReader(body), "text/event-stream", anyRequest, 0, &whole)
+		c.readStream(ctx, ctx, &chunkReader{b: body, n: int(split) + 1}, "text/event-stream", anyRequest, 0, &cut)
 		for _, r := range []*Response{&whole, &cut} {
 			switch r.Outcome {
 			case OutcomeSuccess:
@@ -445,7 +445,7 @@ func BenchmarkSSEParseChunk(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		r.rewind()
-		c.readStream(ctx, ctx, r, "text/event-stream", anyRequest, &res)
+		c.readStream(ctx, ctx, r, "text/event-stream", anyRequest, 0, &res)
 	}
 	b.StopTimer()
 	runtime.ReadMemStats(&ms1)

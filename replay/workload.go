@@ -105,6 +105,8 @@ type WorkloadConfig struct {
 	// OnBuildError, when set, hears why a row was dropped with
 	// DropBuildError (the error names the trace line), e.g. to log it.
 	OnBuildError func(error)
+	// Abandon closes the stream of a seeded share of the requests early.
+	Abandon Abandonment
 }
 
 // Workload replays one trace against one target: it sends first turns when
@@ -610,6 +612,10 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 			PromptBuiltTokens: req.BuiltTokens,
 			Request:           req,
 		}
+		if w.cfg.Abandon.Picks(it.Index) {
+			req.Abandon = w.cfg.Abandon.When
+			res.Request = req
+		}
 		res.Sent = w.clock.Now()
 		w.obs.Sent(w.cfg.Name, w.cfg.Target, scheduled, res.Sent)
 		w.send.Do(ctx, req, res)
@@ -630,7 +636,10 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 	if res != nil {
 		if m := w.cache.Load(); m != nil {
 			switch {
-			case res.Outcome.ServerNeverGotIt():
+			case res.Outcome.ServerNeverGotIt(),
+				res.Outcome == openai.OutcomeAbandoned && res.FirstToken.IsZero():
+				// An abandoned request keeps its prompt in the engine only
+				// once prefilled, which its first token shows.
 				m.Reject(it)
 			case res.Outcome == openai.OutcomeSuccess && res.CachedKnown:
 				res.TheoreticalCachedTokens, res.TheoreticalKnown, res.TheoreticalByCapacity = m.AcceptObservedProfile(it, res.CachedTokens)
