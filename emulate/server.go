@@ -348,28 +348,11 @@ func (rn *run) stream(ctx context.Context, sse *sseWriter) {
 			first = e.now()
 			e.m.ttft.Observe(first.Sub(rn.arrival).Seconds())
 		}
-		var finish *string
-		var timings *timingsJSON
-		if i == g.maxTokens-1 {
-			finish = ptr("length")
-			if !g.includeUsage {
-				timings = rn.timings(first)
-			}
-		}
-		piece := e.pieces[i%len(e.pieces)]
-		var chunk any
-		if g.chat {
-			chunk = chatChunk{ID: rn.id, Object: "chat.completion.chunk", Created: created, Model: e.cfg.Model,
-				Choices: []chatChunkChoice{{Delta: chatDelta{Content: &piece}, FinishReason: finish}}, Timings: timings}
-		} else {
-			chunk = textCompletion{ID: rn.id, Object: "text_completion", Created: created, Model: e.cfg.Model,
-				Choices: []textChoice{{Text: piece, FinishReason: finish}}, Timings: timings}
-		}
 		e.m.genTokens.Inc()
 		if gone {
 			continue
 		}
-		if err := sse.event(chunk); err != nil {
+		if err := sse.event(rn.tokenChunk(i, first, created)); err != nil {
 			if !e.cfg.HoldAbandonedSlots {
 				rn.end(ResultCanceled, usageCounts{})
 				return
@@ -402,6 +385,27 @@ func (rn *run) stream(ctx context.Context, sse *sseWriter) {
 	}
 	rn.end(ResultSuccess, rn.usage)
 	_ = sse.raw("data: [DONE]\n\n")
+}
+
+// tokenChunk is the stream's chunk of output token i; the last carries
+// finish_reason "length" (and llama.cpp's timings when no usage follows).
+func (rn *run) tokenChunk(i int, first time.Time, created int64) any {
+	e, g := rn.e, rn.g
+	var finish *string
+	var timings *timingsJSON
+	if i == g.maxTokens-1 {
+		finish = ptr("length")
+		if !g.includeUsage {
+			timings = rn.timings(first)
+		}
+	}
+	piece := e.pieces[i%len(e.pieces)]
+	if g.chat {
+		return chatChunk{ID: rn.id, Object: "chat.completion.chunk", Created: created, Model: e.cfg.Model,
+			Choices: []chatChunkChoice{{Delta: chatDelta{Content: &piece}, FinishReason: finish}}, Timings: timings}
+	}
+	return textCompletion{ID: rn.id, Object: "text_completion", Created: created, Model: e.cfg.Model,
+		Choices: []textChoice{{Text: piece, FinishReason: finish}}, Timings: timings}
 }
 
 // breakStream enacts a disconnect or malformed fault mid-stream.
