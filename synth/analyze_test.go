@@ -288,3 +288,35 @@ func TestAnalyzeTableAligned(t *testing.T) {
 		}
 	}
 }
+
+// TestAnalyzeChainReuse: the rows that reuse ids after another chain are
+// counted, and the token hit rate of a cache keyed by chains is given
+// beside AIPerf's; on the shared Mooncake traces the two agree.
+func TestAnalyzeChainReuse(t *testing.T) {
+	tests := []struct {
+		file           string
+		reusing, first int
+		chain          float64 // the chained token hit rate; NaN: equal to TokenHitRate
+	}{
+		{"../testdata/aiperf/custom_trace.jsonl", 1, 3, 512.0 / 4300},
+		{sharedTraces + "conversation_trace.jsonl", 0, 0, math.NaN()},
+		{sharedTraces + "synthetic_trace.jsonl", 0, 0, math.NaN()},
+	}
+	for _, tt := range tests {
+		rows := readTable(t, tt.file)
+		a := NewAnalyzer(512)
+		for i := range rows.Len() {
+			rec := rows.Record(i)
+			a.Add(&rec)
+		}
+		an := a.Result()
+		chain := tt.chain
+		if math.IsNaN(chain) {
+			chain = an.TokenHitRate
+		}
+		if an.ReusingRows != tt.reusing || an.FirstReusingRow != tt.first || an.ChainTokenHitRate != chain {
+			t.Errorf("%s: %d rows reusing ids, the first %d, chained token hit rate %v; want %d, %d, %v",
+				tt.file, an.ReusingRows, an.FirstReusingRow, an.ChainTokenHitRate, tt.reusing, tt.first, chain)
+		}
+	}
+}

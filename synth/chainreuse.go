@@ -1,6 +1,8 @@
 package synth
 
 import (
+	"fmt"
+
 	"github.com/kvload-exporter/kvload-exporter/idealcache"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
@@ -30,4 +32,14 @@ func newChainReuse(rows *trace.Table) *idealcache.ChainReuse {
 	}
 	span := hi - lo
 	return idealcache.NewChainReuse(lo, hi, span >= 0 && span <= int64(rows.Bytes())/2+1<<20)
+}
+
+// ChainReuseNote says that reusing of rows rows use a hash id after another
+// chain of blocks than where it first came, the first at where (a line or
+// a row), and what that means for the hit rates.
+func ChainReuseNote(reusing, rows int, where string) string {
+	return fmt.Sprintf("%s of %s rows use a hash id after another chain of blocks than where it first came (the first at %s): "+
+		"an engine's prefix cache keys a block by its whole prefix, so it can serve less than a hit rate counted by id (AIPerf's, datagen's) says; "+
+		"the exporter's model keys blocks as the engine does",
+		groupThousands(reusing), groupThousands(rows), where)
 }
