@@ -1,6 +1,7 @@
 package idealcache
 
 import (
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -66,4 +67,30 @@ func TestChainReuse(t *testing.T) {
 	if c.Reusing != 1 || c.Rows != 2 {
 		t.Errorf("ids outside the span: %d of %d rows reusing, want 1 of 2", c.Reusing, c.Rows)
 	}
+}
+
+// TestChainReuseBytesPerID: the check of a trace whose ids are dense holds
+// 4 bytes an id of their span, the figure of docs/reliability.md.
+func TestChainReuseBytesPerID(t *testing.T) {
+	const span = 1 << 20
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	c := NewChainReuse(0, span-1, true)
+	ids := make([]int64, 0, 16)
+	for id := int64(0); id < span; id += 16 {
+		ids = ids[:0]
+		for j := range int64(16) {
+			ids = append(ids, id+j)
+		}
+		c.Row(ids, 1)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perID := float64(after.HeapAlloc-before.HeapAlloc) / span
+	t.Logf("%.2f bytes an id", perID)
+	if perID > 4.1 {
+		t.Errorf("%.2f bytes an id of the span, want 4", perID)
+	}
+	runtime.KeepAlive(c)
 }

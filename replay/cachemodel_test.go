@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/idealcache"
@@ -640,3 +641,12 @@ func benchPassItems(p *Pacer, pass int) []PacerItem {
 
 // chainKeys is a row's blocks as the ideal cache keys them.
 func chainKeys(ids []int64) []uint64 { return idealcache.AppendChainKeys(nil, ids) }
+
+// TestBlockKeySize: a block keyed by its chain costs what a block keyed by
+// its id did, 16 bytes with its namespace, in the ideal cache's index and
+// in the profile's stack (docs/reliability.md).
+func TestBlockKeySize(t *testing.T) {
+	if got := unsafe.Sizeof(blockKey{}); got != 16 {
+		t.Errorf("a block key takes %d bytes, want 16", got)
+	}
+}
