@@ -51,7 +51,9 @@ func TestAnalyzeByHand(t *testing.T) {
 		PrefixReuseRatio: 5.0 / 7,
 		// hit tokens 0 + 1024 + 512 of the 3024 in rows with ids.
 		TokenHitRate: 1536.0 / 3024,
-		MinISL:       100, MaxISL: 1300, AvgISL: 781,
+		// The ids are prefix-consistent: keyed by chains, the same.
+		ChainTokenHitRate: 1536.0 / 3024,
+		MinISL:            100, MaxISL: 1300, AvgISL: 781,
 		MinOSL: 1, MaxOSL: 20, AvgOSL: 9,
 		// isl deviations 519, 243, −81, −681: squares sum to 798732.
 		ISL: &MetricStats{Mean: 781, StdDev: math.Sqrt(798732.0 / 4), Min: 100, P25: 550, Median: 862, P75: 1093, Max: 1300},
@@ -92,6 +94,13 @@ func TestAnalyzeIrregularIDs(t *testing.T) {
 	}
 	if want := (1000.0 + 0 + 1000 + 512) / 6; got.ContextLength.Mean != want {
 		t.Errorf("context mean %v, want %v", got.ContextLength.Mean, want)
+	}
+	// Rows 2 and 4 use 5 and 6 after other blocks than where they first
+	// came. Keyed by chains only row 3 hits, 1000 of the 4,100 tokens of
+	// the rows with ids; by id, rows 2 and 3.
+	if got.ReusingRows != 2 || got.FirstReusingRow != 2 || got.ChainTokenHitRate != 1000.0/4100 || got.TokenHitRate != 2000.0/4100 {
+		t.Errorf("%d rows reusing ids, the first %d, token hit rates %v chained and %v by id; want 2, 2, 1000/4100 and 2000/4100",
+			got.ReusingRows, got.FirstReusingRow, got.ChainTokenHitRate, got.TokenHitRate)
 	}
 	if got.MinOSL != 0 || got.TotalRequests != 6 {
 		t.Errorf("min osl %d (a row without output_length counts 0), rows %d", got.MinOSL, got.TotalRequests)
