@@ -3,6 +3,7 @@ package replay
 import (
 	"cmp"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"testing"
 	"time"
@@ -648,5 +649,50 @@ func chainKeys(ids []int64) []uint64 { return idealcache.AppendChainKeys(nil, id
 func TestBlockKeySize(t *testing.T) {
 	if got := unsafe.Sizeof(blockKey{}); got != 16 {
 		t.Errorf("a block key takes %d bytes, want 16", got)
+	}
+}
+
+// TestCacheModelMooncakeUnchanged: the Mooncake traces' ids are
+// prefix-consistent (each id always after the same ids), so keying blocks
+// by their chain must answer exactly as keying them by id: every request's
+// theoretical tokens, whether known, and its profile at every capacity, two
+// passes of each trace, unbounded and bounded. The digests are of the
+// answers of the model keyed by id.
+func TestCacheModelMooncakeUnchanged(t *testing.T) {
+	if testutil.RaceEnabled {
+		t.Skip("two passes of both traces: slow under -race, and nothing concurrent to check")
+	}
+	tests := []struct {
+		file     string
+		capacity int
+		sum      int64
+		digest   uint64
+	}{
+		{"conversation_trace", 0, 198788672, 0x1a7a3ee5e906986b},
+		{"conversation_trace", 20000, 12538976, 0x13a6f072f3af6628},
+		{"synthetic_trace", 0, 101011248, 0xe0f1242d13f10ec2},
+		{"synthetic_trace", 20000, 7405248, 0xc4d4c1c414d75e3e},
+	}
+	for _, tt := range tests {
+		recs, err := trace.ReadFile("../testdata/mooncake/"+tt.file+".jsonl", trace.ReadOptions{BlockSize: 512})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := NewPacer(recs, PacerOptions{Loop: LoopRepeat})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := NewCacheModel(p, CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: tt.capacity})
+		h := fnv.New64a()
+		var sum int64
+		for range 2 * len(recs) {
+			it, _ := p.Next()
+			tokens, known, prof := m.AcceptProfile(it)
+			sum += int64(tokens)
+			fmt.Fprint(h, tokens, known, prof.Known, prof.Steps)
+		}
+		if sum != tt.sum || h.Sum64() != tt.digest {
+			t.Errorf("%s, %d blocks: %d theoretical tokens, digest %#x; want %d and %#x", tt.file, tt.capacity, sum, h.Sum64(), tt.sum, tt.digest)
+		}
 	}
 }
