@@ -275,8 +275,8 @@ func Check(path string) (notes []string, err error) {
 		return nil, err
 	}
 	for i := range cfg.Workloads {
-		if wd := loaded[cfg.Workloads[i].Name]; wd != nil && wd.note != "" {
-			notes = append(notes, wd.note)
+		if wd := loaded[cfg.Workloads[i].Name]; wd != nil {
+			notes = append(notes, wd.notes...)
 		}
 	}
 	return notes, nil
@@ -358,9 +358,11 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 // trace as read: a reload that keeps a file says nothing again.
 func (d *Daemon) logTraceNotes(next *nextConfig) {
 	for i := range next.cfg.Workloads {
-		if wd := next.workloads[next.cfg.Workloads[i].Name]; wd.note != "" && !wd.trace.file.noted {
+		if wd := next.workloads[next.cfg.Workloads[i].Name]; len(wd.notes) > 0 && !wd.trace.file.noted {
 			wd.trace.file.noted = true
-			level.Warn(d.logger).Log("msg", wd.note)
+			for _, note := range wd.notes {
+				level.Warn(d.logger).Log("msg", note)
+			}
 		}
 	}
 }

@@ -35,9 +35,9 @@ const promptCacheBytes = 8 << 20
 type workloadData struct {
 	trace   *tracePlan
 	builder *prompt.Builder
-	// note, when not empty, is a warning about the trace that the daemon
-	// logs once and --config.check prints.
-	note string
+	// notes are warnings about the trace that the daemon logs once and
+	// --config.check prints, one line each.
+	notes []string
 }
 
 // rows is the number of rows the workload replays.
@@ -81,8 +81,15 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 	}
 	wd := &workloadData{trace: tp, builder: builder}
 	if sp := tp.file.surplus; sp.Rows > 0 {
-		wd.note = fmt.Sprintf("workload %s: %s: %s; their prompts use the ids that fit. Is %s (%d) the block size the trace was made with?",
-			w.Name, path, sp, blockSizeKey(cfg, w), w.BlockSize)
+		wd.notes = append(wd.notes, fmt.Sprintf("workload %s: %s: %s; their prompts use the ids that fit. Is %s (%d) the block size the trace was made with?",
+			w.Name, path, sp, blockSizeKey(cfg, w), w.BlockSize))
+	}
+	if cr := tp.reuse; cr.reusing > 0 {
+		where := "a generated row"
+		if cr.firstLine > 0 {
+			where = fmt.Sprintf("line %d", cr.firstLine)
+		}
+		wd.notes = append(wd.notes, fmt.Sprintf("workload %s: %s: %s", w.Name, path, synth.ChainReuseNote(cr.reusing, cr.rows, where)))
 	}
 	return wd, nil
 }

@@ -84,6 +84,11 @@ func runAnalyze(ctx context.Context, s streams, o analyzeOptions, now func() tim
 	if surplus.Rows > 0 {
 		fmt.Fprintf(s.stderr, "analyze: %s: %s; counted with all their ids, as AIPerf counts them\n", o.trace, surplus)
 	}
+	if an.ReusingRows > 0 {
+		fmt.Fprintf(s.stderr, "analyze: %s: %s. With blocks keyed so, an infinite cache serves %s of the prompt tokens, against a token hit rate of %s by id\n",
+			o.trace, synth.ChainReuseNote(an.ReusingRows, an.TotalRequests, fmt.Sprintf("row %d", an.FirstReusingRow)),
+			synth.FormatPyFloat(an.ChainTokenHitRate), synth.FormatPyFloat(an.TokenHitRate))
+	}
 	writeTable := an.WriteTable
 	if o.format == "aiperf" {
 		writeTable = an.WriteAIPerf
