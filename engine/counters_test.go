@@ -55,48 +55,53 @@ func TestCachedCounterOrder(t *testing.T) {
 		recomputed   = `vllm:prompt_tokens_recomputed_total{engine="0",model_name="m"} 10`
 		hits         = `vllm:prefix_cache_hits_total{engine="0",model_name="m"} 150`
 		queries      = `vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000`
+		// Fewer than the queries: a preempted request looked up again.
+		prompt = `vllm:prompt_tokens_total{engine="0",model_name="m"} 900`
 	)
 	tests := []struct {
 		name    string
 		dialect Dialect
 		page    []string
 		// The counter read, the cached tokens credited, and the
-		// recomputed tokens where the engine counts them.
+		// recomputed tokens where the engine counts them; the prompt
+		// tokens read with them (0: none).
 		read                 string
 		want, wantRecomputed float64
 		recomputedKnown      bool
+		wantPrompt           float64
 	}{
 		// vLLM since PR 33290, until PR 38709: every counter, hits 1.5
 		// times the truth as issue 25780 makes them.
-		{"vllm, every counter", DialectVLLM, []string{cached, local, localCompute, external, recomputed, hits, queries},
-			"vllm:prompt_tokens_cached_total", 100, 10, true},
+		{"vllm, every counter", DialectVLLM, []string{cached, local, localCompute, external, recomputed, hits, queries, prompt},
+			"vllm:prompt_tokens_cached_total", 100, 10, true, 900},
 		// vLLM since PR 38709: no recomputed counter, local_cache_hit
 		// without them.
-		{"vllm, no recomputed counter", DialectVLLM, []string{`vllm:prompt_tokens_cached_total 100`, `vllm:prompt_tokens_by_source_total{source="local_cache_hit"} 100`, hits, queries},
-			"vllm:prompt_tokens_cached_total", 100, 0, false},
+		{"vllm, no recomputed counter", DialectVLLM, []string{`vllm:prompt_tokens_cached_total 100`, `vllm:prompt_tokens_by_source_total{source="local_cache_hit"} 100`, hits, queries, prompt},
+			"vllm:prompt_tokens_cached_total", 100, 0, false, 900},
 		// A page without prompt_tokens_cached: local_cache_hit, less
 		// the recomputed tokens it counts.
-		{"vllm, by source", DialectVLLM, []string{local, localCompute, external, recomputed, hits, queries},
-			`vllm:prompt_tokens_by_source_total{source="local_cache_hit"}`, 100, 10, true},
-		{"vllm, by source without recomputed", DialectVLLM, []string{local, localCompute, hits},
-			`vllm:prompt_tokens_by_source_total{source="local_cache_hit"}`, 110, 0, false},
+		{"vllm, by source", DialectVLLM, []string{local, localCompute, external, recomputed, hits, queries, prompt},
+			`vllm:prompt_tokens_by_source_total{source="local_cache_hit"}`, 100, 10, true, 900},
+		{"vllm, by source without recomputed", DialectVLLM, []string{local, localCompute, hits, prompt},
+			`vllm:prompt_tokens_by_source_total{source="local_cache_hit"}`, 110, 0, false, 900},
 		// The family without the local_cache_hit series says nothing of
 		// the cache: the next counter is read.
-		{"vllm, by source without its local series", DialectVLLM, []string{localCompute, external, hits, queries},
-			"vllm:prefix_cache_hits_total", 150, 0, false},
-		{"vllm before PR 33290", DialectVLLM, []string{hits, queries}, "vllm:prefix_cache_hits_total", 150, 0, false},
-		{"vllm, hits without _total", DialectVLLM, []string{`vllm:prefix_cache_hits 70`}, "vllm:prefix_cache_hits", 70, 0, false},
-		{"vllm, gpu_prefix_cache_hits", DialectVLLM, []string{`vllm:gpu_prefix_cache_hits_total 60`}, "vllm:gpu_prefix_cache_hits_total", 60, 0, false},
+		{"vllm, by source without its local series", DialectVLLM, []string{localCompute, external, hits, queries, prompt},
+			"vllm:prefix_cache_hits_total", 150, 0, false, 1000},
+		// prefix_cache_hits with the queries counted with it.
+		{"vllm before PR 33290", DialectVLLM, []string{hits, queries, prompt}, "vllm:prefix_cache_hits_total", 150, 0, false, 1000},
+		{"vllm, hits without _total", DialectVLLM, []string{`vllm:prefix_cache_hits 70`}, "vllm:prefix_cache_hits", 70, 0, false, 0},
+		{"vllm, gpu_prefix_cache_hits", DialectVLLM, []string{`vllm:gpu_prefix_cache_hits_total 60`, `vllm:prompt_tokens_total 600`}, "vllm:gpu_prefix_cache_hits_total", 60, 0, false, 600},
 		// SGLang with HiCache splits its count by cache_source: every
 		// source is a cached token its usage counts.
 		{"sglang by cache source", DialectSGLang, []string{`sglang:cached_tokens_total{cache_source="device",model_name="m"} 40`, `sglang:cached_tokens_total{cache_source="host",model_name="m"} 2`, `sglang:prompt_tokens_total{model_name="m"} 100`},
-			"sglang:cached_tokens_total", 42, 0, false},
-		{"sglang", DialectSGLang, []string{`sglang:cached_tokens_total{model_name="m"} 7`}, "sglang:cached_tokens_total", 7, 0, false},
-		{"sglang, older name", DialectSGLang, []string{`sglang:cached_tokens{model_name="m"} 8`}, "sglang:cached_tokens", 8, 0, false},
-		{"trtllm", DialectTRTLLM, []string{`trtllm_prompt_cached_tokens_total 9`, `trtllm_prompt_cache_hit_tokens_total 90`}, "trtllm_prompt_cached_tokens_total", 9, 0, false},
-		{"trtllm, other name", DialectTRTLLM, []string{`trtllm_prompt_cache_hit_tokens_total 90`}, "trtllm_prompt_cache_hit_tokens_total", 90, 0, false},
-		{"llamacpp", DialectLlamaCpp, []string{`llamacpp:prompt_tokens_cached_total 12`, `llamacpp:prompt_tokens_total 88`}, "llamacpp:prompt_tokens_cached_total", 12, 0, false},
-		{"llamacpp, without _total", DialectLlamaCpp, []string{`llamacpp:prompt_tokens_cached 13`}, "llamacpp:prompt_tokens_cached", 13, 0, false},
+			"sglang:cached_tokens_total", 42, 0, false, 100},
+		{"sglang", DialectSGLang, []string{`sglang:cached_tokens_total{model_name="m"} 7`}, "sglang:cached_tokens_total", 7, 0, false, 0},
+		{"sglang, older name", DialectSGLang, []string{`sglang:cached_tokens{model_name="m"} 8`}, "sglang:cached_tokens", 8, 0, false, 0},
+		{"trtllm", DialectTRTLLM, []string{`trtllm_prompt_cached_tokens_total 9`, `trtllm_prompt_cache_hit_tokens_total 90`}, "trtllm_prompt_cached_tokens_total", 9, 0, false, 0},
+		{"trtllm, other name", DialectTRTLLM, []string{`trtllm_prompt_cache_hit_tokens_total 90`}, "trtllm_prompt_cache_hit_tokens_total", 90, 0, false, 0},
+		{"llamacpp", DialectLlamaCpp, []string{`llamacpp:prompt_tokens_cached_total 12`, `llamacpp:prompt_tokens_total 88`}, "llamacpp:prompt_tokens_cached_total", 12, 0, false, 100},
+		{"llamacpp, without _total", DialectLlamaCpp, []string{`llamacpp:prompt_tokens_cached 13`}, "llamacpp:prompt_tokens_cached", 13, 0, false, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -127,6 +132,9 @@ func TestCachedCounterOrder(t *testing.T) {
 			if got.Cached != tt.want || got.Recomputed != tt.wantRecomputed || got.RecomputedKnown != tt.recomputedKnown {
 				t.Errorf("credited %v cached, %v recomputed (known %v); want %v, %v (%v)",
 					got.Cached, got.Recomputed, got.RecomputedKnown, tt.want, tt.wantRecomputed, tt.recomputedKnown)
+			}
+			if got.Prompt != tt.wantPrompt || got.PromptKnown != (tt.wantPrompt != 0) {
+				t.Errorf("prompt %v (known %v), want %v", got.Prompt, got.PromptKnown, tt.wantPrompt)
 			}
 		})
 	}

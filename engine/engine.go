@@ -103,6 +103,10 @@ type Series struct {
 	// CountsRecomputed: the count includes the tokens RecomputedTokens
 	// counts, which a read takes out where the engine exports them.
 	CountsRecomputed bool
+	// PromptTokens, for a cached-token counter, are the prompt-token
+	// counters counted at the same moment, read with it instead of
+	// Metrics.PromptTokens; nil: Metrics.PromptTokens.
+	PromptTokens []Series
 }
 
 // families is a Series for each family named, read whole.

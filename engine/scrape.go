@@ -415,19 +415,26 @@ func (v seriesValues) sum() float64 {
 func (s *ServerScraper) families() []string {
 	m := For(s.Dialect).Metrics
 	var names []string
-	for _, list := range [][]Series{m.CachedTokens, m.PromptTokens, m.RecomputedTokens} {
+	add := func(list []Series) {
 		for _, c := range list {
 			if !slices.Contains(names, c.Family) {
 				names = append(names, c.Family)
 			}
 		}
 	}
+	for _, c := range m.CachedTokens {
+		add([]Series{c})
+		add(c.PromptTokens)
+	}
+	add(m.PromptTokens)
+	add(m.RecomputedTokens)
 	return append(names, "process_start_time_seconds")
 }
 
 // read returns the server's cached-token counter, its prompt-token and
 // recomputed-token counters where it has them, and its process start
-// time.
+// time. The prompt-token counter is the one counted with the cached one
+// read, where the spec pairs them.
 func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
 	mfs, err := metricsRead{client: s.Client, url: s.URL, families: s.families(), headerTimeout: s.HeaderTimeout}.read(ctx)
 	if err != nil {
@@ -439,7 +446,11 @@ func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
 	if r.cachedFrom, r.cached, found = firstPresent(mfs, m.CachedTokens); !found {
 		return engineRead{}, fmt.Errorf("target %s: server metrics: none of %v found (is the engine's metrics switch on?)", s.Target, m.CachedTokens)
 	}
-	_, r.prompt, _ = firstPresent(mfs, m.PromptTokens)
+	prompt := m.PromptTokens
+	if r.cachedFrom.PromptTokens != nil {
+		prompt = r.cachedFrom.PromptTokens
+	}
+	_, r.prompt, _ = firstPresent(mfs, prompt)
 	_, r.recomputed, _ = firstPresent(mfs, m.RecomputedTokens)
 	if mf := mfs["process_start_time_seconds"]; mf != nil && len(mf.GetMetric()) > 0 {
 		m := mf.GetMetric()[0]

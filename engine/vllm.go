@@ -25,8 +25,8 @@ var _ = register(&Spec{
 	Granularity: GranularityBlock,
 	Metrics: Metrics{
 		CachedTokens: append([]Series{
-			{Family: vllmPromptTokensCached},
-			{Family: vllmPromptTokensBySource, Label: "source", Value: "local_cache_hit", CountsRecomputed: true},
+			{Family: vllmPromptTokensCached, PromptTokens: vllmPerRequestPrompt},
+			{Family: vllmPromptTokensBySource, Label: "source", Value: "local_cache_hit", CountsRecomputed: true, PromptTokens: vllmPerRequestPrompt},
 		}, families("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total")...),
 		PromptTokens:     families("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries", "vllm:prompt_tokens_total"),
 		RecomputedTokens: families(vllmPromptTokensRecomputed),
@@ -54,11 +54,19 @@ var _ = register(&Spec{
 // removed it, prompt_tokens_recomputed counted the last token of a
 // prompt found whole in the cache, which the engine computes again;
 // local_cache_hit counted it too, and prompt_tokens_cached did not.
+//
+// Each of those two is read with prompt_tokens, which vLLM counts at the
+// same moment, once a request; prefix_cache_queries, like
+// prefix_cache_hits, counts each lookup.
 const (
 	vllmPromptTokensCached     = "vllm:prompt_tokens_cached_total"
 	vllmPromptTokensBySource   = "vllm:prompt_tokens_by_source_total"
 	vllmPromptTokensRecomputed = "vllm:prompt_tokens_recomputed_total"
 )
+
+// vllmPerRequestPrompt is the prompt-token counter read with vLLM's
+// per-request cached counts.
+var vllmPerRequestPrompt = families("vllm:prompt_tokens_total")
 
 // vllmChatBody is vLLM's chat form of /tokenize: the messages rendered by
 // the server's chat template with the assistant's header, special tokens
