@@ -96,7 +96,8 @@ type Emulate struct {
 	KVEventsTopic      string        `yaml:"kv_events_topic"`
 	KVEventsFormat     string        `yaml:"kv_events_format"`
 
-	MetricsDoubleCountHits bool `yaml:"metrics_double_count_hits"` // see emulate.Config
+	MetricsDoubleCountHits bool    `yaml:"metrics_double_count_hits"` // see emulate.Config
+	MetricsHitsOvercount   float64 `yaml:"metrics_hits_overcount"`    // see emulate.Config
 }
 
 // EmulateFaults are the keys of emulate.Faults, field for field, so that

@@ -92,10 +92,18 @@ type Config struct {
 	// encoding now, the default) or a tagged array (array, its older one).
 	KVEventsFormat KVEventsFormat `yaml:"kv_events_format"`
 	// MetricsDoubleCountHits counts every cache hit twice in the hit
-	// counter of /metrics, the prompt-token counters staying right, as
-	// vLLM's did when it retried an admission and when it counted
-	// preempted tokens as hits. Usage and Stats stay true.
+	// counters of /metrics (vllm: its prefix_cache_hits and its
+	// per-request cached counts alike), the prompt-token counters staying
+	// right, as vLLM's did when it retried an admission and when it
+	// counted preempted tokens as hits. Usage and Stats stay true.
 	MetricsDoubleCountHits bool `yaml:"metrics_double_count_hits"`
+	// MetricsHitsOvercount is the share of its cache hits that the hit
+	// counter of /metrics counts once more (0.5: it reads 1.5 times the
+	// hits), as vLLM's vllm:prefix_cache_hits_total counts a preempted
+	// request's lookup again (vLLM issue 25780). vLLM's per-request
+	// counts (vllm:prompt_tokens_cached_total and
+	// vllm:prompt_tokens_by_source_total), usage and Stats stay true.
+	MetricsHitsOvercount float64 `yaml:"metrics_hits_overcount"`
 
 	// MaxRunning is how many sequences prefill or decode at once; later
 	// requests wait in a FIFO queue (vllm:num_requests_waiting). 0 picks
@@ -196,6 +204,9 @@ func (c Config) withDefaults() (Config, error) {
 		errs = append(errs, fmt.Errorf("capacity_blocks must be at most %d, got %d", maxCacheBlocks, c.CapacityBlocks))
 	}
 	positive("slots", int64(c.Slots))
+	if !(c.MetricsHitsOvercount >= 0 && c.MetricsHitsOvercount <= maxHitsOvercount) {
+		errs = append(errs, fmt.Errorf("metrics_hits_overcount must be within 0 to %d, got %v", maxHitsOvercount, c.MetricsHitsOvercount))
+	}
 	positive("max_running", int64(c.MaxRunning))
 	for _, d := range []struct {
 		name string

@@ -202,6 +202,7 @@ func emulateConfig(t *config.Target) (emulate.Config, error) {
 		KVEventsFormat:     emulate.KVEventsFormat(e.KVEventsFormat),
 
 		MetricsDoubleCountHits: e.MetricsDoubleCountHits,
+		MetricsHitsOvercount:   e.MetricsHitsOvercount,
 	}, nil
 }
 

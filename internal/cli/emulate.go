@@ -33,6 +33,7 @@ func emulateCommand(app *kingpin.Application) command {
 	cl.Flag("kv-events-topic", "Topic frame of every KV event message (vLLM's default is empty).").StringVar(&cfg.KVEventsTopic)
 	cl.Flag("kv-events-format", "How each KV event is encoded: map (vLLM's tagged maps, the default) or array (its older tagged arrays).").Default("map").StringVar((*string)(&cfg.KVEventsFormat))
 	cl.Flag("metrics-double-count-hits", "Count every cache hit twice in the /metrics hit counter (its prompt-token counters stay right), as vLLM did on a retried admission; usage stays true.").BoolVar(&cfg.MetricsDoubleCountHits)
+	cl.Flag("metrics-hits-overcount", "Share of the cache hits that the /metrics hit counter (vllm:prefix_cache_hits_total) counts once more, as vLLM's counts a preempted request's lookups again; vLLM's per-request cached counts, and usage, stay true.").Default("0").Float64Var(&cfg.MetricsHitsOvercount)
 	cl.Flag("max-running", fmt.Sprintf("Sequences running at once; later requests queue. 0 is %d, or --slots for llamacpp.", emulate.DefaultMaxRunning)).Default("0").IntVar(&cfg.MaxRunning)
 	cl.Flag("overhead", "Fixed part of the time to first token.").Default(cfg.Overhead.String()).DurationVar(&cfg.Overhead)
 	cl.Flag("prefill-per-token", "Time to first token added per prompt token not in the prefix cache.").Default(cfg.PrefillPerToken.String()).DurationVar(&cfg.PrefillPerToken)
