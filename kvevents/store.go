@@ -172,6 +172,9 @@ type Stream struct {
 	// Replay is the engine's replay socket (its replay_endpoint), asked
 	// for the batches a gap skipped; "" for none.
 	Replay string
+	// stall bounds a message's silence once it started (stallTimeout but
+	// in tests).
+	stall time.Duration
 
 	mu        sync.Mutex
 	groups    map[int]groupSpec   // the KV cache groups that stored blocks, at most maxGroups
@@ -236,7 +239,7 @@ func (g groupSpec) holdsPrefixes() bool {
 // NewStream returns the empty store of the stream at endpoint.
 func NewStream(endpoint string) *Stream {
 	return &Stream{Endpoint: endpoint, groups: map[int]groupSpec{}, blocks: map[chainKey]record{}, hashes: map[uint64]chainKey{},
-		seen: newSeenSet(seenGeneration), tried: make(chan struct{}),
+		seen: newSeenSet(seenGeneration), tried: make(chan struct{}), stall: stallTimeout,
 		maxAlive: maxAlive, maxHashIDs: maxHashIDs, maxRemoved: maxRemoved}
 }
 
