@@ -114,6 +114,7 @@ type kvPublisher struct {
 	// goroutine's alone).
 	drop    float64
 	dropRNG *rand.Rand
+	dropped int64 // batches not sent, drop drawing them
 
 	mu       sync.Mutex
 	pending  []kvEvent
@@ -195,6 +196,17 @@ func (p *kvPublisher) ReplayEndpoint() string {
 		return ""
 	}
 	return "tcp://" + p.replayListener.Addr().String()
+}
+
+// KVEventsDropped is how many event batches the engine did not send,
+// Config.KVEventsDrop drawing them.
+func (e *Engine) KVEventsDropped() int64 {
+	if e.events == nil {
+		return 0
+	}
+	e.events.mu.Lock()
+	defer e.events.mu.Unlock()
+	return e.events.dropped
 }
 
 // KVEventsReplayEndpoint is where the engine serves replays of its KV
@@ -488,6 +500,9 @@ func (p *kvPublisher) run(ctx context.Context) {
 			p.mu.Unlock()
 		}
 		if drop > 0 && p.dropRNG.Float64() < drop {
+			p.mu.Lock()
+			p.dropped++
+			p.mu.Unlock()
 			continue // kept for the replay, not sent
 		}
 		var seqFrame [8]byte

@@ -419,4 +419,7 @@ func TestKVEventsReplay(t *testing.T) {
 	if _, seqs := sub.next(t, KVEventsMap, 1); seqs[0] != 3 {
 		t.Errorf("the first batch heard is %d, want 3: the three before dropped", seqs[0])
 	}
+	if got := e.KVEventsDropped(); got != 3 {
+		t.Errorf("%d batches counted dropped, want 3", got)
+	}
 }
