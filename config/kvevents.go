@@ -148,7 +148,7 @@ func validateKVEventsAcross(c *Config, bad func(string, string, ...any)) {
 }
 
 // canonicalEndpoint is one form of a tcp://host:port endpoint for every
-// way of writing it: a host name in lower case without its final dot,
+// way of writing it: a host name in lower case without its final dots,
 // every loopback address (localhost, 127.0.0.0/8, ::1) as one, an
 // address in its shortest form, the port as a number.
 func canonicalEndpoint(ep string) (string, bool) {
@@ -157,7 +157,10 @@ func canonicalEndpoint(ep string) (string, bool) {
 		return "", false
 	}
 	host, port, _ := net.SplitHostPort(addr)
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	host = strings.ToLower(host)
+	if h := strings.TrimRight(host, "."); h != "" {
+		host = h
+	}
 	if ip, err := netip.ParseAddr(host); err == nil {
 		ip = ip.Unmap()
 		host = ip.WithZone("").String()

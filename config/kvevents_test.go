@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/kvevents"
 )
 
 // TestKVEventsKeys: cache.kv_events takes one endpoint or a list, and a
@@ -89,4 +91,26 @@ func TestKVEventsRefusedWhereUseless(t *testing.T) {
 			t.Errorf("%s: %v", ok, err)
 		}
 	}
+}
+
+// FuzzCanonicalEndpoint: an endpoint has a canonical form exactly when
+// it is one the subscriber takes, and the form is its own.
+func FuzzCanonicalEndpoint(f *testing.F) {
+	for _, ep := range []string{"tcp://localhost:5557", "tcp://127.0.0.1:05557", "tcp://[::1]:1", "tcp://[::ffff:10.0.0.1]:2",
+		"tcp://Engine.Example.:3", "tcp://e:http", "ipc:///x", "tcp://:1", "tcp://[fe80::1%eth0]:4"} {
+		f.Add(ep)
+	}
+	f.Fuzz(func(t *testing.T, ep string) {
+		canon, ok := canonicalEndpoint(ep)
+		if _, err := kvevents.Address(ep); (err == nil) != ok {
+			t.Fatalf("%q: canonical %v, but Address says %v", ep, ok, err)
+		}
+		if !ok {
+			return
+		}
+		again, ok := canonicalEndpoint("tcp://" + canon)
+		if !ok || again != canon {
+			t.Fatalf("%q: canonical %q, whose own is %q (%v)", ep, canon, again, ok)
+		}
+	})
 }

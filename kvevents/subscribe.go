@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -93,6 +94,9 @@ func Address(endpoint string) (string, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return "", fmt.Errorf("%q: %w", endpoint, err)
+	}
+	if n, err := strconv.ParseUint(port, 10, 64); err == nil && n == 0 {
+		port = "0" // however many zeros: no port
 	}
 	if host == "" || host == "*" || port == "" || port == "0" || port == "*" {
 		return "", fmt.Errorf("%q: a subscriber needs a host and a port", endpoint)

@@ -219,8 +219,10 @@ func (r *kvReporter) Batch(s *kvevents.Stream, a kvevents.Applied) {
 func (r *kvReporter) Error(s *kvevents.Stream, reason kvevents.ErrorReason, n int, err error) {
 	r.coll.KVEvents().Error(r.target, reason, n)
 	switch reason {
-	case kvevents.ReasonUnreachable, kvevents.ReasonDisconnected, kvevents.ReasonTooLarge:
+	case kvevents.ReasonUnreachable, kvevents.ReasonDisconnected, kvevents.ReasonTooLarge, kvevents.ReasonStalled:
 		r.log(s, level.Warn, "msg", "KV event stream not followed: missed hits are not classified until it is; the exporter tries again", "reason", reason, "err", err)
+	case kvevents.ReasonReplay:
+		r.log(s, level.Warn, "msg", "KV event gap not filled from the engine's replay socket: requests sent before it are not classified", "reason", reason, "err", err)
 	default:
 		r.log(s, level.Warn, "msg", "KV event message not taken", "reason", reason, "err", err)
 	}
