@@ -63,9 +63,9 @@ func (f *frameLimiter) Read(p []byte) (int, error) {
 		mid := f.midMessage()
 		if mid {
 			// From this read on: a message may be long, but not silent.
-			_ = f.Conn.SetReadDeadline(time.Now().Add(f.stall))
+			_ = f.SetReadDeadline(time.Now().Add(f.stall))
 		} else if f.armed {
-			_ = f.Conn.SetReadDeadline(time.Time{})
+			_ = f.SetReadDeadline(time.Time{})
 		}
 		f.armed = mid
 	}
