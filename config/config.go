@@ -142,6 +142,10 @@ type Cache struct {
 	// KVEvents are the engine's KV event streams (kvevents.go), which
 	// explain the hits the engine missed.
 	KVEvents Endpoints `yaml:"kv_events,omitempty"`
+	// KVEventsReplayEndpoint are the engines' replay sockets (vLLM's
+	// replay_endpoint), in the order of KVEvents, asked for the batches a
+	// gap skipped.
+	KVEventsReplayEndpoint Endpoints `yaml:"kv_events_replay_endpoint,omitempty"`
 	// KVEventsMaxBlocks bounds the blocks each of those streams holds,
 	// and the engine hashes it indexes; 0 is kvevents.DefaultMaxBlocks.
 	KVEventsMaxBlocks int `yaml:"kv_events_max_blocks,omitempty"`
@@ -638,6 +642,7 @@ func (c *Config) Validate() error {
 		checkName("target", t.Name, p, seenT)
 		validateTarget(t, p, bad)
 	}
+	validateKVEventsAcross(c, bad)
 	seenW := map[string]bool{}
 	for i := range c.Workloads {
 		w := &c.Workloads[i]

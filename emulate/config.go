@@ -91,6 +91,17 @@ type Config struct {
 	// KVEventsFormat encodes each event as a tagged map (map, vLLM's
 	// encoding now, the default) or a tagged array (array, its older one).
 	KVEventsFormat KVEventsFormat `yaml:"kv_events_format"`
+	// KVEventsReplayEndpoint binds a replay socket as vLLM's
+	// replay_endpoint does (a ZMQ ROUTER, tcp://host:port, port 0 picks
+	// one; see Engine.KVEventsReplayEndpoint): it answers a starting
+	// sequence number with the last KVEventsReplayBatches batches from it
+	// on, in vLLM's layout since v0.26.0. Needs KVEvents.
+	KVEventsReplayEndpoint string `yaml:"kv_events_replay_endpoint"`
+	// KVEventsDrop is the share of event batches, in [0, 1], not sent to
+	// the subscribers (each drawn from Seed), as a publisher past its
+	// high-water mark drops them: a subscriber sees a gap. The replay
+	// socket keeps them.
+	KVEventsDrop float64 `yaml:"kv_events_drop"`
 	// MetricsDoubleCountHits counts every cache hit twice in the hit
 	// counters of /metrics (vllm: its prefix_cache_hits and its
 	// per-request cached counts alike), the prompt-token counters staying
@@ -274,11 +285,22 @@ func (c Config) kvEventsDefaults() (Config, []error) {
 	default:
 		errs = append(errs, fmt.Errorf("kv_events_format must be map or array, got %q", c.KVEventsFormat))
 	}
+	if math.IsNaN(c.KVEventsDrop) || c.KVEventsDrop < 0 || c.KVEventsDrop > 1 {
+		errs = append(errs, fmt.Errorf("kv_events_drop must be within [0, 1], got %v", c.KVEventsDrop))
+	}
 	if c.KVEvents == "" {
+		if c.KVEventsReplayEndpoint != "" || c.KVEventsDrop != 0 {
+			errs = append(errs, errors.New("kv_events_replay_endpoint and kv_events_drop need kv_events"))
+		}
 		return c, errs
 	}
 	if _, err := kvAddress(c.KVEvents); err != nil {
 		errs = append(errs, err)
+	}
+	if c.KVEventsReplayEndpoint != "" {
+		if _, err := kvAddress(c.KVEventsReplayEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("kv_events_replay_endpoint: %w", err))
+		}
 	}
 	if c.Engine == PersonalityLlamaCpp {
 		errs = append(errs, errors.New("kv_events does not apply to engine llamacpp, whose cache has no blocks"))

@@ -111,7 +111,7 @@ func New(cfg Config) (*Engine, error) {
 		sc.setHostBudget(cfg.CacheRAMTokens)
 	}
 	if tc, ok := e.cache.(*trieCache); ok && cfg.KVEvents != "" {
-		e.events = newKVPublisher(cfg.KVEvents, cfg.KVEventsTopic, cfg.KVEventsFormat, func() time.Time { return e.now() })
+		e.events = newKVPublisher(cfg, func() time.Time { return e.now() })
 		tc.events = e.events
 	}
 	e.told.Store(int64(cfg.CapacityBlocks))
