@@ -204,8 +204,9 @@ $(TINY_MODEL): | $(LLAMA_SERVER)
 	TOKENIZER_SHA256=$(SHA256_llama3_1) scripts/engines/tiny-model.sh \
 	  $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/src/gguf-py $(TOKENIZER_VERSION) $@
 
-## test-engines: the exporter against the real llama-server (counters checked against its own) and Ollama (reports nothing).
-# Ollama's test runs alone first (it judges times); then the llama-server
+## test-engines: the exporter against the real llama-server and Ollama, its counters checked against theirs.
+# Ollama's test runs alone first (with OLLAMA_KEEP_ALIVE=0 each request must
+# end before the next); then the llama-server
 # tests two at a time, one engine thread each (they judge counts; four at
 # once starved the engines and paged late).
 test-engines: build engines $(PROMTOOL)
