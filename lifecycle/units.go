@@ -59,7 +59,8 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 		Seed:                 w.Seed,
 	}
 	path := cfg.TracePath(w)
-	if g := w.SharedPrefix(); g != nil {
+	g := w.SharedPrefix()
+	if g != nil {
 		path = generatedName(g)
 	}
 	tp, err := traces.plan(ctx, prev, path, w, k)
@@ -83,6 +84,11 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 	if sp := tp.file.surplus; sp.Rows > 0 {
 		wd.note = fmt.Sprintf("workload %s: %s: %s; their prompts use the ids that fit. Is %s (%d) the block size the trace was made with?",
 			w.Name, path, sp, blockSizeKey(cfg, w), w.BlockSize)
+	}
+	if g != nil {
+		if note := g.UnsharedPrefixWarning(blockSizeKey(cfg, w)); note != "" {
+			wd.note = fmt.Sprintf("workload %s: generate: %s", w.Name, note)
+		}
 	}
 	return wd, nil
 }
