@@ -25,7 +25,9 @@ import (
 // Warm and cold are the two ends of one scale. A replica restarted next to
 // an engine that the replica before it fed for only part of the warm-up
 // (it joined a pass late and stopped at its end, say) finds the engine
-// holding what the fleet sent from some row on: the frontier. A block is
+// holding what the fleet sent from some row on, up to this start: the
+// frontier. (Rows that nobody sent between that stop and this start do
+// not fit it; a restart of seconds in a pass of hours leaves few.) A block is
 // then held if the last warm-up row that touched it is at or after the
 // frontier; along a prompt's blocks those last touches only grow older (a
 // row that touches a block touches the blocks before it), so the server's
