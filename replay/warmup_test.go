@@ -384,9 +384,10 @@ func (e *lruEngine) send(ns uint64, ids []int64, isl int) int {
 // (a new model, loop repeat) finds the engine holding only the rows the
 // one before it sent, half of what its warm-up assumed. On an unbounded
 // engine, healthy, the answers fit one frontier: the pass is known for at
-// least 80 % of its tokens and reads an efficiency of 0.93-1.05. An engine
-// whose cache holds half of what the model is told it holds must still
-// read below 0.93.
+// least 80 % of its tokens and reads an efficiency of 0.93-1.05; so it is
+// when the first replica joined at 80 % of a pass and the restart took a
+// fiftieth of a pass, whose rows nobody sent. An engine whose cache holds
+// half of what the model is told it holds must still read below 0.93.
 func TestCacheModelRestartAfterPartialPass(t *testing.T) {
 	const preamble = 9
 	recs := wlTestReadSlice(t, 2000)
@@ -400,20 +401,22 @@ func TestCacheModelRestartAfterPartialPass(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := ownItems(t, p, 3)
-	before = before[len(before)/2:] // the first replica: from halfway to the end
-	items := ownItems(t, p, 4)
+	pass3, pass4 := ownItems(t, p, 3), ownItems(t, p, 4)
 	for _, tc := range []struct {
 		name           string
-		engine, model  int // capacities: trace blocks, server blocks (0 unbounded)
+		join, gap      float64 // shares of a pass: the first replica's start, the rows before the second's
+		engine, model  int     // capacities: trace blocks, server blocks (0 unbounded)
 		serverBlock    int
 		lo, hi         float64
 		atLeastCovered float64
 	}{
-		{"unbounded, healthy", 0, 0, 16, 0.93, 1.05, 0.8},
-		{"half the cache the model is told", len(distinct) / 2, len(distinct), 512, 0, 0.93, 0},
+		{"unbounded, healthy", 0.5, 0, 0, 0, 16, 0.93, 1.05, 0.8},
+		{"unbounded, healthy, a restart of a fiftieth of a pass", 0.8, 0.02, 0, 0, 16, 0.93, 1.05, 0.8},
+		{"half the cache the model is told", 0.5, 0, len(distinct) / 2, len(distinct), 512, 0, 0.93, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			before := pass3[int(tc.join*float64(len(pass3))):]
+			items := pass4[int(tc.gap*float64(len(pass4))):]
 			engine := newLRUEngine(tc.engine, tc.serverBlock)
 			for _, it := range before {
 				engine.send(it.Namespace, recs[it.Index].HashIDs, recs[it.Index].ISL())
@@ -426,8 +429,8 @@ func TestCacheModelRestartAfterPartialPass(t *testing.T) {
 				t.Fatal(err)
 			}
 			m := NewCacheModel(start, CacheParams{TraceBlock: 512, ServerBlock: tc.serverBlock, CapacityBlocks: tc.model})
-			var changes []WarmUpDecision
-			m.LearnWarmUp(func(d WarmUpDecision) { changes = append(changes, d) })
+			var changes []WarmUpWorld
+			m.LearnWarmUp(func(d WarmUpDecision) { changes = append(changes, d.World) })
 			var all, known, served, theoretical int
 			for _, it := range items {
 				truth := engine.send(it.Namespace, recs[it.Index].HashIDs, recs[it.Index].ISL())
@@ -441,7 +444,7 @@ func TestCacheModelRestartAfterPartialPass(t *testing.T) {
 				}
 			}
 			coverage, efficiency := float64(known)/float64(all), float64(served)/float64(theoretical)
-			t.Logf("decisions %+v; coverage %.4f of %d tokens, efficiency %.4f", changes, coverage, all, efficiency)
+			t.Logf("decisions %v; coverage %.4f of %d tokens, efficiency %.4f", changes, coverage, all, efficiency)
 			if coverage < tc.atLeastCovered {
 				t.Errorf("coverage %.4f, want at least %.2f", coverage, tc.atLeastCovered)
 			}
