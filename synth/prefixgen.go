@@ -329,10 +329,10 @@ func draw(r *rand.Rand, l Lengths) int {
 	}
 }
 
-// UnsharedPrefixWarning, when each prefix is shorter than the block it is
-// written at, says so and suggests a block size that would share it,
-// naming the block size by blockKey (a flag or a configuration key); it
-// is "" otherwise. Only whole blocks get a prefix's ids, so such prefixes
+// UnsharedPrefixWarning says, when each prefix is shorter than the block it
+// is written at, that the requests share nothing, and suggests a block size
+// that would share, naming the block size by blockKey (a flag or a
+// configuration key); it is "" otherwise. Only whole blocks get a prefix's ids, so such prefixes
 // give the requests no common id, their prompts no common text, and every
 // hit rate reads 0.
 func (s SharedPrefix) UnsharedPrefixWarning(blockKey string) string {
