@@ -59,7 +59,8 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 		Seed:                 w.Seed,
 	}
 	path := cfg.TracePath(w)
-	if g := w.SharedPrefix(); g != nil {
+	g := w.SharedPrefix()
+	if g != nil {
 		path = generatedName(g)
 	}
 	tp, err := traces.plan(ctx, prev, path, w, k)
@@ -90,6 +91,11 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 			where = fmt.Sprintf("line %d", cr.firstLine)
 		}
 		wd.notes = append(wd.notes, fmt.Sprintf("workload %s: %s: %s", w.Name, path, synth.ChainReuseNote(cr.reusing, cr.rows, where)))
+	}
+	if g != nil {
+		if note := g.UnsharedPrefixWarning(blockSizeKey(cfg, w)); note != "" {
+			wd.notes = append(wd.notes, fmt.Sprintf("workload %s: generate: %s", w.Name, note))
+		}
 	}
 	return wd, nil
 }

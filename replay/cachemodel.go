@@ -2,6 +2,7 @@ package replay
 
 import (
 	"container/list"
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -75,6 +76,9 @@ type admitted struct {
 	seq      uint64
 	inserted []blockKey
 	profile  CapacityProfile
+	// steps are where the hit ends on a server that holds only part of
+	// what was assumed sent (warmup.go); none for a row of the warm-up.
+	steps []warmStep
 }
 
 // NewCacheModel returns a model of the cache params describe for the rows
@@ -367,13 +371,20 @@ func (c *idealCache) visit(ns uint64, keys []uint64, inputLength int, insert, wa
 	// one only assumed sent, which a server that never got the warm-up's
 	// rows lacks, and with it every block after.
 	k, cold := 0, -1
+	oldest := uint64(math.MaxUint64) // the oldest last touch of an assumed block so far
 	for _, chain := range keys {
 		e, ok := c.index[blockKey{ns, chain}]
 		if !ok {
 			break
 		}
-		if cold < 0 && e.Value.(*cachedBlock).assumed {
-			cold = k
+		if b := e.Value.(*cachedBlock); b.assumed && b.seq < oldest {
+			if cold < 0 {
+				cold = k
+			}
+			oldest = b.seq
+			if !warm {
+				a.steps = append(a.steps, warmStep{touched: oldest, tokens: c.round.CachedTokens(k, inputLength)})
+			}
 		}
 		k++
 	}
