@@ -96,6 +96,7 @@ func run(ctx context.Context, args []string, s streams) (code int) {
 	commands := []command{
 		runCommand(app),
 		analyzeCommand(app),
+		analyzeTraceCommand(app),
 		synthesizeCommand(app),
 		hashCommand(app),
 		emulateCommand(app),
