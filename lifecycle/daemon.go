@@ -120,7 +120,7 @@ func New(o Options) *Daemon {
 	d.kv = newKVSet(c, d.explainer, d.emulators, d.layouts)
 	d.scrapers = newScraperSet(c, d.emulators)
 	d.units.layouts, d.units.kv = d.layouts, d.kv
-	d.units.clock, d.units.resultObserved = o.dispatchClock, o.resultObserved
+	d.units.clock, d.units.resultObserved, d.units.replayFinished = o.dispatchClock, o.ResultObserved, o.ReplayFinished
 	return d
 }
 

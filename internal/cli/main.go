@@ -97,6 +97,7 @@ func run(ctx context.Context, args []string, s streams) (code int) {
 		runCommand(app),
 		analyzeCommand(app),
 		analyzeTraceCommand(app),
+		profileCommand(app),
 		synthesizeCommand(app),
 		hashCommand(app),
 		emulateCommand(app),
