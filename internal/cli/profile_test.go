@@ -123,7 +123,7 @@ func TestProfileRefusals(t *testing.T) {
 		{[]string{"--fixed-schedule-start-offset", "3000", "--fixed-schedule-end-offset", "1000"}, "is before --fixed-schedule-start-offset"},
 		{[]string{"--endpoint-type", "embeddings"}, "enum value must be one of chat,completions"},
 		{[]string{"--custom-dataset-type", "single_turn"}, "enum value must be one of mooncake_trace"},
-		{[]string{"--url", "localhost:8000/v1"}, "give the base URL without /v1"},
+		{[]string{"--url", "localhost:8000/v1/chat/completions"}, "give the base URL, http://localhost:8000:"},
 		{[]string{"--serve", "--request-count", "3"}, "--serve replays for ever"},
 	} {
 		code, _, stderr := runCLI(append(slices.Clone(base), tt.args...)...)
