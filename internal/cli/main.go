@@ -161,6 +161,7 @@ func exitCode(err error) int {
 		return coded.code
 	case errors.As(err, &bad), errors.As(err, &line),
 		errors.Is(err, fs.ErrNotExist), errors.Is(err, fs.ErrPermission),
+		errors.Is(err, syscall.EISDIR), // a directory given for a file
 		errors.Is(err, trace.ErrEmpty):
 		return exitBadInput
 	default:

@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 // TestHelpShowsTheDaemonsFlags: the program's own --help lists the flags
@@ -80,5 +83,63 @@ func TestConfigCheckSyntaxLine(t *testing.T) {
 	code, stdout, _ := runCLI("--config.file", path, "--config.check")
 	if code != exitBadInput || !strings.Contains(stdout, "invalid YAML: line 4: ") {
 		t.Errorf("exit %d:\n%s\nwant 2 and line 4", code, stdout)
+	}
+}
+
+// TestUsageErrorsExit2: a usage error exits 2, whatever the command: a
+// directory for a trace, an image format --plot cannot draw.
+func TestUsageErrorsExit2(t *testing.T) {
+	dir := t.TempDir()
+	trace := writeTrace(t, testutil.AIPerfDocRows)
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"analyze", dir}, "is a directory"},
+		{[]string{"analyze-trace", dir}, "is a directory"},
+		{[]string{"analyze", trace, "--capacity-curve", "--plot", filepath.Join(dir, "x.gif")}, "--plot " + filepath.Join(dir, "x.gif") + ": .gif is not an image format"},
+	} {
+		if code, _, stderr := runCLI(tt.args...); code != exitBadInput || !strings.Contains(stderr, tt.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tt.args, code, stderr, tt.want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "x.gif")); err == nil {
+		t.Error("a refused plot was written")
+	}
+}
+
+// TestPlotFormatFromExtension: --plot draws in the format its extension
+// names, JPEG for .jpg, not SVG under another name.
+func TestPlotFormatFromExtension(t *testing.T) {
+	trace := writeTrace(t, testutil.AIPerfDocRows)
+	for _, tt := range []struct {
+		name  string
+		magic string
+	}{{"curve.jpg", "\xff\xd8\xff"}, {"curve.png", "\x89PNG"}, {"curve.svg", "<?xml"}, {"curve", "<?xml"}} {
+		path := filepath.Join(t.TempDir(), tt.name)
+		if code, _, stderr := runCLI("analyze", trace, "--capacity-curve", "--plot", path); code != exitOK {
+			t.Fatalf("%s: exit %d: %s", tt.name, code, stderr)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(string(data), tt.magic) {
+			t.Errorf("%s starts with %q, want %q", tt.name, data[:min(8, len(data))], tt.magic)
+		}
+	}
+}
+
+// TestBusyPortSuggestsTheFlag: a listen address another process holds
+// fails the start with exit 2 and the flag that chooses another.
+func TestBusyPortSuggestsTheFlag(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	code, _, stderr := runCLI("--config.file", "../../examples/quickstart.yml", "--web.listen-address", taken.Addr().String(), "--memory.limit", "0")
+	if code != exitBadInput || !strings.Contains(stderr, "address already in use: another process listens on "+taken.Addr().String()+"; give another address with --web.listen-address") {
+		t.Errorf("exit %d, stderr:\n%s\nwant 2 and the flag", code, stderr)
 	}
 }
