@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
@@ -193,5 +194,13 @@ func TestPercentile(t *testing.T) {
 	}
 	if got := fixed2(1234567.891); got != "1,234,567.89" {
 		t.Errorf("fixed2 = %q", got)
+	}
+}
+
+// TestProfileRecordSize holds docs/reliability.md's figure for what the
+// summary keeps of a request.
+func TestProfileRecordSize(t *testing.T) {
+	if size := unsafe.Sizeof(profileRecord{}); size > 120 {
+		t.Errorf("a profile record takes %d bytes, more than the 120 docs/reliability.md says", size)
 	}
 }
