@@ -137,7 +137,7 @@ func TestCommonParent(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, name := range []string{"good.yml", "bad-values.yml", "bad-types.yml", "bad-unknown-keys.yml", "bad-generate.yml", "bad-schedule.yml"} {
+	for _, name := range []string{"good.yml", "bad-values.yml", "bad-types.yml", "bad-unknown-keys.yml", "bad-generate.yml", "bad-schedule.yml", "bad-syntax.yml", "bad-references.yml"} {
 		data, err := os.ReadFile(filepath.Join("testdata", name))
 		if err != nil {
 			f.Fatal(err)
