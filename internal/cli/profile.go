@@ -145,7 +145,7 @@ func labelName(s, fallback string) string {
 	return cmp.Or(n, fallback)
 }
 
-// artifactDir is --artifact-dir, else AIPerf's artifacts/MODEL-TYPE.
+// artifactDirOrDefault is --artifact-dir, else artifacts/MODEL-TYPE, as AIPerf names it.
 func (f *profileFlags) artifactDirOrDefault() string {
 	if f.artifactDir != "" {
 		return f.artifactDir
