@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -202,5 +203,44 @@ func TestPercentile(t *testing.T) {
 func TestProfileRecordSize(t *testing.T) {
 	if size := unsafe.Sizeof(profileRecord{}); size > 120 {
 		t.Errorf("a profile record takes %d bytes, more than the 120 docs/reliability.md says", size)
+	}
+}
+
+// TestProfileServe: --serve runs the flags' configuration as the daemon,
+// with the length histograms on /metrics, until it is stopped (exit 0).
+func TestProfileServe(t *testing.T) {
+	var sent sentRows
+	srv := testutil.NewFakeServer(t, func(f *testutil.FakeServer) { f.Usage = sent.usage })
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var stdout, stderr testutil.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"profile", "-m", "m", "--url", strings.TrimPrefix(srv.URL, "http://"), "--input-file", profileTrace(t),
+			"--artifact-dir", t.TempDir(), "--serve", "--web.listen-address", "127.0.0.1:0", "--log.level", "info"},
+			streams{stdout: &stdout, stderr: &stderr})
+	}()
+	listening := regexp.MustCompile(`Listening on.*address=(127\.0\.0\.1:\d+)`)
+	var base string
+	testutil.Eventually(t, "the daemon listens", func() (bool, string) {
+		m := listening.FindStringSubmatch(stderr.String())
+		if m == nil {
+			return false, stderr.String()
+		}
+		base = "http://" + m[1]
+		return true, ""
+	})
+	testutil.Eventually(t, "the first row's lengths on /metrics", func() (bool, string) {
+		mfs, err := testutil.TryScrape(base)
+		if err != nil {
+			return false, err.Error()
+		}
+		in, _ := mfs.Value("kvload_input_sequence_length_tokens")
+		out, _ := mfs.Value("kvload_output_sequence_length_tokens")
+		return in > 0 && out > 0, fmt.Sprintf("input %v, output %v", in, out)
+	})
+	stop()
+	if code := testutil.Wait(t, "the daemon's exit", done); code != exitOK {
+		t.Errorf("exit %d:\n%s", code, stderr.String())
 	}
 }
