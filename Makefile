@@ -56,9 +56,10 @@ release:
 	cd $(DIST) && sha256sum kvload-exporter-* > SHA256SUMS
 	cat $(DIST)/SHA256SUMS
 
-## run: the quickstart: a bundled trace against an emulated engine, metrics on :9812.
+## run: the quickstart: a bundled trace against an emulated engine, metrics on :9812 (another port: make run PORT=9813).
+PORT ?= 9812
 run:
-	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvload-exporter --config.file=examples/quickstart.yml
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvload-exporter --config.file=examples/quickstart.yml --web.listen-address=:$(PORT)
 
 ## check: the fast tier, run before every commit: gofmt, vet, golangci-lint, the unit and doc tests under -race (no end-to-end replay, engine, browser or Prometheus), and the alert rules judged on recorded scenarios.
 check: lint tokenizers test-unit test-tapes

@@ -30,6 +30,11 @@ var LatencyBuckets = []float64{
 // every bound of LatencyBuckets is kept, so queries naming one still work.
 var LagBuckets = append([]float64{0.0001, 0.00025, 0.0005, 0.00075}, LatencyBuckets...)
 
+// LengthBuckets are the classic buckets of the input and output length
+// histograms, in tokens: powers of two from 16 to 256 Ki, which covers the
+// longest rows a request holds.
+var LengthBuckets = prometheus.ExponentialBuckets(16, 2, 15)
+
 // Collector implements replay.Observer with the contract's metrics. It
 // counts what it is given: how a result's cached tokens count
 // (replay.Result.Counted) and the server's cached tokens credited to each
@@ -45,6 +50,8 @@ type Collector struct {
 	lag               *prometheus.HistogramVec
 	ttft              *prometheus.HistogramVec
 	itl               *prometheus.HistogramVec
+	inputLength       *prometheus.HistogramVec
+	outputLength      *prometheus.HistogramVec
 	duration          *prometheus.HistogramVec
 	promptTokens      *prometheus.CounterVec
 	tracePromptTokens *prometheus.CounterVec
@@ -150,6 +157,8 @@ func New(reg prometheus.Registerer) *Collector {
 		lag:               histogramWith(LagBuckets, "schedule_lag_seconds", "Actual send time minus the time the trace scheduled."),
 		ttft:              histogram("time_to_first_token_seconds", "Time from send to the first chunk carrying content, reasoning or tool-call text (successful requests)."),
 		itl:               histogram("inter_token_latency_seconds", "Per request, (latency - TTFT) / (output tokens - 1) (successful requests with at least two output tokens)."),
+		inputLength:       histogramWith(LengthBuckets, "input_sequence_length_tokens", "Per successful request, its prompt tokens: the server's usage, else the trace's input_length."),
+		outputLength:      histogramWith(LengthBuckets, "output_sequence_length_tokens", "Per successful request, its output tokens (server usage, else counted chunks)."),
 		duration:          histogram("request_duration_seconds", "Time from send to the last content chunk (successful requests)."),
 		promptTokens:      counter("prompt_tokens_total", "Prompt tokens the server reported for successful requests."),
 		tracePromptTokens: counter("trace_prompt_tokens_total", "The trace's input_length of the same successful requests."),
@@ -188,7 +197,7 @@ func New(reg prometheus.Registerer) *Collector {
 	clock := func() time.Time { return c.now() }
 	c.effective = servedcache.NewEffectiveCapacity(clock)
 	c.reconcile = newReconcile(servedcache.NewReconciliation(clock))
-	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
+	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.inputLength, c.outputLength, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
@@ -257,7 +266,7 @@ func (c *Collector) Forget(workload, target string) {
 	l := prometheus.Labels{"workload": workload, "target": target}
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
-	}{c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
+	}{c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.inputLength, c.outputLength, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens} {
 		v.DeletePartialMatch(l)
@@ -389,6 +398,8 @@ func (c *Collector) Finished(r *replay.Result) {
 	}
 	c.tracePromptTokens.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
 	c.completionTokens.WithLabelValues(w, t).Add(float64(r.OutputTokens))
+	c.inputLength.WithLabelValues(w, t).Observe(float64(promptOf(r)))
+	c.outputLength.WithLabelValues(w, t).Observe(float64(r.OutputTokens))
 	if r.Counted.UsageCached {
 		c.cachedTokens.WithLabelValues(w, t).Add(float64(r.CachedTokens))
 	}

@@ -386,13 +386,40 @@ func ParseFile(path string, data []byte) (*Config, error) {
 // Parse decodes data strictly (unknown keys are errors), applies defaults and
 // validates. dir resolves relative trace paths.
 func Parse(data []byte, dir string) (*Config, error) {
+	cfg, err := parseAll(data, dir)
+	if err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// ParseFileAll is ParseFile that also returns what could be decoded when
+// the file has problems: every key that decoded, with its defaults. The
+// configuration is nil only when the file is not YAML of the schema's
+// shape at all; with an error it is not to be run, only looked into (for
+// the problems of the trace files it names: TraceFileProblems).
+func ParseFileAll(path string, data []byte) (*Config, error) {
+	cfg, err := parseAll(data, filepath.Dir(path))
+	if cfg != nil {
+		cfg.file = path
+	}
+	if err != nil {
+		return cfg, prefixLines(path, err)
+	}
+	return cfg, nil
+}
+
+// parseAll is Parse, returning the configuration decoded so far beside its
+// problems: decoding problems (unknown keys, types) and semantic ones are
+// reported together, each with its line.
+func parseAll(data []byte, dir string) (*Config, error) {
 	if err := checkBytes(data); err != nil {
 		return nil, err
 	}
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("invalid YAML: %w", err)
+		return nil, syntaxError(data, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -402,10 +429,13 @@ func Parse(data []byte, dir string) (*Config, error) {
 	if top := topNode(&root); top != nil && top.Kind != yaml.MappingNode && top.Tag != "!!null" {
 		return nil, fmt.Errorf("line %d: the file must be a mapping with targets and workloads, not %s", top.Line, nodeKind(top))
 	}
+	var problems []error
+	// decoded holds the paths whose values did not decode: what Validate
+	// says of them (an empty list, say) follows from that problem alone.
+	var undecoded []string
 	if root.Kind != 0 {
 		walk := walkKeys(&root, reflect.TypeOf(cfg))
 		cfg.keyLines = walk.lines
-		var problems []error
 		for _, u := range walk.unknown {
 			problems = append(problems, errors.New(u))
 		}
@@ -432,16 +462,20 @@ func Parse(data []byte, dir string) (*Config, error) {
 				if strings.Contains(e, "not found in type") {
 					continue // already reported with its path
 				}
-				problems = append(problems, errors.New(walk.locate(plainTypes(e))))
+				msg := walk.locate(yamlTerms(plainTypes(e)))
+				if path, _, ok := strings.Cut(msg, ": "); ok {
+					undecoded = append(undecoded, path)
+				}
+				problems = append(problems, errors.New(msg))
 			}
-		}
-		if len(problems) > 0 {
-			return nil, errors.Join(problems...)
 		}
 	}
 	cfg.applyDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		problems = append(problems, cfg.withLines(err, undecoded)...)
+	}
+	if len(problems) > 0 {
+		return cfg, errors.Join(problems...)
 	}
 	cfg.fingerprints = fingerprints(&root)
 	return cfg, nil
@@ -661,7 +695,7 @@ func (c *Config) Validate() error {
 		for j, name := range w.Targets {
 			tp := fmt.Sprintf("%s.targets[%d]", p, j)
 			if _, ok := c.Target(name); !ok {
-				bad(tp, "unknown target %q", name)
+				bad(tp, "%s", c.unknownTarget(name))
 			}
 			if dup[name] {
 				bad(tp, "target %q listed twice", name)
@@ -965,8 +999,10 @@ func validateURL(raw, path string, bad func(string, string, ...any)) {
 		bad(path, "%s: has no host", u.Redacted())
 	case !portOK:
 		bad(path, "%s: port %q is not a number from 1 to 65535", u.Redacted(), port)
-	case strings.HasSuffix(strings.TrimSuffix(u.Path, "/"), "/v1") && !strings.HasSuffix(path, "metrics_url"):
-		bad(path, "%s: give the base URL without /v1", u.Redacted())
+	case !strings.HasSuffix(path, "metrics_url"):
+		if base, ok := baseOf(u); ok {
+			bad(path, "%s: give the base URL, %s: the exporter adds /v1 and the API's path", u.Redacted(), base)
+		}
 	}
 }
 

@@ -120,7 +120,7 @@ func New(o Options) *Daemon {
 	d.kv = newKVSet(c, d.explainer, d.emulators, d.layouts)
 	d.scrapers = newScraperSet(c, d.emulators)
 	d.units.layouts, d.units.kv = d.layouts, d.kv
-	d.units.clock, d.units.resultObserved = o.dispatchClock, o.resultObserved
+	d.units.clock, d.units.resultObserved, d.units.replayFinished = o.dispatchClock, o.ResultObserved, o.ReplayFinished
 	return d
 }
 
@@ -289,7 +289,9 @@ func Check(path string) (notes []string, err error) {
 func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache) (*config.Config, map[string]*workloadData, *traceCache, error) {
 	cfg, err := config.ParseFile(path, data)
 	if err != nil {
-		return nil, nil, nil, err
+		// The trace files' problems too, which loading would reach only
+		// once the file's own are fixed: every problem in one run.
+		return nil, nil, nil, errors.Join(err, config.TraceFileProblems(path, data))
 	}
 	var errs []error
 	// What only the emulator knows of an emulated target: its default

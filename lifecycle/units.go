@@ -206,6 +206,9 @@ func (s *unitSet) start(ctx context.Context, w *config.Workload, t *config.Targe
 		} else if w.Loop == replay.LoopOnce && !u.stopping.Load() {
 			// Run returned by itself: the single pass is sent and drained.
 			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", wd.rows())
+			if s.replayFinished != nil {
+				s.replayFinished(w.Name, t.Name)
+			}
 		}
 	}()
 	level.Info(logger).Log("msg", "replay started", "rows", wd.rows(), "schedule", wd.trace.plan.Schedule())
@@ -373,10 +376,12 @@ type unitSet struct {
 	anchor time.Time
 	// shard, when set (--shard), replaces every workload's own shard.
 	shard *config.Shard
-	// clock paces the replay; nil is the system clock. resultObserved, when
-	// set, hears each result last. Both are seams for tests.
+	// clock paces the replay; nil is the system clock (a seam for tests).
+	// resultObserved, when set, hears each result last; replayFinished
+	// hears the end of a loop: once unit's pass (Options).
 	clock          replay.DispatchClock
 	resultObserved func(*replay.Result)
+	replayFinished func(workload, target string)
 	// epoch makes the cache salts of targets that isolate without an
 	// isolation_epoch: this daemon's own (see salt).
 	epoch     string

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -368,5 +369,37 @@ func TestAnalyzeChainReuseNote(t *testing.T) {
 
 	if code, _, stderr := runCLI("analyze", sharedSynthetic, "--format", "json"); code != exitOK || strings.Contains(stderr, "chain") {
 		t.Errorf("analyze of a Mooncake trace: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// TestAnalyzeTraceDefaultsToAIPerf: analyze-trace prints AIPerf's report
+// (the cache hit rate in percent) unless --format says otherwise; analyze
+// keeps Dynamo datagen's table; a curve under analyze-trace, which AIPerf's
+// report cannot hold, prints the curve's table.
+func TestAnalyzeTraceDefaultsToAIPerf(t *testing.T) {
+	path := writeTrace(t, testutil.AIPerfDocRows)
+	_, aiperf, _ := runCLI("analyze", path, "--format", "aiperf")
+	_, table, _ := runCLI("analyze", path, "--format", "table")
+	_, curve, _ := runCLI("analyze", path, "--capacity-curve")
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"analyze-trace", path, "--block-size", "512"}, aiperf},
+		{[]string{"analyze-trace", "--input-file", path}, aiperf},
+		{[]string{"analyze-trace", path, "--format", "table"}, table},
+		{[]string{"analyze", path}, table},
+		{[]string{"analyze-trace", path, "--capacity-curve"}, curve},
+	} {
+		code, got, stderr := runCLI(tt.args...)
+		if code != exitOK || got != tt.want {
+			t.Errorf("%v: exit %d, stderr %q, stdout:\n%s\nwant:\n%s", tt.args, code, stderr, got, tt.want)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^Cache hit rate: +\d+\.\d\d%$`).MatchString(aiperf) {
+		t.Errorf("AIPerf's report has no cache hit rate in percent:\n%s", aiperf)
+	}
+	if aiperf == table {
+		t.Error("the AIPerf report and the table are the same")
 	}
 }

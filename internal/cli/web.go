@@ -3,8 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
-	"fmt"
 	_ "embed"
+	"fmt"
 	"html/template"
 	stdlog "log"
 	"net"
