@@ -313,7 +313,11 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 		defer cancel()
 	}
 	res.Sent = time.Now()
-	resp, retry, err := c.send(rctx, c.http, body, req.Session, &res.Phases)
+	// The phases of the last attempt, worked out once the request is over
+	// (see phaseClock).
+	clock := new(phaseClock)
+	defer func() { res.Phases = clock.phases() }()
+	resp, retry, err := c.send(rctx, c.http, body, req.Session, clock)
 	if err != nil && retry && rctx.Err() == nil {
 		// The server closed a kept-alive connection as the request went
 		// out on it (its idle timeout): it cannot have answered. Go's
@@ -322,7 +326,8 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 		// new send so that TTFT does not include the failed attempt.
 		first := err
 		res.Sent = time.Now()
-		resp, _, err = c.send(rctx, c.fresh, body, req.Session, &res.Phases)
+		clock = new(phaseClock)
+		resp, _, err = c.send(rctx, c.fresh, body, req.Session, clock)
 		if err != nil {
 			// Only the retry's error classifies the request; the first is context.
 			err = fmt.Errorf("%w (retried once: a reused connection failed with %v)", err, first) //nolint:errorlint
@@ -406,16 +411,15 @@ func mentionsLengthKey(raw []byte) bool {
 	return false
 }
 
-// send makes one attempt at the request and times its phases into
-// phases. On failure, retry reports that the attempt went out on a reused
+// send makes one attempt at the request, its phases timed by clock. On
+// failure, retry reports that the attempt went out on a reused
 // (kept-alive) connection and failed before any byte of a response
 // arrived, which is what a server closing an idle connection at that
 // moment looks like. Any reused connection counts, not only one taken
 // from the idle pool: one handed straight to a request that was dialing
 // (WasIdle false) has been idle on the server's side since its last
 // answer, on a busy machine long enough for the server to close it.
-func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, session string, phases *HTTPPhases) (resp *http.Response, retry bool, err error) {
-	clock := new(phaseClock)
+func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, session string, clock *phaseClock) (resp *http.Response, retry bool, err error) {
 	tctx := httptrace.WithClientTrace(rctx, clock.trace())
 	hreq, err := http.NewRequestWithContext(tctx, http.MethodPost, c.endpoint, body.reader())
 	if err != nil {
@@ -435,13 +439,12 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, s
 		hreq.SetBasicAuth(c.user.Username(), p)
 	}
 	resp, err = hc.Do(hreq)
-	*phases, retry = clock.result()
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err // drop the URL: the target name already says which endpoint
 		}
-		return nil, retry, err
+		return nil, clock.failedOnReused(), err
 	}
 	return resp, false, nil
 }

@@ -46,85 +46,88 @@ func (h *HTTPPhases) Took(p Phase) (d time.Duration, ok bool) {
 }
 
 // phaseClock times one attempt's phases. The transport calls its hooks
-// from its own goroutines, a dial's possibly after the attempt has taken
-// another connection and ended: hence the lock, and the copy taken once.
+// from its own goroutines: a dial's possibly after the attempt has taken
+// another connection, and the write loop's request-written possibly after
+// the answer's first byte was read. Hence the lock, and durations worked
+// out only once the request is over (phases).
 type phaseClock struct {
-	mu                                        sync.Mutex
-	dnsStart, connectStart, tlsStart, gotConn time.Time
-	wrote                                     time.Time
-	phases                                    HTTPPhases
-	responded                                 bool
-}
-
-func (c *phaseClock) set(p Phase, since time.Time) {
-	if since.IsZero() || c.phases.seen[p] {
-		return
-	}
-	c.phases.took[p], c.phases.seen[p] = time.Since(since), true
+	mu                               sync.Mutex
+	dnsStart, connectStart, tlsStart time.Time
+	dnsDone, connectDone, tlsDone    time.Time
+	gotConn, wrote, firstByte        time.Time
+	gotConnection, reused            bool
 }
 
 // trace is the ClientTrace that feeds c.
 func (c *phaseClock) trace() *httptrace.ClientTrace {
+	at := func(t *time.Time) {
+		c.mu.Lock()
+		if t.IsZero() { // the first: a later dial of the same attempt does not count
+			*t = time.Now()
+		}
+		c.mu.Unlock()
+	}
 	return &httptrace.ClientTrace{
-		DNSStart: func(httptrace.DNSStartInfo) { c.mu.Lock(); c.dnsStart = time.Now(); c.mu.Unlock() },
+		DNSStart: func(httptrace.DNSStartInfo) { at(&c.dnsStart) },
 		DNSDone: func(i httptrace.DNSDoneInfo) {
-			c.mu.Lock()
 			if i.Err == nil {
-				c.set(PhaseDNS, c.dnsStart)
+				at(&c.dnsDone)
 			}
-			c.mu.Unlock()
 		},
-		ConnectStart: func(string, string) {
-			c.mu.Lock()
-			if c.connectStart.IsZero() {
-				c.connectStart = time.Now()
-			}
-			c.mu.Unlock()
-		},
+		ConnectStart: func(string, string) { at(&c.connectStart) },
 		ConnectDone: func(_, _ string, err error) {
-			c.mu.Lock()
 			if err == nil {
-				c.set(PhaseConnect, c.connectStart)
+				at(&c.connectDone)
 			}
-			c.mu.Unlock()
 		},
-		TLSHandshakeStart: func() { c.mu.Lock(); c.tlsStart = time.Now(); c.mu.Unlock() },
+		TLSHandshakeStart: func() { at(&c.tlsStart) },
 		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
-			c.mu.Lock()
 			if err == nil {
-				c.set(PhaseTLS, c.tlsStart)
+				at(&c.tlsDone)
 			}
-			c.mu.Unlock()
 		},
 		GotConn: func(i httptrace.GotConnInfo) {
 			c.mu.Lock()
 			c.gotConn = time.Now()
 			// Any reused connection counts, not only one taken from the
 			// idle pool (see send).
-			c.phases.GotConn, c.phases.Reused = true, i.Reused
+			c.gotConnection, c.reused = true, i.Reused
 			c.mu.Unlock()
 		},
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
-			c.mu.Lock()
 			if i.Err == nil {
-				c.set(PhaseWriteRequest, c.gotConn)
-				c.wrote = time.Now()
+				at(&c.wrote)
 			}
-			c.mu.Unlock()
 		},
-		GotFirstResponseByte: func() {
-			c.mu.Lock()
-			c.responded = true
-			c.set(PhaseFirstByte, c.wrote)
-			c.mu.Unlock()
-		},
+		GotFirstResponseByte: func() { at(&c.firstByte) },
 	}
 }
 
-// result is the attempt's phases so far, and whether it failed on a
-// reused connection before any answer (see send).
-func (c *phaseClock) result() (HTTPPhases, bool) {
+// failedOnReused tells whether the attempt had a reused connection and no
+// byte of an answer (see send). The first byte's hook runs before the
+// transport hands the answer over, so it is known when Do returns.
+func (c *phaseClock) failedOnReused() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.phases, c.phases.Reused && !c.responded
+	return c.reused && c.firstByte.IsZero()
+}
+
+// phases works out the attempt's phases; call it once the request is over.
+func (c *phaseClock) phases() HTTPPhases {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := HTTPPhases{GotConn: c.gotConnection, Reused: c.reused}
+	set := func(p Phase, from, to time.Time) {
+		if !from.IsZero() && !to.IsZero() {
+			// The request-written hook may run after the first byte's,
+			// though the write ended before: that is a zero wait.
+			h.took[p], h.seen[p] = max(to.Sub(from), 0), true
+		}
+	}
+	set(PhaseDNS, c.dnsStart, c.dnsDone)
+	set(PhaseConnect, c.connectStart, c.connectDone)
+	set(PhaseTLS, c.tlsStart, c.tlsDone)
+	set(PhaseWriteRequest, c.gotConn, c.wrote)
+	set(PhaseFirstByte, c.wrote, c.firstByte)
+	return h
 }
