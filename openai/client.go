@@ -309,7 +309,7 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 	rctx := tctx // ends with ctx; carries the trace context to inject
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
-		rctx, cancel = context.WithTimeoutCause(ctx, c.timeout, errRequestTimeout)
+		rctx, cancel = context.WithTimeoutCause(tctx, c.timeout, errRequestTimeout)
 		defer cancel()
 	}
 	res.Sent = time.Now()

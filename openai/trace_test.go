@@ -2,13 +2,16 @@ package openai
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/prometheus/common/version"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -61,8 +64,16 @@ func parseTraceparent(h string) (traceID string, sampled, ok bool) {
 // carries a valid, sampled traceparent of its own, the one its Response
 // names.
 func TestTraceparentByDefault(t *testing.T) {
+	// A request timeout derives the request's context anew: the trace
+	// context must survive it.
+	for _, timeout := range []time.Duration{0, time.Minute} {
+		t.Run(fmt.Sprint("request_timeout ", timeout), func(t *testing.T) { traceparentByDefault(t, timeout) })
+	}
+}
+
+func traceparentByDefault(t *testing.T, timeout time.Duration) {
 	srv := newHeaderServer(t)
-	c := mustClient(t, TargetConfig{URL: srv.URL, Model: "m", Dialect: engine.DialectVLLM})
+	c := mustClient(t, TargetConfig{URL: srv.URL, Model: "m", Dialect: engine.DialectVLLM, RequestTimeout: timeout})
 	const n = 20
 	var sent []string
 	for range n {
@@ -117,7 +128,7 @@ func TestTraceSampleRatio(t *testing.T) {
 				recv = tracingtest.NewReceiver(t)
 				cfg.Endpoint = recv.URL
 			}
-			tr, err := tracing.New(context.Background(), cfg, "test")
+			tr, err := tracing.New(context.Background(), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,7 +167,7 @@ func TestTraceSampleRatio(t *testing.T) {
 // trace whose traceparent the server got.
 func TestSpansReachOTLPReceiver(t *testing.T) {
 	recv := tracingtest.NewReceiver(t)
-	tr, err := tracing.New(context.Background(), tracing.Config{Endpoint: recv.URL, SampleRatio: 1}, "v-test")
+	tr, err := tracing.New(context.Background(), tracing.Config{Endpoint: recv.URL, SampleRatio: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +237,7 @@ func TestSpansReachOTLPReceiver(t *testing.T) {
 		if _, ok := s.Attrs["error.type"]; ok {
 			t.Errorf("a success has error.type %v", s.Attrs["error.type"])
 		}
-		if s.Resource["service.name"] != "kvload-exporter" || s.Resource["service.version"] != "v-test" {
+		if s.Resource["service.name"] != "kvload-exporter" || s.Resource["service.version"] != version.Version {
 			t.Errorf("resource %v", s.Resource)
 		}
 	}

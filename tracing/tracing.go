@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/common/version"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -82,8 +83,8 @@ type Tracer struct {
 // OTEL_EXPORTER_OTLP_* environment variables (OTEL_EXPORTER_OTLP_HEADERS,
 // OTEL_EXPORTER_OTLP_CERTIFICATE), and the resource from
 // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, so that no secret sits
-// in the configuration file.
-func New(ctx context.Context, cfg Config, version string) (*Tracer, error) {
+// in the configuration file; service.version is the binary's.
+func New(ctx context.Context, cfg Config) (*Tracer, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
@@ -101,7 +102,7 @@ func New(ctx context.Context, cfg Config, version string) (*Tracer, error) {
 	}
 	res, err := sdkresource.New(ctx,
 		sdkresource.WithSchemaURL(semconv.SchemaURL),
-		sdkresource.WithAttributes(semconv.ServiceName("kvload-exporter"), semconv.ServiceVersion(version)),
+		sdkresource.WithAttributes(semconv.ServiceName("kvload-exporter"), semconv.ServiceVersion(version.Version)),
 		sdkresource.WithFromEnv(), // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win
 		sdkresource.WithTelemetrySDK(),
 	)

@@ -32,15 +32,21 @@ type Span struct {
 type Receiver struct {
 	URL string // the traces endpoint
 
+	release <-chan struct{} // nil: answer at once
+
 	mu    sync.Mutex
 	spans []Span
 	bad   []string
 }
 
 // NewReceiver starts a receiver closed at t's cleanup.
-func NewReceiver(t testing.TB) *Receiver {
+func NewReceiver(t testing.TB) *Receiver { return NewHeldReceiver(t, nil) }
+
+// NewHeldReceiver starts a receiver that holds every export until release
+// is closed, as a collector that hangs: the test must close it.
+func NewHeldReceiver(t testing.TB, release <-chan struct{}) *Receiver {
 	t.Helper()
-	r := &Receiver{}
+	r := &Receiver{release: release}
 	srv := httptest.NewServer(http.HandlerFunc(r.serve))
 	t.Cleanup(srv.Close)
 	r.URL = srv.URL + "/v1/traces"
@@ -48,6 +54,9 @@ func NewReceiver(t testing.TB) *Receiver {
 }
 
 func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
+	if r.release != nil {
+		<-r.release
+	}
 	body, err := io.ReadAll(req.Body)
 	var msg collectortrace.ExportTraceServiceRequest
 	switch {
