@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"testing"
@@ -281,5 +282,23 @@ func TestHTTPPhases(t *testing.T) {
 	check("second", &second.Phases, map[Phase]bool{PhaseWriteRequest: true, PhaseFirstByte: true}, true)
 	if !strings.HasPrefix(srv.URL, "http://127.0.0.1:") {
 		t.Fatalf("the test server is at %s: the phases above assume an address over plain http", srv.URL)
+	}
+}
+
+// BenchmarkRequestTraceOverhead is what tracing and the phase timings add
+// to a request without an endpoint: the ids, the traceparent header, the
+// hooks of httptrace and the phases worked out (the hooks themselves run
+// in BenchmarkClientStream32).
+func BenchmarkRequestTraceOverhead(b *testing.B) {
+	tr := tracing.DefaultTracer()
+	h := http.Header{}
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx, span := tr.Start(context.Background(), "chat m")
+		tracing.Inject(ctx, h)
+		clock := new(phaseClock)
+		_ = httptrace.WithClientTrace(ctx, clock.trace())
+		_ = clock.phases()
+		_ = span.Context()
 	}
 }
