@@ -86,6 +86,8 @@ type Collector struct {
 	template *ChatTemplate
 	// Why hits were missed, from KV cache events (misses.go).
 	misses *KVEvents
+	// The HTTP phases of each request and its connection (phases.go).
+	phases *httpPhases
 
 	now      func() time.Time
 	mu       sync.Mutex
@@ -188,6 +190,7 @@ func New(reg prometheus.Registerer) *Collector {
 		layout:   newCacheLayout(),
 		template: newChatTemplate(),
 		misses:   newKVEvents(),
+		phases:   newHTTPPhases(),
 		now:      time.Now,
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
@@ -206,6 +209,7 @@ func New(reg prometheus.Registerer) *Collector {
 	reg.MustRegister(c.layout.collectors()...)
 	reg.MustRegister(c.template.collectors()...)
 	reg.MustRegister(c.misses.collectors()...)
+	reg.MustRegister(c.phases.collectors()...)
 	reg.MustRegister(newEffectiveMetrics(c.effective))
 	reg.MustRegister(c.reconcile.collectors()...)
 	return c
@@ -249,6 +253,7 @@ func (c *Collector) Start(workload, target string) {
 		c.classTokens.WithLabelValues(workload, target, string(cl))
 	}
 	c.loops.WithLabelValues(workload)
+	c.phases.start(workload, target)
 	c.effective.Start(workload, target)
 	c.costs.Start(workload, target)
 	// The landing page lists the pair from now on, even while no request
@@ -273,6 +278,7 @@ func (c *Collector) Forget(workload, target string) {
 	}
 	c.template.forget(l)
 	c.misses.forget(l)
+	c.phases.forget(l)
 	c.mu.Lock()
 	delete(c.recent, wtKey{workload, target})
 	c.mu.Unlock()
@@ -380,18 +386,19 @@ func (c *Collector) Finished(r *replay.Result) {
 	c.costs.Add(r, at)
 	c.effective.Add(r)
 	c.reconcile.comparison.Finished(r)
+	c.phases.finished(r)
 
 	if r.Outcome != openai.OutcomeSuccess {
 		return
 	}
 	if d, ok := r.TTFT(); ok {
-		c.ttft.WithLabelValues(w, t).Observe(d.Seconds())
+		observeTraced(c.ttft.WithLabelValues(w, t), d.Seconds(), r)
 	}
 	if d, ok := r.ITL(); ok {
 		c.itl.WithLabelValues(w, t).Observe(d.Seconds())
 	}
 	if d, ok := r.Latency(); ok {
-		c.duration.WithLabelValues(w, t).Observe(d.Seconds())
+		observeTraced(c.duration.WithLabelValues(w, t), d.Seconds(), r)
 	}
 	if r.PromptKnown {
 		c.promptTokens.WithLabelValues(w, t).Add(float64(r.PromptTokens))

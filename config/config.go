@@ -29,12 +29,16 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tracing"
 )
 
 // Config is a whole configuration file.
 type Config struct {
 	Targets   []Target   `yaml:"targets"`
 	Workloads []Workload `yaml:"workloads"`
+	// Tracing exports each request as a span; without it every request
+	// still carries a sampled traceparent.
+	Tracing Tracing `yaml:"tracing,omitempty"`
 
 	// dir is the directory of the file, against which trace paths resolve;
 	// file is the file's path as given, when known.
@@ -45,6 +49,26 @@ type Config struct {
 	// YAML ("target/NAME", "workload/NAME"), secrets included, to tell
 	// what a reload changed; it is never printed.
 	fingerprints map[string]string
+}
+
+// Tracing is the tracing key: where spans go, and the share of requests
+// sampled.
+type Tracing struct {
+	// Endpoint is the OTLP/HTTP traces URL; empty exports no span.
+	Endpoint string `yaml:"endpoint,omitempty"`
+	// SampleRatio is the share of requests whose traceparent says sampled
+	// and, with an endpoint, whose span is exported: 0 to 1, 1 by default.
+	SampleRatio *float64 `yaml:"sample_ratio,omitempty"`
+}
+
+// Config is the tracing package's form of t, defaults applied.
+func (t Tracing) Config() tracing.Config {
+	c := tracing.Default
+	c.Endpoint = t.Endpoint
+	if t.SampleRatio != nil {
+		c.SampleRatio = *t.SampleRatio
+	}
+	return c
 }
 
 // Target is one inference server (or an emulated one).
@@ -657,6 +681,12 @@ func (c *Config) Validate() error {
 	if len(c.Workloads) == 0 {
 		bad("workloads", "at least one workload is required")
 	}
+	if c.Tracing.Endpoint != "" {
+		validateTracingURL(c.Tracing.Endpoint, "tracing.endpoint", bad)
+	}
+	if err := c.Tracing.Config().Check(); err != nil {
+		bad("tracing.sample_ratio", "%v: want a number from 0 to 1", *c.Tracing.SampleRatio)
+	}
 	// checkName validates a label-value name, unique among its kind.
 	checkName := func(kind, name, p string, seen map[string]bool) {
 		switch {
@@ -974,6 +1004,20 @@ func validateSchedule(w *Workload, p string, bad func(string, string, ...any)) {
 
 // validateURL checks a base URL without ever echoing its userinfo, which may
 // hold a password.
+// validateTracingURL checks an OTLP/HTTP endpoint: http or https with a
+// host, the path that of the traces (/v1/traces on a collector).
+func validateTracingURL(raw, path string, bad func(string, string, ...any)) {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		bad(path, "not a valid URL")
+	case u.Scheme != "http" && u.Scheme != "https":
+		bad(path, "%s: scheme must be http or https (OTLP over HTTP)", u.Redacted())
+	case u.Hostname() == "":
+		bad(path, "%s: has no host", u.Redacted())
+	}
+}
+
 func validateURL(raw, path string, bad func(string, string, ...any)) {
 	u, err := url.Parse(raw)
 	if err != nil {
