@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -30,12 +31,14 @@ func counterPage(lines ...string) string {
 
 // scaled is the page of lines with every value multiplied by k: the
 // counters' second read.
-func scaled(k float64, lines []string) []string {
+func scaled(t *testing.T, k float64, lines []string) []string {
 	out := make([]string, len(lines))
 	for i, line := range lines {
 		head, v, _ := strings.Cut(line, " ")
-		var x float64
-		fmt.Sscan(v, &x)
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			t.Errorf("line %q: %v", line, err)
+		}
 		out[i] = fmt.Sprintf("%s %g", head, k*x)
 	}
 	return out
@@ -109,7 +112,7 @@ func TestCachedCounterOrder(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				page := tt.page
 				if reads.Add(1) > 1 {
-					page = scaled(2, page)
+					page = scaled(t, 2, page)
 				}
 				fmt.Fprint(w, counterPage(page...))
 			}))
