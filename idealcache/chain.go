@@ -46,8 +46,8 @@ func fmix64(k uint64) uint64 {
 // ChainReuse finds the rows of a trace that reuse a hash id after another
 // chain of blocks than the one it followed where it first appeared: the
 // ids a prefix cache cannot serve as the id alone would suggest. Feed it
-// every row, in file order. The zero value is not usable; call
-// NewChainReuse.
+// every row, in file order. The zero value keeps every id in a map;
+// NewChainReuse makes one for a trace's id span.
 type ChainReuse struct {
 	// first is a fingerprint of each id's chain key where it first
 	// appeared (its high 32 bits, the lowest set so that 0 means not
@@ -67,7 +67,7 @@ type ChainReuse struct {
 
 // NewChainReuse returns a check of a trace whose ids lie in [lo, hi]; dense
 // says whether a slice of hi − lo + 1 entries (4 bytes each) is the right
-// size for it, else ids are kept in a map (about 30 bytes an id).
+// size for it, else ids are kept in a map.
 func NewChainReuse(lo, hi int64, dense bool) *ChainReuse {
 	c := &ChainReuse{lo: lo}
 	if dense && hi >= lo && hi-lo < 1<<32 {
