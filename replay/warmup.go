@@ -138,6 +138,14 @@ type warmUp struct {
 
 	evidence  []warmEvidence // the latest warmUpMaxEvidence answers
 	abstained int
+	edges     []frontierEdge // decide's scratch
+}
+
+// frontierEdge is where an answer's range of frontiers starts (weight > 0)
+// or ends (weight < 0).
+type frontierEdge struct {
+	at     uint64
+	weight int
 }
 
 // warmStep is where a request's hit ends when the frontier lies past
@@ -302,11 +310,8 @@ func (a admitted) agreeing(cached int) (from, to uint64, ok bool) {
 func (w *warmUp) decide() (WarmUpWorld, uint64, WarmUpDecision) {
 	d := WarmUpDecision{Abstained: w.abstained}
 	total, warmTokens := 0, 0
-	type edge struct {
-		at     uint64
-		weight int
-	}
-	edges := make([]edge, 0, 2*len(w.evidence))
+	edges := w.edges[:0]
+	defer func() { w.edges = edges[:0] }()
 	for _, e := range w.evidence {
 		total += e.weight
 		switch {
@@ -318,9 +323,9 @@ func (w *warmUp) decide() (WarmUpWorld, uint64, WarmUpDecision) {
 		default:
 			d.Partial++
 		}
-		edges = append(edges, edge{e.from, e.weight})
+		edges = append(edges, frontierEdge{e.from, e.weight})
 		if e.to != frontierCold {
-			edges = append(edges, edge{e.to, -e.weight})
+			edges = append(edges, frontierEdge{e.to, -e.weight})
 		}
 	}
 	d.WarmShare = float64(warmTokens) / float64(max(total, 1))
@@ -329,7 +334,7 @@ func (w *warmUp) decide() (WarmUpWorld, uint64, WarmUpDecision) {
 	}
 	// Sweep the frontiers in order: agree[f] is the weight of the answers
 	// whose range holds f; the first frontier of the best run is kept.
-	slices.SortFunc(edges, func(a, b edge) int {
+	slices.SortFunc(edges, func(a, b frontierEdge) int {
 		if a.at != b.at {
 			if a.at < b.at {
 				return -1
