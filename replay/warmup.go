@@ -138,6 +138,14 @@ type warmUp struct {
 
 	evidence  []warmEvidence // the latest warmUpMaxEvidence answers
 	abstained int
+	edges     []frontierEdge // decide's scratch
+}
+
+// frontierEdge is where an answer's range of frontiers starts (weight > 0)
+// or ends (weight < 0).
+type frontierEdge struct {
+	at     uint64
+	weight int
 }
 
 // warmStep is where a request's hit ends when the frontier lies past
@@ -297,16 +305,17 @@ func (a admitted) agreeing(cached int) (from, to uint64, ok bool) {
 
 // decide is the world and frontier the evidence so far points to, and the
 // decision it makes: the frontier that the most answers by tokens agree
-// with, if they are a clear majority; warm where it is among those, else
-// cold, else the oldest such frontier.
+// with, if they are a clear majority (warm where it is among those, else
+// cold, else the oldest such frontier, which needs warmUpMinRequests
+// answers against each end); else warm or cold where a clear majority
+// agrees with it. A few answers between warm and cold (a chat header's
+// blocks, a block the engine kept from elsewhere) do not then pin a cold
+// engine to a partial frontier.
 func (w *warmUp) decide() (WarmUpWorld, uint64, WarmUpDecision) {
 	d := WarmUpDecision{Abstained: w.abstained}
 	total, warmTokens := 0, 0
-	type edge struct {
-		at     uint64
-		weight int
-	}
-	edges := make([]edge, 0, 2*len(w.evidence))
+	edges := w.edges[:0]
+	defer func() { w.edges = edges[:0] }()
 	for _, e := range w.evidence {
 		total += e.weight
 		switch {
@@ -318,9 +327,9 @@ func (w *warmUp) decide() (WarmUpWorld, uint64, WarmUpDecision) {
 		default:
 			d.Partial++
 		}
-		edges = append(edges, edge{e.from, e.weight})
+		edges = append(edges, frontierEdge{e.from, e.weight})
 		if e.to != frontierCold {
-			edges = append(edges, edge{e.to, -e.weight})
+			edges = append(edges, frontierEdge{e.to, -e.weight})
 		}
 	}
 	d.WarmShare = float64(warmTokens) / float64(max(total, 1))
@@ -329,7 +338,7 @@ func (w *warmUp) decide() (WarmUpWorld, uint64, WarmUpDecision) {
 	}
 	// Sweep the frontiers in order: agree[f] is the weight of the answers
 	// whose range holds f; the first frontier of the best run is kept.
-	slices.SortFunc(edges, func(a, b edge) int {
+	slices.SortFunc(edges, func(a, b frontierEdge) int {
 		if a.at != b.at {
 			if a.at < b.at {
 				return -1
@@ -356,17 +365,27 @@ func (w *warmUp) decide() (WarmUpWorld, uint64, WarmUpDecision) {
 		warmAgree = 0
 	}
 	coldAgree = agree // past every edge: the answers open to the top
-	d.Agreeing = float64(best) / float64(total)
+	share := func(agree int) float64 { return float64(agree) / float64(total) }
+	// A partial frontier needs answers against each end: enough that
+	// the warm end cannot be, and enough that the cold end cannot be.
+	partial := d.Warm+d.Partial >= warmUpMinRequests && d.Cold+d.Partial >= warmUpMinRequests
 	switch {
-	case d.Agreeing < warmUpMajority:
-		return WarmUpUndecided, 0, d
-	case warmAgree == best:
-		d.World = WarmUpWarm
+	case share(best) >= warmUpMajority && warmAgree == best:
+		d.World, d.Agreeing = WarmUpWarm, share(best)
 		return WarmUpWarm, 0, d
-	case coldAgree == best:
-		d.World = WarmUpCold
+	case share(best) >= warmUpMajority && coldAgree == best:
+		d.World, d.Agreeing = WarmUpCold, share(best)
+		return WarmUpCold, frontierCold, d
+	case share(best) >= warmUpMajority && partial:
+		d.World, d.Agreeing = WarmUpPartial, share(best)
+		return WarmUpPartial, bestAt, d
+	case share(warmAgree) >= warmUpMajority:
+		d.World, d.Agreeing = WarmUpWarm, share(warmAgree)
+		return WarmUpWarm, 0, d
+	case share(coldAgree) >= warmUpMajority:
+		d.World, d.Agreeing = WarmUpCold, share(coldAgree)
 		return WarmUpCold, frontierCold, d
 	}
-	d.World = WarmUpPartial
-	return WarmUpPartial, bestAt, d
+	d.Agreeing = share(best)
+	return WarmUpUndecided, 0, d
 }
