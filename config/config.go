@@ -120,6 +120,9 @@ type Emulate struct {
 	KVEventsTopic      string        `yaml:"kv_events_topic"`
 	KVEventsFormat     string        `yaml:"kv_events_format"`
 
+	KVEventsReplayEndpoint string  `yaml:"kv_events_replay_endpoint"` // see emulate.Config
+	KVEventsDrop           float64 `yaml:"kv_events_drop"`            // see emulate.Config
+
 	MetricsDoubleCountHits bool    `yaml:"metrics_double_count_hits"` // see emulate.Config
 	MetricsHitsOvercount   float64 `yaml:"metrics_hits_overcount"`    // see emulate.Config
 }

@@ -201,6 +201,9 @@ func emulateConfig(t *config.Target) (emulate.Config, error) {
 		KVEventsTopic:      e.KVEventsTopic,
 		KVEventsFormat:     emulate.KVEventsFormat(e.KVEventsFormat),
 
+		KVEventsReplayEndpoint: e.KVEventsReplayEndpoint,
+		KVEventsDrop:           e.KVEventsDrop,
+
 		MetricsDoubleCountHits: e.MetricsDoubleCountHits,
 		MetricsHitsOvercount:   e.MetricsHitsOvercount,
 	}, nil
