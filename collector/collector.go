@@ -129,29 +129,40 @@ func ClassOf(theoretical, inputLength int) CacheClass {
 
 var _ replay.Observer = (*Collector)(nil)
 
+// wt are the labels of the per-(workload, target) series.
+var wt = []string{"workload", "target"}
+
+// counter is a per-(workload, target) counter, with extra labels.
+func counter(name, help string, extra ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, append(append([]string{}, wt...), extra...))
+}
+
+// histogramWith is a per-(workload, target) histogram of buckets, classic
+// and native at once, with extra labels.
+func histogramWith(buckets []float64, name, help string, extra ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace:                       namespace,
+		Name:                            name,
+		Help:                            help,
+		Buckets:                         buckets,
+		NativeHistogramBucketFactor:     1.1,
+		NativeHistogramMaxBucketNumber:  160,
+		NativeHistogramMinResetDuration: time.Hour,
+	}, append(append([]string{}, wt...), extra...))
+}
+
+// histogram is a latency histogramWith.
+func histogram(name, help string, extra ...string) *prometheus.HistogramVec {
+	return histogramWith(LatencyBuckets, name, help, extra...)
+}
+
+// targetGauge is a per-target gauge.
+func targetGauge(name, help string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, []string{"target"})
+}
+
 // New creates the metrics and registers them with reg.
 func New(reg prometheus.Registerer) *Collector {
-	wt := []string{"workload", "target"}
-	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, append(append([]string{}, wt...), extra...))
-	}
-	histogramWith := func(buckets []float64, name, help string, extra ...string) *prometheus.HistogramVec {
-		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace:                       namespace,
-			Name:                            name,
-			Help:                            help,
-			Buckets:                         buckets,
-			NativeHistogramBucketFactor:     1.1,
-			NativeHistogramMaxBucketNumber:  160,
-			NativeHistogramMinResetDuration: time.Hour,
-		}, append(append([]string{}, wt...), extra...))
-	}
-	histogram := func(name, help string, extra ...string) *prometheus.HistogramVec {
-		return histogramWith(LatencyBuckets, name, help, extra...)
-	}
-	targetGauge := func(name, help string) *prometheus.GaugeVec {
-		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, []string{"target"})
-	}
 	c := &Collector{
 		requests:          counter("requests_total", "Finished requests by outcome.", "outcome"),
 		dropped:           counter("requests_dropped_total", "Requests the schedule called for but that were never sent, by reason.", "reason"),
