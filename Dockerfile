@@ -37,6 +37,7 @@ COPY servedcache/ servedcache/
 COPY synth/ synth/
 COPY tokenizer/ tokenizer/
 COPY trace/ trace/
+COPY tracing/ tracing/
 ARG VERSION=dev
 ARG REVISION=unknown
 ARG BRANCH=unknown

@@ -56,9 +56,10 @@ release:
 	cd $(DIST) && sha256sum kvload-exporter-* > SHA256SUMS
 	cat $(DIST)/SHA256SUMS
 
-## run: the quickstart: a bundled trace against an emulated engine, metrics on :9812.
+## run: the quickstart: a bundled trace against an emulated engine, metrics on :9812 (another port: make run PORT=9813).
+PORT ?= 9812
 run:
-	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvload-exporter --config.file=examples/quickstart.yml
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/kvload-exporter --config.file=examples/quickstart.yml --web.listen-address=:$(PORT)
 
 ## check: the fast tier, run before every commit: gofmt, vet, golangci-lint, the unit and doc tests under -race (no end-to-end replay, engine, browser or Prometheus), and the alert rules judged on recorded scenarios.
 check: lint tokenizers test-unit test-tapes
@@ -185,8 +186,8 @@ record-alerts: build $(PROMTOOL)
 ENGINE_CACHE   ?= $(HOME)/.cache/kvload
 NODE_LLAMA_CPP := 3.22.1
 LLAMA_SERVER   := $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/llama-server
-OLLAMA_VERSION := v0.17.4
-OLLAMA         := $(ENGINE_CACHE)/ollama-$(OLLAMA_VERSION)/ollama
+OLLAMA_VERSION := v0.34.4
+OLLAMA         := $(ENGINE_CACHE)/ollama-$(OLLAMA_VERSION)/bin/ollama
 TINY_MODEL     := $(ENGINE_CACHE)/models/tiny-llama3_1-$(TOKENIZER_VERSION)-$(shell sha256sum scripts/engines/tiny-model.py 2>/dev/null | cut -c1-12).gguf
 
 engines: $(LLAMA_SERVER) $(OLLAMA) $(TINY_MODEL)
@@ -194,18 +195,19 @@ engines: $(LLAMA_SERVER) $(OLLAMA) $(TINY_MODEL)
 $(LLAMA_SERVER):
 	NODE_LLAMA_CPP_VERSION=$(NODE_LLAMA_CPP) KVLOAD_ENGINE_CACHE=$(ENGINE_CACHE) scripts/engines/build-llama-server.sh
 
-# Ollama (CPU only) from its Go module; its llama.cpp copy lacks the
-# vendored headers, which the llama.cpp tree above provides.
+# Ollama (CPU only) from its Go module; it runs the llama-server above
+# (releases before v0.30 link their own llama.cpp copy, whose vendored
+# headers the llama.cpp tree above provides).
 $(OLLAMA): | $(LLAMA_SERVER)
-	OLLAMA_VERSION=$(OLLAMA_VERSION) KVLOAD_ENGINE_CACHE=$(ENGINE_CACHE) scripts/engines/build-ollama.sh \
-	  $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/src
+	OLLAMA_VERSION=$(OLLAMA_VERSION) KVLOAD_ENGINE_CACHE=$(ENGINE_CACHE) scripts/engines/build-ollama.sh $(LLAMA_SERVER)
 
 $(TINY_MODEL): | $(LLAMA_SERVER)
 	TOKENIZER_SHA256=$(SHA256_llama3_1) scripts/engines/tiny-model.sh \
 	  $(ENGINE_CACHE)/llama-server-$(NODE_LLAMA_CPP)/src/gguf-py $(TOKENIZER_VERSION) $@
 
-## test-engines: the exporter against the real llama-server (counters checked against its own) and Ollama (reports nothing).
-# Ollama's test runs alone first (it judges times); then the llama-server
+## test-engines: the exporter against the real llama-server and Ollama, its counters checked against theirs.
+# Ollama's test runs alone first (with OLLAMA_KEEP_ALIVE=0 each request must
+# end before the next); then the llama-server
 # tests two at a time, one engine thread each (they judge counts; four at
 # once starved the engines and paged late).
 test-engines: build engines $(PROMTOOL)

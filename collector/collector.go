@@ -30,6 +30,11 @@ var LatencyBuckets = []float64{
 // every bound of LatencyBuckets is kept, so queries naming one still work.
 var LagBuckets = append([]float64{0.0001, 0.00025, 0.0005, 0.00075}, LatencyBuckets...)
 
+// LengthBuckets are the classic buckets of the input and output length
+// histograms, in tokens: powers of two from 16 to 256 Ki, which covers the
+// longest rows a request holds.
+var LengthBuckets = prometheus.ExponentialBuckets(16, 2, 15)
+
 // Collector implements replay.Observer with the contract's metrics. It
 // counts what it is given: how a result's cached tokens count
 // (replay.Result.Counted) and the server's cached tokens credited to each
@@ -45,6 +50,8 @@ type Collector struct {
 	lag               *prometheus.HistogramVec
 	ttft              *prometheus.HistogramVec
 	itl               *prometheus.HistogramVec
+	inputLength       *prometheus.HistogramVec
+	outputLength      *prometheus.HistogramVec
 	duration          *prometheus.HistogramVec
 	promptTokens      *prometheus.CounterVec
 	tracePromptTokens *prometheus.CounterVec
@@ -81,6 +88,8 @@ type Collector struct {
 	misses *KVEvents
 	// The service-level objectives and their judgements (slo.go).
 	slos *SLOs
+	// The HTTP phases of each request and its connection (phases.go).
+	phases *httpPhases
 
 	now      func() time.Time
 	mu       sync.Mutex
@@ -122,29 +131,40 @@ func ClassOf(theoretical, inputLength int) CacheClass {
 
 var _ replay.Observer = (*Collector)(nil)
 
+// wt are the labels of the per-(workload, target) series.
+var wt = []string{"workload", "target"}
+
+// counter is a per-(workload, target) counter, with extra labels.
+func counter(name, help string, extra ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, append(append([]string{}, wt...), extra...))
+}
+
+// histogramWith is a per-(workload, target) histogram of buckets, classic
+// and native at once, with extra labels.
+func histogramWith(buckets []float64, name, help string, extra ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace:                       namespace,
+		Name:                            name,
+		Help:                            help,
+		Buckets:                         buckets,
+		NativeHistogramBucketFactor:     1.1,
+		NativeHistogramMaxBucketNumber:  160,
+		NativeHistogramMinResetDuration: time.Hour,
+	}, append(append([]string{}, wt...), extra...))
+}
+
+// histogram is a latency histogramWith.
+func histogram(name, help string, extra ...string) *prometheus.HistogramVec {
+	return histogramWith(LatencyBuckets, name, help, extra...)
+}
+
+// targetGauge is a per-target gauge.
+func targetGauge(name, help string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, []string{"target"})
+}
+
 // New creates the metrics and registers them with reg.
 func New(reg prometheus.Registerer) *Collector {
-	wt := []string{"workload", "target"}
-	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, append(append([]string{}, wt...), extra...))
-	}
-	histogramWith := func(buckets []float64, name, help string, extra ...string) *prometheus.HistogramVec {
-		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace:                       namespace,
-			Name:                            name,
-			Help:                            help,
-			Buckets:                         buckets,
-			NativeHistogramBucketFactor:     1.1,
-			NativeHistogramMaxBucketNumber:  160,
-			NativeHistogramMinResetDuration: time.Hour,
-		}, append(append([]string{}, wt...), extra...))
-	}
-	histogram := func(name, help string, extra ...string) *prometheus.HistogramVec {
-		return histogramWith(LatencyBuckets, name, help, extra...)
-	}
-	targetGauge := func(name, help string) *prometheus.GaugeVec {
-		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, []string{"target"})
-	}
 	c := &Collector{
 		requests:          counter("requests_total", "Finished requests by outcome.", "outcome"),
 		dropped:           counter("requests_dropped_total", "Requests the schedule called for but that were never sent, by reason.", "reason"),
@@ -152,6 +172,8 @@ func New(reg prometheus.Registerer) *Collector {
 		lag:               histogramWith(LagBuckets, "schedule_lag_seconds", "Actual send time minus the time the trace scheduled."),
 		ttft:              histogram("time_to_first_token_seconds", "Time from send to the first chunk carrying content, reasoning or tool-call text (successful requests)."),
 		itl:               histogram("inter_token_latency_seconds", "Per request, (latency - TTFT) / (output tokens - 1) (successful requests with at least two output tokens)."),
+		inputLength:       histogramWith(LengthBuckets, "input_sequence_length_tokens", "Per successful request, its prompt tokens: the server's usage, else the trace's input_length."),
+		outputLength:      histogramWith(LengthBuckets, "output_sequence_length_tokens", "Per successful request, its output tokens (server usage, else counted chunks)."),
 		duration:          histogram("request_duration_seconds", "Time from send to the last content chunk (successful requests)."),
 		promptTokens:      counter("prompt_tokens_total", "Prompt tokens the server reported for successful requests."),
 		tracePromptTokens: counter("trace_prompt_tokens_total", "The trace's input_length of the same successful requests."),
@@ -182,6 +204,7 @@ func New(reg prometheus.Registerer) *Collector {
 		template: newChatTemplate(),
 		misses:   newKVEvents(),
 		slos:     newSLOs(),
+		phases:   newHTTPPhases(),
 		now:      time.Now,
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
@@ -191,7 +214,7 @@ func New(reg prometheus.Registerer) *Collector {
 	clock := func() time.Time { return c.now() }
 	c.effective = servedcache.NewEffectiveCapacity(clock)
 	c.reconcile = newReconcile(servedcache.NewReconciliation(clock))
-	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
+	reg.MustRegister(c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.inputLength, c.outputLength, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.loops, c.targetInfo, c.reloadOK, c.reloadTime,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens,
@@ -201,6 +224,7 @@ func New(reg prometheus.Registerer) *Collector {
 	reg.MustRegister(c.template.collectors()...)
 	reg.MustRegister(c.misses.collectors()...)
 	reg.MustRegister(c.slos.collectors()...)
+	reg.MustRegister(c.phases.collectors()...)
 	reg.MustRegister(newEffectiveMetrics(c.effective))
 	reg.MustRegister(c.reconcile.collectors()...)
 	return c
@@ -248,6 +272,7 @@ func (c *Collector) Start(workload, target string) {
 		c.classTokens.WithLabelValues(workload, target, string(cl))
 	}
 	c.loops.WithLabelValues(workload)
+	c.phases.start(workload, target)
 	c.effective.Start(workload, target)
 	c.costs.Start(workload, target)
 	// The landing page lists the pair from now on, even while no request
@@ -265,7 +290,7 @@ func (c *Collector) Forget(workload, target string) {
 	l := prometheus.Labels{"workload": workload, "target": target}
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
-	}{c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.duration,
+	}{c.requests, c.dropped, c.inFlight, c.lag, c.ttft, c.itl, c.inputLength, c.outputLength, c.duration,
 		c.promptTokens, c.tracePromptTokens, c.completionTokens, c.cachedTokens, c.theoreticalTokens,
 		c.reportedCached, c.reportedPrompt, c.reportedTrace, c.reportedTheoretical, c.unreported, c.classTTFT, c.classTokens} {
 		v.DeletePartialMatch(l)
@@ -273,6 +298,7 @@ func (c *Collector) Forget(workload, target string) {
 	c.template.forget(l)
 	c.misses.forget(l)
 	c.slos.forget(l)
+	c.phases.forget(l)
 	c.mu.Lock()
 	delete(c.recent, wtKey{workload, target})
 	c.mu.Unlock()
@@ -381,24 +407,27 @@ func (c *Collector) Finished(r *replay.Result) {
 	c.effective.Add(r)
 	c.reconcile.comparison.Finished(r)
 	c.slos.observe(r)
+	c.phases.finished(r)
 
 	if r.Outcome != openai.OutcomeSuccess {
 		return
 	}
 	if d, ok := r.TTFT(); ok {
-		c.ttft.WithLabelValues(w, t).Observe(d.Seconds())
+		observeTraced(c.ttft.WithLabelValues(w, t), d.Seconds(), r)
 	}
 	if d, ok := r.ITL(); ok {
 		c.itl.WithLabelValues(w, t).Observe(d.Seconds())
 	}
 	if d, ok := r.Latency(); ok {
-		c.duration.WithLabelValues(w, t).Observe(d.Seconds())
+		observeTraced(c.duration.WithLabelValues(w, t), d.Seconds(), r)
 	}
 	if r.PromptKnown {
 		c.promptTokens.WithLabelValues(w, t).Add(float64(r.PromptTokens))
 	}
 	c.tracePromptTokens.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
 	c.completionTokens.WithLabelValues(w, t).Add(float64(r.OutputTokens))
+	c.inputLength.WithLabelValues(w, t).Observe(float64(promptOf(r)))
+	c.outputLength.WithLabelValues(w, t).Observe(float64(r.OutputTokens))
 	if r.Counted.UsageCached {
 		c.cachedTokens.WithLabelValues(w, t).Add(float64(r.CachedTokens))
 	}

@@ -31,7 +31,7 @@ func newKVEvents() *KVEvents {
 			Help: "Requests with missed hits that were not classified, by reason: no_stream (an event stream not followed at the send time), tokenize, queue_full, request_form, block_size."},
 			append(wt, "reason")),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "kv_events_errors_total",
-			Help: "Problems of a target's KV event streams, by reason: unreachable, disconnected, decode, too_large, gap (batches missed), restart (the sequence went back or jumped too far), unlinked (blocks stored after a parent never seen), overflow (blocks not kept)."},
+			Help: "Problems of a target's KV event streams, by reason: unreachable, disconnected, decode, too_large, gap (batches missed), restart (the sequence went back or jumped too far), unlinked (blocks stored after a parent never seen), overflow (blocks not kept), stalled (a publisher silent mid-message), replay (a gap the replay socket did not fill)."},
 			append(target, "reason")),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "kv_events_batches_total",
 			Help: "KV event batches received from a target's engines."}, target),

@@ -38,6 +38,7 @@ type Reconcile struct {
 
 	engineCached, enginePrompt             *prometheus.CounterVec
 	canaryPrompt, usagePrompt, usageCached *prometheus.CounterVec
+	engineRecomputed                       *prometheus.CounterVec
 	errors                                 *prometheus.CounterVec
 	state, share                           *prometheus.Desc
 	engineOverUsage, usageOverModel        *prometheus.Desc
@@ -59,7 +60,9 @@ func newReconcile(comparison *servedcache.Reconciliation) *Reconcile {
 		canaryPrompt: counter("cache_reconcile_canary_prompt_tokens_total", "Prompt tokens of this exporter's successful requests to the target, finished between the same reads."),
 		usagePrompt:  counter("cache_reconcile_usage_prompt_tokens_total", "Prompt tokens of those requests whose usage carried a cached-token count."),
 		usageCached:  counter("cache_reconcile_usage_cached_tokens_total", "Their cached tokens, as their usage said."),
-		errors:       counter("cache_reconcile_errors_total", "Reads of the engine's counters for cache.reconcile that failed or were refused, by reason: scrape, timeout, duplicate, not_finite, negative, too_large, jump, backwards.", "reason"),
+		engineRecomputed: counter("cache_reconcile_engine_recomputed_tokens_total",
+			"Increase of the engine's own count of tokens it found in its cache and computed again (vllm:prompt_tokens_recomputed_total) over the same reads, where it counts them: in neither its cached tokens nor usage."),
+		errors: counter("cache_reconcile_errors_total", "Reads of the engine's counters for cache.reconcile that failed or were refused, by reason: scrape, timeout, duplicate, not_finite, negative, too_large, jump, backwards.", "reason"),
 		state: desc("cache_reconcile_state",
 			"1 for the state of the comparison of the engine's counters with the responses over the last 5 minutes, 0 for the others: compared, no_engine_counter, no_query_counter, nothing_counted, engine_undercounted, not_reported, shared_engine, too_few_hits.", "state"),
 		share: desc("cache_reconcile_canary_share",
@@ -75,7 +78,7 @@ func newReconcile(comparison *servedcache.Reconciliation) *Reconcile {
 
 // collectors are the comparison's series, to register.
 func (r *Reconcile) collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.engineCached, r.enginePrompt, r.canaryPrompt, r.usagePrompt, r.usageCached, r.errors, reconcileFigures{r}}
+	return []prometheus.Collector{r.engineCached, r.enginePrompt, r.canaryPrompt, r.usagePrompt, r.usageCached, r.engineRecomputed, r.errors, reconcileFigures{r}}
 }
 
 // Start begins comparing target's engine counters with its responses,
@@ -97,7 +100,7 @@ func (r *Reconcile) Start(target string) {
 func (r *Reconcile) Stop(target string) {
 	r.comparison.Stop(target)
 	l := prometheus.Labels{"target": target}
-	for _, v := range []*prometheus.CounterVec{r.engineCached, r.enginePrompt, r.canaryPrompt, r.usagePrompt, r.usageCached, r.errors} {
+	for _, v := range []*prometheus.CounterVec{r.engineCached, r.enginePrompt, r.canaryPrompt, r.usagePrompt, r.usageCached, r.engineRecomputed, r.errors} {
 		v.DeletePartialMatch(l)
 	}
 }
@@ -118,6 +121,11 @@ func (r *Reconcile) AddEngineRead(target string, d engine.ServerCounts) {
 	r.canaryPrompt.WithLabelValues(target).Add(inc.CanaryPrompt)
 	r.usagePrompt.WithLabelValues(target).Add(inc.UsagePrompt)
 	r.usageCached.WithLabelValues(target).Add(inc.UsageCached)
+	if inc.RecomputedKnown {
+		// Created by the first read that counts them: absent where the
+		// engine does not.
+		r.engineRecomputed.WithLabelValues(target).Add(inc.EngineRecomputed)
+	}
 }
 
 // EngineReadFailed counts a failed read of a compared target's engine

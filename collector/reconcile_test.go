@@ -197,3 +197,36 @@ func TestReconcileCountersRefuseImplausibleReads(t *testing.T) {
 		})
 	}
 }
+
+// TestReconcileRecomputedCounter: the engine's recomputed tokens have a
+// counter of their own, absent for a target whose engine does not count
+// them, summed over the reads of one that does, and gone with the target.
+func TestReconcileRecomputedCounter(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := New(reg)
+	const name = "kvload_cache_reconcile_engine_recomputed_tokens_total"
+	withRecomputed := func(r engine.ServerCounts, n float64) engine.ServerCounts {
+		r.Recomputed, r.RecomputedKnown = n, true
+		return r
+	}
+	for _, target := range []string{"counts", "silent"} {
+		c.Reconcile().Start(target)
+	}
+	c.Reconcile().AddEngineRead("counts", withRecomputed(baseline, 0))
+	c.Reconcile().AddEngineRead("silent", baseline)
+	for _, n := range []float64{3, 4} {
+		c.Reconcile().AddEngineRead("counts", withRecomputed(engineRead(100, 1000), n))
+		c.Reconcile().AddEngineRead("silent", engineRead(100, 1000))
+	}
+	m := testutil.Gather(t, reg)
+	if got, n := m.Value(name, "target", "counts"); got != 7 || n != 1 {
+		t.Errorf("%s of the engine that counts them = %v (%d series), want 7", name, got, n)
+	}
+	if _, n := m.Value(name, "target", "silent"); n != 0 {
+		t.Errorf("%s of an engine that does not count them: %d series, want none", name, n)
+	}
+	c.Reconcile().Stop("counts")
+	if _, n := testutil.Gather(t, reg).Value(name, "target", "counts"); n != 0 {
+		t.Errorf("%s after Stop: %d series", name, n)
+	}
+}

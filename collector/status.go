@@ -2,6 +2,7 @@ package collector
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -43,7 +44,31 @@ const (
 	HealthDegraded    Health = "degraded"
 	HealthFailing     Health = "failing"
 	HealthNotReported Health = "not reported"
+	// HealthRecovering is a pair whose window still holds enough failures
+	// to read degraded or failing, but whose latest requests all succeeded,
+	// too many of them in a row to be luck at the window's error ratio.
+	HealthRecovering Health = "recovering"
 )
+
+// Healths lists every health state.
+var Healths = []Health{HealthOK, HealthRecovering, HealthDegraded, HealthFailing, HealthNotReported}
+
+// recoveredChance is the chance below which a run of successes is taken
+// for a recovery rather than luck: at error ratio p, k successes in a row
+// happen by chance with probability (1-p)^k.
+const (
+	recoveredChance = 0.001
+	minRecoveredRun = 5
+)
+
+// recoveredRun is the run of successes that marks a recovery at error
+// ratio p: the shortest whose chance under p is below recoveredChance.
+func recoveredRun(p float64) int {
+	if p >= 1 {
+		return minRecoveredRun
+	}
+	return max(minRecoveredRun, int(math.Ceil(math.Log(recoveredChance)/math.Log(1-p))))
+}
 
 // EfficiencyState is what a (workload, target)'s cache efficiency says, on
 // the landing page.
@@ -253,6 +278,10 @@ type tally struct {
 	ttfts, lags                                    []time.Duration
 	byOutcome                                      map[openai.Outcome]int
 	oldest                                         time.Time
+	// run is how many of the newest requests succeeded in a row, the
+	// first of them at runSince.
+	run      int
+	runSince time.Time
 }
 
 func (r *recent) tally(now time.Time) tally {
@@ -285,6 +314,13 @@ func (r *recent) tally(now time.Time) tally {
 			t.repTrace += s.trace
 			t.repTheo += s.theoretical
 		}
+	}
+	for i := 1; i <= r.n; i++ {
+		s := r.samples[(r.next-i+statusWindow)%statusWindow]
+		if !s.success || now.Sub(s.at) > statusAge {
+			break
+		}
+		t.run, t.runSince = t.run+1, s.at
 	}
 	return t
 }
@@ -340,7 +376,7 @@ func (r *recent) status(k wtKey, now time.Time) Status {
 		st.TheoreticalKnown = true
 	}
 	st.EfficiencyState = efficiencyState(st, repTheoRate)
-	st.Health, st.HealthReason = health(st, t.failed, t.byOutcome)
+	st.Health, st.HealthReason = health(st, t)
 	return st
 }
 
@@ -364,7 +400,9 @@ func efficiencyState(st Status, repTheoRate float64) EfficiencyState {
 
 // health is the state of a (workload, target) and its reason, from the
 // window's figures: the worst of errors, schedule lag and cache efficiency.
-func health(st Status, failed int, byOutcome map[openai.Outcome]int) (Health, string) {
+func health(st Status, t tally) (Health, string) {
+	failed, byOutcome := t.failed, t.byOutcome
+	recovering := "" // the reason, when the errors are behind the pair
 	if st.Requests == 0 && st.Dropped > 0 {
 		return HealthFailing, fmt.Sprintf("no request finished in the last %v, and %d scheduled requests were dropped", statusAge, st.Dropped)
 	}
@@ -381,6 +419,10 @@ func health(st Status, failed int, byOutcome map[openai.Outcome]int) (Health, st
 		}
 		reason := fmt.Sprintf("%d of %d requests failed (%.1f%%), mostly %s", failed, st.Requests, 100*st.ErrorRatio, worst)
 		switch {
+		case st.ErrorRatio > degradedErrorRatio && t.run >= recoveredRun(st.ErrorRatio):
+			// Judged on what else the window says, below.
+			recovering = fmt.Sprintf("the last %d requests succeeded, since %s; the window still holds %s",
+				t.run, t.runSince.UTC().Format("15:04:05 UTC"), reason)
 		case st.ErrorRatio >= failingErrorRatio:
 			return HealthFailing, reason
 		case st.ErrorRatio > degradedErrorRatio:
@@ -400,6 +442,9 @@ func health(st Status, failed int, byOutcome map[openai.Outcome]int) (Health, st
 	}
 	if len(reasons) > 0 {
 		return HealthDegraded, strings.Join(reasons, "; ")
+	}
+	if recovering != "" {
+		return HealthRecovering, recovering
 	}
 	if failed > 0 {
 		return HealthOK, fmt.Sprintf("%d of %d requests failed, under the %.0f%% threshold", failed, st.Requests, 100*degradedErrorRatio)

@@ -43,6 +43,14 @@ func TestStatusHealth(t *testing.T) {
 		{"behind schedule", many(10, ok(2*time.Second, 500)), HealthDegraded, "schedule lag p99 2000 ms", EfficiencyOK},
 		{"cache regression", many(10, ok(0, 100)), HealthDegraded, "the cache serves 20% of what the trace allows", EfficiencyLow},
 		{"above the model", many(10, ok(0, 900)), HealthOK, "none failed", EfficiencyAbove},
+		// Back after an outage: 30 failures, then successes in a row.
+		{"recovering", append(many(30, fail), many(5, ok(0, 500))...), HealthRecovering, "the last 5 requests succeeded", EfficiencyOK},
+		{"recovering but behind schedule", append(many(30, fail), many(5, ok(2*time.Second, 500))...), HealthDegraded, "schedule lag p99 2000 ms", EfficiencyOK},
+		{"not yet recovering", append(many(30, fail), many(4, ok(0, 500))...), HealthFailing, "30 of 34 requests failed", EfficiencyOK},
+		// At 23% errors, 15 successes in a row are luck one time in 50:
+		// 27 are needed. At 5.3%, 127.
+		{"a lucky run is no recovery", append(many(4, fail), append(many(12, ok(0, 500)), append(many(4, fail), many(15, ok(0, 500))...)...)...), HealthDegraded, "8 of 35 requests failed", EfficiencyOK},
+		{"a long run is", append(many(4, fail), append(many(12, ok(0, 500)), append(many(4, fail), many(130, ok(0, 500))...)...)...), HealthRecovering, "the last 130 requests succeeded", EfficiencyOK},
 		{"cached tokens not reported", many(10, ok(0, -1)), HealthOK, "none failed", EfficiencyNotReported},
 	}
 	for _, tt := range tests {

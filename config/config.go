@@ -29,12 +29,16 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
+	"github.com/kvload-exporter/kvload-exporter/tracing"
 )
 
 // Config is a whole configuration file.
 type Config struct {
 	Targets   []Target   `yaml:"targets"`
 	Workloads []Workload `yaml:"workloads"`
+	// Tracing exports each request as a span; without it every request
+	// still carries a sampled traceparent.
+	Tracing Tracing `yaml:"tracing,omitempty"`
 
 	// dir is the directory of the file, against which trace paths resolve;
 	// file is the file's path as given, when known.
@@ -45,6 +49,26 @@ type Config struct {
 	// YAML ("target/NAME", "workload/NAME"), secrets included, to tell
 	// what a reload changed; it is never printed.
 	fingerprints map[string]string
+}
+
+// Tracing is the tracing key: where spans go, and the share of requests
+// sampled.
+type Tracing struct {
+	// Endpoint is the OTLP/HTTP traces URL; empty exports no span.
+	Endpoint string `yaml:"endpoint,omitempty"`
+	// SampleRatio is the share of requests whose traceparent says sampled
+	// and, with an endpoint, whose span is exported: 0 to 1, 1 by default.
+	SampleRatio *float64 `yaml:"sample_ratio,omitempty"`
+}
+
+// Config is the tracing package's form of t, defaults applied.
+func (t Tracing) Config() tracing.Config {
+	c := tracing.Default
+	c.Endpoint = t.Endpoint
+	if t.SampleRatio != nil {
+		c.SampleRatio = *t.SampleRatio
+	}
+	return c
 }
 
 // Target is one inference server (or an emulated one).
@@ -96,8 +120,12 @@ type Emulate struct {
 	KVEventsTopic      string        `yaml:"kv_events_topic"`
 	KVEventsFormat     string        `yaml:"kv_events_format"`
 
-	MetricsDoubleCountHits bool `yaml:"metrics_double_count_hits"` // see emulate.Config
-	HoldAbandonedSlots     bool `yaml:"hold_abandoned_slots"`      // see emulate.Config
+	KVEventsReplayEndpoint string  `yaml:"kv_events_replay_endpoint"` // see emulate.Config
+	KVEventsDrop           float64 `yaml:"kv_events_drop"`            // see emulate.Config
+
+	MetricsDoubleCountHits bool    `yaml:"metrics_double_count_hits"` // see emulate.Config
+	MetricsHitsOvercount   float64 `yaml:"metrics_hits_overcount"`    // see emulate.Config
+	HoldAbandonedSlots     bool    `yaml:"hold_abandoned_slots"`      // see emulate.Config
 }
 
 // EmulateFaults are the keys of emulate.Faults, field for field, so that
@@ -142,6 +170,10 @@ type Cache struct {
 	// KVEvents are the engine's KV event streams (kvevents.go), which
 	// explain the hits the engine missed.
 	KVEvents Endpoints `yaml:"kv_events,omitempty"`
+	// KVEventsReplayEndpoint are the engines' replay sockets (vLLM's
+	// replay_endpoint), in the order of KVEvents, asked for the batches a
+	// gap skipped.
+	KVEventsReplayEndpoint Endpoints `yaml:"kv_events_replay_endpoint,omitempty"`
 	// KVEventsMaxBlocks bounds the blocks each of those streams holds,
 	// and the engine hashes it indexes; 0 is kvevents.DefaultMaxBlocks.
 	KVEventsMaxBlocks int `yaml:"kv_events_max_blocks,omitempty"`
@@ -386,13 +418,40 @@ func ParseFile(path string, data []byte) (*Config, error) {
 // Parse decodes data strictly (unknown keys are errors), applies defaults and
 // validates. dir resolves relative trace paths.
 func Parse(data []byte, dir string) (*Config, error) {
+	cfg, err := parseAll(data, dir)
+	if err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// ParseFileAll is ParseFile that also returns what could be decoded when
+// the file has problems: every key that decoded, with its defaults. The
+// configuration is nil only when the file is not YAML of the schema's
+// shape at all; with an error it is not to be run, only looked into (for
+// the problems of the trace files it names: TraceFileProblems).
+func ParseFileAll(path string, data []byte) (*Config, error) {
+	cfg, err := parseAll(data, filepath.Dir(path))
+	if cfg != nil {
+		cfg.file = path
+	}
+	if err != nil {
+		return cfg, prefixLines(path, err)
+	}
+	return cfg, nil
+}
+
+// parseAll is Parse, returning the configuration decoded so far beside its
+// problems: decoding problems (unknown keys, types) and semantic ones are
+// reported together, each with its line.
+func parseAll(data []byte, dir string) (*Config, error) {
 	if err := checkBytes(data); err != nil {
 		return nil, err
 	}
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("invalid YAML: %w", err)
+		return nil, syntaxError(data, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -402,10 +461,13 @@ func Parse(data []byte, dir string) (*Config, error) {
 	if top := topNode(&root); top != nil && top.Kind != yaml.MappingNode && top.Tag != "!!null" {
 		return nil, fmt.Errorf("line %d: the file must be a mapping with targets and workloads, not %s", top.Line, nodeKind(top))
 	}
+	var problems []error
+	// decoded holds the paths whose values did not decode: what Validate
+	// says of them (an empty list, say) follows from that problem alone.
+	var undecoded []string
 	if root.Kind != 0 {
 		walk := walkKeys(&root, reflect.TypeOf(cfg))
 		cfg.keyLines = walk.lines
-		var problems []error
 		for _, u := range walk.unknown {
 			problems = append(problems, errors.New(u))
 		}
@@ -432,16 +494,20 @@ func Parse(data []byte, dir string) (*Config, error) {
 				if strings.Contains(e, "not found in type") {
 					continue // already reported with its path
 				}
-				problems = append(problems, errors.New(walk.locate(plainTypes(e))))
+				msg := walk.locate(yamlTerms(plainTypes(e)))
+				if path, _, ok := strings.Cut(msg, ": "); ok {
+					undecoded = append(undecoded, path)
+				}
+				problems = append(problems, errors.New(msg))
 			}
-		}
-		if len(problems) > 0 {
-			return nil, errors.Join(problems...)
 		}
 	}
 	cfg.applyDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		problems = append(problems, cfg.withLines(err, undecoded)...)
+	}
+	if len(problems) > 0 {
+		return cfg, errors.Join(problems...)
 	}
 	cfg.fingerprints = fingerprints(&root)
 	return cfg, nil
@@ -623,6 +689,12 @@ func (c *Config) Validate() error {
 	if len(c.Workloads) == 0 {
 		bad("workloads", "at least one workload is required")
 	}
+	if c.Tracing.Endpoint != "" {
+		validateTracingURL(c.Tracing.Endpoint, "tracing.endpoint", bad)
+	}
+	if err := c.Tracing.Config().Check(); err != nil {
+		bad("tracing.sample_ratio", "%v: want a number from 0 to 1", *c.Tracing.SampleRatio)
+	}
 	// checkName validates a label-value name, unique among its kind.
 	checkName := func(kind, name, p string, seen map[string]bool) {
 		switch {
@@ -642,6 +714,7 @@ func (c *Config) Validate() error {
 		checkName("target", t.Name, p, seenT)
 		validateTarget(t, p, bad)
 	}
+	validateKVEventsAcross(c, bad)
 	seenW := map[string]bool{}
 	for i := range c.Workloads {
 		w := &c.Workloads[i]
@@ -660,7 +733,7 @@ func (c *Config) Validate() error {
 		for j, name := range w.Targets {
 			tp := fmt.Sprintf("%s.targets[%d]", p, j)
 			if _, ok := c.Target(name); !ok {
-				bad(tp, "unknown target %q", name)
+				bad(tp, "%s", c.unknownTarget(name))
 			}
 			if dup[name] {
 				bad(tp, "target %q listed twice", name)
@@ -941,6 +1014,20 @@ func validateSchedule(w *Workload, p string, bad func(string, string, ...any)) {
 
 // validateURL checks a base URL without ever echoing its userinfo, which may
 // hold a password.
+// validateTracingURL checks an OTLP/HTTP endpoint: http or https with a
+// host, the path that of the traces (/v1/traces on a collector).
+func validateTracingURL(raw, path string, bad func(string, string, ...any)) {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		bad(path, "not a valid URL")
+	case u.Scheme != "http" && u.Scheme != "https":
+		bad(path, "%s: scheme must be http or https (OTLP over HTTP)", u.Redacted())
+	case u.Hostname() == "":
+		bad(path, "%s: has no host", u.Redacted())
+	}
+}
+
 func validateURL(raw, path string, bad func(string, string, ...any)) {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -966,8 +1053,10 @@ func validateURL(raw, path string, bad func(string, string, ...any)) {
 		bad(path, "%s: has no host", u.Redacted())
 	case !portOK:
 		bad(path, "%s: port %q is not a number from 1 to 65535", u.Redacted(), port)
-	case strings.HasSuffix(strings.TrimSuffix(u.Path, "/"), "/v1") && !strings.HasSuffix(path, "metrics_url"):
-		bad(path, "%s: give the base URL without /v1", u.Redacted())
+	case !strings.HasSuffix(path, "metrics_url"):
+		if base, ok := baseOf(u); ok {
+			bad(path, "%s: give the base URL, %s: the exporter adds /v1 and the API's path", u.Redacted(), base)
+		}
 	}
 }
 

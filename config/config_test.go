@@ -111,7 +111,7 @@ func TestParseNamesWhere(t *testing.T) {
 		// Two keys on one line: yaml.v3 gives the line only, so the path is
 		// their parent rather than whichever key came last.
 		{"flow mapping", head + "workloads:\n  - {name: w, trace: t.jsonl, targets: [t], synthesis: {max_isl: x, speedup_ratio: 2}}\n",
-			"workloads[0]: cannot unmarshal !!str `x` into int (line 4)"},
+			`workloads[0]: expected a whole number, got the string "x" (line 4)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -137,7 +137,7 @@ func TestCommonParent(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, name := range []string{"good.yml", "bad-values.yml", "bad-types.yml", "bad-unknown-keys.yml", "bad-generate.yml", "bad-schedule.yml"} {
+	for _, name := range []string{"good.yml", "bad-values.yml", "bad-types.yml", "bad-unknown-keys.yml", "bad-generate.yml", "bad-schedule.yml", "bad-syntax.yml", "bad-references.yml"} {
 		data, err := os.ReadFile(filepath.Join("testdata", name))
 		if err != nil {
 			f.Fatal(err)
@@ -337,7 +337,7 @@ func TestValidateModelCharacters(t *testing.T) {
 	// The same through YAML: double-quoted escapes make control characters.
 	_, err := Parse([]byte("targets:\n  - {name: t, url: http://t:8000, model: \"m\\a\"}\n"+
 		"workloads:\n  - {name: w, trace: t.jsonl, targets: [t]}\n"), "")
-	if want := path + `"m\a" holds control character U+0007`; err == nil || err.Error() != want {
+	if want := path + `"m\a" holds control character U+0007 (line 2)`; err == nil || err.Error() != want {
 		t.Errorf("Parse: %v\nwant %s", err, want)
 	}
 	// An emulated target's model defaults from emulate.model.
@@ -404,12 +404,16 @@ func TestClosedSets(t *testing.T) {
 			})
 		}
 		t.Run(tt.key+"/"+tt.invalid, func(t *testing.T) {
-			if _, err := parse(tt.invalid); err == nil || err.Error() != tt.want {
-				t.Errorf("Parse: %v\nwant %s", err, tt.want)
+			line := " (line 2)" // the target's
+			if strings.HasPrefix(tt.want, "workloads") {
+				line = " (line 4)"
+			}
+			if _, err := parse(tt.invalid); err == nil || err.Error() != tt.want+line {
+				t.Errorf("Parse: %v\nwant %s", err, tt.want+line)
 			}
 		})
 		t.Run(tt.key+"/mapping", func(t *testing.T) {
-			if _, err := parse("{x: 1}"); err == nil || !strings.Contains(err.Error(), "cannot unmarshal !!map into string") {
+			if _, err := parse("{x: 1}"); err == nil || !strings.Contains(err.Error(), "expected a string, got a mapping") {
 				t.Errorf("Parse: %v, want a type error into string", err)
 			}
 		})
@@ -425,8 +429,8 @@ func TestEmulateBlock(t *testing.T) {
 	}{
 		{"unknown key", "engin: sglang", `targets[0].emulate: unknown key "engin" (line 4); did you mean "engine"?`},
 		{"unknown fault", "faults: {error500: 1}", `targets[0].emulate.faults: unknown key "error500" (line 4); did you mean "error_500"?`},
-		{"not a duration", "overhead: soon", "targets[0].emulate.overhead: cannot unmarshal !!str `soon` into time.Duration (line 4)"},
-		{"not a string", "engine: [vllm]", "targets[0].emulate.engine: cannot unmarshal !!seq into string (line 4)"},
+		{"not a duration", "overhead: soon", `targets[0].emulate.overhead: expected a duration such as 30s, got the string "soon" (line 4)`},
+		{"not a string", "engine: [vllm]", "targets[0].emulate.engine: expected a string, got a list (line 4)"},
 		{"any engine name", "engine: tgi", ""}, // lifecycle's TestEmulateConfig has every key
 	}
 	for _, tt := range tests {
@@ -594,8 +598,8 @@ workloads:
     generate: {prefixes: 2, prefix_tokens: 8, requests: 4, input_tokens: {mean: 4}, output_tokens: {mean: 2}, rate: 1`+keys+`}
 `), "")
 			if tt.wantErr != "" {
-				if err == nil || err.Error() != tt.wantErr {
-					t.Fatalf("Parse: %v\nwant %s", err, tt.wantErr)
+				if err == nil || err.Error() != tt.wantErr+" (line 7)" {
+					t.Fatalf("Parse: %v\nwant %s (line 7)", err, tt.wantErr)
 				}
 				return
 			}

@@ -66,7 +66,9 @@ func (w *keyWalk) walk(n *yaml.Node, t reflect.Type, path string) {
 		}
 	case n.Kind == yaml.SequenceNode && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
 		for i, item := range n.Content {
-			w.walk(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
+			child := fmt.Sprintf("%s[%d]", path, i)
+			w.lines[child] = item.Line
+			w.walk(item, t.Elem(), child)
 		}
 	}
 }

@@ -33,7 +33,7 @@ const modulePath = "github.com/kvload-exporter/kvload-exporter"
 // configuration.md's tables, and every row names a key of the schema.
 func TestConfigurationKeysDocumented(t *testing.T) {
 	keys := schemaKeys(reflect.TypeFor[config.Config]())
-	rows := tableKeys(t, readDoc(t, "configuration.md"), regexp.MustCompile(`^(targets|workloads)\b`))
+	rows := tableKeys(t, readDoc(t, "configuration.md"), regexp.MustCompile(`^(targets|workloads|tracing)\b`))
 	for _, k := range sortedKeys(keys) {
 		if !rows[k] {
 			t.Errorf("configuration.md: no row for the key `%s`", k)

@@ -91,16 +91,35 @@ type Config struct {
 	// KVEventsFormat encodes each event as a tagged map (map, vLLM's
 	// encoding now, the default) or a tagged array (array, its older one).
 	KVEventsFormat KVEventsFormat `yaml:"kv_events_format"`
+	// KVEventsReplayEndpoint binds a replay socket as vLLM's
+	// replay_endpoint does (a ZMQ ROUTER, tcp://host:port, port 0 picks
+	// one; see Engine.KVEventsReplayEndpoint): it answers a starting
+	// sequence number with the last KVEventsReplayBatches batches from it
+	// on, in vLLM's layout since v0.26.0. Needs KVEvents.
+	KVEventsReplayEndpoint string `yaml:"kv_events_replay_endpoint"`
+	// KVEventsDrop is the share of event batches, in [0, 1], not sent to
+	// the subscribers (each drawn from Seed), as a publisher past its
+	// high-water mark drops them: a subscriber sees a gap. The replay
+	// socket keeps them.
+	KVEventsDrop float64 `yaml:"kv_events_drop"`
 	// MetricsDoubleCountHits counts every cache hit twice in the hit
-	// counter of /metrics, the prompt-token counters staying right, as
-	// vLLM's did when it retried an admission and when it counted
-	// preempted tokens as hits. Usage and Stats stay true.
+	// counters of /metrics (vllm: its prefix_cache_hits and its
+	// per-request cached counts alike), the prompt-token counters staying
+	// right, as vLLM's did when it retried an admission and when it
+	// counted preempted tokens as hits. Usage and Stats stay true.
 	MetricsDoubleCountHits bool `yaml:"metrics_double_count_hits"`
 	// HoldAbandonedSlots keeps generating for a client that closed its
 	// stream, holding the request's running slot until its output would
 	// have ended, as an engine that misses the disconnect does; by
 	// default the slot is freed at once.
 	HoldAbandonedSlots bool `yaml:"hold_abandoned_slots"`
+	// MetricsHitsOvercount is the share of its cache hits that the hit
+	// counter of /metrics counts once more (0.5: it reads 1.5 times the
+	// hits), as vLLM's vllm:prefix_cache_hits_total counts a preempted
+	// request's lookup again (vLLM issue 25780). vLLM's per-request
+	// counts (vllm:prompt_tokens_cached_total and
+	// vllm:prompt_tokens_by_source_total), usage and Stats stay true.
+	MetricsHitsOvercount float64 `yaml:"metrics_hits_overcount"`
 
 	// MaxRunning is how many sequences prefill or decode at once; later
 	// requests wait in a FIFO queue (vllm:num_requests_waiting). 0 picks
@@ -201,6 +220,9 @@ func (c Config) withDefaults() (Config, error) {
 		errs = append(errs, fmt.Errorf("capacity_blocks must be at most %d, got %d", maxCacheBlocks, c.CapacityBlocks))
 	}
 	positive("slots", int64(c.Slots))
+	if !(c.MetricsHitsOvercount >= 0 && c.MetricsHitsOvercount <= maxHitsOvercount) {
+		errs = append(errs, fmt.Errorf("metrics_hits_overcount must be within 0 to %d, got %v", maxHitsOvercount, c.MetricsHitsOvercount))
+	}
 	positive("max_running", int64(c.MaxRunning))
 	for _, d := range []struct {
 		name string
@@ -268,11 +290,22 @@ func (c Config) kvEventsDefaults() (Config, []error) {
 	default:
 		errs = append(errs, fmt.Errorf("kv_events_format must be map or array, got %q", c.KVEventsFormat))
 	}
+	if math.IsNaN(c.KVEventsDrop) || c.KVEventsDrop < 0 || c.KVEventsDrop > 1 {
+		errs = append(errs, fmt.Errorf("kv_events_drop must be within [0, 1], got %v", c.KVEventsDrop))
+	}
 	if c.KVEvents == "" {
+		if c.KVEventsReplayEndpoint != "" || c.KVEventsDrop != 0 {
+			errs = append(errs, errors.New("kv_events_replay_endpoint and kv_events_drop need kv_events"))
+		}
 		return c, errs
 	}
 	if _, err := kvAddress(c.KVEvents); err != nil {
 		errs = append(errs, err)
+	}
+	if c.KVEventsReplayEndpoint != "" {
+		if _, err := kvAddress(c.KVEventsReplayEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("kv_events_replay_endpoint: %w", err))
+		}
 	}
 	if c.Engine == PersonalityLlamaCpp {
 		errs = append(errs, errors.New("kv_events does not apply to engine llamacpp, whose cache has no blocks"))

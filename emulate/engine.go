@@ -111,7 +111,7 @@ func New(cfg Config) (*Engine, error) {
 		sc.setHostBudget(cfg.CacheRAMTokens)
 	}
 	if tc, ok := e.cache.(*trieCache); ok && cfg.KVEvents != "" {
-		e.events = newKVPublisher(cfg.KVEvents, cfg.KVEventsTopic, cfg.KVEventsFormat, func() time.Time { return e.now() })
+		e.events = newKVPublisher(cfg, func() time.Time { return e.now() })
 		tc.events = e.events
 	}
 	e.told.Store(int64(cfg.CapacityBlocks))
@@ -363,7 +363,7 @@ func (e *Engine) admitted(promptTokens, hitTokens int) {
 	if e.cfg.MetricsDoubleCountHits {
 		e.m.hits.Add(float64(hitTokens)) // and once more below
 	}
-	e.m.hits.Add(float64(hitTokens))
+	e.m.hits.Add(float64(hitTokens) * (1 + e.cfg.MetricsHitsOvercount))
 	e.m.promptTokens.Add(float64(promptTokens))
 	e.m.computedTokens.Add(float64(promptTokens - hitTokens))
 	e.statsMu.Lock()
@@ -463,6 +463,9 @@ func (e *Engine) registerMetrics() error {
 	keep(names.waiting, e.m.waitingFunc)
 	if e.cfg.Engine == PersonalityVLLM && !e.cfg.HideCacheConfig {
 		export = append(export, newCacheConfigInfo(e))
+	}
+	if e.cfg.Engine == PersonalityVLLM {
+		export = append(export, newVLLMPromptCounters(e))
 	}
 	// A real server's process start time (vLLM's Python client exports
 	// it): a scraper tells an engine restart by it, even when the new

@@ -92,3 +92,54 @@ func (e *Engine) handleProps(w http.ResponseWriter, _ *http.Request) {
 	}{settings{NCtx: e.cfg.MaxModelLen, Params: map[string]any{}}, int(e.told.Load()), e.cfg.Model, e.cfg.Model,
 		false, false, true, bosText, "kvload-emulated"})
 }
+
+// maxHitsOvercount bounds Config.MetricsHitsOvercount: a counter that
+// overcounts more is no engine's.
+const maxHitsOvercount = 100
+
+// vllmPromptCounters are vLLM's per-request counts of cached prompt
+// tokens (vllm/v1/metrics/loggers.py, since PR 33290):
+// vllm:prompt_tokens_cached_total, local and from a KV connector, and
+// vllm:prompt_tokens_by_source_total split into local_compute,
+// local_cache_hit and external_kv_transfer. vLLM counts a request once,
+// at its prefill, so that a preempted request's lookups are not counted
+// again as vllm:prefix_cache_hits_total counts them; here they follow the
+// cache's lookups at admission, as the emulator preempts nothing. They
+// are vLLM's since PR 38709: local_cache_hit without the recomputed last
+// token, and no vllm:prompt_tokens_recomputed_total. The emulator has no
+// KV connector: external_kv_transfer stays 0.
+type vllmPromptCounters struct {
+	e                *Engine
+	cached, bySource *prometheus.Desc
+}
+
+func newVLLMPromptCounters(e *Engine) vllmPromptCounters {
+	labels := prometheus.Labels{"model_name": e.cfg.Model, "engine": "0"}
+	return vllmPromptCounters{
+		e:        e,
+		cached:   prometheus.NewDesc("vllm:prompt_tokens_cached_total", "Number of cached prompt tokens (local + external).", nil, labels),
+		bySource: prometheus.NewDesc("vllm:prompt_tokens_by_source_total", "Number of prompt tokens by source.", []string{"source"}, labels),
+	}
+}
+
+func (c vllmPromptCounters) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.cached
+	ch <- c.bySource
+}
+
+func (c vllmPromptCounters) Collect(ch chan<- prometheus.Metric) {
+	c.e.statsMu.Lock()
+	queried, hit := c.e.stats.CacheQueryTokens, c.e.stats.CacheHitTokens
+	c.e.statsMu.Unlock()
+	cached := float64(hit)
+	if c.e.cfg.MetricsDoubleCountHits {
+		cached *= 2
+	}
+	ch <- prometheus.MustNewConstMetric(c.cached, prometheus.CounterValue, cached)
+	for _, s := range []struct {
+		source string
+		v      float64
+	}{{"local_compute", float64(queried - hit)}, {"local_cache_hit", cached}, {"external_kv_transfer", 0}} {
+		ch <- prometheus.MustNewConstMetric(c.bySource, prometheus.CounterValue, s.v, s.source)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -61,7 +62,19 @@ const (
 	// timeout tells one left open from one listening. A connection past it
 	// is closed at once and counted (Stats.KVEventsSubscribersRefused).
 	KVEventsMaxSubscribers = 64
+	// KVEventsReplayBatches is how many of the last batches the replay
+	// socket keeps (vLLM's buffer_steps default).
+	KVEventsReplayBatches = 10_000
 )
+
+// kvEndSeq is the sequence number of a replay's end marker: -1 as 8 bytes.
+var kvEndSeq = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+// kvSentBatch is one batch kept for the replay socket.
+type kvSentBatch struct {
+	seq     uint64
+	payload []byte
+}
 
 // kvEventKind is one of vLLM's three event types.
 type kvEventKind int
@@ -95,6 +108,13 @@ type kvPublisher struct {
 	topic    []byte
 	format   KVEventsFormat
 	now      func() time.Time
+	// replayEndpoint binds the replay socket; "" for none.
+	replayEndpoint string
+	// drop is the share of batches not sent, drawn by dropRNG (the run
+	// goroutine's alone).
+	drop    float64
+	dropRNG *rand.Rand
+	dropped int64 // batches not sent, drop drawing them
 
 	mu       sync.Mutex
 	pending  []kvEvent
@@ -107,10 +127,19 @@ type kvPublisher struct {
 	refused int64 // connections closed, maxSubs being served
 	seq     uint64
 	wake    chan struct{}
+	// The replay socket: its listener, its clients (at most maxSubs), and
+	// the last KVEventsReplayBatches batches, a ring whose oldest is at
+	// keptHead.
+	replayListener net.Listener
+	replayConns    map[net.Conn]bool
+	kept           []kvSentBatch
+	keptHead       int
 }
 
-func newKVPublisher(endpoint, topic string, format KVEventsFormat, now func() time.Time) *kvPublisher {
-	return &kvPublisher{endpoint: endpoint, topic: []byte(topic), format: format, now: now,
+func newKVPublisher(cfg Config, now func() time.Time) *kvPublisher {
+	return &kvPublisher{endpoint: cfg.KVEvents, topic: []byte(cfg.KVEventsTopic), format: cfg.KVEventsFormat, now: now,
+		replayEndpoint: cfg.KVEventsReplayEndpoint, drop: cfg.KVEventsDrop,
+		dropRNG: rand.New(rand.NewPCG(cfg.Seed, 0x6b76)), replayConns: map[net.Conn]bool{},
 		subs: map[net.Conn]*zmq4.Conn{}, maxSubs: KVEventsMaxSubscribers, wake: make(chan struct{}, 1)}
 }
 
@@ -137,12 +166,58 @@ func (p *kvPublisher) bind() error {
 	if err != nil {
 		return err
 	}
+	var replay net.Listener
+	if p.replayEndpoint != "" {
+		raddr, err := kvAddress(p.replayEndpoint)
+		if err != nil {
+			return err
+		}
+		if replay, err = net.Listen("tcp", raddr); err != nil {
+			return fmt.Errorf("kv_events_replay_endpoint: %w", err)
+		}
+	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
+		if replay != nil {
+			_ = replay.Close()
+		}
 		return fmt.Errorf("kv_events: %w", err)
 	}
-	p.listener = l
+	p.listener, p.replayListener = l, replay
 	return nil
+}
+
+// ReplayEndpoint is the bound replay endpoint, or "" before bind and
+// without one.
+func (p *kvPublisher) ReplayEndpoint() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.replayListener == nil {
+		return ""
+	}
+	return "tcp://" + p.replayListener.Addr().String()
+}
+
+// KVEventsDropped is how many event batches the engine did not send,
+// Config.KVEventsDrop drawing them.
+func (e *Engine) KVEventsDropped() int64 {
+	if e.events == nil {
+		return 0
+	}
+	e.events.mu.Lock()
+	defer e.events.mu.Unlock()
+	return e.events.dropped
+}
+
+// KVEventsReplayEndpoint is where the engine serves replays of its KV
+// events, tcp://host:port with the port bound, once Start, Serve or
+// BindKVEvents has bound it; "" before, and without
+// Config.KVEventsReplayEndpoint.
+func (e *Engine) KVEventsReplayEndpoint() string {
+	if e.events == nil {
+		return ""
+	}
+	return e.events.ReplayEndpoint()
 }
 
 // refusedSubscribers is how many connections were closed at once, the
@@ -177,14 +252,114 @@ func (p *kvPublisher) serve(ctx context.Context) {
 		defer wg.Done()
 		p.run(ctx)
 	}()
+	if p.replayListener != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.acceptReplays(ctx)
+		}()
+	}
 	<-ctx.Done()
 	p.mu.Lock()
 	_ = p.listener.Close()
 	for raw := range p.subs {
 		_ = raw.Close()
 	}
+	if p.replayListener != nil {
+		_ = p.replayListener.Close()
+	}
+	for raw := range p.replayConns {
+		_ = raw.Close()
+	}
 	p.mu.Unlock()
 	wg.Wait()
+}
+
+// acceptReplays takes replay clients, at most maxSubs at once, each served
+// by its own goroutine until it goes away.
+func (p *kvPublisher) acceptReplays(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		raw, err := p.replayListener.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		p.mu.Lock()
+		if ctx.Err() != nil || len(p.replayConns) >= p.maxSubs {
+			p.refused++
+			p.mu.Unlock()
+			_ = raw.Close()
+			continue
+		}
+		p.replayConns[raw] = true
+		p.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.serveReplays(raw)
+		}()
+	}
+}
+
+// serveReplays answers one client's replay requests until it goes away:
+// each request, an empty delimiter and a starting sequence number of 8
+// bytes big-endian, gets every batch kept from that one on, then the end
+// marker, in vLLM's layout since v0.26.0: delimiter, topic, sequence
+// number, payload.
+func (p *kvPublisher) serveReplays(raw net.Conn) {
+	defer func() {
+		p.mu.Lock()
+		delete(p.replayConns, raw)
+		p.mu.Unlock()
+		_ = raw.Close()
+	}()
+	_ = raw.SetDeadline(time.Now().Add(kvHandshakeTimeout))
+	zc, err := zmq4.Open(raw, null.Security(), zmq4.Router, zmq4.SocketIdentity("kvload-emulator-replay"), true, nil)
+	if err != nil {
+		return
+	}
+	_ = raw.SetDeadline(time.Time{})
+	for {
+		req, err := zc.RecvMsg()
+		if err != nil {
+			return
+		}
+		if req.Type == zmq4.CmdMsg {
+			continue
+		}
+		if len(req.Frames) != 2 || len(req.Frames[0]) != 0 || len(req.Frames[1]) != 8 {
+			continue // vLLM logs and drops a request of another shape
+		}
+		from := binary.BigEndian.Uint64(req.Frames[1])
+		p.mu.Lock()
+		var batches []kvSentBatch
+		for i := range p.kept {
+			if b := p.kept[(p.keptHead+i)%len(p.kept)]; b.seq >= from {
+				batches = append(batches, b)
+			}
+		}
+		p.mu.Unlock()
+		_ = raw.SetWriteDeadline(time.Now().Add(kvWriteTimeout))
+		for _, b := range batches {
+			var seq [8]byte
+			binary.BigEndian.PutUint64(seq[:], b.seq)
+			if zc.SendMsg(zmq4.NewMsgFrom([]byte{}, p.topic, seq[:], b.payload)) != nil {
+				return
+			}
+		}
+		if zc.SendMsg(zmq4.NewMsgFrom([]byte{}, []byte{}, kvEndSeq[:], []byte{})) != nil {
+			return
+		}
+	}
 }
 
 // accept takes subscribers: each gets a ZMTP handshake as a PUB socket and
@@ -291,7 +466,7 @@ func (p *kvPublisher) run(ctx context.Context) {
 		case <-p.wake:
 		}
 		p.mu.Lock()
-		events, lost := p.pending, p.lost
+		events, lost, drop := p.pending, p.lost, p.drop
 		p.pending, p.lost = nil, false
 		if len(events) == 0 {
 			// A wake-up whose events an earlier round took.
@@ -313,6 +488,22 @@ func (p *kvPublisher) run(ctx context.Context) {
 		payload, err := encodeKVBatch(p.format, float64(p.now().UnixNano())/1e9, events)
 		if err != nil {
 			continue // only our own values get here
+		}
+		if p.replayListener != nil {
+			p.mu.Lock()
+			if len(p.kept) < KVEventsReplayBatches {
+				p.kept = append(p.kept, kvSentBatch{seq, payload})
+			} else {
+				p.kept[p.keptHead] = kvSentBatch{seq, payload}
+				p.keptHead = (p.keptHead + 1) % len(p.kept)
+			}
+			p.mu.Unlock()
+		}
+		if drop > 0 && p.dropRNG.Float64() < drop {
+			p.mu.Lock()
+			p.dropped++
+			p.mu.Unlock()
+			continue // kept for the replay, not sent
 		}
 		var seqFrame [8]byte
 		binary.BigEndian.PutUint64(seqFrame[:], seq)

@@ -247,6 +247,9 @@ func TestKVEventsConfig(t *testing.T) {
 		{Config{KVEvents: "tcp://nohost"}, "missing port"},
 		{Config{KVEvents: "tcp://127.0.0.1:0", Engine: PersonalityLlamaCpp}, "llamacpp"},
 		{Config{KVEventsFormat: "json"}, "map or array"},
+		{Config{KVEvents: "tcp://127.0.0.1:0", KVEventsDrop: 1.5}, "kv_events_drop must be within [0, 1]"},
+		{Config{KVEventsReplayEndpoint: "tcp://127.0.0.1:0"}, "need kv_events"},
+		{Config{KVEvents: "tcp://127.0.0.1:0", KVEventsReplayEndpoint: "127.0.0.1:0"}, "kv_events_replay_endpoint"},
 	} {
 		if _, err := New(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error with %q", c.cfg, err, c.want)
@@ -347,5 +350,76 @@ func TestKVEventsSubscriberCap(t *testing.T) {
 	complete(t, base, seq(1, 5), nil)
 	if events, _ := sub.next(t, KVEventsMap, 1); events[0].Type != "BlockStored" {
 		t.Errorf("the subscriber served: %v, want the block stored", events)
+	}
+}
+
+// TestKVEventsReplay: with every batch dropped (kv_events_drop: 1) a
+// subscriber hears nothing, while the replay socket gives each batch back
+// from the sequence number asked, in vLLM's layout since v0.26.0 (a
+// delimiter, the topic, the sequence number, the payload), then its end
+// marker; and the drops are drawn, about the share configured.
+func TestKVEventsReplay(t *testing.T) {
+	cfg := Config{BlockSize: 4, KVEvents: "tcp://127.0.0.1:0", KVEventsTopic: "kv", KVEventsReplayEndpoint: "tcp://127.0.0.1:0", KVEventsDrop: 1}
+	e, base, sub := startPublishing(t, cfg)
+	for i := range 3 {
+		complete(t, base, seq(100*i+1, 9), nil)
+	}
+	raw, err := net.Dial("tcp", strings.TrimPrefix(e.KVEventsReplayEndpoint(), "tcp://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	zc, err := zmq4.Open(raw, null.Security(), zmq4.Dealer, zmq4.SocketIdentity("test"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = raw.SetReadDeadline(time.Now().Add(testutil.Ceiling)) // a broken socket only
+	var seqs []uint64
+	// The three batches are queued before their requests are answered,
+	// but published by another goroutine: ask until all three are kept.
+	testutil.Eventually(t, "three batches replayed", func() (bool, string) {
+		if err := zc.SendMsg(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, 1))); err != nil {
+			t.Fatal(err)
+		}
+		seqs = nil
+		for {
+			msg, err := zc.RecvMsg()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if msg.Type == zmq4.CmdMsg {
+				continue
+			}
+			if len(msg.Frames) != 4 || len(msg.Frames[0]) != 0 || len(msg.Frames[2]) != 8 {
+				t.Fatalf("a reply of %d frames %q: want a delimiter, the topic, a sequence number and a payload", len(msg.Frames), msg.Frames)
+			}
+			s := binary.BigEndian.Uint64(msg.Frames[2])
+			if s == ^uint64(0) {
+				if string(msg.Frames[1]) != "" || len(msg.Frames[3]) != 0 {
+					t.Fatalf("end marker %q: want an empty topic and payload", msg.Frames)
+				}
+				break
+			}
+			if string(msg.Frames[1]) != "kv" {
+				t.Fatalf("topic %q, want kv", msg.Frames[1])
+			}
+			if events := decodeWireBatch(t, KVEventsMap, msg.Frames[3]); len(events) != 1 || events[0].Type != "BlockStored" {
+				t.Fatalf("batch %d: %v, want one BlockStored", s, events)
+			}
+			seqs = append(seqs, s)
+		}
+		return reflect.DeepEqual(seqs, []uint64{1, 2}), fmt.Sprint(seqs)
+	})
+	// Nothing was sent to the subscriber: a batch published now, undropped,
+	// comes first, numbered after the three dropped.
+	e.events.mu.Lock()
+	e.events.drop = 0
+	e.events.mu.Unlock()
+	complete(t, base, seq(1000, 9), nil)
+	if _, seqs := sub.next(t, KVEventsMap, 1); seqs[0] != 3 {
+		t.Errorf("the first batch heard is %d, want 3: the three before dropped", seqs[0])
+	}
+	if got := e.KVEventsDropped(); got != 3 {
+		t.Errorf("%d batches counted dropped, want 3", got)
 	}
 }

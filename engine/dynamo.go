@@ -15,7 +15,7 @@ var _ = register(&Spec{
 	AbsentCachedIsZero: true,
 	BlockSize:          16,
 	Granularity:        GranularityBlock,
-	Metrics:            Metrics{CachedTokens: []string{"dynamo_frontend_cached_tokens"}},
+	Metrics:            Metrics{CachedTokens: families("dynamo_frontend_cached_tokens")},
 	UnreportedAdvice:   serverMetricsAdvice,
 	tokenize:           &tokenizeRoute{path: "/tokenize", body: openAITokenizeBody},
 })

@@ -10,7 +10,12 @@
 // tests check this package against.
 package engine
 
-import "slices"
+import (
+	"fmt"
+	"slices"
+
+	dto "github.com/prometheus/client_model/go"
+)
 
 // Dialect names the server flavour a target speaks (target.dialect). All
 // of them take the OpenAI request shape; they differ in how an exact
@@ -69,17 +74,69 @@ type RequestFields struct {
 	ChatCacheSalt, CompletionsCacheSalt string
 }
 
-// Metrics names an engine's own counters on its /metrics. The first name
-// present in a scrape is used; a histogram counts by its sum.
+// Metrics names an engine's own counters on its /metrics. Of each list,
+// the first counter present in a scrape is read; a histogram counts by its
+// sum.
 type Metrics struct {
-	// CachedTokens counts prompt tokens served from the prefix cache.
-	CachedTokens []string
+	// CachedTokens counts prompt tokens served from the prefix cache, the
+	// cleanest count first: where an engine has several, the later ones
+	// are for its releases that lack the earlier.
+	CachedTokens []Series
 	// PromptTokens counts the prompt tokens the engine processed, for this
 	// replica's share of the cached tokens.
-	PromptTokens []string
+	PromptTokens []Series
 	// PromptExcludesCached: the prompt counter leaves the cached tokens
 	// out, and the cached-token counter adds them back.
 	PromptExcludesCached bool
+	// RecomputedTokens counts tokens the engine found in its cache and
+	// computed again (vLLM's full hit, whose last token it must compute).
+	RecomputedTokens []Series
+}
+
+// Series picks the series of one counter on an engine's /metrics: a
+// family, by the name the text format exposes it under (with _total), and
+// where the family splits its count by a label, the one value of that
+// label to read; Label empty reads every series of the family.
+type Series struct {
+	Family       string
+	Label, Value string
+	// CountsRecomputed: the count includes the tokens RecomputedTokens
+	// counts, which a read takes out where the engine exports them.
+	CountsRecomputed bool
+	// PromptTokens, for a cached-token counter, are the prompt-token
+	// counters counted at the same moment, read with it instead of
+	// Metrics.PromptTokens; nil: Metrics.PromptTokens.
+	PromptTokens []Series
+}
+
+// families is a Series for each family named, read whole.
+func families(names ...string) []Series {
+	out := make([]Series, len(names))
+	for i, name := range names {
+		out[i] = Series{Family: name}
+	}
+	return out
+}
+
+// String writes the series as PromQL selects them.
+func (s Series) String() string {
+	if s.Label == "" {
+		return s.Family
+	}
+	return fmt.Sprintf("%s{%s=%q}", s.Family, s.Label, s.Value)
+}
+
+// matches tells whether m is one of the series s reads.
+func (s Series) matches(m *dto.Metric) bool {
+	if s.Label == "" {
+		return true
+	}
+	for _, l := range m.GetLabel() {
+		if l.GetName() == s.Label {
+			return l.GetValue() == s.Value
+		}
+	}
+	return false
 }
 
 // Spec is everything the exporter knows about one engine.

@@ -44,7 +44,7 @@ func TestEngineFacts(t *testing.T) {
 		{DialectTRTLLM, 32, GranularityBlock, false, true, false, false},
 		{DialectDynamo, 16, GranularityBlock, false, true, false, true},
 		{DialectLlamaCpp, 1, GranularityToken, false, true, true, false},
-		{DialectOllama, 16, GranularityBlock, false, false, false, false},
+		{DialectOllama, 1, GranularityToken, false, false, false, false},
 		{DialectOpenAI, 16, GranularityBlock, false, false, false, false},
 	}
 	for _, tt := range tests {

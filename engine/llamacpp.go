@@ -21,8 +21,8 @@ var _ = register(&Spec{
 	BlockSize:   1,
 	Granularity: GranularityToken,
 	Metrics: Metrics{
-		CachedTokens:         []string{"llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_cached"},
-		PromptTokens:         []string{"llamacpp:prompt_tokens_total"},
+		CachedTokens:         families("llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_cached"),
+		PromptTokens:         families("llamacpp:prompt_tokens_total"),
 		PromptExcludesCached: true,
 	},
 	UnreportedAdvice: serverMetricsAdvice,

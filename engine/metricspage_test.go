@@ -40,7 +40,7 @@ func parseHeap(t testing.TB, page []byte) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, ok := firstPresent(mfs, families[:1]); !ok || v.sum() != 4242 {
+	if _, v, ok := firstPresent(mfs, For(DialectVLLM).Metrics.CachedTokens); !ok || v.sum() != 4242 {
 		t.Fatalf("counter read as %v (found %v), want 4242", v, ok)
 	}
 	return after.TotalAlloc - before.TotalAlloc

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,6 +22,11 @@ type ServerCounts struct {
 	// PromptKnown (the engine exports such a counter).
 	Prompt      float64
 	PromptKnown bool
+	// Recomputed is the tokens it found in its cache and computed again,
+	// left out of Cached; only when RecomputedKnown (the engine exports
+	// such a counter).
+	Recomputed      float64
+	RecomputedKnown bool
 	// Baseline: the scraper's first read, which only takes the counters'
 	// values; nothing counted before it is known.
 	Baseline bool
@@ -56,9 +62,9 @@ type ServerScraper struct {
 	// at the same moment as the load's other reads.
 	FirstAfter time.Duration
 
-	cached, prompt counterBaseline
-	lastStart      float64 // the server's process_start_time_seconds, 0 if it has none
-	seen           bool
+	cached, prompt, recomputed counterBaseline
+	lastStart                  float64 // the server's process_start_time_seconds, 0 if it has none
+	seen                       bool
 }
 
 // Prime takes the counter's baseline now, so that what the server counted
@@ -214,8 +220,9 @@ type CounterKind string
 
 // The counters read.
 const (
-	CachedCounter CounterKind = "cached-token"
-	PromptCounter CounterKind = "prompt-token"
+	CachedCounter     CounterKind = "cached-token"
+	PromptCounter     CounterKind = "prompt-token"
+	RecomputedCounter CounterKind = "recomputed-token"
 )
 
 // seriesValues is one read of a counter: each series' value, by label set
@@ -224,72 +231,91 @@ type seriesValues map[string]float64
 
 // engineRead is one read of a server's counters.
 type engineRead struct {
-	cached seriesValues
-	prompt seriesValues // cached or not; nil when the engine has none
-	start  float64      // process_start_time_seconds, 0 if none
+	// The counters' values; prompt (cached or not) and recomputed are nil
+	// where the engine has no such counter.
+	cached, prompt, recomputed seriesValues
+	cachedFrom                 Series  // the cached-token counter read
+	start                      float64 // process_start_time_seconds, 0 if none
+}
+
+// counterValues are a read's counters, each with its kind, its values
+// and the baseline of the reads before.
+func (s *ServerScraper) counterValues(r engineRead) []counterRead {
+	return []counterRead{{CachedCounter, r.cached, &s.cached}, {PromptCounter, r.prompt, &s.prompt}, {RecomputedCounter, r.recomputed, &s.recomputed}}
+}
+
+// counterRead is one counter of a read.
+type counterRead struct {
+	kind CounterKind
+	now  seriesValues // nil: not exported
+	last *counterBaseline
 }
 
 // counts turns a read into increases since the read before, series by
 // series (see counterBaseline.advance). The server restarted when its
 // process start time changed: then every series began again from zero,
-// even one whose new count has already passed the old. Both counters are
-// held to the same rules: an implausible value or jump of either leaves
+// even one whose new count has already passed the old. Every counter is
+// held to the same rules: an implausible value or jump of any leaves
 // every baseline as it was, so that a one-off glitch costs nothing once
 // the counter reads sane again. A series that went back while the start
 // time, known, stayed the same is refused too, and the counts go on from
 // the values read, which no later read could otherwise pass.
 func (s *ServerScraper) counts(r engineRead) (ServerCounts, error) {
 	restarted := s.seen && r.start != s.lastStart && r.start != 0 && s.lastStart != 0
-	for _, v := range r.cached {
-		if err := s.plausible(CachedCounter, v); err != nil {
-			return ServerCounts{}, err
+	counters := s.counterValues(r)
+	for _, c := range counters {
+		for _, v := range c.now {
+			if err := s.plausible(c.kind, v); err != nil {
+				return ServerCounts{}, err
+			}
 		}
 	}
-	for _, v := range r.prompt {
-		if err := s.plausible(PromptCounter, v); err != nil {
-			return ServerCounts{}, err
+	var inc [3]float64
+	var next [3]counterBaseline
+	for i, c := range counters {
+		if c.now == nil {
+			continue
+		}
+		inc[i], next[i] = c.last.advance(c.now, restarted)
+		if inc[i] > maxServerIncrease {
+			return ServerCounts{}, &RejectedCount{Target: s.Target, Counter: c.kind, Reason: ServerErrorJump, Value: c.now.sum(), Last: c.last.sumOf(c.now)}
 		}
 	}
-	cached, nextCached := s.cached.advance(r.cached, restarted)
-	if cached > maxServerIncrease {
-		return ServerCounts{}, &RejectedCount{Target: s.Target, Counter: CachedCounter, Reason: ServerErrorJump, Value: r.cached.sum(), Last: s.cached.sumOf(r.cached)}
+	c := ServerCounts{Cached: inc[0], Baseline: !s.seen, Restarted: restarted}
+	if r.recomputed != nil {
+		c.Recomputed, c.RecomputedKnown = inc[2], true
+		if r.cachedFrom.CountsRecomputed {
+			c.Cached = max(c.Cached-c.Recomputed, 0)
+		}
 	}
-	c := ServerCounts{Cached: cached, Baseline: !s.seen, Restarted: restarted}
-	var nextPrompt counterBaseline
 	if r.prompt != nil {
-		c.Prompt, nextPrompt = s.prompt.advance(r.prompt, restarted)
-		if c.Prompt > maxServerIncrease {
-			return ServerCounts{}, &RejectedCount{Target: s.Target, Counter: PromptCounter, Reason: ServerErrorJump, Value: r.prompt.sum(), Last: s.prompt.sumOf(r.prompt)}
-		}
-		c.PromptKnown = true
+		c.Prompt, c.PromptKnown = inc[1], true
 		if For(s.Dialect).Metrics.PromptExcludesCached {
-			c.Prompt += cached
+			c.Prompt += c.Cached
 		}
 	}
 	var back error
 	if s.seen && r.start != 0 && r.start == s.lastStart {
-		back = s.wentBack(r)
+		back = s.wentBack(counters)
 	}
-	s.cached, s.lastStart, s.seen = nextCached, r.start, true
-	if r.prompt != nil {
-		s.prompt = nextPrompt
+	for i, c := range counters {
+		if c.now != nil || i == 0 {
+			*c.last = next[i]
+		}
 	}
+	s.lastStart, s.seen = r.start, true
 	if back != nil {
 		return ServerCounts{}, back
 	}
 	return c, nil
 }
 
-// wentBack is the refusal of a read in which a series of either counter
-// is below its last value, or nil.
-func (s *ServerScraper) wentBack(r engineRead) error {
-	for _, c := range []struct {
-		kind CounterKind
-		last counterBaseline
-		now  seriesValues
-	}{{CachedCounter, s.cached, r.cached}, {PromptCounter, s.prompt, r.prompt}} {
+// wentBack is the refusal of a read in which a series of any counter is
+// below its last value, or nil.
+func (s *ServerScraper) wentBack(counters []counterRead) error {
+	for _, c := range counters {
 		for k, v := range c.now {
-			if last, ok := c.last[k]; ok && v < last.v {
+			if last, ok := (*c.last)[k]; ok && v < last.v {
 				return &RejectedCount{Target: s.Target, Counter: c.kind, Reason: ServerErrorBackwards, Value: c.now.sum(), Last: c.last.sumOf(c.now)}
 			}
 		}
@@ -388,25 +414,44 @@ func (v seriesValues) sum() float64 {
 // families are the families a read of the dialect's counters parses.
 func (s *ServerScraper) families() []string {
 	m := For(s.Dialect).Metrics
-	return append(append(append([]string{}, m.CachedTokens...), m.PromptTokens...), "process_start_time_seconds")
+	var names []string
+	add := func(list []Series) {
+		for _, c := range list {
+			if !slices.Contains(names, c.Family) {
+				names = append(names, c.Family)
+			}
+		}
+	}
+	for _, c := range m.CachedTokens {
+		add([]Series{c})
+		add(c.PromptTokens)
+	}
+	add(m.PromptTokens)
+	add(m.RecomputedTokens)
+	return append(names, "process_start_time_seconds")
 }
 
-// read returns the server's cached-token counter, its prompt-token counter
-// where it has one, and its process start time.
+// read returns the server's cached-token counter, its prompt-token and
+// recomputed-token counters where it has them, and its process start
+// time. The prompt-token counter is the one counted with the cached one
+// read, where the spec pairs them.
 func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
 	mfs, err := metricsRead{client: s.Client, url: s.URL, families: s.families(), headerTimeout: s.HeaderTimeout}.read(ctx)
 	if err != nil {
 		return engineRead{}, fmt.Errorf("target %s: server metrics: %w", s.Target, err)
 	}
 	var r engineRead
-	names := For(s.Dialect).Metrics.CachedTokens
+	m := For(s.Dialect).Metrics
 	var found bool
-	if r.cached, found = firstPresent(mfs, names); !found {
-		return engineRead{}, fmt.Errorf("target %s: server metrics: none of %v found (is the engine's metrics switch on?)", s.Target, names)
+	if r.cachedFrom, r.cached, found = firstPresent(mfs, m.CachedTokens); !found {
+		return engineRead{}, fmt.Errorf("target %s: server metrics: none of %v found (is the engine's metrics switch on?)", s.Target, m.CachedTokens)
 	}
-	if pm := For(s.Dialect).Metrics; len(pm.PromptTokens) > 0 {
-		r.prompt, _ = firstPresent(mfs, pm.PromptTokens)
+	prompt := m.PromptTokens
+	if r.cachedFrom.PromptTokens != nil {
+		prompt = r.cachedFrom.PromptTokens
 	}
+	_, r.prompt, _ = firstPresent(mfs, prompt)
+	_, r.recomputed, _ = firstPresent(mfs, m.RecomputedTokens)
 	if mf := mfs["process_start_time_seconds"]; mf != nil && len(mf.GetMetric()) > 0 {
 		m := mf.GetMetric()[0]
 		r.start = m.GetGauge().GetValue() + m.GetUntyped().GetValue()
@@ -414,17 +459,22 @@ func (s *ServerScraper) read(ctx context.Context) (engineRead, error) {
 	return r, nil
 }
 
-// firstPresent is the series of the first of names present (the text
-// parser keys a counter by its exposed name, with _total); a histogram
-// counts by its sum.
-func firstPresent(mfs map[string]*dto.MetricFamily, names []string) (seriesValues, bool) {
-	for _, name := range names {
-		mf, ok := mfs[name]
+// firstPresent is the first of counters the page holds a series of, and
+// the values of its series (the text parser keys a counter by its exposed
+// name, with _total); a histogram counts by its sum. A series is keyed by
+// its family and labels, so that the values of one counter are never
+// taken as another's.
+func firstPresent(mfs map[string]*dto.MetricFamily, counters []Series) (Series, seriesValues, bool) {
+	for _, c := range counters {
+		mf, ok := mfs[c.Family]
 		if !ok {
 			continue
 		}
 		v := make(seriesValues, len(mf.GetMetric()))
 		for _, m := range mf.GetMetric() {
+			if !c.matches(m) {
+				continue
+			}
 			var x float64
 			switch {
 			case m.Counter != nil:
@@ -436,9 +486,11 @@ func firstPresent(mfs map[string]*dto.MetricFamily, names []string) (seriesValue
 			case m.Gauge != nil:
 				x = m.GetGauge().GetValue()
 			}
-			v[seriesKey(m)] = x
+			v[c.Family+"\xfd"+seriesKey(m)] = x
 		}
-		return v, true
+		if len(v) > 0 {
+			return c, v, true
+		}
 	}
-	return nil, false
+	return Series{}, nil, false
 }

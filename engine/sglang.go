@@ -23,8 +23,8 @@ var _ = register(&Spec{
 	BlockSize:          1,
 	Granularity:        GranularityToken,
 	Metrics: Metrics{
-		CachedTokens: []string{"sglang:cached_tokens_total", "sglang:cached_tokens"},
-		PromptTokens: []string{"sglang:prompt_tokens_total"},
+		CachedTokens: families("sglang:cached_tokens_total", "sglang:cached_tokens"),
+		PromptTokens: families("sglang:prompt_tokens_total"),
 	},
 	UnreportedAdvice: "start SGLang with --enable-cache-report, or set cache.observed: server_metrics",
 	tokenize:         &tokenizeRoute{path: "/v1/tokenize", body: openAITokenizeBody},

@@ -13,7 +13,7 @@ var _ = register(&Spec{
 	BlockSize:   32,
 	Granularity: GranularityBlock,
 	Metrics: Metrics{
-		CachedTokens: []string{"trtllm_prompt_cached_tokens_total", "trtllm_prompt_cache_hit_tokens_total"},
+		CachedTokens: families("trtllm_prompt_cached_tokens_total", "trtllm_prompt_cache_hit_tokens_total"),
 	},
 	UnreportedAdvice: serverMetricsAdvice,
 	// No flag for special tokens: a BOS may be counted.

@@ -24,8 +24,12 @@ var _ = register(&Spec{
 	BlockSize:   16,
 	Granularity: GranularityBlock,
 	Metrics: Metrics{
-		CachedTokens: []string{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total"},
-		PromptTokens: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries", "vllm:prompt_tokens_total"},
+		CachedTokens: append([]Series{
+			{Family: vllmPromptTokensCached, PromptTokens: vllmPerRequestPrompt},
+			{Family: vllmPromptTokensBySource, Label: "source", Value: "local_cache_hit", CountsRecomputed: true, PromptTokens: vllmPerRequestPrompt},
+		}, families("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total")...),
+		PromptTokens:     families("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries", "vllm:prompt_tokens_total"),
+		RecomputedTokens: families(vllmPromptTokensRecomputed),
 	},
 	UnreportedAdvice: "start vLLM with --enable-prompt-tokens-details, or set cache.observed: server_metrics",
 	tokenize:         &tokenizeRoute{path: "/tokenize", body: openAITokenizeBody},
@@ -39,6 +43,30 @@ var _ = register(&Spec{
 		return vllmLayoutOf(mfs)
 	},
 })
+
+// vLLM's cached-token counters, cleanest first. prefix_cache_hits counts
+// a preempted request's lookup again when it is scheduled anew, and so
+// counts tokens it recomputes as hits (vLLM issue 25780, open). Since
+// PR 33290 (February 2026) vLLM also counts each request's cached
+// prompt tokens once, at its prefill: prompt_tokens_cached (local and
+// from a KV connector, the count usage reports) and prompt_tokens_by_source
+// with source local_cache_hit (local only). Until PR 38709 (April 2026)
+// removed it, prompt_tokens_recomputed counted the last token of a
+// prompt found whole in the cache, which the engine computes again;
+// local_cache_hit counted it too, and prompt_tokens_cached did not.
+//
+// Each of those two is read with prompt_tokens, which vLLM counts at the
+// same moment, once a request; prefix_cache_queries, like
+// prefix_cache_hits, counts each lookup.
+const (
+	vllmPromptTokensCached     = "vllm:prompt_tokens_cached_total"
+	vllmPromptTokensBySource   = "vllm:prompt_tokens_by_source_total"
+	vllmPromptTokensRecomputed = "vllm:prompt_tokens_recomputed_total"
+)
+
+// vllmPerRequestPrompt is the prompt-token counter read with vLLM's
+// per-request cached counts.
+var vllmPerRequestPrompt = families("vllm:prompt_tokens_total")
 
 // vllmChatBody is vLLM's chat form of /tokenize: the messages rendered by
 // the server's chat template with the assistant's header, special tokens

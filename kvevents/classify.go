@@ -12,7 +12,9 @@ type Class string
 // The classes of kvload_cache_missed_hit_tokens_total.
 const (
 	// ClassEvicted: the engine stored the block and removed it before the
-	// request (or while it waited): memory pressure.
+	// request (or while it waited): memory pressure. A block held when
+	// the stream lost batches that no replay gave back, and not seen
+	// since, reads as evicted too: the lost batches removed it.
 	ClassEvicted Class = "evicted"
 	// ClassNeverStored: the engine the request went to never stored the
 	// block: another replica has it (a router that does not route by
@@ -67,13 +69,17 @@ var errNoBlockSize = errors.New("the block size is unknown")
 // before it, so a block held behind a missed one is missed for that one's
 // reason. A salted request's blocks are looked up under its salt on the
 // streams whose events carry extra keys, and by their tokens alone on the
-// others.
+// others; on each stream in its prefix group (PrefixGroup), at the block
+// size of the first stream that told one (else m.BlockSize).
 func Classify(streams []*Stream, m Miss) (Tally, error) {
 	bs := m.BlockSize
-	for _, s := range streams {
-		if b := s.BlockSize(); b > 0 {
-			bs = b
-			break
+	groups := make([]int, len(streams))
+	told := false
+	for j, s := range streams {
+		g, b := s.PrefixGroup()
+		groups[j] = g
+		if b > 0 && !told {
+			bs, told = b, true
 		}
 	}
 	if bs <= 0 {
@@ -88,17 +94,24 @@ func Classify(streams []*Stream, m Miss) (Tally, error) {
 	n := min(last+1, full) // blocks looked up
 	var classes []Class
 	if first < n {
-		plain, salted := requestKeys(m.Tokens, bs, n, ""), []chainKey(nil)
+		// The keys of the prompt's blocks, by the group they are looked
+		// up in and whether under the request's salt.
+		type lookup struct {
+			group  int
+			salted bool
+		}
+		keys := map[lookup][]chainKey{}
 		per := make([][]State, len(streams))
 		for j, s := range streams {
-			keys := plain
-			if m.Salt != "" && s.keyedByExtraKeys() {
-				if salted == nil {
-					salted = requestKeys(m.Tokens, bs, n, saltExtraKeys(m.Salt))
+			l := lookup{groups[j], m.Salt != "" && s.keyedByExtraKeys()}
+			if keys[l] == nil {
+				extra := ExtraKeys("")
+				if l.salted {
+					extra = saltExtraKeys(m.Salt)
 				}
-				keys = salted
+				keys[l] = requestKeys(m.Tokens, bs, n, l.group, extra)
 			}
-			per[j] = s.states(keys[first:], m.Sent, m.Until)
+			per[j] = s.states(keys[l][first:], m.Sent, m.Until)
 		}
 		classes = combine(per, n-first)
 	}
@@ -119,11 +132,11 @@ func Classify(streams []*Stream, m Miss) (Tally, error) {
 	return tally, nil
 }
 
-// requestKeys are the keys of a prompt's first n blocks of bs tokens, the
-// first block's extra keys being first.
-func requestKeys(tokens []uint32, bs, n int, first ExtraKeys) []chainKey {
+// requestKeys are the keys of a prompt's first n blocks of bs tokens in
+// KV cache group group, the first block's extra keys being first.
+func requestKeys(tokens []uint32, bs, n, group int, first ExtraKeys) []chainKey {
 	keys := make([]chainKey, n)
-	k := rootKey("", 0)
+	k := rootKey("", group)
 	for i := range keys {
 		var extra ExtraKeys
 		if i == 0 {
@@ -144,7 +157,10 @@ func combine(per [][]State, n int) []Class {
 			switch states[i] {
 			case Alive:
 				alive++
-			case Evicted:
+			case Evicted, Lost:
+				// Lost: held when batches were lost, which would have
+				// removed it (an AllBlocksCleared among them is rarer
+				// than a removal).
 				evicted = true
 			case Cleared:
 				cleared = true

@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
 // ih is the BlockHash of an integer hash.
@@ -131,6 +133,17 @@ func TestClassify(t *testing.T) {
 			return e
 		}()}, -1}}}, 0, 12, 5, 6, Tally{ClassNeverStored: 12}},
 		{"nothing missed", [][]step{{promptStored}}, 8, 8, 5, 6, Tally{}},
+		{"held when batches were lost: evicted", [][]step{{promptStored, {3, nil, 5}}}, 0, 12, 5, 6,
+			Tally{ClassEvicted: 12}},
+		{"held when batches were lost, removed after the lookup: held through the gap", [][]step{{promptStored,
+			{3, nil, 5}, {7, []Event{removed(13)}, -1}}}, 8, 12, 5, 6, Tally{ClassUnexplained: 4}},
+		{"held when batches were lost, stored again after the send: evicted", [][]step{{promptStored,
+			{3, nil, 5}, {5.5, []Event{stored(ih(12), toks(9, 4), 13)}, -1}}}, 8, 12, 5, 6, Tally{ClassEvicted: 4}},
+		{"another group's removal of the same hash", [][]step{{promptStored, {2, []Event{func() Event {
+			e := removed(13)
+			e.Group = 1
+			return e
+		}()}, -1}}}, 8, 12, 5, 6, Tally{ClassUnexplained: 4}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -479,8 +492,10 @@ func TestApplySequence(t *testing.T) {
 			if a.Missed != c.missed || a.Restarted != c.restarted {
 				t.Errorf("missed %d, restarted %v; want %d, %v", a.Missed, a.Restarted, c.missed, c.restarted)
 			}
-			if held := len(s.aliveKeys) == 1; held == c.restarted {
-				t.Errorf("the block held: %v, want %v", held, !c.restarted)
+			// Lost batches may have removed it, as a new engine has.
+			want := !c.restarted && c.missed == 0
+			if held := len(s.aliveKeys) == 1; held != want {
+				t.Errorf("the block held: %v, want %v", held, want)
 			}
 		})
 	}
@@ -571,4 +586,99 @@ func BenchmarkStoreBytesPerRemoved(b *testing.B) {
 		runtime.KeepAlive(s)
 	}
 	b.ReportMetric(per, "bytes/block")
+}
+
+// TestGapLosesSight: a block held when batches were lost is no longer
+// held (it reads evicted), a later batch's blocks still link to it, and
+// the blocks stored since are held.
+func TestGapLosesSight(t *testing.T) {
+	s, a := replay(t, promptStored, step{3, []Event{stored(ih(13), toks(13, 4), 14)}, 5})
+	if a.Missed != 4 || a.Unlinked != 0 {
+		t.Fatalf("%+v: want 4 batches missed and the block after the gap linked to its parent", a)
+	}
+	long := toks(1, 17)
+	got, err := Classify([]*Stream{s}, Miss{Tokens: long, From: 0, To: 16, BlockSize: 4, Sent: at(5), Until: at(6)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Tally{ClassEvicted: 16}); !reflect.DeepEqual(got, want) {
+		t.Errorf("Classify: %v, want %v: the first three blocks lost sight of, the fourth behind them", got, want)
+	}
+	got, _ = Classify([]*Stream{s}, Miss{Tokens: long, From: 12, To: 16, BlockSize: 4, Sent: at(5), Until: at(6)})
+	if want := (Tally{ClassUnexplained: 4}); !reflect.DeepEqual(got, want) {
+		t.Errorf("Classify of the block stored after the gap: %v, want %v", got, want)
+	}
+	if len(s.aliveKeys) != 1 {
+		t.Errorf("%d blocks held, want the one stored after the gap", len(s.aliveKeys))
+	}
+}
+
+// TestGapsDoNotFillTheStore: 1,100 gaps, each after 1,000 blocks whose
+// removals the lost batches carried, leave the store as roomy as it was:
+// no block lives on after a gap, and the hashes of those lost sight of
+// give way to new ones.
+func TestGapsDoNotFillTheStore(t *testing.T) {
+	const perGap, gaps = 1000, 1100
+	s := NewStream("tcp://test:1")
+	if testutil.RaceEnabled {
+		// The same proportions, a tenth of the work.
+		s.maxAlive, s.maxHashIDs = maxAlive/10, maxHashIDs/10
+	}
+	n := gaps
+	if testutil.RaceEnabled {
+		n = gaps / 10
+	}
+	s.Connected(at(0))
+	seq, id, overflow := uint64(0), 0, 0
+	events := make([]Event, perGap)
+	for g := range n + 1 {
+		for i := range events {
+			id++
+			events[i] = Event{Kind: BlockStored, Hashes: []BlockHash{ih(uint64(id))}, Tokens: []uint32{uint32(id)}, BlockSize: 1}
+		}
+		overflow += s.Apply(t.Context(), seq, &Batch{Events: events}, at(float64(g))).TooMany
+		seq += 2 // the next batch, which removed them, is lost
+	}
+	if overflow != 0 || len(s.aliveKeys) != perGap {
+		t.Errorf("%d blocks not kept, %d held; want none, and the %d stored since the last gap", overflow, len(s.aliveKeys), perGap)
+	}
+	if idx := len(s.hashes) + len(s.stale); idx > s.maxHashIDs {
+		t.Errorf("%d hashes indexed, more than %d", idx, s.maxHashIDs)
+	}
+}
+
+// TestClassifyGroups: a hybrid model's groups keep their own block sizes,
+// and a request is looked up in its full-attention group, however the
+// sliding-window group's events come between.
+func TestClassifyGroups(t *testing.T) {
+	full := stored("", toks(1, 12), 11, 12, 13)
+	full.SpecKind = "full_attention"
+	window := Event{Kind: BlockStored, Hashes: []BlockHash{ih(11)}, Tokens: toks(1, 8), BlockSize: 8, Medium: "GPU",
+		Group: 1, SpecKind: "sliding_window", SlidingWindow: 8}
+	windowGone := removed(11)
+	windowGone.Group = 1
+	s, _ := replay(t, step{1, []Event{full, window, windowGone}, -1})
+	if g, bs := s.PrefixGroup(); g != 0 || bs != 4 {
+		t.Errorf("prefix group %d of block size %d, want 0 of 4", g, bs)
+	}
+	got, err := Classify([]*Stream{s}, Miss{Tokens: prompt, From: 0, To: 12, BlockSize: 16, Sent: at(5), Until: at(6)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Tally{ClassUnexplained: 12}); !reflect.DeepEqual(got, want) {
+		t.Errorf("Classify: %v, want %v: every block held in group 0", got, want)
+	}
+	// Group 1 alone, full attention after a sliding window group 0.
+	first := window
+	first.Group, first.Hashes, first.BlockSize, first.Tokens = 0, []BlockHash{ih(21)}, 4, toks(1, 4)
+	second := full
+	second.Group = 1
+	s, _ = replay(t, step{1, []Event{first, second}, -1})
+	if g, bs := s.PrefixGroup(); g != 1 || bs != 4 {
+		t.Errorf("prefix group %d of block size %d, want 1 of 4", g, bs)
+	}
+	got, _ = Classify([]*Stream{s}, Miss{Tokens: prompt, From: 0, To: 12, Sent: at(5), Until: at(6)})
+	if want := (Tally{ClassUnexplained: 12}); !reflect.DeepEqual(got, want) {
+		t.Errorf("Classify with full attention in group 1: %v, want %v", got, want)
+	}
 }

@@ -78,6 +78,12 @@ type Event struct {
 	LoRA string
 	// Group is the KV cache group (group_idx), 0 when not sent.
 	Group int
+	// SpecKind is the group's attention kind (kv_cache_spec_kind:
+	// full_attention, sliding_window, mamba, ...), "" when not sent; and
+	// SlidingWindow its window in tokens (kv_cache_spec_sliding_window),
+	// 0 for none (BlockStored only).
+	SpecKind      string
+	SlidingWindow int
 	// Extra is each stored block's extra keys, in the order of Hashes;
 	// nil when the event has none (vLLM before extra_keys).
 	Extra []ExtraKeys
@@ -264,12 +270,15 @@ type fields struct {
 	loraName  string
 	loraID    int
 	group     int
+	specKind  string
+	window    int
 	extra     []ExtraKeys
 }
 
 func (f *fields) event() (Event, bool, error) {
 	ev := Event{Hashes: f.hashes, Parent: f.parent, Tokens: f.tokens, BlockSize: f.blockSize,
-		Medium: f.medium, LoRA: f.loraName, Group: max(f.group, 0), Extra: f.extra}
+		Medium: f.medium, LoRA: f.loraName, Group: f.group, SpecKind: f.specKind, SlidingWindow: max(f.window, 0),
+		Extra: f.extra}
 	if ev.LoRA == "" && f.loraID >= 0 {
 		ev.LoRA = strconv.Itoa(f.loraID)
 	}
@@ -301,7 +310,7 @@ func (f *fields) event() (Event, bool, error) {
 // order vLLM declares them (later versions append).
 var positional = map[string][]string{
 	"BlockStored": {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-		"lora_name", "extra_keys", "group_idx"},
+		"lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"},
 	"BlockRemoved": {"block_hashes", "medium", "group_idx"},
 }
 
@@ -383,6 +392,10 @@ func (d *decoder) field(f *fields, name string) error {
 		f.medium, err = d.optStr("medium")
 	case "group_idx":
 		f.group, err = d.optInt("group_idx", 0)
+	case "kv_cache_spec_kind":
+		f.specKind, err = d.optStr("kv_cache_spec_kind")
+	case "kv_cache_spec_sliding_window":
+		f.window, err = d.optInt("kv_cache_spec_sliding_window", 0)
 	case "extra_keys":
 		f.extra, err = d.extraKeys()
 	default:

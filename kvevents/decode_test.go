@@ -432,3 +432,30 @@ func TestDecodeBatchBound(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeCacheSpec: the KV cache group of a BlockStored, its attention
+// kind and sliding window (vllm#40984, appended after group_idx), read in
+// both encodings; BlockRemoved carries the group only.
+func TestDecodeCacheSpec(t *testing.T) {
+	stored := []any{"BlockStored", []uint64{7}, nil, []uint32{1, 2, 3, 4}, 4, nil, "GPU", nil, nil, 1, "sliding_window", 1024}
+	removed := []any{"BlockRemoved", []uint64{7}, "GPU", 1}
+	storedMap := map[string]any{"type": "BlockStored", "block_hashes": []uint64{7}, "parent_block_hash": nil,
+		"token_ids": []uint32{1, 2, 3, 4}, "block_size": 4, "medium": "GPU", "group_idx": 1,
+		"kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": 1024}
+	removedMap := map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{7}, "medium": "GPU", "group_idx": 1}
+	for name, events := range map[string][]any{"array": {stored, removed}, "map": {storedMap, removedMap}} {
+		payload, err := msgpack.Marshal([]any{1.5, events, 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Decode(payload)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		s, r := b.Events[0], b.Events[1]
+		if s.Group != 1 || s.SpecKind != "sliding_window" || s.SlidingWindow != 1024 || r.Group != 1 || r.SpecKind != "" {
+			t.Errorf("%s: stored group %d kind %q window %d, removed group %d; want 1, sliding_window, 1024, 1",
+				name, s.Group, s.SpecKind, s.SlidingWindow, r.Group)
+		}
+	}
+}

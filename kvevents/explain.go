@@ -45,6 +45,9 @@ type Sink interface {
 type Job struct {
 	Workload, Target string
 	Streams          []*Stream
+	// From is what follows Streams: once it has stopped, the job reports
+	// nothing, and its waits end. nil in tests of Classify's callers.
+	From *Target
 	// Tokens returns the prompt's ids as the engine saw them: from the
 	// request, or asked of the engine's tokenize route.
 	Tokens func(ctx context.Context) ([]uint32, error)
@@ -100,7 +103,16 @@ func (e *Explainer) Offer(j Job) {
 		}
 	}
 	e.queued.Add(-int64(j.Bytes))
-	e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedQueueFull)
+	j.tell(func() { e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedQueueFull) })
+}
+
+// tell runs report unless the job's target has stopped.
+func (j *Job) tell(report func()) {
+	if j.From == nil {
+		report()
+		return
+	}
+	j.From.Report(report)
 }
 
 // Run classifies queued jobs until ctx ends, then returns once its workers
@@ -125,10 +137,19 @@ func (e *Explainer) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-// classify does one job.
+// classify does one job, until ctx or its target's stop ends it.
 func (e *Explainer) classify(ctx context.Context, j Job) {
+	if j.From != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(j.From.ctx, cancel)()
+	}
+	unclassified := func(reason UnclassifiedReason) {
+		j.tell(func() { e.sink.MissedHitUnclassified(j.Workload, j.Target, reason) })
+	}
 	if !following(j.Streams, j.Miss.Sent) {
-		e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedNoStream)
+		unclassified(UnclassifiedNoStream)
 		return
 	}
 	tctx, cancel := context.WithTimeout(ctx, tokenizeTimeout)
@@ -138,7 +159,7 @@ func (e *Explainer) classify(ctx context.Context, j Job) {
 		return
 	}
 	if err != nil {
-		e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedTokenize)
+		unclassified(UnclassifiedTokenize)
 		return
 	}
 	if wait := j.Done.Add(Grace).Sub(e.now()); wait > 0 {
@@ -150,23 +171,33 @@ func (e *Explainer) classify(ctx context.Context, j Job) {
 		case <-t.C:
 		}
 	}
+	// A gap being filled from the engine's replay socket: its batches
+	// may be of before the send.
+	for _, s := range j.Streams {
+		s.settled(ctx)
+	}
+	if ctx.Err() != nil {
+		return
+	}
 	// Again: a batch lost meanwhile may have been of before the send.
 	if !following(j.Streams, j.Miss.Sent) {
-		e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedNoStream)
+		unclassified(UnclassifiedNoStream)
 		return
 	}
 	m := j.Miss
 	m.Tokens = tokens
 	tally, err := Classify(j.Streams, m)
 	if err != nil {
-		e.sink.MissedHitUnclassified(j.Workload, j.Target, UnclassifiedBlockSize)
+		unclassified(UnclassifiedBlockSize)
 		return
 	}
-	for _, c := range Classes {
-		if n := tally[c]; n > 0 {
-			e.sink.MissedHitTokens(j.Workload, j.Target, c, n)
+	j.tell(func() {
+		for _, c := range Classes {
+			if n := tally[c]; n > 0 {
+				e.sink.MissedHitTokens(j.Workload, j.Target, c, n)
+			}
 		}
-	}
+	})
 }
 
 // following tells whether every stream has seen every batch since t.
@@ -180,21 +211,32 @@ func following(streams []*Stream, t time.Time) bool {
 }
 
 // Target follows the event streams of one target's engines, one
-// goroutine each, until Stop.
+// goroutine each, until Stop; the classifications of its requests report
+// until Stop too.
 type Target struct {
 	Streams []*Stream
+	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
+	// A classification reports under reporting's read lock, unless
+	// stopped; Stop sets stopped under its write lock, so that no report
+	// comes after it (and a target's series, once deleted, stay so).
+	reporting sync.RWMutex
+	stopped   bool
 }
 
 // StartTarget follows a stream at each endpoint, each holding at most
 // maxBlocks blocks (0: DefaultMaxBlocks), reporting to r, until ctx ends
-// or Stop.
-func StartTarget(ctx context.Context, endpoints []string, maxBlocks int, r Reporter) *Target {
+// or Stop. replays are the engines' replay sockets, in the order of
+// endpoints ("" or none past its end for an engine without one).
+func StartTarget(ctx context.Context, endpoints, replays []string, maxBlocks int, r Reporter) *Target {
 	ctx, cancel := context.WithCancel(ctx)
-	t := &Target{cancel: cancel}
-	for _, ep := range endpoints {
+	t := &Target{ctx: ctx, cancel: cancel}
+	for i, ep := range endpoints {
 		s := NewStream(ep)
+		if i < len(replays) {
+			s.Replay = replays[i]
+		}
 		if maxBlocks > 0 {
 			s.maxAlive, s.maxHashIDs = maxBlocks, maxBlocks
 		}
@@ -220,8 +262,24 @@ func (t *Target) WaitTried(ctx context.Context) {
 	}
 }
 
-// Stop ends the streams' goroutines and returns once they have.
+// Stop ends the streams' goroutines and the classifications of the
+// target's requests, and returns once they have: nothing is reported of
+// the target after it.
 func (t *Target) Stop() {
 	t.cancel()
 	t.wg.Wait()
+	t.reporting.Lock()
+	t.stopped = true
+	t.reporting.Unlock()
+}
+
+// Report runs tell, a report of one of the target's requests, unless the
+// target has stopped: what is told outside the explainer (a request it
+// cannot classify) goes through here too.
+func (t *Target) Report(tell func()) {
+	t.reporting.RLock()
+	defer t.reporting.RUnlock()
+	if !t.stopped {
+		tell()
+	}
 }

@@ -111,7 +111,7 @@ func TestExplainerQueuedBytes(t *testing.T) {
 // leaving the default.
 func TestStartTargetMaxBlocks(t *testing.T) {
 	for _, c := range []struct{ configured, want int }{{0, DefaultMaxBlocks}, {5, 5}} {
-		tg := StartTarget(t.Context(), []string{"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"}, c.configured, newRecorder())
+		tg := StartTarget(t.Context(), []string{"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"}, nil, c.configured, newRecorder())
 		tg.Stop()
 		for _, s := range tg.Streams {
 			if s.maxAlive != c.want || s.maxHashIDs != c.want {
@@ -119,4 +119,55 @@ func TestStartTargetMaxBlocks(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestExplainerStopsWithTarget: a target stopped (and its series deleted)
+// while its requests are queued or being classified hears nothing of
+// them after Stop returns, though the explainer goes on classifying the
+// requests of the other targets.
+func TestExplainerStopsWithTarget(t *testing.T) {
+	followed, _ := replay(t, promptStored, step{2, []Event{removed(13)}, -1})
+	gone := StartTarget(t.Context(), nil, nil, 0, newRecorder())
+	kept := StartTarget(t.Context(), nil, nil, 0, newRecorder())
+	t.Cleanup(kept.Stop)
+	sink := newSinkRecorder()
+	e := NewExplainer(sink, 1) // one worker: the jobs go in order
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		testutil.Wait(t, "Run to return", done)
+	}()
+	tokenizing, release := make(chan struct{}), make(chan struct{})
+	miss := Miss{From: 8, To: 12, BlockSize: 4, Sent: at(5), Until: at(6)}
+	// Being classified when the target stops: its tokens come after.
+	e.Offer(Job{Workload: "w", Target: "gone", From: gone, Streams: []*Stream{followed}, Miss: miss, Done: at(6),
+		Tokens: func(ctx context.Context) ([]uint32, error) {
+			close(tokenizing)
+			<-release
+			return prompt, nil
+		}})
+	ids := func(context.Context) ([]uint32, error) { return prompt, nil }
+	// Queued behind it, then the other target's.
+	e.Offer(Job{Workload: "w", Target: "gone", From: gone, Streams: []*Stream{followed}, Tokens: ids, Miss: miss, Done: at(6)})
+	e.Offer(Job{Workload: "w", Target: "kept", From: kept, Streams: []*Stream{followed}, Tokens: ids, Miss: miss, Done: at(6)})
+	testutil.Wait(t, "the first job's tokens asked for", tokenizing)
+	gone.Stop()
+	close(release)
+	// The other target's job, the last queued, is reported: the two
+	// before it are done.
+	testutil.Eventually(t, "the other target's job reported", func() (bool, string) {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return sink.tokens[ClassEvicted] > 0, ""
+	})
+	if got := sink.String(); got != fmt.Sprint(map[Class]int{ClassEvicted: 4}, map[UnclassifiedReason]int{}) {
+		t.Errorf("heard %s: want only the other target's 4 evicted tokens", got)
+	}
+	// After Stop, the target's own reports are refused too.
+	gone.Report(func() { t.Error("a report ran after the target stopped") })
 }

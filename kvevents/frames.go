@@ -5,10 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"time"
 )
 
 // errTooLarge is a ZMTP message longer than the subscriber takes.
 var errTooLarge = errors.New("message too large")
+
+// errStalled is a peer silent in the middle of a message for longer than
+// the limiter's stall: a publisher that hangs, or a half-open connection.
+var errStalled = errors.New("silent in the middle of a message")
 
 // ZMTP 3 framing (rfc.zeromq.org/spec/23): a 64-byte greeting, then frames
 // of a flags byte (bit 0 more frames follow, bit 1 an 8-byte size, bit 2 a
@@ -32,6 +38,12 @@ type frameLimiter struct {
 	net.Conn
 	limit     uint64
 	maxFrames int
+	// stall, once set (after the handshake, which has its own deadline),
+	// bounds how long a message may go without a byte once it started;
+	// between messages a stream may be silent for good. armed: a read
+	// deadline is set.
+	stall time.Duration
+	armed bool
 
 	greeting uint64 // greeting bytes still to pass
 	hdr      [9]byte
@@ -47,11 +59,30 @@ func newFrameLimiter(c net.Conn, limit uint64, maxFrames int) *frameLimiter {
 }
 
 func (f *frameLimiter) Read(p []byte) (int, error) {
+	if f.stall > 0 {
+		mid := f.midMessage()
+		if mid {
+			// From this read on: a message may be long, but not silent.
+			_ = f.SetReadDeadline(time.Now().Add(f.stall))
+		} else if f.armed {
+			_ = f.SetReadDeadline(time.Time{})
+		}
+		f.armed = mid
+	}
 	n, err := f.Conn.Read(p)
 	if serr := f.scan(p[:n]); serr != nil {
 		return 0, serr
 	}
+	if err != nil && f.armed && errors.Is(err, os.ErrDeadlineExceeded) {
+		return n, fmt.Errorf("%w for %v", errStalled, f.stall)
+	}
 	return n, err
+}
+
+// midMessage tells whether the bytes so far end inside a message: in a
+// frame's header or body, or after a frame that more follow.
+func (f *frameLimiter) midMessage() bool {
+	return f.greeting == 0 && (f.hdrLen > 0 || f.body > 0 || f.more)
 }
 
 // scan follows the framing over b.

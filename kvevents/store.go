@@ -82,12 +82,20 @@ func nextKey(parent chainKey, tokens []uint32, extra ExtraKeys) chainKey {
 	return chainKey(h.Sum64())
 }
 
-// hashID folds an engine hash to the uint64 that indexes it.
-func hashID(h BlockHash) uint64 {
+// hashID folds an engine hash of KV cache group group to the uint64 that
+// indexes it. The groups of a hybrid model share a request's block hashes,
+// so a hash names a block only within its group: a sliding-window group
+// removing a block says nothing of the full-attention group's.
+func hashID(group int, h BlockHash) uint64 {
+	var id uint64
 	if len(h) == 9 && h[0] == 'i' {
-		return binary.BigEndian.Uint64([]byte(h[1:]))
+		id = binary.BigEndian.Uint64([]byte(h[1:]))
+	} else {
+		id = maphash.String(keySeed, string(h))
 	}
-	return maphash.String(keySeed, string(h))
+	// Group 0 indexes the hash as it is; another group's is moved by an
+	// odd multiple of the golden ratio, which no two groups share.
+	return id + uint64(group)*0x9e3779b97f4a7c15
 }
 
 // transition is one change of a block: when (Unix nanoseconds, shifted
@@ -95,6 +103,9 @@ func hashID(h BlockHash) uint64 {
 type transition int64
 
 const (
+	// tLost: the stream lost batches while the block was held, and the
+	// batches were not replayed: one of them may have removed it.
+	tLost    = 0
 	tStored  = 1
 	tRemoved = 2
 	tCleared = 3
@@ -142,6 +153,9 @@ const (
 	// Cleared: emptied with the whole cache (AllBlocksCleared, or the
 	// engine restarted).
 	Cleared
+	// Lost: held when the stream lost batches, and not seen since: the
+	// lost batches may have removed it.
+	Lost
 )
 
 // removedKey is one entry of the queue of removed blocks, oldest first:
@@ -155,34 +169,77 @@ type removedKey struct {
 // rank) told of its blocks. Its methods are safe for concurrent use.
 type Stream struct {
 	Endpoint string
+	// Replay is the engine's replay socket (its replay_endpoint), asked
+	// for the batches a gap skipped; "" for none.
+	Replay string
+	// stall bounds a message's silence once it started (stallTimeout but
+	// in tests).
+	stall time.Duration
 
 	mu        sync.Mutex
-	blockSize int                 // of the last BlockStored; 0 before one
+	groups    map[int]groupSpec   // the KV cache groups that stored blocks, at most maxGroups
 	extraKeys bool                // a BlockStored carried extra_keys: blocks are keyed by them
 	blocks    map[chainKey]record // alive and removed blocks
 	// aliveKeys are the blocks held, in no order, so that a clear costs
 	// what the engine holds rather than what the stream remembers.
 	aliveKeys []chainKey
-	hashes    map[uint64]chainKey // the engine's hash of each alive block
-	removed   []removedKey        // ring of maxRemoved, oldest at head
-	head      int
-	seen      seenSet // every block stored, for those removed and forgotten
+	// hashes indexes the engine's hash (by group) of each block held;
+	// stale those of the blocks held when batches were lost and not seen
+	// since, kept to link their children and take their removals, and
+	// dropped whole when the index needs room: together at most
+	// maxHashIDs.
+	hashes  map[uint64]chainKey
+	stale   map[uint64]chainKey
+	removed []removedKey // ring of maxRemoved, oldest at head
+	head    int
+	seen    seenSet // every block stored, for those removed and forgotten
 	// The bounds: maxAlive, maxHashIDs and maxRemoved but in tests.
 	maxAlive, maxHashIDs, maxRemoved int
 	// since is when the stream's view became complete: it connected, or
 	// lost batches, at since; zero while it is not connected.
 	since   time.Time
 	lastSeq uint64
+	lastAt  time.Time // when batch lastSeq was taken
 	haveSeq bool
+	// replaying is open while a replay fills a gap: what the stream holds
+	// is behind the engine until it closes.
+	replaying chan struct{}
 
 	tried     chan struct{} // closed once the first connection attempt ended
 	triedOnce sync.Once
 }
 
+// maxGroups bounds the KV cache groups a stream tells apart: a hybrid
+// model has a few (full attention, sliding window, mamba).
+const maxGroups = 64
+
+// groupSpec is what a stream's BlockStored events told of one KV cache
+// group.
+type groupSpec struct {
+	blockSize int
+	kind      string // kv_cache_spec_kind; "" before vLLM sent it
+	window    int    // kv_cache_spec_sliding_window; 0 for none
+}
+
+// holdsPrefixes tells whether the group's blocks are the prefix cache a
+// request is served from: full attention keeps every block of a prompt;
+// a sliding window, a chunked local attention or a state-space model
+// keeps only its last ones, and drops the rest as it goes.
+func (g groupSpec) holdsPrefixes() bool {
+	if g.window > 0 {
+		return false
+	}
+	switch g.kind {
+	case "", "full_attention", "mla_attention", "sink_full_attention":
+		return true
+	}
+	return false
+}
+
 // NewStream returns the empty store of the stream at endpoint.
 func NewStream(endpoint string) *Stream {
-	return &Stream{Endpoint: endpoint, blocks: map[chainKey]record{}, hashes: map[uint64]chainKey{},
-		seen: newSeenSet(seenGeneration), tried: make(chan struct{}),
+	return &Stream{Endpoint: endpoint, groups: map[int]groupSpec{}, blocks: map[chainKey]record{}, hashes: map[uint64]chainKey{},
+		seen: newSeenSet(seenGeneration), tried: make(chan struct{}), stall: stallTimeout,
 		maxAlive: maxAlive, maxHashIDs: maxHashIDs, maxRemoved: maxRemoved}
 }
 
@@ -210,8 +267,8 @@ type Applied struct {
 	// engine hashes not indexed, maxHashIDs being indexed.
 	TooMany int
 	// Inconsistent counts BlockStored events whose token ids are not
-	// their blocks' size times their count, or whose extra keys are not
-	// one a block.
+	// their blocks' size times their count, whose extra keys are not one
+	// a block, or whose group is past maxGroups.
 	Inconsistent int
 }
 
@@ -240,10 +297,53 @@ func (s *Stream) Lost(at time.Time) {
 	s.mu.Unlock()
 }
 
+// gapBefore tells whether batch seq follows batches the stream has not
+// seen, at most maxBatches of them: it returns the first of them and when
+// the batch before them was taken.
+func (s *Stream) gapBefore(seq uint64, maxBatches uint64) (from uint64, after time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.haveSeq || seq <= s.lastSeq+1 || seq-s.lastSeq-1 > maxBatches {
+		return 0, time.Time{}, false
+	}
+	return s.lastSeq + 1, s.lastAt, true
+}
+
+// startReplay marks the stream behind its engine until the returned func
+// runs: a classification waits for it (settled).
+func (s *Stream) startReplay() (done func()) {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.replaying = ch
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		s.replaying = nil
+		s.mu.Unlock()
+		close(ch)
+	}
+}
+
+// settled returns once no replay is filling a gap of the stream, or ctx
+// has ended.
+func (s *Stream) settled(ctx context.Context) {
+	s.mu.Lock()
+	ch := s.replaying
+	s.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
 // Apply takes the batch numbered seq, received at at, event by event
 // until ctx ends: the lock is taken for one event at a time (a clear, the
 // longest, costs what the engine holds), so that a stop, or a request
-// being classified, waits for one event at most.
+// being classified, waits for one event at most. Batches skipped before
+// it lose sight of every block held: any of them may have removed it.
 func (s *Stream) Apply(ctx context.Context, seq uint64, b *Batch, at time.Time) Applied {
 	var a Applied
 	s.mu.Lock()
@@ -252,6 +352,7 @@ func (s *Stream) Apply(ctx context.Context, seq uint64, b *Batch, at time.Time) 
 		case seq > s.lastSeq && seq-s.lastSeq-1 <= MaxSequenceJump:
 			if a.Missed = seq - s.lastSeq - 1; a.Missed > 0 {
 				s.since = at
+				s.loseSightLocked(at)
 			}
 		default:
 			a.Restarted = true
@@ -263,7 +364,7 @@ func (s *Stream) Apply(ctx context.Context, seq uint64, b *Batch, at time.Time) 
 			}
 		}
 	}
-	s.lastSeq, s.haveSeq = seq, true
+	s.lastSeq, s.lastAt, s.haveSeq = seq, at, true
 	s.mu.Unlock()
 	for i := range b.Events {
 		if ctx.Err() != nil {
@@ -287,12 +388,15 @@ func (s *Stream) applyLocked(ev *Event, at time.Time, a *Applied) {
 	case BlockRemoved:
 		t := newTransition(at, tRemoved)
 		for _, h := range ev.Hashes {
-			id := hashID(h)
+			id := hashID(ev.Group, h)
 			k, ok := s.hashes[id]
-			if !ok {
+			if ok {
+				delete(s.hashes, id)
+			} else if k, ok = s.stale[id]; ok {
+				delete(s.stale, id)
+			} else {
 				continue // stored before the stream was followed
 			}
-			delete(s.hashes, id)
 			s.removeLocked(k, t)
 		}
 	case AllBlocksCleared:
@@ -300,13 +404,33 @@ func (s *Stream) applyLocked(ev *Event, at time.Time, a *Applied) {
 	}
 }
 
+// parentLocked finds the block an engine hash names, a stale entry moving
+// back to the index: its block has a child now, so the engine holds it.
+func (s *Stream) parentLocked(id uint64) (chainKey, bool) {
+	if k, ok := s.hashes[id]; ok {
+		return k, true
+	}
+	k, ok := s.stale[id]
+	if ok {
+		delete(s.stale, id)
+		s.hashes[id] = k
+	}
+	return k, ok
+}
+
 func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
 	bs := ev.BlockSize
-	if len(ev.Tokens) != bs*len(ev.Hashes) || (ev.Extra != nil && len(ev.Extra) != len(ev.Hashes)) {
+	if len(ev.Tokens) != bs*len(ev.Hashes) || (ev.Extra != nil && len(ev.Extra) != len(ev.Hashes)) ||
+		ev.Group < 0 || ev.Group >= maxGroups {
 		a.Inconsistent++
 		return
 	}
-	s.blockSize = bs
+	g := s.groups[ev.Group]
+	g.blockSize = bs
+	if ev.SpecKind != "" {
+		g.kind, g.window = ev.SpecKind, ev.SlidingWindow
+	}
+	s.groups[ev.Group] = g
 	if ev.Extra != nil {
 		s.extraKeys = true
 	}
@@ -315,7 +439,7 @@ func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
 		k = rootKey(ev.LoRA, ev.Group)
 	} else {
 		var ok bool
-		if k, ok = s.hashes[hashID(ev.Parent)]; !ok {
+		if k, ok = s.parentLocked(hashID(ev.Group, ev.Parent)); !ok {
 			a.Unlinked += len(ev.Hashes)
 			return
 		}
@@ -335,6 +459,11 @@ func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
 			// before this store is unknown, but it was gone just before.
 			r.dropped = true
 		}
+		if r.n > 0 && r.hist[r.n-1].what() == tLost {
+			// The engine stores only what it does not hold: a lost batch
+			// removed it.
+			r.hist[r.n-1] = newTransition(time.Unix(0, r.hist[r.n-1].at()), tRemoved)
+		}
 		wasAlive := r.alive()
 		if !wasAlive {
 			if len(s.aliveKeys) >= s.maxAlive {
@@ -347,12 +476,17 @@ func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
 		r.add(t)
 		s.blocks[k] = r
 		s.seen.add(k)
-		id := hashID(h)
-		if _, ok := s.hashes[id]; !ok && len(s.hashes) >= s.maxHashIDs {
-			// Held under other hashes already: the same tokens stored
-			// again under new ones, more than blocks can be held.
-			a.TooMany++
-			continue
+		id := hashID(ev.Group, h)
+		delete(s.stale, id)
+		if _, ok := s.hashes[id]; !ok && len(s.hashes)+len(s.stale) >= s.maxHashIDs {
+			// Room goes first to the blocks seen since the last gap.
+			s.stale = nil
+			if len(s.hashes) >= s.maxHashIDs {
+				// Held under other hashes already: the same tokens stored
+				// again under new ones, more than blocks can be held.
+				a.TooMany++
+				continue
+			}
 		}
 		s.hashes[id] = k
 	}
@@ -361,7 +495,16 @@ func (s *Stream) storeLocked(ev *Event, at time.Time, a *Applied) {
 // removeLocked marks block k removed by t.
 func (s *Stream) removeLocked(k chainKey, t transition) {
 	r, ok := s.blocks[k]
-	if !ok || !r.alive() {
+	if !ok {
+		return
+	}
+	if !r.alive() {
+		if r.n > 0 && r.hist[r.n-1].what() == tLost {
+			// Held through the gap after all, until now.
+			r.hist[r.n-1] = t
+			s.blocks[k] = r
+			s.queueRemovedLocked(k, t)
+		}
 		return
 	}
 	// Its place in the list of held blocks goes to the last of them.
@@ -376,11 +519,16 @@ func (s *Stream) removeLocked(k chainKey, t transition) {
 	s.letGoLocked(k, r, t)
 }
 
-// letGoLocked records t, a removal or a clear, of the held block k, whose
-// record is r, and queues it with the removed blocks.
+// letGoLocked records t, a removal, a clear or a loss of sight, of the
+// held block k, whose record is r, and queues it with the removed blocks.
 func (s *Stream) letGoLocked(k chainKey, r record, t transition) {
 	r.add(t)
 	s.blocks[k] = r
+	s.queueRemovedLocked(k, t)
+}
+
+// queueRemovedLocked queues block k, let go by t, with the removed blocks.
+func (s *Stream) queueRemovedLocked(k chainKey, t transition) {
 	if len(s.removed) < s.maxRemoved {
 		s.removed = append(s.removed, removedKey{k, t})
 		return
@@ -409,6 +557,31 @@ func (s *Stream) clearLocked(at time.Time) {
 		// capacity, however few it holds now.
 		s.hashes = map[uint64]chainKey{}
 	}
+	s.stale = nil
+}
+
+// loseSightLocked lets go, at at, of every block held: batches were lost,
+// and any of them may have removed it. Their hashes are kept, stale, to
+// link the children a later batch stores and to take a removal; a block
+// stored or removed again is known once more. It costs the blocks held
+// and the hashes indexed since the last loss.
+func (s *Stream) loseSightLocked(at time.Time) {
+	t := newTransition(at, tLost)
+	for _, k := range s.aliveKeys {
+		s.letGoLocked(k, s.blocks[k], t)
+	}
+	s.aliveKeys = s.aliveKeys[:0]
+	if len(s.hashes) == 0 {
+		return
+	}
+	if len(s.stale) == 0 {
+		s.stale = s.hashes
+	} else {
+		for id, k := range s.hashes {
+			s.stale[id] = k
+		}
+	}
+	s.hashes = map[uint64]chainKey{}
 }
 
 // Following tells whether the stream has seen every batch since t.
@@ -428,12 +601,30 @@ func (s *Stream) keyedByExtraKeys() bool {
 	return s.extraKeys
 }
 
-// BlockSize is the block size of the stream's last BlockStored, 0 before
-// one.
+// BlockSize is the block size of the stream's prefix group
+// (PrefixGroup), 0 before it stored a block.
 func (s *Stream) BlockSize() int {
+	_, bs := s.PrefixGroup()
+	return bs
+}
+
+// PrefixGroup is the KV cache group a request's blocks are looked up in,
+// and its block size (0 before it stored a block): the lowest group whose
+// blocks are a prompt's prefix (full attention, or a kind not sent), else
+// group 0. Each group keeps the block size its own events tell.
+func (s *Stream) PrefixGroup() (group, blockSize int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.blockSize
+	group = -1
+	for g, spec := range s.groups {
+		if spec.holdsPrefixes() && (group < 0 || g < group) {
+			group = g
+		}
+	}
+	if group < 0 {
+		group = 0
+	}
+	return group, s.groups[group].blockSize
 }
 
 // states returns the state of each block keyed by keys as of sent, a
@@ -485,6 +676,8 @@ func stateOf(r record, sent, until int64) State {
 		return Evicted
 	case tCleared:
 		return Cleared
+	case tLost:
+		return Lost
 	}
 	for i := last + 1; i < int(r.n); i++ {
 		if st := removedBy(r.hist[i], until, Alive); st != Alive {
@@ -505,6 +698,8 @@ func removedBy(t transition, until int64, held State) State {
 		return Evicted
 	case tCleared:
 		return Cleared
+	case tLost:
+		return Lost
 	}
 	return held
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,11 +41,18 @@ const (
 	// ReasonOverflow: stored blocks not kept, the store being full, or
 	// whose token ids do not fill their blocks.
 	ReasonOverflow ErrorReason = "overflow"
+	// ReasonStalled: the publisher went silent in the middle of a message
+	// for longer than stallTimeout; the connection is dropped.
+	ReasonStalled ErrorReason = "stalled"
+	// ReasonReplay: a gap the replay socket did not fill, one count a
+	// gap: it failed, or the engine no longer kept the batches. What it
+	// did not give back counts as gap.
+	ReasonReplay ErrorReason = "replay"
 )
 
 // ErrorReasons lists every reason, for initialising series.
 var ErrorReasons = [...]ErrorReason{ReasonUnreachable, ReasonDisconnected, ReasonDecode, ReasonTooLarge, ReasonGap,
-	ReasonRestart, ReasonUnlinked, ReasonOverflow}
+	ReasonRestart, ReasonUnlinked, ReasonOverflow, ReasonStalled, ReasonReplay}
 
 // MaxMessageBytes bounds one message (topic, sequence and payload): a
 // prefill of 128k tokens is about 700 KB of token ids.
@@ -56,6 +65,9 @@ const MaxMessageFrames = 16
 const (
 	dialTimeout      = 3 * time.Second
 	handshakeTimeout = 5 * time.Second
+	// stallTimeout is how long a publisher may be silent in the middle of
+	// a message: vLLM sends a message's frames at once.
+	stallTimeout = 10 * time.Second
 	// Reconnection waits from firstRetry, doubling up to maxRetry.
 	firstRetry = 250 * time.Millisecond
 	maxRetry   = 30 * time.Second
@@ -83,6 +95,9 @@ func Address(endpoint string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%q: %w", endpoint, err)
 	}
+	if n, err := strconv.ParseUint(port, 10, 64); err == nil && n == 0 {
+		port = "0" // however many zeros: no port
+	}
 	if host == "" || host == "*" || port == "" || port == "0" || port == "*" {
 		return "", fmt.Errorf("%q: a subscriber needs a host and a port", endpoint)
 	}
@@ -91,7 +106,8 @@ func Address(endpoint string) (string, error) {
 
 // Follow subscribes to s's endpoint and applies every batch to s until ctx
 // ends, connecting again, with a growing wait, whenever the connection
-// fails or breaks.
+// fails or breaks. With s.Replay, the batches a gap skipped are asked of
+// the engine's replay socket before the batch after them is applied.
 func Follow(ctx context.Context, s *Stream, r Reporter) {
 	defer s.markTried()
 	addr, err := Address(s.Endpoint)
@@ -99,9 +115,15 @@ func Follow(ctx context.Context, s *Stream, r Reporter) {
 		r.Error(s, ReasonUnreachable, 1, err)
 		return
 	}
+	replay := ""
+	if s.Replay != "" {
+		if replay, err = Address(s.Replay); err != nil {
+			r.Error(s, ReasonReplay, 1, fmt.Errorf("kv events replay: %w", err))
+		}
+	}
 	wait := firstRetry
 	for ctx.Err() == nil {
-		err := session(ctx, s, addr, r, func() { wait = firstRetry })
+		err := session(ctx, s, addr, replay, r, func() { wait = firstRetry })
 		s.markTried()
 		if ctx.Err() != nil {
 			return
@@ -110,6 +132,8 @@ func Follow(ctx context.Context, s *Stream, r Reporter) {
 		switch {
 		case errors.Is(err, errTooLarge):
 			reason = ReasonTooLarge
+		case errors.Is(err, errStalled):
+			reason = ReasonStalled
 		case errors.Is(err, errSessionBroke):
 			reason = ReasonDisconnected
 		}
@@ -128,9 +152,10 @@ func Follow(ctx context.Context, s *Stream, r Reporter) {
 // errSessionBroke marks the end of a session that had connected.
 var errSessionBroke = errors.New("connection lost")
 
-// session connects once and applies batches until the connection ends.
+// session connects once and applies batches until the connection ends,
+// asking replay (host:port, "" for none) for the batches of each gap.
 // connected runs once the handshake is done.
-func session(ctx context.Context, s *Stream, addr string, r Reporter, connected func()) error {
+func session(ctx context.Context, s *Stream, addr, replay string, r Reporter, connected func()) error {
 	d := net.Dialer{Timeout: dialTimeout}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -152,6 +177,7 @@ func session(ctx context.Context, s *Stream, addr string, r Reporter, connected 
 		return err
 	}
 	_ = raw.SetDeadline(time.Time{})
+	lim.stall = s.stall
 	s.Connected(time.Now())
 	s.markTried()
 	r.Up(s, true)
@@ -175,12 +201,56 @@ func session(ctx context.Context, s *Stream, addr string, r Reporter, connected 
 			r.Error(s, ReasonDecode, 1, fmt.Errorf("kv events %s: %w", s.Endpoint, err))
 			continue
 		}
+		if replay != "" {
+			if from, after, ok := s.gapBefore(seq, MaxReplayBatches); ok {
+				fillGap(ctx, s, replay, from, seq, engineClock(at, b.TS), after, at, r)
+			}
+		}
 		a := s.Apply(ctx, seq, &b, at)
 		if ctx.Err() != nil {
 			return ctx.Err() // stopped, perhaps half-way through the batch
 		}
 		r.Batch(s, a)
 	}
+}
+
+// fillGap asks the replay socket at replay for batches from to to-1, which
+// came between the batches taken at after and at, and applies those it
+// gives back. Each is timed by its own clock, offset to the exporter's
+// (offset), within (after, at]: what a request sent meanwhile met. A
+// classification waits for it.
+func fillGap(ctx context.Context, s *Stream, replay string, from, to uint64, offset time.Duration, after, at time.Time, r Reporter) {
+	defer s.startReplay()()
+	prev := after
+	_, err := fetchReplay(ctx, replay, from, to, s.stall, func(rb replayBatch) {
+		t := at
+		if offset != noOffset {
+			t = time.Unix(0, int64(rb.batch.TS*1e9)).Add(offset)
+		}
+		if t.After(at) {
+			t = at
+		}
+		if t.Before(prev) {
+			t = prev
+		}
+		prev = t
+		r.Batch(s, s.Apply(ctx, rb.seq, &rb.batch, t))
+	})
+	if err != nil && ctx.Err() == nil {
+		r.Error(s, ReasonReplay, 1, fmt.Errorf("kv events replay %s of batches %d to %d: %w", s.Replay, from, to-1, err))
+	}
+}
+
+// noOffset: the engine's clock cannot be read.
+const noOffset = time.Duration(math.MinInt64)
+
+// engineClock is the exporter's clock less the engine's, from a batch of
+// engine time ts taken at at.
+func engineClock(at time.Time, ts float64) time.Duration {
+	if math.IsNaN(ts) || ts <= 0 || ts > math.MaxInt64/1e9 {
+		return noOffset
+	}
+	return at.Sub(time.Unix(0, int64(ts*1e9)))
 }
 
 // parseMessage reads a message's frames: topic, 8-byte big-endian

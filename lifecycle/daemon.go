@@ -30,6 +30,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/servedcache"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
+	"github.com/kvload-exporter/kvload-exporter/tracing"
 )
 
 // Daemon owns the running configuration and its parts: the replay units,
@@ -94,7 +95,7 @@ func New(o Options) *Daemon {
 	if logger == nil {
 		logger = log.NewNopLogger()
 	}
-	c := &common{logger: logger, coll: o.Collector, drainTimeout: o.DrainTimeout}
+	c := &common{logger: logger, coll: o.Collector, drainTimeout: o.DrainTimeout, tracer: tracing.NewCurrent(tracing.DefaultTracer())}
 	d := &Daemon{
 		common:      c,
 		configFile:  o.ConfigFile,
@@ -120,7 +121,7 @@ func New(o Options) *Daemon {
 	d.kv = newKVSet(c, d.explainer, d.emulators, d.layouts)
 	d.scrapers = newScraperSet(c, d.emulators)
 	d.units.layouts, d.units.kv = d.layouts, d.kv
-	d.units.clock, d.units.resultObserved = o.dispatchClock, o.resultObserved
+	d.units.clock, d.units.resultObserved, d.units.replayFinished = o.dispatchClock, o.ResultObserved, o.ReplayFinished
 	return d
 }
 
@@ -225,16 +226,25 @@ func (d *Daemon) build(ctx context.Context, data []byte) (next *nextConfig, err 
 			return nil, err
 		}
 	}
+	// Last: nothing after it fails but the shutdown, which drops it.
+	if next.tracer, err = d.buildTracer(ctx, cfg); err != nil {
+		return nil, err
+	}
 	if d.beforeApply != nil {
 		d.beforeApply(ctx)
 	}
-	return next, ctx.Err() // shutting down: start nothing
+	if ctx.Err() != nil { // shutting down: start nothing
+		d.dropTracer(next.tracer)
+		return nil, ctx.Err()
+	}
+	return next, nil
 }
 
 // swap makes the running set match next, part by part: unchanged units
 // keep running (and keep their trace position), changed and removed ones
 // stop at once and drain in the background, new ones start.
 func (d *Daemon) swap(ctx, unitCtx context.Context, next *nextConfig) error {
+	defer func() { d.dropTracer(next.tracer) }() // nil once swapped in: a swap cut short drops it
 	for _, p := range []part{d.emulators, d.layouts, d.kv} {
 		if err := p.apply(ctx, unitCtx, next); err != nil {
 			return err
@@ -249,6 +259,10 @@ func (d *Daemon) swap(ctx, unitCtx context.Context, next *nextConfig) error {
 	if err := d.scrapers.apply(ctx, unitCtx, next); err != nil {
 		return err // a client that cannot be made, or shutting down: start nothing more
 	}
+	// The new tracing before the new units, whose first requests it
+	// traces; units that keep running trace under it from now on.
+	d.swapTracer(next.tracer)
+	next.tracer = nil
 	// A unit that fails to start is reported; the others run, under the
 	// new configuration.
 	err := d.units.apply(ctx, unitCtx, next)
@@ -275,8 +289,8 @@ func Check(path string) (notes []string, err error) {
 		return nil, err
 	}
 	for i := range cfg.Workloads {
-		if wd := loaded[cfg.Workloads[i].Name]; wd != nil && wd.note != "" {
-			notes = append(notes, wd.note)
+		if wd := loaded[cfg.Workloads[i].Name]; wd != nil {
+			notes = append(notes, wd.notes...)
 		}
 	}
 	return notes, nil
@@ -289,7 +303,9 @@ func Check(path string) (notes []string, err error) {
 func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache) (*config.Config, map[string]*workloadData, *traceCache, error) {
 	cfg, err := config.ParseFile(path, data)
 	if err != nil {
-		return nil, nil, nil, err
+		// The trace files' problems too, which loading would reach only
+		// once the file's own are fixed: every problem in one run.
+		return nil, nil, nil, errors.Join(err, config.TraceFileProblems(path, data))
 	}
 	var errs []error
 	// What only the emulator knows of an emulated target: its default
@@ -358,9 +374,11 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 // trace as read: a reload that keeps a file says nothing again.
 func (d *Daemon) logTraceNotes(next *nextConfig) {
 	for i := range next.cfg.Workloads {
-		if wd := next.workloads[next.cfg.Workloads[i].Name]; wd.note != "" && !wd.trace.file.noted {
+		if wd := next.workloads[next.cfg.Workloads[i].Name]; len(wd.notes) > 0 && !wd.trace.file.noted {
 			wd.trace.file.noted = true
-			level.Warn(d.logger).Log("msg", wd.note)
+			for _, note := range wd.notes {
+				level.Warn(d.logger).Log("msg", note)
+			}
 		}
 	}
 }
@@ -434,6 +452,7 @@ func (d *Daemon) shutdown() {
 	close(d.stopping) // every later reload request sees it
 	d.halt()          // done already unless the first load failed
 	d.units.stop(nil)
+	d.dropTracer(d.tracer.Swap(tracing.DefaultTracer())) // every request has ended: flush their spans
 	d.layouts.stop(nil)
 	d.scrapers.stop(nil)
 	d.kv.stop(nil)

@@ -201,8 +201,12 @@ func emulateConfig(t *config.Target) (emulate.Config, error) {
 		KVEventsTopic:      e.KVEventsTopic,
 		KVEventsFormat:     emulate.KVEventsFormat(e.KVEventsFormat),
 
+		KVEventsReplayEndpoint: e.KVEventsReplayEndpoint,
+		KVEventsDrop:           e.KVEventsDrop,
+
 		MetricsDoubleCountHits: e.MetricsDoubleCountHits,
 		HoldAbandonedSlots:     e.HoldAbandonedSlots,
+		MetricsHitsOvercount:   e.MetricsHitsOvercount,
 	}, nil
 }
 

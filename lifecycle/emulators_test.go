@@ -35,9 +35,9 @@ func loadEmulated(t *testing.T, block string) (cfg *config.Config, path string, 
 func TestEmulateConfig(t *testing.T) {
 	// Every key, each with a value other than its zero.
 	const block = "{model: m, max_model_len: 1, max_body_bytes: 2, engine: sglang, block_size: 3, capacity_blocks: 4, slots: 5, cache_ram_tokens: 13, hide_cache_config: true, " +
-		"bos: true, disable_prefix_cache: true, omit_cached_tokens: true, metrics_double_count_hits: true, hold_abandoned_slots: true, max_running: 6, overhead: 7ms, prefill_per_token: 8us, inter_token: 9ms, " +
+		"bos: true, disable_prefix_cache: true, omit_cached_tokens: true, metrics_double_count_hits: true, metrics_hits_overcount: 0.5, hold_abandoned_slots: true, max_running: 6, overhead: 7ms, prefill_per_token: 8us, inter_token: 9ms, " +
 		"faults: {error_500: 0.1, error_429: 0.2, disconnect: 0.3, malformed: 0.4, hang: 0.05, slow_first_token: 0.6, slow_first_token_delay: 10s, after_tokens: 11}, seed: 12, " +
-		"kv_events: 'tcp://127.0.0.1:0', kv_events_topic: kv, kv_events_format: array}"
+		"kv_events: 'tcp://127.0.0.1:0', kv_events_topic: kv, kv_events_format: array, kv_events_replay_endpoint: 'tcp://127.0.0.1:0', kv_events_drop: 0.1}"
 	var want emulate.Config
 	if err := yaml.Unmarshal([]byte(block), &want); err != nil {
 		t.Fatal(err)

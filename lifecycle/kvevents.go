@@ -119,13 +119,18 @@ func (k *kvSet) apply(ctx, unitCtx context.Context, next *nextConfig) error {
 		}
 		k.coll.KVEvents().Start(t.Name, len(endpoints))
 		logger := log.With(k.logger, "target", t.Name)
-		streams := kvevents.StartTarget(unitCtx, endpoints, t.Cache.KVEventsMaxBlocks, newKVReporter(k.coll, t.Name, logger))
-		offer := &missOffer{target: t.Name, streams: streams.Streams, explainer: k.explainer, sink: k.coll.KVEvents(),
+		var replays []string
+		if len(t.Cache.KVEvents) > 0 {
+			replays = t.Cache.KVEventsReplayEndpoint
+		}
+		streams := kvevents.StartTarget(unitCtx, endpoints, replays, t.Cache.KVEventsMaxBlocks, newKVReporter(k.coll, t.Name, logger))
+		offer := &missOffer{target: t.Name, events: streams, streams: streams.Streams, explainer: k.explainer, sink: k.coll.KVEvents(),
 			spec: engine.For(t.Dialect), client: client, base: k.emulators.baseURL(t), model: t.Model, chat: t.API == openai.APIChat,
 			blockSize: k.layouts.caches[t.Name].params.ServerBlock}
 		k.following[t.Name] = &kvFollowing{fingerprint: k.fingerprint(cfg, t), streams: streams, offer: offer}
 		started = append(started, streams)
-		level.Info(logger).Log("msg", "following the engine's KV cache events, to classify missed hits", "endpoints", strings.Join(endpoints, ","))
+		level.Info(logger).Log("msg", "following the engine's KV cache events, to classify missed hits", "endpoints", strings.Join(endpoints, ","),
+			"replay_endpoints", strings.Join(replays, ","))
 	}
 	return nil
 }
@@ -214,8 +219,10 @@ func (r *kvReporter) Batch(s *kvevents.Stream, a kvevents.Applied) {
 func (r *kvReporter) Error(s *kvevents.Stream, reason kvevents.ErrorReason, n int, err error) {
 	r.coll.KVEvents().Error(r.target, reason, n)
 	switch reason {
-	case kvevents.ReasonUnreachable, kvevents.ReasonDisconnected, kvevents.ReasonTooLarge:
+	case kvevents.ReasonUnreachable, kvevents.ReasonDisconnected, kvevents.ReasonTooLarge, kvevents.ReasonStalled:
 		r.log(s, level.Warn, "msg", "KV event stream not followed: missed hits are not classified until it is; the exporter tries again", "reason", reason, "err", err)
+	case kvevents.ReasonReplay:
+		r.log(s, level.Warn, "msg", "KV event gap not filled from the engine's replay socket: requests sent before it are not classified", "reason", reason, "err", err)
 	default:
 		r.log(s, level.Warn, "msg", "KV event message not taken", "reason", reason, "err", err)
 	}
@@ -225,6 +232,7 @@ func (r *kvReporter) Error(s *kvevents.Stream, reason kvevents.ErrorReason, n in
 // explainer.
 type missOffer struct {
 	target    string
+	events    *kvevents.Target // nothing is told of the target once it stops
 	streams   []*kvevents.Stream
 	explainer *kvevents.Explainer
 	sink      kvevents.Sink
@@ -254,7 +262,7 @@ func (m *missOffer) offer(r *replay.Result, salt string) {
 	if !r.FirstToken.IsZero() {
 		until = r.FirstToken.Add(untilSlack)
 	}
-	job := kvevents.Job{Workload: r.Workload, Target: r.Target, Streams: m.streams, Done: now,
+	job := kvevents.Job{Workload: r.Workload, Target: r.Target, From: m.events, Streams: m.streams, Done: now,
 		Miss: kvevents.Miss{From: r.CachedTokens, To: r.CachedTokens + missed, BlockSize: m.blockSize, Sent: r.Sent, Until: until,
 			Salt: salt}}
 	req := &r.Request
@@ -271,7 +279,7 @@ func (m *missOffer) offer(r *replay.Result, salt string) {
 		job.Tokens = func(ctx context.Context) ([]uint32, error) { return m.tokenize(ctx, prompt) }
 		job.Bytes = len(prompt)
 	default:
-		m.sink.MissedHitUnclassified(r.Workload, r.Target, kvevents.UnclassifiedRequestForm)
+		m.events.Report(func() { m.sink.MissedHitUnclassified(r.Workload, r.Target, kvevents.UnclassifiedRequestForm) })
 		return
 	}
 	m.explainer.Offer(job)

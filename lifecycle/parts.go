@@ -11,6 +11,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/servedcache"
+	"github.com/kvload-exporter/kvload-exporter/tracing"
 )
 
 // part reconciles one kind of the daemon's resources (units, emulated
@@ -44,7 +45,10 @@ type common struct {
 	// truth decides how results and server counts count, in front of coll.
 	truth        *servedcache.Truth
 	drainTimeout time.Duration
-	wg           sync.WaitGroup // every unit, emulator, watch and scraper goroutine, and drains
+	// tracer is the running configuration's tracing, which every client
+	// reads at each request and a reload replaces (tracing.go).
+	tracer *tracing.Current
+	wg     sync.WaitGroup // every unit, emulator, watch and scraper goroutine, and drains
 }
 
 // nextConfig is a configuration built and not yet applied: everything a
@@ -61,6 +65,9 @@ type nextConfig struct {
 	engines map[string]*emulate.Engine
 	// builders are the request builders of the units to start.
 	builders map[unitKey]*requestBuilder
+	// tracer is next's tracing where it differs from the running one's,
+	// built last; nil keeps the running one.
+	tracer *tracing.Tracer
 }
 
 // target is cfg's target name, nil when there is no cfg or it has none.

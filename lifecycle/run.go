@@ -43,9 +43,14 @@ type Options struct {
 	discovery   discoverySchedule          // tests only: the zero value is the default
 	// dispatchClock paces the replay (tests only): nil is the system clock.
 	dispatchClock replay.DispatchClock
-	// resultObserved, when set, hears each result after every other side
-	// job has (tests only): a test then knows what the daemon has learnt.
-	resultObserved func(*replay.Result)
+	// ResultObserved, when set, hears each result after every other side
+	// job has: the profile command's summary reads every request, and a
+	// test then knows what the daemon has learnt.
+	ResultObserved func(*replay.Result)
+	// ReplayFinished, when set, is called once a unit of a loop: once
+	// workload has sent its single pass and every answer is in (not when
+	// a reload or the shutdown stops it).
+	ReplayFinished func(workload, target string)
 }
 
 // reloadRequest is a reload waiting for the owner goroutine.

@@ -300,7 +300,7 @@ func rowByRow(t *testing.T, path string, configure func(*Options)) (d *started, 
 	var observed atomic.Int64
 	d, err := startDaemon(t, path, func(o *Options) {
 		o.dispatchClock = clock
-		o.resultObserved = func(*replay.Result) { observed.Add(1) }
+		o.ResultObserved = func(*replay.Result) { observed.Add(1) }
 		configure(o)
 	})
 	if err != nil {

@@ -67,7 +67,13 @@ type parsedFile struct {
 type tracePlan struct {
 	file *parsedFile
 	plan *replay.Plan
+	// reuse is what the rows replayed reuse of their ids after another
+	// chain of blocks (synth.ChainReuseOf), for the workload's note.
+	reuse chainReuse
 }
+
+// chainReuse counts a trace's rows that reuse a hash id after another chain.
+type chainReuse struct{ rows, reusing, firstLine int }
 
 // traceStats counts the work a cache did, for tests.
 type traceStats struct {
@@ -139,7 +145,8 @@ func (c *traceCache) plan(ctx context.Context, prev *traceCache, path string, w 
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: %w", w.Name, err)
 	}
-	tp := &tracePlan{file: pf, plan: plan}
+	cr := synth.ChainReuseOf(rows)
+	tp := &tracePlan{file: pf, plan: plan, reuse: chainReuse{rows: rows.Len(), reusing: cr.Reusing, firstLine: cr.FirstLine}}
 	c.plans[pk] = tp
 	return tp, nil
 }

@@ -35,9 +35,9 @@ const promptCacheBytes = 8 << 20
 type workloadData struct {
 	trace   *tracePlan
 	builder *prompt.Builder
-	// note, when not empty, is a warning about the trace that the daemon
-	// logs once and --config.check prints.
-	note string
+	// notes are warnings about the trace that the daemon logs once and
+	// --config.check prints, one line each.
+	notes []string
 }
 
 // rows is the number of rows the workload replays.
@@ -59,7 +59,8 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 		Seed:                 w.Seed,
 	}
 	path := cfg.TracePath(w)
-	if g := w.SharedPrefix(); g != nil {
+	g := w.SharedPrefix()
+	if g != nil {
 		path = generatedName(g)
 	}
 	tp, err := traces.plan(ctx, prev, path, w, k)
@@ -81,8 +82,20 @@ func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, t
 	}
 	wd := &workloadData{trace: tp, builder: builder}
 	if sp := tp.file.surplus; sp.Rows > 0 {
-		wd.note = fmt.Sprintf("workload %s: %s: %s; their prompts use the ids that fit. Is %s (%d) the block size the trace was made with?",
-			w.Name, path, sp, blockSizeKey(cfg, w), w.BlockSize)
+		wd.notes = append(wd.notes, fmt.Sprintf("workload %s: %s: %s; their prompts use the ids that fit. Is %s (%d) the block size the trace was made with?",
+			w.Name, path, sp, blockSizeKey(cfg, w), w.BlockSize))
+	}
+	if cr := tp.reuse; cr.reusing > 0 {
+		where := "a generated row"
+		if cr.firstLine > 0 {
+			where = fmt.Sprintf("line %d", cr.firstLine)
+		}
+		wd.notes = append(wd.notes, fmt.Sprintf("workload %s: %s: %s", w.Name, path, synth.ChainReuseNote(cr.reusing, cr.rows, where)))
+	}
+	if g != nil {
+		if note := g.UnsharedPrefixWarning(blockSizeKey(cfg, w)); note != "" {
+			wd.notes = append(wd.notes, fmt.Sprintf("workload %s: generate: %s", w.Name, note))
+		}
 	}
 	return wd, nil
 }
@@ -194,6 +207,9 @@ func (s *unitSet) start(ctx context.Context, w *config.Workload, t *config.Targe
 		} else if w.Loop == replay.LoopOnce && !u.stopping.Load() {
 			// Run returned by itself: the single pass is sent and drained.
 			level.Info(logger).Log("msg", "replay finished: its single pass is done and drained", "rows", wd.rows())
+			if s.replayFinished != nil {
+				s.replayFinished(w.Name, t.Name)
+			}
 		}
 	}()
 	level.Info(logger).Log("msg", "replay started", "rows", wd.rows(), "schedule", wd.trace.plan.Schedule())
@@ -250,6 +266,7 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 	}
 	tc := targetConfig(t, url)
 	tc.CacheSalt = salt
+	tc.Tracer = s.tracer
 	client, err := openai.New(tc)
 	if err != nil {
 		return nil, err
@@ -380,10 +397,12 @@ type unitSet struct {
 	anchor time.Time
 	// shard, when set (--shard), replaces every workload's own shard.
 	shard *config.Shard
-	// clock paces the replay; nil is the system clock. resultObserved, when
-	// set, hears each result last. Both are seams for tests.
+	// clock paces the replay; nil is the system clock (a seam for tests).
+	// resultObserved, when set, hears each result last; replayFinished
+	// hears the end of a loop: once unit's pass (Options).
 	clock          replay.DispatchClock
 	resultObserved func(*replay.Result)
+	replayFinished func(workload, target string)
 	// epoch makes the cache salts of targets that isolate without an
 	// isolation_epoch: this daemon's own (see salt).
 	epoch     string

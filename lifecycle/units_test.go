@@ -225,6 +225,40 @@ func TestSurplusIDsNotedOnce(t *testing.T) {
 	}
 }
 
+// TestChainReuseNoted: a trace whose rows reuse hash ids after other
+// blocks (AIPerf's documentation trace) gets a note from Check and one
+// line in the log, saying how many rows do and that an engine can serve
+// less than a hit rate counted by id.
+func TestChainReuseNoted(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, nil)
+	dir := t.TempDir()
+	tracePath, path := filepath.Join(dir, "t.jsonl"), filepath.Join(dir, "kvload.yml")
+	doc, err := os.ReadFile("../testdata/aiperf/custom_trace.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemontest.WriteFile(t, tracePath, string(doc))
+	cfg := daemontest.Config(srv.URL, tracePath)
+	cfg.Workloads[0].BlockSize = 512
+	daemontest.WriteConfig(t, path, cfg)
+
+	notes, err := Check(path)
+	want := "workload w: " + tracePath + ": 1 of 3 rows use a hash id after another chain of blocks than where it first came (the first at line 3): " +
+		"an engine's prefix cache keys a block by its whole prefix, so it can serve less than a hit rate counted by id (AIPerf's, datagen's) says; " +
+		"the exporter's model keys blocks as the engine does"
+	if err != nil || len(notes) != 1 || notes[0] != want {
+		t.Fatalf("Check = %q, %v; want\n%q", notes, err, want)
+	}
+	logs := &testutil.Buffer{}
+	if _, err := startDaemon(t, path, func(o *Options) { o.Logger = log.NewLogfmtLogger(logs) }); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "1 of 3 rows use a hash id after another chain"); n != 1 {
+		t.Errorf("the note is logged %d times, want once:\n%s", n, logs.String())
+	}
+}
+
 // TestTooFewIDsNamesBlockSize: a row whose ids cannot hold its length at
 // the workload's block size is an error that names the block_size key.
 func TestTooFewIDsNamesBlockSize(t *testing.T) {

@@ -30,12 +30,15 @@ func unitCacheModel(pacer *replay.Pacer, params replay.CacheParams, t *config.Ta
 			means = "the engine holds what the exporter assumed sent before its start: it counts as sent"
 		case replay.WarmUpCold:
 			means = "the engine lacks what the exporter assumed sent before its start: only what was sent since counts"
+		case replay.WarmUpPartial:
+			means = "the engine holds what the fleet sent from a point before the exporter's start on, as after a replica that ran for part of a pass: that counts as sent, the rows before it do not"
 		default:
 			msg = "warm-up undecided again: the engine's answers are mixed"
 			means = "hits resting on what the exporter assumed sent before its start are unknown until those rows are sent again"
 		}
 		level.Info(logger).Log("msg", msg, "world", d.World, "means", means, "answers_warm", d.Warm, "answers_cold", d.Cold,
-			"warm_share", fmt.Sprintf("%.3f", d.WarmShare), "answers_between", d.Abstained)
+			"answers_partial", d.Partial, "warm_share", fmt.Sprintf("%.3f", d.WarmShare), "agreeing_share", fmt.Sprintf("%.3f", d.Agreeing),
+			"answers_between", d.Abstained)
 	})
 	return m
 }

@@ -18,9 +18,12 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/prometheus/common/config"
 	"github.com/valyala/fastjson"
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/tracing"
 )
 
 // TargetConfig is what the client needs of one configured target.
@@ -46,6 +49,10 @@ type TargetConfig struct {
 	// prefixes only among requests with this salt. A dialect that takes
 	// none there is an error.
 	CacheSalt string
+	// Tracer gives each request its traceparent and, where it exports,
+	// its span; the daemon replaces the tracer it holds at a reload. nil
+	// sends a sampled traceparent and builds no span.
+	Tracer *tracing.Current
 }
 
 // Client streams completions from one target and measures them. It is safe
@@ -71,6 +78,10 @@ type Client struct {
 	// rotated: scrub reads them too, or a server echoing the token in its
 	// error body would put it in the log.
 	secretFiles []string
+
+	tracer    *tracing.Current // nil: tracing.DefaultTracer
+	spanName  string           // the gen_ai convention's "{operation} {model}"
+	spanAttrs []attribute.KeyValue
 
 	streams sync.Pool // *streamParser, reused across requests
 
@@ -166,6 +177,8 @@ func New(cfg TargetConfig) (*Client, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
+	c.tracer = cfg.Tracer
+	c.spanName, c.spanAttrs = spanStatic(cfg, c.api, c.spec.Dialect, c.endpoint)
 	c.secrets = inlineSecrets(&hc, c.user)
 	c.secretFiles = secretFiles(&hc)
 	c.http, err = config.NewClientFromConfig(hc, cfg.Name, config.WithUserAgent("kvload-exporter"))
@@ -288,6 +301,9 @@ func (c *Client) Close() {
 //     nothing says the generation completed.
 func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 	*res = Response{}
+	tctx, span := c.currentTracer().Start(ctx, c.spanName)
+	res.Trace = span.Context()
+	defer c.endSpan(span, &req, res)
 
 	body, err := c.encodeRequest(req)
 	if err != nil {
@@ -295,10 +311,10 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 		c.setOutcome(res, OutcomeHTTPError, "encode request: "+err.Error())
 		return
 	}
-	rctx := ctx
+	rctx := tctx // ends with ctx; carries the trace context to inject
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
-		rctx, cancel = context.WithTimeoutCause(ctx, c.timeout, errRequestTimeout)
+		rctx, cancel = context.WithTimeoutCause(tctx, c.timeout, errRequestTimeout)
 		defer cancel()
 	}
 	if req.Abandon.After > 0 {
@@ -307,7 +323,11 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 		defer cancel()
 	}
 	res.Sent = time.Now()
-	resp, retry, err := c.send(rctx, c.http, body, req.Session)
+	// The phases of the last attempt, worked out once the request is over
+	// (see phaseClock).
+	clock := new(phaseClock)
+	defer func() { res.Phases = clock.phases() }()
+	resp, retry, err := c.send(rctx, c.http, body, req.Session, clock)
 	if err != nil && retry && rctx.Err() == nil {
 		// The server closed a kept-alive connection as the request went
 		// out on it (its idle timeout): it cannot have answered. Go's
@@ -316,7 +336,8 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 		// new send so that TTFT does not include the failed attempt.
 		first := err
 		res.Sent = time.Now()
-		resp, _, err = c.send(rctx, c.fresh, body, req.Session)
+		clock = new(phaseClock)
+		resp, _, err = c.send(rctx, c.fresh, body, req.Session, clock)
 		if err != nil {
 			// Only the retry's error classifies the request; the first is context.
 			err = fmt.Errorf("%w (retried once: a reused connection failed with %v)", err, first) //nolint:errorlint
@@ -400,21 +421,16 @@ func mentionsLengthKey(raw []byte) bool {
 	return false
 }
 
-// send makes one attempt at the request. On failure, retry reports that
-// the attempt went out on a reused (kept-alive) connection and failed
-// before any byte of a response arrived, which is what a server closing
-// an idle connection at that moment looks like.
-func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, session string) (resp *http.Response, retry bool, err error) {
-	// The transport may call these from its own goroutines. Any reused
-	// connection counts, not only one taken from the idle pool: one handed
-	// straight to a request that was dialing (WasIdle false) has been idle
-	// on the server's side since its last answer, on a busy machine long
-	// enough for the server to close it.
-	var reused, responded atomic.Bool
-	tctx := httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{
-		GotConn:              func(i httptrace.GotConnInfo) { reused.Store(i.Reused) },
-		GotFirstResponseByte: func() { responded.Store(true) },
-	})
+// send makes one attempt at the request, its phases timed by clock. On
+// failure, retry reports that the attempt went out on a reused
+// (kept-alive) connection and failed before any byte of a response
+// arrived, which is what a server closing an idle connection at that
+// moment looks like. Any reused connection counts, not only one taken
+// from the idle pool: one handed straight to a request that was dialing
+// (WasIdle false) has been idle on the server's side since its last
+// answer, on a busy machine long enough for the server to close it.
+func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, session string, clock *phaseClock) (resp *http.Response, retry bool, err error) {
+	tctx := httptrace.WithClientTrace(rctx, clock.trace())
 	hreq, err := http.NewRequestWithContext(tctx, http.MethodPost, c.endpoint, body.reader())
 	if err != nil {
 		return nil, false, fmt.Errorf("build request: %w", err)
@@ -424,6 +440,7 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, s
 	hreq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
+	tracing.Inject(rctx, hreq.Header)
 	if c.session != "" && session != "" {
 		hreq.Header.Set(c.session, sessionValue(session))
 	}
@@ -437,7 +454,7 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, s
 		if errors.As(err, &ue) {
 			err = ue.Err // drop the URL: the target name already says which endpoint
 		}
-		return nil, reused.Load() && !responded.Load(), err
+		return nil, clock.failedOnReused(), err
 	}
 	return resp, false, nil
 }

@@ -7,6 +7,8 @@ package openai
 import (
 	"encoding/json"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Outcome classifies how a request ended. Every request ends in exactly one.
@@ -116,6 +118,12 @@ type Response struct {
 	// --enable-per-request-metrics.
 	PrefillTime  time.Duration
 	PrefillKnown bool
+
+	// Trace is the request's trace context, as its traceparent header
+	// carried it; sampled where the tracing's sample_ratio drew it.
+	Trace trace.SpanContext
+	// Phases are the HTTP phases of the request's last attempt.
+	Phases HTTPPhases
 }
 
 // TTFT is the time from send to the first content chunk; ok is false when

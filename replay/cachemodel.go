@@ -2,6 +2,7 @@ package replay
 
 import (
 	"container/list"
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -53,6 +54,7 @@ type CacheModel struct {
 	cur   modelPos              // next row of the fleet schedule to simulate
 	ahead map[modelPos]admitted // own rows simulated but not yet asked about
 	ids   []int64               // scratch for a row's hash ids
+	keys  []uint64              // scratch for their chain keys
 	warm  warmUp                // whether the rows assumed sent reached the server
 
 	profile *capacityProfile // the same visits, at every capacity
@@ -74,6 +76,9 @@ type admitted struct {
 	seq      uint64
 	inserted []blockKey
 	profile  CapacityProfile
+	// steps are where the hit ends on a server that holds only part of
+	// what was assumed sent (warmup.go); none for a row of the warm-up.
+	steps []warmStep
 }
 
 // NewCacheModel returns a model of the cache params describe for the rows
@@ -134,9 +139,10 @@ func (m *CacheModel) shortenWarmUp() {
 		}
 		row := int(m.sched.order[at.pos])
 		m.ids, _ = m.rows.AppendHashIDs(m.ids[:0], row)
+		m.keys = idealcache.AppendChainKeys(m.keys[:0], m.ids)
 		ns := m.sched.ns(at.pass)
-		for i, id := range m.ids { // the first block of a row is its most recent
-			k := blockKey{ns, id}
+		for i, chain := range m.keys { // the first block of a row is its most recent
+			k := blockKey{ns, chain}
 			if seen[k] {
 				continue
 			}
@@ -300,17 +306,21 @@ func (m *CacheModel) step() {
 func (m *CacheModel) simulate(at modelPos, insert bool) admitted {
 	row := int(m.sched.order[at.pos])
 	m.ids, _ = m.rows.AppendHashIDs(m.ids[:0], row)
+	m.keys = idealcache.AppendChainKeys(m.keys[:0], m.ids)
 	ns, isl, warm := m.sched.ns(at.pass), m.rows.ISL(row), at.before(m.start)
 	// Only this replica's rows from its start are asked about.
 	want := !warm && m.sched.owns(m.sched.order[at.pos])
-	profile := m.profile.visit(m.cache, ns, m.ids, isl, insert, warm, want)
-	a := m.cache.visit(ns, m.ids, isl, insert, warm)
+	profile := m.profile.visit(m.cache, ns, m.keys, isl, insert, warm, want)
+	a := m.cache.visit(ns, m.keys, isl, insert, warm)
 	a.profile = profile
 	return a
 }
 
-// idealCache is the cache itself: trace blocks by (namespace, hash id), in
-// LRU order, each weighing the server blocks it fills.
+// idealCache is the cache itself: trace blocks by (namespace, chain key),
+// in LRU order, each weighing the server blocks it fills. A block's key is
+// that of the whole chain of blocks up to it (idealcache.ChainKey), as an
+// engine keys its prefix cache: an id after another prefix is another
+// block.
 type idealCache struct {
 	p      CacheParams
 	round  idealcache.Rounding // p's rounding rules
@@ -322,8 +332,8 @@ type idealCache struct {
 }
 
 type blockKey struct {
-	ns uint64
-	id int64
+	ns    uint64
+	chain uint64 // idealcache.ChainKey of the block and its prefix
 }
 
 type cachedBlock struct {
@@ -347,9 +357,10 @@ func newIdealCache(p CacheParams) *idealCache {
 	}
 }
 
-// visit looks a request up and, when insert is set, adds its blocks; warm
-// marks a row from before the model started, which is assumed sent.
-func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert, warm bool) admitted {
+// visit looks a request up by its blocks' chain keys and, when insert is
+// set, adds its blocks; warm marks a row from before the model started,
+// which is assumed sent.
+func (c *idealCache) visit(ns uint64, keys []uint64, inputLength int, insert, warm bool) admitted {
 	c.seq++
 	a := admitted{seq: c.seq}
 	if insert && ns > c.newest {
@@ -360,13 +371,20 @@ func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert, warm
 	// one only assumed sent, which a server that never got the warm-up's
 	// rows lacks, and with it every block after.
 	k, cold := 0, -1
-	for _, id := range ids {
-		e, ok := c.index[blockKey{ns, id}]
+	oldest := uint64(math.MaxUint64) // the oldest last touch of an assumed block so far
+	for _, chain := range keys {
+		e, ok := c.index[blockKey{ns, chain}]
 		if !ok {
 			break
 		}
-		if cold < 0 && e.Value.(*cachedBlock).assumed {
-			cold = k
+		if b := e.Value.(*cachedBlock); b.assumed && b.seq < oldest {
+			if cold < 0 {
+				cold = k
+			}
+			oldest = b.seq
+			if !warm {
+				a.steps = append(a.steps, warmStep{touched: oldest, tokens: c.round.CachedTokens(k, inputLength)})
+			}
 		}
 		k++
 	}
@@ -381,8 +399,8 @@ func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert, warm
 	// Touch and insert from the last block back, so that a request's first
 	// blocks are the most recently used: under pressure the tails of old
 	// prompts go first and shared prefixes stay, as in vLLM's free queue.
-	for i := len(ids) - 1; i >= 0; i-- {
-		key := blockKey{ns, ids[i]}
+	for i := len(keys) - 1; i >= 0; i-- {
+		key := blockKey{ns, keys[i]}
 		if e, ok := c.index[key]; ok {
 			b := e.Value.(*cachedBlock)
 			b.seq = c.seq
@@ -390,7 +408,7 @@ func (c *idealCache) visit(ns uint64, ids []int64, inputLength int, insert, warm
 			c.lru.MoveToFront(e)
 			continue
 		}
-		weight := c.round.BlockWeight(c.round.BlockTokens(i, len(ids), inputLength))
+		weight := c.round.BlockWeight(c.round.BlockTokens(i, len(keys), inputLength))
 		b := &cachedBlock{key: key, weight: weight, seq: c.seq, assumed: warm}
 		c.index[key] = c.lru.PushFront(b)
 		c.used += b.weight

@@ -3,11 +3,14 @@ package replay
 import (
 	"cmp"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/idealcache"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
@@ -33,7 +36,15 @@ func TestIdealCache(t *testing.T) {
 			{0, []int64{4, 1, 2}, 1300, 0},       // a new first block hides the rest
 			{1, []int64{0, 1, 2}, 1300, 0},       // another namespace shares nothing
 			{0, []int64{0}, 1, 0},                // one-token prompt: isl−1 = 0
-			{0, []int64{0, 1, 2, 3}, 1600, 1584}, // k=4: min(2048, 1599) floored to 16s
+			{0, []int64{0, 1, 2, 3}, 1600, 1536}, // k=3: block 3 came after 0, 1 and not after 0, 1, 2
+		}},
+		{"a block is keyed by its chain, as an engine keys it", 512, 16, 0, engine.GranularityBlock, []req{
+			{0, []int64{0, 1, 2}, 1200, 0},
+			{0, []int64{0, 3, 4, 5}, 1800, 512},
+			{0, []int64{1, 4, 6}, 1300, 0}, // 1 and 4 were seen after other blocks
+			{0, []int64{3, 4}, 1000, 0},
+			{0, []int64{0, 3, 4}, 1300, 1296}, // the prefix of the second row
+			{0, []int64{1, 4, 6}, 1300, 1296},
 		}},
 		{"server block 1 (SGLang pages)", 512, 1, 0, engine.GranularityBlock, []req{
 			{0, []int64{7, 8}, 700, 0},
@@ -56,7 +67,7 @@ func TestIdealCache(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newIdealCache(CacheParams{TraceBlock: tt.trace, ServerBlock: tt.server, CapacityBlocks: tt.capacity, Granularity: tt.gran})
 			for i, r := range tt.reqs {
-				if got := c.visit(r.ns, r.ids, r.isl, true, false).tokens; got != r.want {
+				if got := c.visit(r.ns, chainKeys(r.ids), r.isl, true, false).tokens; got != r.want {
 					t.Errorf("request %d %v/%d: theoretical %d, want %d", i, r.ids, r.isl, got, r.want)
 				}
 			}
@@ -80,7 +91,7 @@ func TestIdealCacheForgetsOldPasses(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newIdealCache(CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: tt.capacity})
 			for pass, want := range tt.want {
-				c.visit(uint64(pass), []int64{0, 1, 2}, 1536, true, false)
+				c.visit(uint64(pass), chainKeys([]int64{0, 1, 2}), 1536, true, false)
 				if got := c.lru.Len(); got != want {
 					t.Errorf("after pass %d: %d blocks, want %d", pass, got, want)
 				}
@@ -368,7 +379,7 @@ func TestIdealCacheBounded(t *testing.T) {
 					ids[i] = next
 					next++
 				}
-				c.visit(0, ids, 3*tc.trace+tc.lastTokens, true, false)
+				c.visit(0, chainKeys(ids), 3*tc.trace+tc.lastTokens, true, false)
 				if c.lru.Len() > tc.wantMax || len(c.index) > tc.wantMax {
 					t.Fatalf("after %d blocks: %d held, %d indexed, want at most %d", next, c.lru.Len(), len(c.index), tc.wantMax)
 				}
@@ -625,6 +636,63 @@ func benchPassItems(p *Pacer, pass int) []PacerItem {
 		for ok {
 			out = append(out, it)
 			it, _, ok = p.NextTurn(it)
+		}
+	}
+}
+
+// chainKeys is a row's blocks as the ideal cache keys them.
+func chainKeys(ids []int64) []uint64 { return idealcache.AppendChainKeys(nil, ids) }
+
+// TestBlockKeySize: a block keyed by its chain costs what a block keyed by
+// its id did, 16 bytes with its namespace, in the ideal cache's index and
+// in the profile's stack (docs/reliability.md).
+func TestBlockKeySize(t *testing.T) {
+	if got := unsafe.Sizeof(blockKey{}); got != 16 {
+		t.Errorf("a block key takes %d bytes, want 16", got)
+	}
+}
+
+// TestCacheModelMooncakeUnchanged: the Mooncake traces' ids are
+// prefix-consistent (each id always after the same ids), so keying blocks
+// by their chain must answer exactly as keying them by id: every request's
+// theoretical tokens, whether known, and its profile at every capacity, two
+// passes of each trace, unbounded and bounded. The digests are of the
+// answers of the model keyed by id.
+func TestCacheModelMooncakeUnchanged(t *testing.T) {
+	if testutil.RaceEnabled {
+		t.Skip("two passes of both traces: slow under -race, and nothing concurrent to check")
+	}
+	tests := []struct {
+		file     string
+		capacity int
+		sum      int64
+		digest   uint64
+	}{
+		{"conversation_trace", 0, 198788672, 0x1a7a3ee5e906986b},
+		{"conversation_trace", 20000, 12538976, 0x13a6f072f3af6628},
+		{"synthetic_trace", 0, 101011248, 0xe0f1242d13f10ec2},
+		{"synthetic_trace", 20000, 7405248, 0xc4d4c1c414d75e3e},
+	}
+	for _, tt := range tests {
+		recs, err := trace.ReadFile("../testdata/mooncake/"+tt.file+".jsonl", trace.ReadOptions{BlockSize: 512})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := NewPacer(recs, PacerOptions{Loop: LoopRepeat})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := NewCacheModel(p, CacheParams{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: tt.capacity})
+		h := fnv.New64a()
+		var sum int64
+		for range 2 * len(recs) {
+			it, _ := p.Next()
+			tokens, known, prof := m.AcceptProfile(it)
+			sum += int64(tokens)
+			fmt.Fprint(h, tokens, known, prof.Known, prof.Steps)
+		}
+		if sum != tt.sum || h.Sum64() != tt.digest {
+			t.Errorf("%s, %d blocks: %d theoretical tokens, digest %#x; want %d and %#x", tt.file, tt.capacity, sum, h.Sum64(), tt.sum, tt.digest)
 		}
 	}
 }

@@ -79,9 +79,8 @@ type capacityProfile struct {
 	// since is the weight of the distinct blocks used since the model
 	// reached its first row sent: a block at a greater distance was last
 	// touched only by rows assumed sent. Blocks taken out again
-	// (unadmit), and blocks after a row's first new one that were not
-	// new (in a row whose ids are no chain), stay counted, so it can only
-	// be too high, and it is never taken above the weight tracked.
+	// (unadmit) stay counted, so it can only be too high, and it is never
+	// taken above the weight tracked.
 	since int64
 	refs  []stackdist.Ref // scratch: where a row's leading blocks were found
 	steps []CapacityStep  // scratch: a row's profile, copied out at its size
@@ -122,22 +121,22 @@ func (cp *capacityProfile) weight(c *idealCache, tokens int) int64 {
 // then every block is used from the last to the first, as the ideal cache
 // touches them. Without insert it does nothing. warm marks a row assumed
 // sent.
-func (cp *capacityProfile) visit(c *idealCache, ns uint64, ids []int64, inputLength int, insert, warm, want bool) CapacityProfile {
+func (cp *capacityProfile) visit(c *idealCache, ns uint64, keys []uint64, inputLength int, insert, warm, want bool) CapacityProfile {
 	var prof CapacityProfile
 	if !insert {
 		return prof
 	}
 	// counted is how many leading blocks were found at a distance the
-	// tracker knows; blocks beyond them are new to it (the ids of a trace
-	// row are a chain: a block seen means its prefix was seen).
+	// tracker knows; blocks beyond them are new to it (a block's key is
+	// its chain's: a block seen means its prefix was seen).
 	counted := 0
 	cp.refs = cp.refs[:0]
 	if !warm {
 		var reach int64 // the running maximum of the distances
 		prof.Known = true
 		cp.steps = cp.steps[:0]
-		for i, id := range ids {
-			ref, d := cp.stack.Lookup(blockKey{ns, id})
+		for i, chain := range keys {
+			ref, d := cp.stack.Lookup(blockKey{ns, chain})
 			if d == stackdist.Infinite {
 				break
 			}
@@ -146,7 +145,7 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, ids []int64, inputLen
 			if d > cp.since {
 				// Last touched by a row assumed sent: using it now
 				// counts it as touched since.
-				cp.since += cp.weight(c, c.round.BlockTokens(i, len(ids), inputLength))
+				cp.since += cp.weight(c, c.round.BlockTokens(i, len(keys), inputLength))
 				if want {
 					prof.Known = false
 				}
@@ -165,16 +164,16 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, ids []int64, inputLen
 		}
 		prof.Steps = slices.Clone(cp.steps) // allocates nothing when empty
 	}
-	for i := len(ids) - 1; i >= 0; i-- {
-		w := cp.weight(c, c.round.BlockTokens(i, len(ids), inputLength))
+	for i := len(keys) - 1; i >= 0; i-- {
+		w := cp.weight(c, c.round.BlockTokens(i, len(keys), inputLength))
 		if i < counted {
-			cp.stack.UseRef(cp.refs[i], blockKey{ns, ids[i]}, w)
+			cp.stack.UseRef(cp.refs[i], blockKey{ns, keys[i]}, w)
 			continue
 		}
 		if !warm {
 			cp.since += w
 		}
-		cp.stack.Use(blockKey{ns, ids[i]}, w)
+		cp.stack.Use(blockKey{ns, keys[i]}, w)
 	}
 	cp.since = min(cp.since, cp.stack.Weight())
 	return prof

@@ -17,8 +17,8 @@ func TestCapacityProfileSteps(t *testing.T) {
 		{Timestamp: trace.Ptr(1.0), InputLength: trace.Ptr(512), HashIDs: []int64{2}},
 		{Timestamp: trace.Ptr(2.0), InputLength: trace.Ptr(1024), HashIDs: []int64{0, 1}},
 		{Timestamp: trace.Ptr(3.0), InputLength: trace.Ptr(1100), HashIDs: []int64{0, 3, 4}},
-		// Block 1 alone, then behind block 0 again: the blocks of a
-		// prompt are not always in the order of their distances.
+		// Block 1 alone is another block than block 1 behind block 0:
+		// a block is keyed by its chain.
 		{Timestamp: trace.Ptr(4.0), InputLength: trace.Ptr(512), HashIDs: []int64{1}},
 		{Timestamp: trace.Ptr(5.0), InputLength: trace.Ptr(1024), HashIDs: []int64{0, 1}},
 	}
@@ -36,12 +36,12 @@ func TestCapacityProfileSteps(t *testing.T) {
 		{{1024, 512}, {1536, 1008}},
 		// Stack: 0, 1, 2. Block 0 at 512; block 3 is new.
 		{{512, 512}},
-		// Stack: 0, 3, 4 (76 tokens: 64 in whole blocks), 1, 2. One
-		// block: floor(511/16)·16.
-		{{1600, 496}},
-		// Stack: 1, 0, ... Block 1 at 512, but behind block 0 at 1,024:
-		// a cache of 512 tokens holds block 1 and not the prefix.
-		{{1024, 1008}},
+		// Stack: 0, 3, 4 (76 tokens: 64 in whole blocks), 0·1, 2.
+		// Block 1 as a first block is new.
+		nil,
+		// Stack: 1, 0, 3, 4, 0·1, 2. Block 0 at 1,024, block 1 behind
+		// it at 512+512+512+64+512.
+		{{1024, 512}, {2112, 1008}},
 	}
 	for row, w := range want {
 		tokens, known, prof := m.AcceptProfile(PacerItem{Index: row})

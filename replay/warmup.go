@@ -1,5 +1,10 @@
 package replay
 
+import (
+	"math"
+	"slices"
+)
+
 // A model started mid-run warms up on the rows of the fleet's schedule
 // before its start, assumed sent. Whether they really reached the server
 // is a fact about the server, not the schedule: an exporter restarted next
@@ -17,14 +22,40 @@ package replay
 // them all out, and later answers are known; so are those of requests
 // simulated before the decision, which kept both values.
 //
+// Warm and cold are the two ends of one scale. A replica restarted next to
+// an engine that the replica before it fed for only part of the warm-up
+// (it joined a pass late and stopped at its end, say) finds the engine
+// holding what the fleet sent from some row on, up to this start: the
+// frontier. (Rows that nobody sent between that stop and this start do
+// not fit it; a restart of seconds in a pass of hours leaves few.) A block is
+// then held if the last warm-up row that touched it is at or after the
+// frontier; along a prompt's blocks those last touches only grow older (a
+// row that touches a block touches the blocks before it), so the server's
+// hit ends at the first assumed block last touched before the frontier.
+// Each request records where its hit would end for every frontier (its
+// steps); an answer names the frontiers it agrees with, and the frontier
+// that enough answers agree on by a clear majority is decided: warm is the
+// frontier at the warm-up's first row, cold the one past its last, and
+// any other is partial. A request is known once a frontier is decided, its
+// answer being where its own steps end at that frontier.
+//
+// Why this judges the engine and does not merely echo it: the frontier is
+// one number for the whole model, fitted to the answers of many requests,
+// and a request's value follows from it and from the schedule alone. An
+// engine that lost blocks it should hold (a cache smaller than modelled)
+// keeps losing them after the fit, on rows the fit never saw, and reads
+// below the model. Taking each request's own answer as the truth of its
+// blocks would instead count every request at an efficiency of one.
+//
 // The blocks keep their mark after the decision, so that later answers go
-// on weighing it: a server that holds only part of what was assumed (the
-// exporter before this one dropped rows, or ran for part of a pass) gives
-// mixed answers, and the decision is taken back when they leave no clear
-// majority. While the mark stands, the cache answers exactly as one whose
-// assumed blocks were made certain (warm) or taken out (cold): blocks
-// only assumed are touched by no real row, so they sit behind every other
-// block in LRU order and a bounded cache evicts them first.
+// on weighing it: a server whose answers fit no one frontier (the exporter
+// before this one dropped every other row) gives mixed answers, and the
+// decision is taken back when they leave no clear majority. While the mark
+// stands, the cache answers exactly as one whose assumed blocks last
+// touched before the frontier were taken out: blocks only assumed are
+// touched by no real row, so they sit behind every other block in LRU
+// order, those before the frontier behind the rest, and a bounded cache
+// evicts them first.
 
 const (
 	// warmUpMinGap: a request is evidence only where its warm and cold
@@ -41,6 +72,11 @@ const (
 	// minus cold) in every request that pointed somewhere, of those
 	// pointing to the world decided.
 	warmUpMajority = 0.9
+	// warmUpMaxEvidence: the answers weighed at most, the latest; each is
+	// a range of frontiers and its weight.
+	warmUpMaxEvidence = 1024
+	// frontierCold is the frontier past every row of the warm-up.
+	frontierCold = math.MaxUint64
 )
 
 // WarmUpWorld is what the server holds of the rows a model only assumed
@@ -58,6 +94,10 @@ const (
 	// WarmUpCold: they did not (a fresh or restarted engine): only what
 	// was really sent since the start counts.
 	WarmUpCold
+	// WarmUpPartial: the rows from a point of the warm-up on reached the
+	// server (the exporter before this one sent only those): they count
+	// as sent, and the rows before that point do not.
+	WarmUpPartial
 )
 
 func (w WarmUpWorld) String() string {
@@ -66,6 +106,8 @@ func (w WarmUpWorld) String() string {
 		return "warm"
 	case WarmUpCold:
 		return "cold"
+	case WarmUpPartial:
+		return "partial"
 	}
 	return "undecided"
 }
@@ -74,10 +116,11 @@ func (w WarmUpWorld) String() string {
 // evidence it rests on.
 type WarmUpDecision struct {
 	World WarmUpWorld
-	// Warm and Cold are how many answers pointed to each world,
-	// WarmShare the warm ones' share of the tokens at stake.
-	Warm, Cold int
-	WarmShare  float64
+	// Warm, Cold and Partial are how many of the answers weighed pointed
+	// to each world, WarmShare the warm ones' share of the tokens at
+	// stake and Agreeing the share of those that agree with World.
+	Warm, Cold, Partial int
+	WarmShare, Agreeing float64
 	// Abstained is how many answers were evidence but sat between the
 	// two values, near neither.
 	Abstained int
@@ -88,10 +131,56 @@ type warmUp struct {
 	learn    bool
 	onChange func(WarmUpDecision)
 	world    WarmUpWorld
+	// frontier: the server holds the assumed blocks last touched at or
+	// after this visit of the warm-up (0 when warm, frontierCold when
+	// cold); meaningful once world is decided.
+	frontier uint64
 
-	warm, cold             int // requests pointing to each world
-	warmTokens, coldTokens int // the tokens at stake in them
-	abstained              int
+	evidence  []warmEvidence // the latest warmUpMaxEvidence answers
+	abstained int
+	edges     []frontierEdge // decide's scratch
+}
+
+// frontierEdge is where an answer's range of frontiers starts (weight > 0)
+// or ends (weight < 0).
+type frontierEdge struct {
+	at     uint64
+	weight int
+}
+
+// warmStep is where a request's hit ends when the frontier lies past
+// touched: at tokens, the cached tokens of the blocks before the first
+// assumed block last touched at touched (or earlier).
+type warmStep struct {
+	touched uint64
+	tokens  int
+}
+
+// warmEvidence is an answer: the frontiers in [from, to) agree with it,
+// with weight the tokens at stake (warm minus cold).
+type warmEvidence struct {
+	from, to uint64
+	weight   int
+}
+
+// heldFrom is a's cached tokens on a server holding the assumed blocks
+// last touched at or after frontier.
+func (a admitted) heldFrom(frontier uint64) int {
+	for _, s := range a.warmSteps() {
+		if s.touched < frontier {
+			return s.tokens
+		}
+	}
+	return a.tokens
+}
+
+// warmSteps are a's steps; a request simulated without them (as in tests)
+// has one, at its cold value.
+func (a admitted) warmSteps() []warmStep {
+	if len(a.steps) == 0 {
+		return []warmStep{{tokens: a.cold}}
+	}
+	return a.steps
 }
 
 // LearnWarmUp makes the model decide, from the cached tokens of the
@@ -133,12 +222,12 @@ func (m *CacheModel) WarmUpWorld() WarmUpWorld {
 // whether they are known.
 func (w *warmUp) answer(a admitted) (int, bool) {
 	switch {
-	case a.tokens == a.cold, w.world == WarmUpWarm:
+	case a.tokens == a.cold:
 		return a.tokens, true
-	case w.world == WarmUpCold:
-		return a.cold, true
+	case w.world == WarmUpUndecided:
+		return a.tokens, false
 	}
-	return a.tokens, false
+	return a.heldFrom(w.frontier), true
 }
 
 // weigh takes the server's cached tokens for a, a simulated request, as
@@ -148,36 +237,155 @@ func (w *warmUp) weigh(a admitted, cached int) *WarmUpDecision {
 	if !w.learn || gap < warmUpMinGap {
 		return nil
 	}
-	switch above := cached - a.cold; {
-	case above <= gap/4:
-		w.cold++
-		w.coldTokens += gap
-	case above >= gap-gap/4:
-		w.warm++
-		w.warmTokens += gap
-	default:
+	from, to, ok := a.agreeing(cached)
+	if !ok {
 		w.abstained++
 		return nil
 	}
-	world := w.decide()
+	if len(w.evidence) == warmUpMaxEvidence {
+		w.evidence = append(w.evidence[:0], w.evidence[1:]...)
+	}
+	w.evidence = append(w.evidence, warmEvidence{from: from, to: to, weight: gap})
+	world, frontier, d := w.decide()
 	if world == w.world {
+		w.frontier = frontier // a partial frontier may move; no news
 		return nil
 	}
-	w.world = world
-	return &WarmUpDecision{World: world, Warm: w.warm, Cold: w.cold,
-		WarmShare: float64(w.warmTokens) / float64(w.warmTokens+w.coldTokens), Abstained: w.abstained}
+	w.world, w.frontier = world, frontier
+	return &d
 }
 
-// decide is the world the evidence so far points to.
-func (w *warmUp) decide() WarmUpWorld {
-	total := float64(w.warmTokens + w.coldTokens)
-	switch {
-	case w.warm+w.cold < warmUpMinRequests:
-		return WarmUpUndecided
-	case float64(w.warmTokens) >= warmUpMajority*total:
-		return WarmUpWarm
-	case float64(w.coldTokens) >= warmUpMajority*total:
-		return WarmUpCold
+// agreeing is the range of frontiers [from, to) that the server's answer
+// cached agrees with, and false when it agrees with none clearly. The
+// values a's hit takes at each frontier are compared with bands of a
+// quarter of the gaps between them, so that the few tokens every prompt
+// shares on some engines, and a chat header's rounding, stay inside;
+// values closer than warmUpMinGap cannot be told apart and are taken
+// together.
+func (a admitted) agreeing(cached int) (from, to uint64, ok bool) {
+	// The values in increasing order, each with its frontiers: cut at the
+	// first step (cold: every frontier past the first step's touch), at
+	// each later step, and nowhere (warm: up to the last step's touch).
+	type value struct {
+		lo, hi   int
+		from, to uint64
 	}
-	return WarmUpUndecided
+	steps := a.warmSteps()
+	values := make([]value, 0, len(steps)+1)
+	add := func(tokens int, from, to uint64) {
+		if n := len(values); n > 0 && tokens-values[n-1].hi < warmUpMinGap {
+			values[n-1].hi, values[n-1].from = tokens, from
+			return
+		}
+		values = append(values, value{lo: tokens, hi: tokens, from: from, to: to})
+	}
+	to = frontierCold
+	for _, s := range steps {
+		add(s.tokens, s.touched+1, to)
+		to = s.touched + 1
+	}
+	add(a.tokens, 0, to)
+	if len(values) < 2 {
+		return 0, 0, false
+	}
+	for i, v := range values {
+		below, above := math.MinInt, math.MaxInt
+		if i > 0 {
+			below = v.lo - (v.lo-values[i-1].hi)/4
+		}
+		if i < len(values)-1 {
+			above = v.hi + (values[i+1].lo-v.hi)/4
+		}
+		if cached >= below && cached <= above {
+			return v.from, v.to, true
+		}
+	}
+	return 0, 0, false
+}
+
+// decide is the world and frontier the evidence so far points to, and the
+// decision it makes: the frontier that the most answers by tokens agree
+// with, if they are a clear majority (warm where it is among those, else
+// cold, else the oldest such frontier, which needs warmUpMinRequests
+// answers against each end); else warm or cold where a clear majority
+// agrees with it. A few answers between warm and cold (a chat header's
+// blocks, a block the engine kept from elsewhere) do not then pin a cold
+// engine to a partial frontier.
+func (w *warmUp) decide() (WarmUpWorld, uint64, WarmUpDecision) {
+	d := WarmUpDecision{Abstained: w.abstained}
+	total, warmTokens := 0, 0
+	edges := w.edges[:0]
+	defer func() { w.edges = edges[:0] }()
+	for _, e := range w.evidence {
+		total += e.weight
+		switch {
+		case e.from == 0:
+			d.Warm++
+			warmTokens += e.weight
+		case e.to == frontierCold:
+			d.Cold++
+		default:
+			d.Partial++
+		}
+		edges = append(edges, frontierEdge{e.from, e.weight})
+		if e.to != frontierCold {
+			edges = append(edges, frontierEdge{e.to, -e.weight})
+		}
+	}
+	d.WarmShare = float64(warmTokens) / float64(max(total, 1))
+	if len(w.evidence) < warmUpMinRequests {
+		return WarmUpUndecided, 0, d
+	}
+	// Sweep the frontiers in order: agree[f] is the weight of the answers
+	// whose range holds f; the first frontier of the best run is kept.
+	slices.SortFunc(edges, func(a, b frontierEdge) int {
+		if a.at != b.at {
+			if a.at < b.at {
+				return -1
+			}
+			return 1
+		}
+		return a.weight - b.weight
+	})
+	best, bestAt, agree := -1, uint64(0), 0
+	var warmAgree, coldAgree int
+	for i, e := range edges {
+		agree += e.weight
+		if i+1 < len(edges) && edges[i+1].at == e.at {
+			continue
+		}
+		if e.at == 0 {
+			warmAgree = agree
+		}
+		if agree > best {
+			best, bestAt = agree, e.at
+		}
+	}
+	if len(edges) == 0 || edges[0].at != 0 {
+		warmAgree = 0
+	}
+	coldAgree = agree // past every edge: the answers open to the top
+	share := func(agree int) float64 { return float64(agree) / float64(total) }
+	// A partial frontier needs answers against each end: enough that
+	// the warm end cannot be, and enough that the cold end cannot be.
+	partial := d.Warm+d.Partial >= warmUpMinRequests && d.Cold+d.Partial >= warmUpMinRequests
+	switch {
+	case share(best) >= warmUpMajority && warmAgree == best:
+		d.World, d.Agreeing = WarmUpWarm, share(best)
+		return WarmUpWarm, 0, d
+	case share(best) >= warmUpMajority && coldAgree == best:
+		d.World, d.Agreeing = WarmUpCold, share(best)
+		return WarmUpCold, frontierCold, d
+	case share(best) >= warmUpMajority && partial:
+		d.World, d.Agreeing = WarmUpPartial, share(best)
+		return WarmUpPartial, bestAt, d
+	case share(warmAgree) >= warmUpMajority:
+		d.World, d.Agreeing = WarmUpWarm, share(warmAgree)
+		return WarmUpWarm, 0, d
+	case share(coldAgree) >= warmUpMajority:
+		d.World, d.Agreeing = WarmUpCold, share(coldAgree)
+		return WarmUpCold, frontierCold, d
+	}
+	d.Agreeing = share(best)
+	return WarmUpUndecided, 0, d
 }

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"container/list"
 	"fmt"
 	"slices"
 	"testing"
@@ -82,6 +83,59 @@ func TestWarmUpDecide(t *testing.T) {
 	}
 }
 
+// TestWarmUpFrontier: requests with steps (where their hit ends for each
+// frontier) decide a partial world when their answers agree on one
+// frontier, and are then answered at it; answers that fit no frontier
+// decide nothing.
+func TestWarmUpFrontier(t *testing.T) {
+	// A request's assumed blocks were last touched at visits 300, 200 and
+	// 100 of the warm-up: a server holding from visit f on serves 512
+	// tokens for f > 300, 1024 for 200 < f ≤ 300, 1536 for 100 < f ≤ 200
+	// and 2048 (every block) for f ≤ 100.
+	steps := []warmStep{{300, 512}, {200, 1024}, {100, 1536}}
+	req := admitted{tokens: 2048, cold: 512, steps: steps}
+	for _, tt := range []struct {
+		name     string
+		answers  []int // cached tokens, each for req
+		world    WarmUpWorld
+		frontier uint64 // when decided
+		answer   int
+	}{
+		{"partial: held from between visits 200 and 300", []int{1024, 1024, 1030, 1024, 1024, 1024, 1024, 1024}, WarmUpPartial, 201, 1024},
+		{"partial, one dissent in eleven", []int{1024, 1024, 1536, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}, WarmUpPartial, 201, 1024},
+		{"partial, one dissent in eight", []int{1024, 1024, 1536, 1024, 1024, 1024, 1024, 1024}, WarmUpUndecided, 0, 0},
+		{"warm", []int{2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048}, WarmUpWarm, 0, 2048},
+		{"cold", []int{512, 512, 520, 512, 512, 512, 512, 512}, WarmUpCold, frontierCold, 512},
+		{"no one frontier", []int{1024, 1536, 1024, 1536, 1024, 1536, 1024, 1536}, WarmUpUndecided, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := warmUp{learn: true}
+			for _, cached := range tt.answers {
+				w.weigh(req, cached)
+			}
+			if w.world != tt.world || (tt.world != WarmUpUndecided && w.frontier != tt.frontier) {
+				t.Fatalf("world %v at frontier %d, want %v at %d", w.world, w.frontier, tt.world, tt.frontier)
+			}
+			got, known := w.answer(req)
+			if known != (tt.world != WarmUpUndecided) || (known && got != tt.answer) {
+				t.Errorf("answered %d (known %v), want %d", got, known, tt.answer)
+			}
+		})
+	}
+	// Another request, whose blocks were touched at 250 only: held from
+	// frontier 201, its whole hit counts.
+	w := warmUp{learn: true}
+	for range 8 {
+		w.weigh(req, 1024)
+	}
+	if got, known := w.answer(admitted{tokens: 4096, cold: 0, steps: []warmStep{{250, 0}}}); !known || got != 4096 {
+		t.Errorf("a request resting on blocks touched after the frontier: %d (known %v), want 4096", got, known)
+	}
+	if got, _ := w.answer(admitted{tokens: 4096, cold: 0, steps: []warmStep{{150, 0}}}); got != 0 {
+		t.Errorf("a request resting on blocks touched before the frontier: %d, want 0", got)
+	}
+}
+
 // TestWarmUpAnswer: what a request is answered in each world, and that a
 // request whose two values agree is known whatever the world.
 func TestWarmUpAnswer(t *testing.T) {
@@ -98,6 +152,9 @@ func TestWarmUpAnswer(t *testing.T) {
 		{WarmUpCold, 0, 0, 0, true},
 	} {
 		w := warmUp{world: tt.world}
+		if tt.world == WarmUpCold {
+			w.frontier = frontierCold
+		}
 		got, known := w.answer(admitted{tokens: tt.warm, cold: tt.cold})
 		if got != tt.want || known != tt.known {
 			t.Errorf("%v, warm %d, cold %d: %d (known %v), want %d (known %v)", tt.world, tt.warm, tt.cold, got, known, tt.want, tt.known)
@@ -283,5 +340,120 @@ func TestCacheModelStartEmpty(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// lruEngine is a reference prefix cache of capacity trace blocks (0 is
+// unbounded), written without the model's code: blocks by (namespace, id)
+// in LRU order, a request's first blocks the most recently used, answering
+// in whole serverBlock-token blocks with the last prompt token recomputed.
+type lruEngine struct {
+	capacity, serverBlock int
+	lru                   *list.List
+	index                 map[[2]int64]*list.Element
+}
+
+func newLRUEngine(capacity, serverBlock int) *lruEngine {
+	return &lruEngine{capacity: capacity, serverBlock: serverBlock, lru: list.New(), index: map[[2]int64]*list.Element{}}
+}
+
+func (e *lruEngine) send(ns uint64, ids []int64, isl int) int {
+	k := 0
+	for _, id := range ids {
+		if _, ok := e.index[[2]int64{int64(ns), id}]; !ok {
+			break
+		}
+		k++
+	}
+	for i := len(ids) - 1; i >= 0; i-- {
+		key := [2]int64{int64(ns), ids[i]}
+		if el, ok := e.index[key]; ok {
+			e.lru.MoveToFront(el)
+			continue
+		}
+		e.index[key] = e.lru.PushFront(key)
+	}
+	for e.capacity > 0 && e.lru.Len() > e.capacity {
+		delete(e.index, e.lru.Remove(e.lru.Back()).([2]int64))
+	}
+	return max(min(k*512, isl-1), 0) / e.serverBlock * e.serverBlock
+}
+
+// TestCacheModelRestartAfterPartialPass: a replica joins a pass halfway and
+// sends the rest of it; a replica restarted at the top of the next pass
+// (a new model, loop repeat) finds the engine holding only the rows the
+// one before it sent, half of what its warm-up assumed. On an unbounded
+// engine, healthy, the answers fit one frontier: the pass is known for at
+// least 80 % of its tokens and reads an efficiency of 0.93-1.05; so it is
+// when the first replica joined at 80 % of a pass and the restart took a
+// fiftieth of a pass, whose rows nobody sent. An engine whose cache holds
+// half of what the model is told it holds must still read below 0.93.
+func TestCacheModelRestartAfterPartialPass(t *testing.T) {
+	const preamble = 9
+	recs := wlTestReadSlice(t, 2000)
+	distinct := map[int64]bool{}
+	for _, r := range recs {
+		for _, id := range r.HashIDs {
+			distinct[id] = true
+		}
+	}
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopRepeat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pass3, pass4 := ownItems(t, p, 3), ownItems(t, p, 4)
+	for _, tc := range []struct {
+		name           string
+		join, gap      float64 // shares of a pass: the first replica's start, the rows before the second's
+		engine, model  int     // capacities: trace blocks, server blocks (0 unbounded)
+		serverBlock    int
+		lo, hi         float64
+		atLeastCovered float64
+	}{
+		{"unbounded, healthy", 0.5, 0, 0, 0, 16, 0.93, 1.05, 0.8},
+		{"unbounded, healthy, a restart of a fiftieth of a pass", 0.8, 0.02, 0, 0, 16, 0.93, 1.05, 0.8},
+		{"half the cache the model is told", 0.5, 0, len(distinct) / 2, len(distinct), 512, 0, 0.93, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := pass3[int(tc.join*float64(len(pass3))):]
+			items := pass4[int(tc.gap*float64(len(pass4))):]
+			engine := newLRUEngine(tc.engine, tc.serverBlock)
+			for _, it := range before {
+				engine.send(it.Namespace, recs[it.Index].HashIDs, recs[it.Index].ISL())
+			}
+			start, err := NewPacer(recs, PacerOptions{Loop: LoopRepeat})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := start.Seek(TracePosition{Pass: items[0].Pass, Conv: items[0].Conv}); err != nil {
+				t.Fatal(err)
+			}
+			m := NewCacheModel(start, CacheParams{TraceBlock: 512, ServerBlock: tc.serverBlock, CapacityBlocks: tc.model})
+			var changes []WarmUpWorld
+			m.LearnWarmUp(func(d WarmUpDecision) { changes = append(changes, d.World) })
+			var all, known, served, theoretical int
+			for _, it := range items {
+				truth := engine.send(it.Namespace, recs[it.Index].HashIDs, recs[it.Index].ISL())
+				got, ok := m.AcceptObserved(it, truth+preamble)
+				isl := recs[it.Index].ISL()
+				all += isl
+				if ok {
+					known += isl
+					served += truth
+					theoretical += got
+				}
+			}
+			coverage, efficiency := float64(known)/float64(all), float64(served)/float64(theoretical)
+			t.Logf("decisions %v; coverage %.4f of %d tokens, efficiency %.4f", changes, coverage, all, efficiency)
+			if coverage < tc.atLeastCovered {
+				t.Errorf("coverage %.4f, want at least %.2f", coverage, tc.atLeastCovered)
+			}
+			if known > 0 && !(efficiency >= tc.lo && efficiency <= tc.hi) {
+				t.Errorf("efficiency %.4f, want within [%.2f, %.2f]", efficiency, tc.lo, tc.hi)
+			}
+			if tc.lo == 0 && known == 0 {
+				t.Errorf("nothing known: the smaller cache is not caught")
+			}
+		})
 	}
 }

@@ -116,7 +116,11 @@ type reconcileRead struct {
 	at                         time.Time
 	engineCached, enginePrompt float64
 	promptKnown                bool
-	canary                     canarySums
+	// engineRecomputed: the cached tokens the engine computed again, where
+	// it counts them (recomputedKnown); in neither engineCached nor usage.
+	engineRecomputed float64
+	recomputedKnown  bool
+	canary           canarySums
 }
 
 // reconcileTarget is what is kept of one reconciled target.
@@ -165,6 +169,10 @@ type ReadIncrease struct {
 	Stepped                                bool
 	EngineCached, EnginePrompt             float64
 	CanaryPrompt, UsagePrompt, UsageCached float64
+	// EngineRecomputed is the increase of the engine's recomputed-token
+	// counter, where it has one (RecomputedKnown).
+	EngineRecomputed float64
+	RecomputedKnown  bool
 }
 
 // Start begins comparing target's engine counters with its responses: from
@@ -282,7 +290,7 @@ func (r *Reconciliation) Read(target string, d engine.ServerCounts) (inc ReadInc
 		st.lastError, st.lastErrorAt = reason, now
 		return ReadIncrease{}, reason
 	}
-	rd := reconcileRead{at: d.At, promptKnown: d.PromptKnown}
+	rd := reconcileRead{at: d.At, promptKnown: d.PromptKnown, recomputedKnown: d.RecomputedKnown}
 	if rd.at.IsZero() || rd.at.After(now) {
 		rd.at = now
 	}
@@ -296,8 +304,12 @@ func (r *Reconciliation) Read(target string, d engine.ServerCounts) (inc ReadInc
 		if d.PromptKnown {
 			rd.enginePrompt = d.Prompt
 		}
+		if d.RecomputedKnown {
+			rd.engineRecomputed = d.Recomputed
+		}
 		inc = ReadIncrease{Stepped: true, EngineCached: rd.engineCached, EnginePrompt: rd.enginePrompt,
-			CanaryPrompt: st.unposted.prompt, UsagePrompt: st.unposted.usagePrompt, UsageCached: st.unposted.usageCached}
+			CanaryPrompt: st.unposted.prompt, UsagePrompt: st.unposted.usagePrompt, UsageCached: st.unposted.usageCached,
+			EngineRecomputed: rd.engineRecomputed, RecomputedKnown: d.RecomputedKnown}
 	}
 	st.pending, st.unposted = canarySums{}, canarySums{}
 	st.reads = append(st.prune(now), rd)
@@ -309,12 +321,15 @@ func (r *Reconciliation) Read(target string, d engine.ServerCounts) (inc ReadInc
 const maxReadIncrease = 1 << 53
 
 // implausibleRead is why a read's increases cannot be counted, or empty.
-// The prompt-token counter is held to the rules of the cached one: either
-// poisons every rate once added to a counter.
+// The prompt-token and recomputed-token counters are held to the rules of
+// the cached one: any poisons every rate once added to a counter.
 func implausibleRead(d engine.ServerCounts) engine.ServerMetricsErrorReason {
 	values := []float64{d.Cached}
 	if d.PromptKnown {
 		values = append(values, d.Prompt)
+	}
+	if d.RecomputedKnown {
+		values = append(values, d.Recomputed)
 	}
 	for _, v := range values {
 		switch {
@@ -396,6 +411,12 @@ type ReconcileStatus struct {
 	// model's rate is minTheoretical or more (ModelKnown).
 	UsageOverModel, EngineOverModel float64
 	ModelKnown                      bool
+	// EngineRecomputed is the tokens the engine found in its cache and
+	// computed again over the window's reads, where it counts them
+	// (RecomputedKnown): a reason of their own, on neither side of the
+	// hit rates.
+	EngineRecomputed float64
+	RecomputedKnown  bool
 	// LastError is the reason the last read failed, at LastErrorAt; empty
 	// when none did.
 	LastError   string
@@ -406,6 +427,8 @@ type ReconcileStatus struct {
 type reconcileSums struct {
 	reads, promptKnownReads    int
 	engineCached, enginePrompt float64
+	engineRecomputed           float64
+	recomputedKnown            bool // some read of them counted recomputed tokens
 	canary                     canarySums
 }
 
@@ -429,6 +452,8 @@ func (st *reconcileTarget) sums(now time.Time) reconcileSums {
 		s.promptKnownReads++
 		s.engineCached += rd.engineCached
 		s.enginePrompt += rd.enginePrompt
+		s.engineRecomputed += rd.engineRecomputed
+		s.recomputedKnown = s.recomputedKnown || rd.recomputedKnown
 		s.canary.add(rd.canary)
 	}
 	return s
@@ -448,6 +473,7 @@ func (st *reconcileTarget) figure(target string, now time.Time) ReconcileStatus 
 	if s.canary.trace > 0 {
 		f.TheoreticalRate = s.canary.theoretical / s.canary.trace
 	}
+	f.EngineRecomputed, f.RecomputedKnown = s.engineRecomputed, s.recomputedKnown
 	f.State, f.Reason = reconcileState(s, f)
 	if f.State != ReconcileCompared {
 		return f
@@ -487,11 +513,16 @@ func reconcileState(s reconcileSums, f ReconcileStatus) (ReconcileState, string)
 	return ReconcileCompared, ""
 }
 
-// comparedReason says what a compared window shows.
+// comparedReason says what a compared window shows, and how many cached
+// tokens the engine computed again where it counts them.
 func comparedReason(f ReconcileStatus) string {
+	reason := fmt.Sprintf("the engine's counters agree with its responses (%.2f)", f.EngineOverUsage)
 	if f.Disagree {
-		return fmt.Sprintf("the engine's metrics disagree with its responses: its counters read %.2f × the hit rate its responses report (outside %.2f to %.2f)",
+		reason = fmt.Sprintf("the engine's metrics disagree with its responses: its counters read %.2f × the hit rate its responses report (outside %.2f to %.2f)",
 			f.EngineOverUsage, ReconcileDisagreeBelow, ReconcileDisagreeAbove)
 	}
-	return fmt.Sprintf("the engine's counters agree with its responses (%.2f)", f.EngineOverUsage)
+	if f.RecomputedKnown && f.EngineRecomputed > 0 {
+		reason += fmt.Sprintf("; recomputed: the engine found %.0f more tokens in its cache and computed them again, counted on neither side", f.EngineRecomputed)
+	}
+	return reason
 }

@@ -310,3 +310,62 @@ func TestReconcileRefusesImplausibleReads(t *testing.T) {
 		})
 	}
 }
+
+// TestReconcileRecomputed: the cached tokens an engine computed again,
+// where it counts them, are a reason of their own: summed over the
+// window's reads, named in the verdict, and on neither side of the hit
+// rates. An implausible count of them refuses the read.
+func TestReconcileRecomputed(t *testing.T) {
+	recomputed := func(cached, prompt, again float64) engine.ServerCounts {
+		c := engineRead(cached, prompt)
+		c.Recomputed, c.RecomputedKnown = again, true
+		return c
+	}
+	tests := []struct {
+		name      string
+		reads     []engine.ServerCounts
+		want      float64
+		known     bool
+		reason    string
+		refusedAt int // the read refused, 1-based; 0: none
+	}{
+		{name: "not counted", reads: []engine.ServerCounts{engineRead(2000, 5000), engineRead(2000, 5000)},
+			reason: "the engine's counters agree with its responses (1.00)"},
+		{name: "counted, none", reads: []engine.ServerCounts{recomputed(2000, 5000, 0), recomputed(2000, 5000, 0)}, known: true,
+			reason: "the engine's counters agree with its responses (1.00)"},
+		{name: "counted", reads: []engine.ServerCounts{recomputed(2000, 5000, 3), recomputed(2000, 5000, 4)}, want: 7, known: true,
+			reason: "the engine's counters agree with its responses (1.00); recomputed: the engine found 7 more tokens in its cache and computed them again, counted on neither side"},
+		{name: "not finite", reads: []engine.ServerCounts{recomputed(2000, 5000, 3), recomputed(2000, 5000, math.Inf(1))}, want: 3, known: true,
+			reason: "the engine's counters agree with its responses (1.00); recomputed: the engine found 3 more tokens in its cache and computed them again, counted on neither side", refusedAt: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now := time.Unix(1_700_000_000, 0)
+			r := NewReconciliation(func() time.Time { return now })
+			r.Start("e")
+			r.Read("e", baseline)
+			var total float64
+			for i, read := range tt.reads {
+				now = now.Add(5 * time.Second)
+				for _, q := range hit(5, 400, 400) {
+					r.Finished(q.Result("e", now))
+				}
+				inc, refused := r.Read("e", read)
+				if (refused != "") != (i+1 == tt.refusedAt) {
+					t.Errorf("read %d refused %q", i+1, refused)
+				}
+				if inc.RecomputedKnown != (read.RecomputedKnown && refused == "") {
+					t.Errorf("read %d: increase %+v", i+1, inc)
+				}
+				total += inc.EngineRecomputed
+			}
+			st := r.Status()[0]
+			if st.EngineRecomputed != tt.want || st.RecomputedKnown != tt.known || total != tt.want {
+				t.Errorf("recomputed %v (known %v), %v added to the counter; want %v (%v)", st.EngineRecomputed, st.RecomputedKnown, total, tt.want, tt.known)
+			}
+			if st.Reason != tt.reason {
+				t.Errorf("reason %q, want %q", st.Reason, tt.reason)
+			}
+		})
+	}
+}

@@ -31,6 +31,17 @@ type Analysis struct {
 	// CacheHitRate. A hit block is BlockSize tokens, bounded by the row's
 	// input_length. Not in AIPerf's JSON.
 	TokenHitRate float64
+	// ReusingRows counts the rows that use a hash id after another chain
+	// of blocks than where it first appeared (FirstReusingRow is the
+	// first, 1-based among the rows): an engine's prefix cache keys a
+	// block by its whole prefix, so it serves such a trace less than the
+	// hit rates above, which count by id, say. ChainTokenHitRate is
+	// TokenHitRate with blocks keyed so: what an engine's infinite cache
+	// serves. On a prefix-consistent trace (Mooncake's) the two are
+	// equal. Neither is in AIPerf's report.
+	ReusingRows       int
+	FirstReusingRow   int
+	ChainTokenHitRate float64
 
 	MinISL, MaxISL int
 	AvgISL         float64
@@ -148,8 +159,13 @@ func newPrefixTrie(u int) *prefixTrie {
 	return t
 }
 
-func (t *prefixTrie) addRow(ids []int32) {
+// addRow adds a row's prefixes. It returns whether the row uses an id
+// after another parent than where the id first appeared, and how many of
+// its leading prefixes earlier rows had: its hit in a cache keyed by
+// prefixes, as an engine's is.
+func (t *prefixTrie) addRow(ids []int32) (reuses bool, seen int) {
 	parent := int32(-1)
+	leading := true
 	for _, x := range ids {
 		node := x
 		switch p := t.parent[x]; p {
@@ -158,6 +174,7 @@ func (t *prefixTrie) addRow(ids []int32) {
 			t.parent[x] = parent
 			t.newNode(parent, node)
 		default:
+			reuses = true
 			if t.extra == nil {
 				t.extra = make(map[trieEdge]int32)
 			}
@@ -172,10 +189,16 @@ func (t *prefixTrie) addRow(ids []int32) {
 			node = n
 		}
 		// A row's prefixes all differ in length, so each node is counted
-		// at most once per row.
+		// at most once per row, and one counted before was in an earlier
+		// row.
+		leading = leading && t.rows[node] > 0
+		if leading {
+			seen++
+		}
 		t.rows[node]++
 		parent = node
 	}
+	return reuses, seen
 }
 
 func (t *prefixTrie) newNode(parent, node int32) {
@@ -236,7 +259,9 @@ func (a *Analyzer) Result() Analysis {
 	}
 	if sc.promptTokens > 0 {
 		an.TokenHitRate = divide(sc.hitTokens, sc.promptTokens)
+		an.ChainTokenHitRate = divide(sc.chainHitTokens, sc.promptTokens)
 	}
+	an.ReusingRows, an.FirstReusingRow = sc.reusingRows, sc.firstReusingRow
 	an.PrefixGroups, an.PrefixReuseRatio = sc.trie.reuse()
 	a.addLengths(&an, idx, sc.pairs)
 	an.HitRate = ComputeStats(sc.hits)
@@ -252,6 +277,9 @@ type prefixScan struct {
 	pairs                   *pairCounter
 	hits                    []float64 // one per row with ids, in file order
 	hitTokens, promptTokens int64
+	chainHitTokens          int64 // hitTokens in a cache keyed by prefixes
+	reusingRows             int   // rows using an id after another parent
+	firstReusingRow         int   // 1-based; 0 when none
 }
 
 // scanPrefixes feeds every row with ids, in file order, to the prefix trie,
@@ -264,7 +292,14 @@ func (a *Analyzer) scanPrefixes(idx []int32, u int) *prefixScan {
 		if len(ids) == 0 {
 			continue
 		}
-		sc.trie.addRow(ids)
+		reuses, chainHit := sc.trie.addRow(ids)
+		if reuses {
+			sc.reusingRows++
+			if sc.firstReusingRow == 0 {
+				sc.firstReusingRow = r + 1
+			}
+		}
+		sc.chainHitTokens += int64(min(chainHit*a.blockSize, a.isl[r]))
 		for pos, x := range ids {
 			sc.pairs.add(int32(pos), x)
 		}

@@ -51,7 +51,9 @@ func TestAnalyzeByHand(t *testing.T) {
 		PrefixReuseRatio: 5.0 / 7,
 		// hit tokens 0 + 1024 + 512 of the 3024 in rows with ids.
 		TokenHitRate: 1536.0 / 3024,
-		MinISL:       100, MaxISL: 1300, AvgISL: 781,
+		// The ids are prefix-consistent: keyed by chains, the same.
+		ChainTokenHitRate: 1536.0 / 3024,
+		MinISL:            100, MaxISL: 1300, AvgISL: 781,
 		MinOSL: 1, MaxOSL: 20, AvgOSL: 9,
 		// isl deviations 519, 243, −81, −681: squares sum to 798732.
 		ISL: &MetricStats{Mean: 781, StdDev: math.Sqrt(798732.0 / 4), Min: 100, P25: 550, Median: 862, P75: 1093, Max: 1300},
@@ -92,6 +94,13 @@ func TestAnalyzeIrregularIDs(t *testing.T) {
 	}
 	if want := (1000.0 + 0 + 1000 + 512) / 6; got.ContextLength.Mean != want {
 		t.Errorf("context mean %v, want %v", got.ContextLength.Mean, want)
+	}
+	// Rows 2 and 4 use 5 and 6 after other blocks than where they first
+	// came. Keyed by chains only row 3 hits, 1000 of the 4,100 tokens of
+	// the rows with ids; by id, rows 2 and 3.
+	if got.ReusingRows != 2 || got.FirstReusingRow != 2 || got.ChainTokenHitRate != 1000.0/4100 || got.TokenHitRate != 2000.0/4100 {
+		t.Errorf("%d rows reusing ids, the first %d, token hit rates %v chained and %v by id; want 2, 2, 1000/4100 and 2000/4100",
+			got.ReusingRows, got.FirstReusingRow, got.ChainTokenHitRate, got.TokenHitRate)
 	}
 	if got.MinOSL != 0 || got.TotalRequests != 6 {
 		t.Errorf("min osl %d (a row without output_length counts 0), rows %d", got.MinOSL, got.TotalRequests)
@@ -285,6 +294,38 @@ func TestAnalyzeTableAligned(t *testing.T) {
 			if e[c]-e[c-1] != e[2]-e[1] || e[c] != ends[0][c] {
 				t.Errorf("line %d: column %d ends at %d (header %d); cell ends %v", i, c, e[c], ends[0][c], e)
 			}
+		}
+	}
+}
+
+// TestAnalyzeChainReuse: the rows that reuse ids after another chain are
+// counted, and the token hit rate of a cache keyed by chains is given
+// beside AIPerf's; on the shared Mooncake traces the two agree.
+func TestAnalyzeChainReuse(t *testing.T) {
+	tests := []struct {
+		file           string
+		reusing, first int
+		chain          float64 // the chained token hit rate; NaN: equal to TokenHitRate
+	}{
+		{"../testdata/aiperf/custom_trace.jsonl", 1, 3, 512.0 / 4300},
+		{sharedTraces + "conversation_trace.jsonl", 0, 0, math.NaN()},
+		{sharedTraces + "synthetic_trace.jsonl", 0, 0, math.NaN()},
+	}
+	for _, tt := range tests {
+		rows := readTable(t, tt.file)
+		a := NewAnalyzer(512)
+		for i := range rows.Len() {
+			rec := rows.Record(i)
+			a.Add(&rec)
+		}
+		an := a.Result()
+		chain := tt.chain
+		if math.IsNaN(chain) {
+			chain = an.TokenHitRate
+		}
+		if an.ReusingRows != tt.reusing || an.FirstReusingRow != tt.first || an.ChainTokenHitRate != chain {
+			t.Errorf("%s: %d rows reusing ids, the first %d, chained token hit rate %v; want %d, %d, %v",
+				tt.file, an.ReusingRows, an.FirstReusingRow, an.ChainTokenHitRate, tt.reusing, tt.first, chain)
 		}
 	}
 }

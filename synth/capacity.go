@@ -76,7 +76,8 @@ func (o *CurveOptions) rounding() idealcache.Rounding {
 }
 
 // CapacityCurve is a trace's token hit rate as a function of the capacity
-// of its engine's prefix cache: an LRU of server blocks fed every row once,
+// of its engine's prefix cache: an LRU of server blocks, each keyed by its
+// chain of blocks as an engine keys it, fed every row once,
 // in the replay's order, as replay.CacheModel models one pass with block
 // granularity, by the same rules (idealcache.Rounding). A request's k
 // leading trace blocks found in the cache give it
@@ -93,9 +94,17 @@ type CapacityCurve struct {
 	MaxCapacity             int64 // tokens
 	Rows                    int
 	PromptTokens            int64
-	DistinctBlocks          int   // distinct trace hash ids
-	FootprintBlocks         int64 // the least capacity that holds every block, in server blocks
-	InfiniteHitTokens       int64 // what an unbounded cache serves: the curve's limit
+	// DistinctBlocks counts the distinct blocks: the distinct chains of
+	// hash ids up to a block (idealcache.ChainKey), which on a trace
+	// whose ids are prefix-consistent are its distinct hash ids.
+	DistinctBlocks int
+	// ReusingRows counts the rows that reuse a hash id after another
+	// chain of blocks than where it first appeared
+	// (idealcache.ChainReuse): a cache keyed by chains, as engines' are,
+	// serves them less than a count by id would say.
+	ReusingRows       int
+	FootprintBlocks   int64 // the least capacity that holds every block, in server blocks
+	InfiniteHitTokens int64 // what an unbounded cache serves: the curve's limit
 	// WeightChanges counts the uses of a block with a weight other than
 	// the one it had when first seen (a hash id that is a row's short last
 	// block and elsewhere a full one). The curve keeps the first weight;
@@ -182,6 +191,7 @@ type curveBuilder struct {
 	fine        *fineHistogram
 
 	ids            []int64
+	keys           []int64 // the row's blocks as the cache keys them (blockWeights.keys)
 	need           []int64 // per leading block: the capacity it needs
 	c              CapacityCurve
 	distinctWeight int64
@@ -258,12 +268,13 @@ func (b *curveBuilder) visit(r int) {
 	if !ok || len(b.ids) == 0 {
 		return
 	}
+	b.keys = b.weights.keys(b.keys[:0], b.ids)
 	// A prefix of k blocks is held at a capacity when each of them is:
 	// the need of the k-th is the running maximum of their needs.
 	b.need = b.need[:0]
 	running := int64(0)
-	for _, id := range b.ids {
-		d := b.stack.Distance(id)
+	for _, key := range b.keys {
+		d := b.stack.Distance(key)
 		if d == stackdist.Infinite {
 			break
 		}
@@ -278,27 +289,27 @@ func (b *curveBuilder) visit(r int) {
 		}
 	}
 	seen := 0
-	for seen < len(b.ids) && b.weights.has(b.ids[seen]) {
+	for seen < len(b.keys) && b.weights.has(b.keys[seen]) {
 		seen++
 	}
 	b.c.InfiniteHitTokens += int64(b.round.CachedTokens(seen, isl))
 	// Used from the last block to the first, so that the first is the most
 	// recently used, as in replay's idealCache.visit.
-	last := len(b.ids) - 1
+	last := len(b.keys) - 1
 	for i := last; i >= 0; i-- {
 		w := b.full
 		if i == last {
-			w = int64(b.round.BlockWeight(b.round.BlockTokens(i, len(b.ids), isl)))
+			w = int64(b.round.BlockWeight(b.round.BlockTokens(i, len(b.keys), isl)))
 		}
-		b.stack.Use(b.ids[i], packWeight(b.weigh(b.ids[i], w)))
+		b.stack.Use(b.keys[i], packWeight(b.weigh(b.keys[i], w)))
 	}
 }
 
-// weigh returns the weight of block id, fixed when it is first seen.
-func (b *curveBuilder) weigh(id, w int64) int64 {
-	first, seen := b.weights.get(id)
+// weigh returns the weight of block key, fixed when it is first seen.
+func (b *curveBuilder) weigh(key, w int64) int64 {
+	first, seen := b.weights.get(key)
 	if !seen {
-		b.weights.set(id, w)
+		b.weights.set(key, w)
 		b.distinctWeight += w
 		b.c.DistinctBlocks++
 		return w
@@ -320,6 +331,7 @@ func (b *curveBuilder) add(need, delta int64) {
 func (b *curveBuilder) result() *CapacityCurve {
 	c := &CapacityCurve{}
 	*c = b.c // not a pointer into b, which holds the stack
+	c.ReusingRows = b.weights.reusing
 	c.FootprintBlocks = max(b.distinctWeight, (int64(c.DistinctBlocks)+b.per-1)/b.per)
 	end := c.EndBlocks() // every need is at most this
 	requested := map[int64]bool{}
@@ -462,61 +474,83 @@ func (h *fineHistogram) cumulate() *fineHistogram {
 	return h
 }
 
-// blockWeights is the weight of every trace block seen: in a slice where
-// the trace numbers its blocks densely from 0 (as Mooncake traces do),
-// else in a map. The slice takes 2 bytes a block: a scale trace has tens
-// of millions of them. A weight too large for it goes to the map.
+// blockWeights is the weight of every trace block seen, by the key the
+// cache gives the block. On a trace whose ids are prefix-consistent (no row
+// reuses an id after another chain: idealcache.ChainReuse) a block's id
+// names its chain, and is its key: the weights are in a slice where the
+// trace numbers its blocks densely from 0 (as Mooncake traces do), else in
+// a map. The slice takes 2 bytes a block: a scale trace has tens of
+// millions of them. A weight too large for it goes to the map. On another
+// trace the key is the chain's (idealcache.ChainKey), and every weight is
+// in the map.
 type blockWeights struct {
-	dense  []uint16 // weight+1; 0 for a block not seen, bigWeight for one in sparse
-	sparse map[int64]int64
+	dense   []uint16 // weight+1; 0 for a block not seen, bigWeight for one in sparse
+	sparse  map[int64]int64
+	chained bool // keys are chain keys, not ids
+	reusing int  // rows that reuse an id after another chain
+	chain   []uint64
 }
 
 const bigWeight = math.MaxUint16
 
 func newBlockWeights(rows *trace.Table) *blockWeights {
 	w := &blockWeights{sparse: map[int64]int64{}}
-	maxID, occurrences := int64(-1), 0
+	lo, hi, ok := rows.HashIDRange()
+	if !ok {
+		return w
+	}
+	reuse := newChainReuse(rows)
+	occurrences := 0
 	var ids []int64
 	for r := range rows.Len() {
 		ids, _ = rows.AppendHashIDs(ids[:0], r)
 		occurrences += len(ids)
-		for _, id := range ids {
-			if id < 0 {
-				return w
-			}
-			maxID = max(maxID, id)
-		}
+		reuse.Row(ids, rows.Line(r))
 	}
+	w.reusing = reuse.Reusing
+	w.chained = w.reusing > 0
 	// Allow gaps, but keep the slice proportionate to the trace.
-	if maxID < 2*int64(occurrences)+1024 {
-		w.dense = make([]uint16, maxID+1)
+	if !w.chained && lo >= 0 && hi < 2*int64(occurrences)+1024 {
+		w.dense = make([]uint16, hi+1)
 	}
 	return w
 }
 
-func (w *blockWeights) get(id int64) (int64, bool) {
-	if w.dense != nil && w.dense[id] != bigWeight {
-		v := w.dense[id]
+// keys appends to dst the keys of a row's blocks, ids.
+func (w *blockWeights) keys(dst, ids []int64) []int64 {
+	if !w.chained {
+		return append(dst, ids...)
+	}
+	w.chain = idealcache.AppendChainKeys(w.chain[:0], ids)
+	for _, k := range w.chain {
+		dst = append(dst, int64(k))
+	}
+	return dst
+}
+
+func (w *blockWeights) get(key int64) (int64, bool) {
+	if w.dense != nil && w.dense[key] != bigWeight {
+		v := w.dense[key]
 		return int64(v) - 1, v != 0
 	}
-	v, ok := w.sparse[id]
+	v, ok := w.sparse[key]
 	return v, ok
 }
 
-func (w *blockWeights) has(id int64) bool {
-	_, ok := w.get(id)
+func (w *blockWeights) has(key int64) bool {
+	_, ok := w.get(key)
 	return ok
 }
 
-func (w *blockWeights) set(id, weight int64) {
+func (w *blockWeights) set(key, weight int64) {
 	if w.dense == nil {
-		w.sparse[id] = weight
+		w.sparse[key] = weight
 		return
 	}
 	if weight+1 >= bigWeight {
-		w.dense[id] = bigWeight
-		w.sparse[id] = weight
+		w.dense[key] = bigWeight
+		w.sparse[key] = weight
 		return
 	}
-	w.dense[id] = uint16(weight + 1)
+	w.dense[key] = uint16(weight + 1)
 }

@@ -24,6 +24,9 @@ func (c *CapacityCurve) WriteTable(w io.Writer) error {
 	if c.WeightChanges > 0 {
 		fmt.Fprintf(&buf, "Weight changes:           %s (blocks used with another weight than at first: approximate)\n", groupThousands64(c.WeightChanges))
 	}
+	if c.ReusingRows > 0 {
+		fmt.Fprintf(&buf, "Rows reusing ids:         %s (a hash id after another chain of blocks than where it first came: another block to an engine, whose prefix cache keys a block by its whole prefix, as this curve does)\n", groupThousands(c.ReusingRows))
+	}
 
 	fmt.Fprintf(&buf, "\nKV capacity for a share of the infinite-cache hit rate (found within 0.1 %%)\n")
 	cells := [][]string{{"Share", "Capacity (tokens)", "Blocks", "Hit rate"}}
@@ -104,6 +107,7 @@ type curveJSON struct {
 	InfiniteHitTokens   int64           `json:"infinite_hit_tokens"`
 	InfiniteHitRate     float64         `json:"infinite_hit_rate"`
 	WeightChanges       int64           `json:"weight_changes"`
+	RowsReusingIDs      int             `json:"rows_reusing_ids"`
 	Targets             []curveTargetJS `json:"targets"`
 	Points              []curvePointJS  `json:"points"`
 }
@@ -136,8 +140,8 @@ func (c *CapacityCurve) AppendJSON(b []byte) []byte {
 		FootprintTokens: c.FootprintBlocks * s, FootprintBlocks: c.FootprintBlocks,
 		MaxCapacityTokens: c.MaxCapacity, EndTokens: c.EndBlocks() * s,
 		InfiniteHitTokens: c.InfiniteHitTokens, InfiniteHitRate: c.HitRate(c.InfiniteHitTokens),
-		WeightChanges: c.WeightChanges,
-		Targets:       []curveTargetJS{}, Points: []curvePointJS{},
+		WeightChanges: c.WeightChanges, RowsReusingIDs: c.ReusingRows,
+		Targets: []curveTargetJS{}, Points: []curvePointJS{},
 	}
 	for _, t := range c.Targets {
 		js := curveTargetJS{Percent: t.Percent}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 
 	"github.com/kvload-exporter/kvload-exporter/internal/rng"
@@ -213,20 +214,25 @@ func (s SharedPrefix) LastArrival() float64 {
 // (tokens jB to (j+1)B) ends inside the prefix for j < ⌊L/B⌋ and has the
 // prefix's id for j; a later full block lies in its session's own text,
 // which every later turn repeats, and has the session's id for j; a prompt's
-// partial last block is its own. Ids are numbered in order of first use.
-// Requests whose prefix was already used hit ⌊L/B⌋ blocks in an infinite
-// cache, and a later turn all the full blocks of the turn before.
+// partial last block is its own. Requests whose prefix was already used hit
+// ⌊L/B⌋ blocks in an infinite cache, and a later turn all the full blocks of
+// the turn before.
+//
+// Block j of prefix p has id p·⌊L/B⌋ + j, whether or not p is drawn, so
+// that its text (made from the seed and the id) is the same for every
+// choice of the other parameters' lengths, requests and turns; the other
+// ids are numbered from P·⌊L/B⌋ in order of first use.
 func GenerateSharedPrefix(s SharedPrefix, emit func(*trace.Record) error) error {
 	if err := s.Validate(func(key string) string { return key }); err != nil {
 		return err
 	}
 	g := sharedGen{
-		s:         s,
-		inLen:     rng.New(s.Seed, StreamSharedInputLen),
-		outLen:    rng.New(s.Seed, StreamSharedOutputLen),
-		pick:      rng.New(s.Seed, StreamSharedPrefix),
-		arrive:    rng.New(s.Seed, StreamSharedArrival),
-		prefixIDs: make(map[int][]int64),
+		s:      s,
+		inLen:  rng.New(s.Seed, StreamSharedInputLen),
+		outLen: rng.New(s.Seed, StreamSharedOutputLen),
+		pick:   rng.New(s.Seed, StreamSharedPrefix),
+		arrive: rng.New(s.Seed, StreamSharedArrival),
+		next:   int64(s.Prefixes) * int64(s.PrefixTokens/s.BlockSize),
 	}
 	rows := 0
 	for session := 0; rows < s.Requests; session++ {
@@ -243,9 +249,8 @@ func GenerateSharedPrefix(s SharedPrefix, emit func(*trace.Record) error) error 
 type sharedGen struct {
 	s                           SharedPrefix
 	inLen, outLen, pick, arrive *rand.Rand
-	prefixIDs                   map[int][]int64 // per prefix used, its full blocks' ids
-	next                        int64           // the next unused id
-	at                          float64         // ms, the arrival of the last session
+	next                        int64   // the next unused id past the prefixes'
+	at                          float64 // ms, the arrival of the last session
 }
 
 // session emits the turns of one session.
@@ -293,10 +298,7 @@ func (g *sharedGen) ids(p int, own []int64, isl int) (ids, _ []int64) {
 	for j := range n {
 		switch {
 		case j < shared:
-			if j == len(g.prefixIDs[p]) {
-				g.prefixIDs[p] = append(g.prefixIDs[p], g.fresh())
-			}
-			ids = append(ids, g.prefixIDs[p][j])
+			ids = append(ids, int64(p)*int64(shared)+int64(j))
 		case (j+1)*B <= isl:
 			if k := j - shared; k == len(own) {
 				own = append(own, g.fresh())
@@ -325,4 +327,29 @@ func draw(r *rand.Rand, l Lengths) int {
 			return int(min(v, l.max()))
 		}
 	}
+}
+
+// UnsharedPrefixWarning says, when each prefix is shorter than the block it
+// is written at, that the requests share nothing, and suggests a block size
+// that would share, naming the block size by blockKey (a flag or a
+// configuration key); it is "" otherwise. Only whole blocks get a prefix's ids, so such prefixes
+// give the requests no common id, their prompts no common text, and every
+// hit rate reads 0.
+func (s SharedPrefix) UnsharedPrefixWarning(blockKey string) string {
+	if s.PrefixTokens <= 0 || s.BlockSize <= s.PrefixTokens {
+		return ""
+	}
+	suggest := SharingBlockSize(s.PrefixTokens)
+	return fmt.Sprintf("the %d-token prefixes are shorter than %s (%d tokens), so the requests share no block of them and every cache hit rate reads 0: "+
+		"a %s of %d (the largest power of two not above %d) shares %d tokens of each; "+
+		"an engine caches whole blocks of its own, so a prefix shorter than the target's cache block (16 on vLLM) is not served either",
+		s.PrefixTokens, blockKey, s.BlockSize, blockKey, suggest, s.PrefixTokens, s.PrefixTokens/suggest*suggest)
+}
+
+// SharingBlockSize is the block size suggested for prefixes of n ≥ 1
+// tokens: the largest power of two not above n, as block sizes are. It
+// shares more than half of each prefix, all of it when n is a power of
+// two.
+func SharingBlockSize(n int) int {
+	return 1 << (bits.Len(uint(n)) - 1)
 }

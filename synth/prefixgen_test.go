@@ -1,6 +1,7 @@
 package synth
 
 import (
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -289,6 +290,90 @@ func TestSharedPrefixHeldIDs(t *testing.T) {
 			}
 			if mean := s.MeanIDs(); math.Abs(float64(ids)-mean) > 0.1*mean+float64(s.Requests) {
 				t.Errorf("%d ids, far from the mean estimate %v", ids, mean)
+			}
+		})
+	}
+}
+
+// TestSharedPrefixTextFixed: a prefix's ids, and so its text, depend on the
+// seed and its index only: runs that differ in the lengths, the requests
+// or the turns give every row with prefix p the same leading ids.
+func TestSharedPrefixTextFixed(t *testing.T) {
+	base := sharedSpec()
+	base.Prefixes, base.Requests = 16, 600
+	shared := base.PrefixTokens / base.BlockSize
+	// prefixOf maps each row's leading ids (its prefix's blocks) to the
+	// prefix the row picked, learnt from the base run.
+	prefixOf := map[string]int{}
+	key := func(r trace.Record) string { return fmt.Sprint(r.HashIDs[:shared]) }
+	baseRows := generateShared(t, base)
+	picks := make([]int, len(baseRows))
+	for i, r := range baseRows {
+		picks[i] = int(r.HashIDs[0]) / shared
+		prefixOf[key(r)] = picks[i]
+	}
+	if len(prefixOf) != base.Prefixes {
+		t.Fatalf("%d distinct prefixes in %d rows, want %d", len(prefixOf), len(baseRows), base.Prefixes)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*SharedPrefix)
+	}{
+		{"input mean 256 to 1024", func(s *SharedPrefix) { s.InputTokens = Lengths{Mean: 1024, StdDev: 128} }},
+		{"fixed input", func(s *SharedPrefix) { s.InputTokens = Lengths{Mean: 7} }},
+		{"output lengths", func(s *SharedPrefix) { s.OutputTokens = Lengths{Mean: 900, StdDev: 300} }},
+		{"more requests", func(s *SharedPrefix) { s.Requests = 2000 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base
+			tc.edit(&s)
+			for i, r := range generateShared(t, s) {
+				p, ok := prefixOf[key(r)]
+				if !ok {
+					t.Fatalf("row %d opens with ids %v, the text of no prefix of the base run", i, r.HashIDs[:shared])
+				}
+				if i < len(picks) && p != picks[i] {
+					t.Fatalf("row %d opens with prefix %d's text, the base run's row had prefix %d", i, p, picks[i])
+				}
+			}
+		})
+	}
+}
+
+func TestUnsharedPrefixWarning(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		prefix, block int
+		want          string // "" for no warning
+	}{
+		{"the blog's 256 tokens at 512", 256, 512, "--block-size of 256 "},
+		{"300 tokens at 512", 300, 512, "--block-size of 256 "},
+		{"one token", 1, 16, "--block-size of 1 "},
+		{"just shorter", 511, 512, "--block-size of 256 "},
+		{"a whole block", 512, 512, ""},
+		{"longer", 2048, 512, ""},
+		{"no prefix", 0, 512, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := sharedSpec()
+			s.PrefixTokens, s.BlockSize = tc.prefix, tc.block
+			got := s.UnsharedPrefixWarning("--block-size")
+			if tc.want == "" {
+				if got != "" {
+					t.Fatalf("warned: %s", got)
+				}
+				return
+			}
+			if !strings.Contains(got, tc.want) || !strings.Contains(got, fmt.Sprintf("--block-size (%d tokens)", tc.block)) {
+				t.Fatalf("warning %q does not name the block size %d and suggest %q", got, tc.block, tc.want)
+			}
+			// The suggestion shares: its rows have common prefix ids.
+			s.BlockSize = SharingBlockSize(tc.prefix)
+			if w := s.UnsharedPrefixWarning("--block-size"); w != "" {
+				t.Fatalf("the suggested block size warns too: %s", w)
+			}
+			if an := Analyze(generateShared(t, s), s.BlockSize); !(an.TokenHitRate > 0) {
+				t.Errorf("the suggested block size %d gives a token hit rate of %v", s.BlockSize, an.TokenHitRate)
 			}
 		})
 	}

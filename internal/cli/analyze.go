@@ -22,13 +22,29 @@ type analyzeOptions struct {
 	inputFile  string // AIPerf's name for the trace
 	blockSize  int
 	format     string // table | json | aiperf: what goes to stdout
+	formatSet  bool   // --format was given
 	outputFile string // if set, the JSON report is also written here
 	curve      curveOptions
 }
 
+// analyzeCommand is analyze, whose report is Dynamo datagen's table by
+// default.
 func analyzeCommand(app *kingpin.Application) command {
-	cl := app.Command("analyze", "Print a trace's statistics: the numbers of AIPerf analyze-trace and Dynamo datagen analyze, in full precision; or, with --capacity-curve, its hit rate by KV capacity. Also called analyze-trace, AIPerf's name.").
-		Alias("analyze-trace")
+	cl := app.Command("analyze", "Print a trace's statistics: the numbers of AIPerf analyze-trace and Dynamo datagen analyze, in full precision, as a table (Dynamo datagen's form); or, with --capacity-curve, its hit rate by KV capacity. analyze-trace prints AIPerf's report instead.")
+	return analyzeClause(cl, "table")
+}
+
+// analyzeTraceCommand is analyze under AIPerf's name, printing AIPerf's
+// report (its labels, percentages and order) by default, as a user coming
+// from AIPerf expects.
+func analyzeTraceCommand(app *kingpin.Application) command {
+	cl := app.Command("analyze-trace", "Print a trace's statistics as AIPerf's analyze-trace does (its labels, rates in percent); --format table prints analyze's table. With --capacity-curve, the trace's hit rate by KV capacity.")
+	return analyzeClause(cl, "aiperf")
+}
+
+// analyzeClause adds analyze's arguments and flags to cl, printing
+// defaultFormat unless --format says otherwise.
+func analyzeClause(cl *kingpin.CmdClause, defaultFormat string) command {
 	var o analyzeOptions
 	cl.Arg("trace", "Mooncake trace file (JSON lines).").StringVar(&o.trace)
 	cl.Flag("input-file", "The trace, as AIPerf's analyze-trace names it (instead of the TRACE argument).").
@@ -36,11 +52,14 @@ func analyzeCommand(app *kingpin.Application) command {
 	cl.Flag("block-size", "Tokens per hash block of the trace; used for Context Length and the capacity curve.").
 		Default("512").IntVar(&o.blockSize)
 	cl.Flag("format", "What to print on stdout: table, json (AIPerf's AnalysisStats keys; with --capacity-curve, the curve's), or aiperf (the report as AIPerf's analyze-trace prints it, rates in percent).").
-		Default("table").EnumVar(&o.format, "table", "json", "aiperf")
+		Default(defaultFormat).IsSetByUser(&o.formatSet).EnumVar(&o.format, "table", "json", "aiperf")
 	cl.Flag("output-file", "Also write the JSON report to this file, creating its directory.").
 		PlaceHolder("FILE").StringVar(&o.outputFile)
 	o.curve.flags(cl)
 	return command{clause: cl, run: func(ctx context.Context, s streams) error {
+		if o.curve.enabled && !o.formatSet && o.format == "aiperf" {
+			o.format = "table" // AIPerf's report has no curve: the curve's own table
+		}
 		return runAnalyze(ctx, s, o, time.Now)
 	}}
 }
@@ -83,6 +102,11 @@ func runAnalyze(ctx context.Context, s streams, o analyzeOptions, now func() tim
 	}
 	if surplus.Rows > 0 {
 		fmt.Fprintf(s.stderr, "analyze: %s: %s; counted with all their ids, as AIPerf counts them\n", o.trace, surplus)
+	}
+	if an.ReusingRows > 0 {
+		fmt.Fprintf(s.stderr, "analyze: %s: %s. With blocks keyed so, an infinite cache serves %s of the prompt tokens, against a token hit rate of %s by id\n",
+			o.trace, synth.ChainReuseNote(an.ReusingRows, an.TotalRequests, fmt.Sprintf("row %d", an.FirstReusingRow)),
+			synth.FormatPyFloat(an.ChainTokenHitRate), synth.FormatPyFloat(an.TokenHitRate))
 	}
 	writeTable := an.WriteTable
 	if o.format == "aiperf" {

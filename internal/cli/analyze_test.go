@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -317,5 +318,88 @@ func TestAIPerfDocRows(t *testing.T) {
 		if len(r.IDs) != (r.ISL+511)/512 {
 			t.Errorf("synthesized row %d: %d ids for %d tokens", i+1, len(r.IDs), r.ISL)
 		}
+	}
+}
+
+// TestAnalyzeChainReuseNote: on AIPerf's documentation trace, whose third
+// row reuses ids after other blocks, analyze keeps AIPerf's statistics and
+// says on stderr how many rows reuse ids and what an engine serves; the
+// capacity curve, keyed as an engine keys its cache, says 11.9 %. A
+// Mooncake trace gets no note.
+func TestAnalyzeChainReuseNote(t *testing.T) {
+	const docTrace = "../../testdata/aiperf/custom_trace.jsonl"
+	code, out, stderr := runCLI("analyze", docTrace, "--format", "json")
+	if code != exitOK {
+		t.Fatalf("analyze: exit %d: %s", code, stderr)
+	}
+	var stats struct {
+		CacheHit float64 `json:"cache_hit_rate"`
+		Unique   int     `json:"unique_prefixes"`
+	}
+	if err := json.Unmarshal([]byte(out), &stats); err != nil {
+		t.Fatal(err)
+	}
+	// AIPerf's hit rates by id: 0, 1/4, 2/3.
+	if math.Abs(stats.CacheHit-(0+0.25+2.0/3)/3) > 1e-15 || stats.Unique != 9 {
+		t.Errorf("AIPerf's statistics changed: cache hit rate %v, unique prefixes %d", stats.CacheHit, stats.Unique)
+	}
+	for _, want := range []string{
+		"1 of 3 rows use a hash id after another chain of blocks than where it first came (the first at row 3)",
+		"an infinite cache serves 0.11906976744186047 of the prompt tokens, against a token hit rate of 0.3572093023255814 by id",
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("analyze's stderr does not say %q:\n%s", want, stderr)
+		}
+	}
+
+	code, out, stderr = runCLI("analyze", docTrace, "--capacity-curve", "--format", "json")
+	if code != exitOK {
+		t.Fatalf("analyze --capacity-curve: exit %d: %s", code, stderr)
+	}
+	var curve struct {
+		Limit   float64 `json:"infinite_hit_rate"`
+		Reusing int     `json:"rows_reusing_ids"`
+	}
+	if err := json.Unmarshal([]byte(out), &curve); err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(curve.Limit-512.0/4300) > 1e-15 || curve.Reusing != 1 {
+		t.Errorf("capacity curve: limit %v (want 512/4,300 = 11.9 %%), %d rows reusing ids (want 1)", curve.Limit, curve.Reusing)
+	}
+
+	if code, _, stderr := runCLI("analyze", sharedSynthetic, "--format", "json"); code != exitOK || strings.Contains(stderr, "chain") {
+		t.Errorf("analyze of a Mooncake trace: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// TestAnalyzeTraceDefaultsToAIPerf: analyze-trace prints AIPerf's report
+// (the cache hit rate in percent) unless --format says otherwise; analyze
+// keeps Dynamo datagen's table; a curve under analyze-trace, which AIPerf's
+// report cannot hold, prints the curve's table.
+func TestAnalyzeTraceDefaultsToAIPerf(t *testing.T) {
+	path := writeTrace(t, testutil.AIPerfDocRows)
+	_, aiperf, _ := runCLI("analyze", path, "--format", "aiperf")
+	_, table, _ := runCLI("analyze", path, "--format", "table")
+	_, curve, _ := runCLI("analyze", path, "--capacity-curve")
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"analyze-trace", path, "--block-size", "512"}, aiperf},
+		{[]string{"analyze-trace", "--input-file", path}, aiperf},
+		{[]string{"analyze-trace", path, "--format", "table"}, table},
+		{[]string{"analyze", path}, table},
+		{[]string{"analyze-trace", path, "--capacity-curve"}, curve},
+	} {
+		code, got, stderr := runCLI(tt.args...)
+		if code != exitOK || got != tt.want {
+			t.Errorf("%v: exit %d, stderr %q, stdout:\n%s\nwant:\n%s", tt.args, code, stderr, got, tt.want)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^Cache hit rate: +\d+\.\d\d%$`).MatchString(aiperf) {
+		t.Errorf("AIPerf's report has no cache hit rate in percent:\n%s", aiperf)
+	}
+	if aiperf == table {
+		t.Error("the AIPerf report and the table are the same")
 	}
 }

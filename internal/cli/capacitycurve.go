@@ -41,7 +41,7 @@ func (c *curveOptions) flags(cl *kingpin.CmdClause) {
 		PlaceHolder("1M,4Mi").IsSetByUser(&c.setCapacities).StringVar(&c.capacities)
 	cl.Flag("max-capacity", "With --capacity-curve: the largest capacity modelled, in tokens; it bounds the memory, about 90 bytes per 512-token block below it.").
 		Default(defaultMaxCapacity).IsSetByUser(&c.setMaxCapacity).StringVar(&c.maxCapacity)
-	cl.Flag("plot", "With --capacity-curve: also draw the curve as an SVG image in this file, creating its directory.").
+	cl.Flag("plot", "With --capacity-curve: also draw the curve in this file, creating its directory, in the format its extension names: svg (also without one), png, jpg, pdf, eps or tiff.").
 		PlaceHolder("FILE.svg").IsSetByUser(&c.setPlot).StringVar(&c.plot)
 }
 
@@ -73,6 +73,11 @@ func (c *curveOptions) options(traceBlock int) (synth.CurveOptions, error) {
 	}
 	if err := o.Check(); err != nil {
 		return o, err
+	}
+	if c.plot != "" {
+		if _, err := plotFormat(c.plot); err != nil {
+			return o, err
+		}
 	}
 	return o, nil
 }

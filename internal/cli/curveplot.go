@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -21,8 +22,24 @@ import (
 // line has: smooth at any size, each point exact.
 const curvePlotPoints = 24
 
-// writeCurvePlot draws the curve in path, as an SVG image or, where the
-// name ends in .png, a PNG one: the hit rate against the capacity on a log
+// plotFormats are the image formats --plot draws in, by file extension.
+var plotFormats = []string{"svg", "png", "jpg", "jpeg", "pdf", "eps", "tif", "tiff"}
+
+// plotFormat is the image format path's extension names, svg without one;
+// any other extension is refused rather than written as something else.
+func plotFormat(path string) (string, error) {
+	ext := strings.ToLower(strings.TrimPrefix(filepath.Ext(path), "."))
+	switch {
+	case ext == "":
+		return "svg", nil
+	case slices.Contains(plotFormats, ext):
+		return ext, nil
+	}
+	return "", fmt.Errorf("--plot %s: .%s is not an image format the plot is drawn in (%s)", path, ext, strings.Join(plotFormats, ", "))
+}
+
+// writeCurvePlot draws the curve in path, in the format its extension
+// names (plotFormat): the hit rate against the capacity on a log
 // axis, the infinite-cache limit, and the capacities that reach 50, 90 and
 // 99 % of it.
 func writeCurvePlot(c *synth.CapacityCurve, path string) error {
@@ -30,9 +47,9 @@ func writeCurvePlot(c *synth.CapacityCurve, path string) error {
 	if err != nil {
 		return fmt.Errorf("drawing the capacity curve: %w", err)
 	}
-	format := "svg"
-	if strings.EqualFold(filepath.Ext(path), ".png") {
-		format = "png"
+	format, err := plotFormat(path)
+	if err != nil {
+		return err
 	}
 	w, err := p.WriterTo(16*vg.Centimeter, 10*vg.Centimeter, format)
 	if err != nil {

@@ -32,7 +32,10 @@ func emulateCommand(app *kingpin.Application) command {
 	cl.Flag("kv-events", "Publish the prefix cache's KV events (blocks stored and removed, cache cleared) in vLLM's wire format on a ZMQ PUB socket at this endpoint, tcp://host:port (port 0 picks one); not for llamacpp.").PlaceHolder("tcp://127.0.0.1:5557").StringVar(&cfg.KVEvents)
 	cl.Flag("kv-events-topic", "Topic frame of every KV event message (vLLM's default is empty).").StringVar(&cfg.KVEventsTopic)
 	cl.Flag("kv-events-format", "How each KV event is encoded: map (vLLM's tagged maps, the default) or array (its older tagged arrays).").Default("map").StringVar((*string)(&cfg.KVEventsFormat))
+	cl.Flag("kv-events-replay-endpoint", "With --kv-events: serve replays of the last 10,000 event batches on a ZMQ ROUTER socket at this endpoint, as vLLM's replay_endpoint does (its layout since v0.26.0).").PlaceHolder("tcp://127.0.0.1:5558").StringVar(&cfg.KVEventsReplayEndpoint)
+	cl.Flag("kv-events-drop", "With --kv-events: the share of event batches, 0 to 1, not sent to subscribers (kept for the replay), as a publisher past its high-water mark drops them.").Default("0").Float64Var(&cfg.KVEventsDrop)
 	cl.Flag("metrics-double-count-hits", "Count every cache hit twice in the /metrics hit counter (its prompt-token counters stay right), as vLLM did on a retried admission; usage stays true.").BoolVar(&cfg.MetricsDoubleCountHits)
+	cl.Flag("metrics-hits-overcount", "Share of the cache hits that the /metrics hit counter (vllm:prefix_cache_hits_total) counts once more, as vLLM's counts a preempted request's lookups again; vLLM's per-request cached counts, and usage, stay true.").Default("0").Float64Var(&cfg.MetricsHitsOvercount)
 	cl.Flag("max-running", fmt.Sprintf("Sequences running at once; later requests queue. 0 is %d, or --slots for llamacpp.", emulate.DefaultMaxRunning)).Default("0").IntVar(&cfg.MaxRunning)
 	cl.Flag("overhead", "Fixed part of the time to first token.").Default(cfg.Overhead.String()).DurationVar(&cfg.Overhead)
 	cl.Flag("prefill-per-token", "Time to first token added per prompt token not in the prefix cache.").Default(cfg.PrefillPerToken.String()).DurationVar(&cfg.PrefillPerToken)
@@ -68,7 +71,8 @@ func runEmulate(ctx context.Context, s streams, listen string, cfg emulate.Confi
 	fmt.Fprintf(s.stderr, "level=info msg=\"emulator listening\" url=%s model=%s engine=%s block_size=%d capacity_blocks=%d slots=%d cache_ram_tokens=%d max_running=%d overhead=%s prefill_per_token=%s inter_token=%s\n",
 		base, c.Model, c.Engine, c.BlockSize, c.CapacityBlocks, c.Slots, c.CacheRAMTokens, c.MaxRunning, c.Overhead, c.PrefillPerToken, c.InterToken)
 	if ep := e.KVEventsEndpoint(); ep != "" {
-		fmt.Fprintf(s.stderr, "level=info msg=\"emulator publishing KV events\" endpoint=%s topic=%q format=%s\n", ep, c.KVEventsTopic, c.KVEventsFormat)
+		fmt.Fprintf(s.stderr, "level=info msg=\"emulator publishing KV events\" endpoint=%s topic=%q format=%s replay_endpoint=%q drop=%v\n", ep, c.KVEventsTopic, c.KVEventsFormat,
+			e.KVEventsReplayEndpoint(), c.KVEventsDrop)
 	}
 	start := time.Now()
 	err = wait()

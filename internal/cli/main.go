@@ -65,6 +65,17 @@ func Main() {
 	os.Exit(code)
 }
 
+// usageTemplate is kingpin's, with the flags of the default command (the
+// daemon's: --config.file, --web.listen-address...) under the program's
+// own help, where a user looks for them first.
+var usageTemplate = kingpin.DefaultUsageTemplate + `{{if not .Context.SelectedCommand -}}
+{{range .App.Commands}}{{if .Default -}}
+Flags of {{.Name}}, the default command ({{$.App.Name}} [{{.Name}}] [<flags>]):
+{{.Flags|FlagsToTwoColumns|FormatTwoColumns}}
+{{end}}{{end -}}
+{{end -}}
+`
+
 // Run parses args (without the program's name), runs the chosen command
 // writing to stdout and stderr, and returns the exit code.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -80,6 +91,7 @@ func run(ctx context.Context, args []string, s streams) (code int) {
 	app := kingpin.New(programName, "A Prometheus exporter that replays LLM request traces and measures latency and prefix-cache hits, with offline trace tools.")
 	app.Version(version.Print(programName))
 	app.HelpFlag.Short('h')
+	app.UsageTemplate(usageTemplate)
 	app.UsageWriter(s.stdout)
 	app.ErrorWriter(s.stderr)
 	app.Terminate(func(c int) { panic(terminated{c}) })
@@ -96,6 +108,8 @@ func run(ctx context.Context, args []string, s streams) (code int) {
 	commands := []command{
 		runCommand(app),
 		analyzeCommand(app),
+		analyzeTraceCommand(app),
+		profileCommand(app),
 		synthesizeCommand(app),
 		hashCommand(app),
 		emulateCommand(app),
@@ -147,6 +161,7 @@ func exitCode(err error) int {
 		return coded.code
 	case errors.As(err, &bad), errors.As(err, &line),
 		errors.Is(err, fs.ErrNotExist), errors.Is(err, fs.ErrPermission),
+		errors.Is(err, syscall.EISDIR), // a directory given for a file
 		errors.Is(err, trace.ErrEmpty):
 		return exitBadInput
 	default:

@@ -303,6 +303,9 @@ func listen(flags *web.FlagConfig) ([]net.Listener, error) {
 			for _, l := range ls {
 				l.Close()
 			}
+			if errors.Is(err, syscall.EADDRINUSE) {
+				err = fmt.Errorf("%w: another process listens on %s; give another address with --web.listen-address, such as --web.listen-address=:9813 (make run PORT=9813)", err, a)
+			}
 			return nil, err
 		}
 		ls = append(ls, l)

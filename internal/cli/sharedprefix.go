@@ -105,6 +105,9 @@ func runSharedPrefix(ctx context.Context, s streams, o synthesizeOptions) error 
 	if err != nil {
 		return badInput(fmt.Errorf("synthesize: %w", err))
 	}
+	if w := spec.UnsharedPrefixWarning("--block-size"); w != "" {
+		fmt.Fprintf(s.stderr, "synthesize: warning: %s\n", w)
+	}
 	rows := 0
 	write := func(w io.Writer) error {
 		bw := bufio.NewWriterSize(w, 1<<16)

@@ -151,3 +151,24 @@ func TestSynthesizeSharedPrefixArrivals(t *testing.T) {
 		}
 	}
 }
+
+// TestSynthesizeShortPrefixWarns: prefixes shorter than the block share
+// nothing; synthesize says so on stderr, naming the block size and one
+// that shares, and still writes the rows.
+func TestSynthesizeShortPrefixWarns(t *testing.T) {
+	for _, tc := range []struct {
+		block string
+		warns bool
+	}{{"512", true}, {"256", false}} {
+		code, out, stderr := runCLI("synthesize", "-o", "-", "--prefixes", "4", "--prefix-tokens", "256", "--num-requests", "20",
+			"--input-tokens-mean", "100", "--output-tokens-mean", "8", "--rate", "1", "--block-size", tc.block)
+		if code != exitOK || strings.Count(out, "\n") != 20 {
+			t.Fatalf("block %s: exit %d, %d rows: %s", tc.block, code, strings.Count(out, "\n"), stderr)
+		}
+		warned := strings.Contains(stderr, "synthesize: warning: the 256-token prefixes are shorter than --block-size (512 tokens)") &&
+			strings.Contains(stderr, "a --block-size of 256 ")
+		if warned != tc.warns || strings.Contains(stderr, "warning") != tc.warns {
+			t.Errorf("block %s: warned %v, want %v:\n%s", tc.block, warned, tc.warns, stderr)
+		}
+	}
+}

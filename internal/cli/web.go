@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	_ "embed"
+	"fmt"
 	"html/template"
 	stdlog "log"
 	"net"
@@ -124,6 +125,7 @@ func newMux(d webDeps) *http.ServeMux {
 var (
 	healthClass = map[collector.Health]string{
 		collector.HealthOK:          "ok",
+		collector.HealthRecovering:  "rec",
 		collector.HealthDegraded:    "warn",
 		collector.HealthFailing:     "bad",
 		collector.HealthNotReported: "none",
@@ -321,4 +323,61 @@ func newWebServer(handler http.Handler, limiter *connLimiter, errorLog *stdlog.L
 		ConnState:         limiter.connState,
 		ErrorLog:          errorLog,
 	}
+}
+
+// verdict is the landing page's one-line summary: what needs attention
+// first, or that nothing does.
+type verdict struct {
+	Class, Text string
+}
+
+// verdictNames is how many pairs a verdict names per state.
+const verdictNames = 4
+
+// Verdict sums up the page in a line: pairs by health, worst first, a
+// disagreeing engine and a failed reload.
+func (d landingData) Verdict() verdict {
+	if len(d.Rows) == 0 {
+		return verdict{"none", "No request has finished yet."}
+	}
+	byHealth := map[collector.Health][]string{}
+	for _, r := range d.Rows {
+		byHealth[r.Health] = append(byHealth[r.Health], r.Workload+"/"+r.Target)
+	}
+	var parts []string
+	class := ""
+	for _, h := range []struct {
+		health collector.Health
+		class  string
+	}{{collector.HealthFailing, "bad"}, {collector.HealthDegraded, "warn"}, {collector.HealthRecovering, "rec"}, {collector.HealthNotReported, "none"}} {
+		names := byHealth[h.health]
+		if len(names) == 0 {
+			continue
+		}
+		if class == "" {
+			class = h.class
+		}
+		shown := strings.Join(names[:min(len(names), verdictNames)], ", ")
+		if len(names) > verdictNames {
+			shown += fmt.Sprintf(" and %d more", len(names)-verdictNames)
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s", h.health, shown))
+	}
+	for _, r := range d.Reconcile {
+		if r.Disagree {
+			parts = append(parts, "engine's metrics disagree: "+r.Target)
+			if class == "" || class == "rec" || class == "none" {
+				class = "warn"
+			}
+		}
+	}
+	if !d.ReloadOK && d.ReloadError != "" {
+		parts = append(parts, "the last reload failed")
+		class = "bad"
+	}
+	if len(parts) == 0 {
+		return verdict{"ok", fmt.Sprintf("All %d workload/target pairs are healthy.", len(d.Rows))}
+	}
+	healthy := len(byHealth[collector.HealthOK])
+	return verdict{class, fmt.Sprintf("%d of %d workload/target pairs healthy. %s.", healthy, len(d.Rows), strings.Join(parts, "; "))}
 }

@@ -66,6 +66,8 @@ func TestWebEndpoints(t *testing.T) {
 		{"landing", testMux(true, nil), "GET", "/", 200, "3.0 ms"},
 		{"landing: effective capacity beside the model's", testMux(true, nil), "GET", "/", 200, "304k tokens<span class=\"reason\">0.95 × the model's 320k</span>"},
 		{"landing: the model's capacity in tokens", testMux(true, nil), "GET", "/", 200, "20000<span class=\"reason\">320k tokens</span>"},
+		{"landing: the verdict first, escaped", testMux(true, nil), "GET", "/", 200, `<p id="verdict" class="verdict bad">0 of 1 workload/target pairs healthy. failing: &lt;w&gt;/t; the last reload failed.</p>`},
+		{"landing: the cache table has a heading", testMux(true, nil), "GET", "/", 200, "<h2>Cache</h2>\n<table id=\"cache\">"},
 		{"unknown path", testMux(true, nil), "GET", "/nope", 404, ""},
 	}
 	for _, tt := range tests {
@@ -252,7 +254,7 @@ func TestConnLimiter(t *testing.T) {
 
 // TestStateClasses: every health and efficiency state has its colour.
 func TestStateClasses(t *testing.T) {
-	for _, s := range []collector.Health{collector.HealthOK, collector.HealthDegraded, collector.HealthFailing, collector.HealthNotReported} {
+	for _, s := range collector.Healths {
 		if healthClass[s] == "" {
 			t.Errorf("health %q has no colour class", s)
 		}
@@ -411,5 +413,41 @@ func TestLandingReconcile(t *testing.T) {
 	}
 	if body := render(nil); strings.Contains(body, "Cache reconciliation") {
 		t.Errorf("a table without reconciled targets:\n%s", body)
+	}
+}
+
+// TestLandingVerdict: the page's first line names what needs attention,
+// worst first, or says that nothing does.
+func TestLandingVerdict(t *testing.T) {
+	row := func(w, tg string, h collector.Health) landingRow {
+		return landingRow{Status: collector.Status{Workload: w, Target: tg, Health: h}}
+	}
+	tests := []struct {
+		name  string
+		data  landingData
+		class string
+		text  string
+	}{
+		{"nothing finished", landingData{ReloadOK: true}, "none", "No request has finished yet."},
+		{"all healthy", landingData{ReloadOK: true, Rows: []landingRow{row("a", "x", collector.HealthOK), row("a", "y", collector.HealthOK)}}, "ok",
+			"All 2 workload/target pairs are healthy."},
+		{"worst first", landingData{ReloadOK: true, Rows: []landingRow{row("a", "x", collector.HealthRecovering), row("a", "y", collector.HealthDegraded),
+			row("a", "z", collector.HealthOK)}}, "warn", "1 of 3 workload/target pairs healthy. degraded: a/y; recovering: a/x."},
+		{"only recovering", landingData{ReloadOK: true, Rows: []landingRow{row("a", "x", collector.HealthRecovering)}}, "rec",
+			"0 of 1 workload/target pairs healthy. recovering: a/x."},
+		{"names bounded", landingData{ReloadOK: true, Rows: []landingRow{row("a", "1", collector.HealthFailing), row("a", "2", collector.HealthFailing),
+			row("a", "3", collector.HealthFailing), row("a", "4", collector.HealthFailing), row("a", "5", collector.HealthFailing), row("a", "6", collector.HealthFailing)}}, "bad",
+			"failing: a/1, a/2, a/3, a/4 and 2 more."},
+		{"a disagreeing engine", landingData{ReloadOK: true, Rows: []landingRow{row("a", "x", collector.HealthOK)},
+			Reconcile: []collector.ReconcileStatus{{Target: "x", Disagree: true}}}, "warn", "1 of 1 workload/target pairs healthy. engine's metrics disagree: x."},
+		{"a failed reload", landingData{ReloadError: "bad", Rows: []landingRow{row("a", "x", collector.HealthOK)}}, "bad", "the last reload failed."},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := tt.data.Verdict()
+			if v.Class != tt.class || !strings.HasSuffix(v.Text, tt.text) {
+				t.Errorf("verdict %q %q, want %q ending %q", v.Class, v.Text, tt.class, tt.text)
+			}
+		})
 	}
 }

@@ -118,7 +118,7 @@ func badInputCases() []badCase {
 			}
 		}},
 
-		{name: "config-truncated.yml", where: cfg + "invalid YAML: yaml: line 6: "},
+		{name: "config-truncated.yml", where: cfg + "invalid YAML: line 7: did not find expected ',' or '}'"},
 		{name: "config-wrong-types.yml", where: cfg + "workloads[0].targets: "},
 		{name: "config-huge-numbers.yml", where: cfg + "workloads[0].seed: "},
 		{name: "config-negative-numbers.yml", where: cfg + "workloads[0].block_size: "},

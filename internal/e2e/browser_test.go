@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
@@ -89,11 +90,14 @@ func TestBrowserLandingPage(t *testing.T) {
 	if _, err := os.Stat(chromiumBin); err != nil {
 		t.Fatalf("%s: %v (make test-browser installs it)", chromiumBin, err)
 	}
-	dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(browserConfig), "trace.jsonl": browserTrace(100)})
+	back := newFaultTarget(t, emulate.Config{Faults: emulate.Faults{Error500: 1}})
+	cfg := strings.ReplaceAll(browserConfig, recoveringURL, back.srv.URL)
+	dir := e2eDir(t, map[string][]byte{"kvload.yml": []byte(cfg), "trace.jsonl": browserTrace(100)})
 	d := e2eStart(t, filepath.Join(dir, "kvload.yml"), "healthy", "failing", "flaky", "no-cached-count", "stalled")
 
 	// Enough finished requests per target for every figure to be there,
-	// and a completed pass (100 rows, 5 s).
+	// a completed pass (100 rows, 10 s), and 20 failures of the engine that
+	// comes back.
 	testutil.EventuallyWithin(t, "40 finished requests per target and a pass", e2eDeadline, func() (bool, string) {
 		m := testutil.Scrape(t, d.base)
 		var seen []string
@@ -103,14 +107,93 @@ func TestBrowserLandingPage(t *testing.T) {
 			seen = append(seen, fmt.Sprintf("%s %v", tn, n))
 			ok = ok && n >= 40
 		}
+		failed := e2eTotalsOf(m, "recovering", "canary").Finished
+		seen = append(seen, fmt.Sprintf("recovering %v", failed))
+		ok = ok && failed >= 20
 		passes := m.Sum("kvload_trace_loops_total", "workload", "canary")
 		seen = append(seen, fmt.Sprintf("passes %v", passes))
 		return ok && passes >= 1, strings.Join(seen, ", ")
 	})
 
+	// The recovering engine failed every request so far; it comes back,
+	// and the page says so while its failures are still in the window.
+	failedBefore := e2eTotalsOf(testutil.Scrape(t, d.base), "recovering", "canary").Finished
+	if failedBefore < 20 {
+		t.Fatalf("the recovering engine failed %v requests before coming back, want >= 20", failedBefore)
+	}
+	back.setFaults(t, `{}`)
+	testutil.EventuallyWithin(t, "the recovering engine's row reads recovering", e2eDeadline, func() (bool, string) {
+		_, page := httpGet(t, d.base+"/")
+		row := rowOf(t, page, "health", "recovering")
+		return strings.Contains(row, ">recovering<"), text(row)
+	})
+
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dom := string(chromium(t, ctx, d.base+"/", "--dump-dom"))
+
+	// On a starved machine the exporter itself can fall behind the trace,
+	// and the page rightly says so: a row degraded for its own pace alone
+	// is that machine's, not the state under test.
+	behind := regexp.MustCompile(`^(schedule lag p99 \d+ ms|\d+ scheduled requests dropped)`)
+	states := map[string]string{}
+	paced := map[string]bool{}
+	for _, tn := range []string{"healthy", "failing", "flaky", "no-cached-count", "recovering", "stalled"} {
+		row := rowOf(t, dom, "health", tn)
+		m := regexp.MustCompile(`<span class="state [a-z]+">([a-z ]+)</span><span class="reason">([^<]*)</span>`).FindStringSubmatch(row)
+		if m == nil {
+			t.Fatalf("health/%s: no state in %s", tn, row)
+		}
+		states[tn] = m[1]
+		paced[tn] = m[1] == "degraded" && behind.MatchString(m[2])
+		if paced[tn] {
+			t.Logf("health/%s: the exporter fell behind on this machine: %s", tn, m[2])
+		}
+	}
+
+	// The verdict comes first, counts the healthy pairs and names the
+	// others, worst first.
+	verdict := regexp.MustCompile(`(?s)<p id="verdict" class="verdict bad">(.*?)</p>`).FindStringSubmatch(dom)
+	if verdict == nil {
+		t.Errorf("no verdict line of class bad in the page")
+	} else {
+		healthy, byState := 0, map[string][]string{}
+		workload := map[string]string{"stalled": "hung"}
+		for _, tn := range []string{"failing", "flaky", "healthy", "no-cached-count", "recovering", "stalled"} {
+			if states[tn] == "ok" {
+				healthy++
+				continue
+			}
+			w := workload[tn]
+			if w == "" {
+				w = "canary"
+			}
+			byState[states[tn]] = append(byState[states[tn]], w+"/"+tn)
+		}
+		want := fmt.Sprintf("%d of 6 workload/target pairs healthy.", healthy)
+		var parts []string
+		for _, st := range []string{"failing", "degraded", "recovering", "not reported"} {
+			if len(byState[st]) > 0 {
+				parts = append(parts, st+": "+strings.Join(byState[st][:min(4, len(byState[st]))], ", "))
+			}
+		}
+		if got := text(verdict[1]); !strings.HasPrefix(got, want+" "+strings.Join(parts, "; ")) {
+			t.Errorf("verdict %q, want it to start %q", got, want+" "+strings.Join(parts, "; "))
+		}
+		if !paced["healthy"] && !paced["no-cached-count"] && !paced["recovering"] && !paced["flaky"] {
+			if want := "2 of 6 workload/target pairs healthy. failing: canary/failing; degraded: canary/flaky; recovering: canary/recovering; not reported: hung/stalled."; text(verdict[1]) != want {
+				t.Errorf("verdict %q, want %q", text(verdict[1]), want)
+			}
+		}
+	}
+	if strings.Index(dom, `id="verdict"`) > strings.Index(dom, `<table`) {
+		t.Errorf("the verdict is not above the tables")
+	}
+	for _, h := range []string{"<h2>Health</h2>", "<h2>Cache</h2>", "<h2>Targets</h2>"} {
+		if !strings.Contains(dom, h) {
+			t.Errorf("page lacks the heading %s", h)
+		}
+	}
 
 	for _, tt := range []struct {
 		table, target string
@@ -121,6 +204,7 @@ func TestBrowserLandingPage(t *testing.T) {
 		{"health", "failing", []string{"canary", "failing", "failing", "requests failed (100.0%), mostly http_error", "http_error", "http_error (HTTP 500)"}, "state bad"},
 		{"health", "flaky", []string{"flaky", "degraded", "requests failed", "mostly http_error", "http_error (HTTP 500)"}, "state warn"},
 		{"health", "no-cached-count", []string{"no-cached-count", "ok"}, "state ok"},
+		{"health", "recovering", []string{"canary", "recovering", "recovering", "requests succeeded, since", "the window still holds", "requests failed", "mostly http_error"}, "state rec"},
 		{"health", "stalled", []string{"hung", "stalled", "not reported", "no request finished in the last 1m0s", "none"}, "state none"},
 		{"cache", "healthy", []string{"ms", "ms", "%", "%"}, "state ok"},
 		{"cache", "no-cached-count", []string{"not reported", "%", "not reported"}, "state none"},
@@ -128,6 +212,9 @@ func TestBrowserLandingPage(t *testing.T) {
 		{"targets", "healthy", []string{"healthy", "kvload-emulated", "chat", "vllm", "16", "4096", "read from vllm:cache_config_info"}, ""},
 		{"targets", "failing", []string{"failing", "16", "unbounded"}, ""},
 	} {
+		if tt.table == "health" && paced[tt.target] {
+			continue
+		}
 		row := rowOf(t, dom, tt.table, tt.target)
 		txt := text(row)
 		rest := txt

@@ -1343,3 +1343,46 @@ func isoWholePass(t *testing.T, bases []string) []ctCounters {
 	})
 	return each
 }
+
+// chainedPoolTrace is rows rows whose hash ids are drawn from a pool of
+// pool ids, each id at any position: ids reused after other blocks, which
+// an engine's prefix cache, keyed by the whole prefix, does not serve.
+func chainedPoolTrace(rows, pool int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, 0))
+	var b strings.Builder
+	for i := range rows {
+		n := 1 + r.IntN(6)
+		ids := make([]string, n)
+		for j := range ids {
+			ids[j] = fmt.Sprint(r.IntN(pool))
+		}
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 4, "hash_ids": [%s]}`+"\n",
+			i*1000, n*512-r.IntN(256), strings.Join(ids, ", "))
+	}
+	return []byte(b.String())
+}
+
+// TestE2ECacheTruthChainedIDs: 120 rows drawn from a pool of 8 ids, reused
+// at other positions, against an engine whose cache is keyed by the chain
+// of tokens before each block: a healthy engine reads the truth, because
+// the model keys a block by its chain too (by id alone it read 0.458).
+func TestE2ECacheTruthChainedIDs(t *testing.T) {
+	t.Parallel()
+	e2eReplaySlot(t)
+	const rows = 120
+	url, _ := ctEngine(t, emulate.Config{})
+	d := e2eStart(t, ctConfigTrace(t, ctConfigOf(url, "fresh"), chainedPoolTrace(rows, 8, 1)))
+	if !strings.Contains(d.log.String(), "rows use a hash id after another chain of blocks") {
+		t.Errorf("the log does not note the ids reused after other blocks:\n%s", d.log.String())
+	}
+	start := ctNextPass(t, ctRead(t, d.base), d.base)
+	end := ctNextPass(t, start, d.base)
+	c := end.minus(start)
+	t.Logf("one pass: %v", c)
+	if c.success < rows/2 {
+		t.Errorf("only %.0f requests succeeded in the pass", c.success)
+	}
+	if e := c.efficiency(); !(e >= 0.95 && e <= 1.05) {
+		t.Errorf("efficiency %.4f, want within [0.95, 1.05]", e)
+	}
+}

@@ -1,0 +1,84 @@
+package lifecycle
+
+import (
+	"context"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvload-exporter/kvload-exporter/config"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
+	"github.com/kvload-exporter/kvload-exporter/tracing/tracingtest"
+)
+
+// TestTracingReloadAndShutdown: a reload that changes tracing flushes the
+// old exporter's spans and sends the next requests' to the new endpoint;
+// the shutdown flushes the last. Every span is in the trace whose
+// traceparent the server got, one per request.
+func TestTracingReloadAndShutdown(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var got []string // the trace ids the server received
+	srv := newFakeServer(t, func(f *testutil.FakeServer) {
+		f.Hold = func(r *http.Request) bool {
+			ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.HeaderCarrier(r.Header))
+			if sc := trace.SpanContextFromContext(ctx); sc.IsValid() && sc.IsSampled() {
+				mu.Lock()
+				got = append(got, sc.TraceID().String())
+				mu.Unlock()
+			}
+			return true
+		}
+	})
+	recvA, recvB := tracingtest.NewReceiver(t), tracingtest.NewReceiver(t)
+	path := filepath.Join(t.TempDir(), "kvload.yml")
+	trace := fixture(t, "future.jsonl") // two rows at once, the third an hour later
+	write := func(workload, endpoint string) {
+		cfg := daemontest.Config(srv.URL, trace)
+		cfg.Workloads[0].Name = workload
+		cfg.Tracing = config.Tracing{Endpoint: endpoint}
+		daemontest.WriteConfig(t, path, cfg)
+	}
+	successes := func(s *started, w string) func() (bool, string) {
+		return func() (bool, string) {
+			v, _ := testutil.Gather(t, s.reg).Value("kvload_requests_total", "workload", w, "outcome", "success")
+			return v == 2, ""
+		}
+	}
+	write("first", recvA.URL)
+	s, err := startDaemon(t, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the first workload's two requests", successes(s, "first"))
+	write("second", recvB.URL)
+	if err := s.Reload(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(recvA.Spans()); n != 2 {
+		t.Errorf("the replaced exporter flushed %d spans, want 2", n)
+	}
+	testutil.Eventually(t, "the second workload's two requests", successes(s, "second"))
+	s.stop()
+	<-s.Done()
+	if n := len(recvB.Spans()); n != 2 {
+		t.Errorf("the shutdown flushed %d spans, want 2", n)
+	}
+	var exported []string
+	for _, sp := range append(recvA.Spans(), recvB.Spans()...) {
+		exported = append(exported, sp.TraceID)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(got)
+	slices.Sort(exported)
+	if len(got) != 4 || !slices.Equal(got, exported) {
+		t.Errorf("the server got traces %v, the spans are in %v", got, exported)
+	}
+}
