@@ -215,7 +215,7 @@ func TestDaemonReloadEndpoint(t *testing.T) {
 // lifecycle.TestShutdownDrains.
 func TestDaemonSIGTERMDrains(t *testing.T) {
 	t.Parallel()
-	const want = "requests_success=0 requests_http_error=0 requests_stream_error=0 requests_timeout=0 requests_connection_error=0 requests_canceled=3 requests_in_flight=0"
+	const want = "requests_success=0 requests_http_error=0 requests_stream_error=0 requests_timeout=0 requests_connection_error=0 requests_canceled=3 requests_abandoned=0 requests_in_flight=0"
 	srv := testutil.NewFakeServer(t, func(f *testutil.FakeServer) { f.Release = make(chan struct{}) })
 	path := filepath.Join(t.TempDir(), "kvload.yml")
 	daemontest.WriteConfig(t, path, daemontest.Config(srv.URL, fixture(t, "held.jsonl")))
