@@ -278,36 +278,13 @@ func (p *kvPublisher) serve(ctx context.Context) {
 // acceptReplays takes replay clients, at most maxSubs at once, each served
 // by its own goroutine until it goes away.
 func (p *kvPublisher) acceptReplays(ctx context.Context) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		raw, err := p.replayListener.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		}
-		p.mu.Lock()
-		if ctx.Err() != nil || len(p.replayConns) >= p.maxSubs {
-			p.refused++
-			p.mu.Unlock()
-			_ = raw.Close()
-			continue
+	p.acceptEach(ctx, p.replayListener, func(raw net.Conn) bool {
+		if len(p.replayConns) >= p.maxSubs {
+			return false
 		}
 		p.replayConns[raw] = true
-		p.mu.Unlock()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.serveReplays(raw)
-		}()
-	}
+		return true
+	}, p.serveReplays)
 }
 
 // serveReplays answers one client's replay requests until it goes away:
@@ -366,10 +343,23 @@ func (p *kvPublisher) serveReplays(raw net.Conn) {
 // a reader of its subscriptions until it goes away. Every message goes to
 // every subscriber: a SUB socket filters topics itself.
 func (p *kvPublisher) accept(ctx context.Context) {
+	p.acceptEach(ctx, p.listener, func(raw net.Conn) bool {
+		if len(p.subs) >= p.maxSubs {
+			return false
+		}
+		p.subs[raw] = nil
+		return true
+	}, p.subscriber)
+}
+
+// acceptEach takes connections on ln until ctx ends, each admitted by
+// admit (called with p.mu held; false refuses it, counted) and served by
+// its own goroutine, all of which it waits for.
+func (p *kvPublisher) acceptEach(ctx context.Context, ln net.Listener, admit func(net.Conn) bool, serve func(net.Conn)) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		raw, err := p.listener.Accept()
+		raw, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return // serve closed the listener
@@ -388,19 +378,14 @@ func (p *kvPublisher) accept(ctx context.Context) {
 			_ = raw.Close()
 			return
 		}
-		if len(p.subs) >= p.maxSubs {
+		if !admit(raw) {
 			p.refused++
 			p.mu.Unlock()
 			_ = raw.Close()
 			continue
 		}
-		p.subs[raw] = nil
 		p.mu.Unlock()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.subscriber(raw)
-		}()
+		wg.Go(func() { serve(raw) })
 	}
 }
 
