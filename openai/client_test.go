@@ -149,6 +149,21 @@ func TestClientRecordedStreams(t *testing.T) {
 			errSub: "malformed chunk", content: true, output: 1}},
 		{"flat_error.sse", engine.DialectSGLang, APIChat, want{outcome: OutcomeStreamError, status: 200,
 			errSub: "BadRequestError: The request was aborted"}},
+		// Recorded from real Ollama servers (scripts/engines/build-ollama.sh,
+		// the tiny model, the same prompt twice): v0.34.4 reports the cached
+		// tokens in usage, 0 included; v0.17.4 reports none, on chat or on
+		// completions, whose every chunk carries a usage of zeros before the
+		// last one.
+		{"ollama_0.34.4_chat_uncached.sse", engine.DialectOllama, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+			output: 4, fromUsage: true, prompt: 118, promptOK: true, cached: 0, cachedOK: true}},
+		{"ollama_0.34.4_chat.sse", engine.DialectOllama, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+			output: 4, fromUsage: true, prompt: 118, promptOK: true, cached: 117, cachedOK: true}},
+		{"ollama_0.34.4_completions.sse", engine.DialectOllama, APICompletions, want{outcome: OutcomeSuccess, status: 200, content: true,
+			output: 4, fromUsage: true, prompt: 118, promptOK: true, cached: 117, cachedOK: true}},
+		{"ollama_0.17.4_chat.sse", engine.DialectOllama, APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
+			output: 4, fromUsage: true, prompt: 118, promptOK: true}},
+		{"ollama_0.17.4_completions.sse", engine.DialectOllama, APICompletions, want{outcome: OutcomeSuccess, status: 200, content: true,
+			output: 4, fromUsage: true, prompt: 118, promptOK: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.fixture, func(t *testing.T) {

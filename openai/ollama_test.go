@@ -5,43 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
 )
-
-// TestClientOllamaAnswers: answers recorded from real Ollama servers
-// (scripts/engines/build-ollama.sh, the tiny model, the same prompt sent
-// twice). v0.34.4 reports the cached tokens in usage, 0 included; v0.17.4
-// reports none, on chat or on completions, whose every chunk carries a
-// usage of zeros before the last one.
-func TestClientOllamaAnswers(t *testing.T) {
-	tests := []struct {
-		fixture string
-		api     API
-		want    want
-	}{
-		{"ollama_0.34.4_chat_uncached.sse", APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
-			output: 4, fromUsage: true, prompt: 118, promptOK: true, cached: 0, cachedOK: true}},
-		{"ollama_0.34.4_chat.sse", APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
-			output: 4, fromUsage: true, prompt: 118, promptOK: true, cached: 117, cachedOK: true}},
-		{"ollama_0.34.4_completions.sse", APICompletions, want{outcome: OutcomeSuccess, status: 200, content: true,
-			output: 4, fromUsage: true, prompt: 118, promptOK: true, cached: 117, cachedOK: true}},
-		{"ollama_0.17.4_chat.sse", APIChat, want{outcome: OutcomeSuccess, status: 200, content: true,
-			output: 4, fromUsage: true, prompt: 118, promptOK: true}},
-		{"ollama_0.17.4_completions.sse", APICompletions, want{outcome: OutcomeSuccess, status: 200, content: true,
-			output: 4, fromUsage: true, prompt: 118, promptOK: true}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.fixture, func(t *testing.T) {
-			srv := newServer(t, replayHandler(t, tt.fixture))
-			c := mustClient(t, TargetConfig{URL: srv.URL, Model: "tiny", API: tt.api, Dialect: engine.DialectOllama, RequestTimeout: time.Minute})
-			var res Response
-			c.Do(context.Background(), Request{Prompt: "hi", MaxTokens: 4}, &res)
-			checkResult(t, &res, tt.want)
-		})
-	}
-}
 
 // TestClientOllamaUpgrade: an answer without a count stays unknown even
 // after the target has reported counts (a fleet being upgraded answers
