@@ -117,18 +117,8 @@ func (r *recorder) get() seen {
 // follow runs Follow on a stream at endpoint until the test ends.
 func follow(t *testing.T, endpoint string) (*Stream, *recorder) {
 	t.Helper()
-	s, r := NewStream(endpoint), newRecorder()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		Follow(ctx, s, r)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		testutil.Wait(t, "Follow to return", done)
-	})
-	return s, r
+	s := NewStream(endpoint)
+	return s, followStream(t, s)
 }
 
 // prompt posts a completion of token ids to the emulator at base.
