@@ -117,16 +117,30 @@ func kvWaitClassified(t *testing.T, d *e2eDaemon, rows int) kvCounts {
 }
 
 // kvShare requires class to hold at least 95 % of the missed tokens, of
-// which there must be some.
+// which there must be some. For a class that needs the engine to have
+// stored the block (evicted, cleared), the share is of the misses of
+// stored blocks: a turn sent while the turn before it is still in flight
+// misses blocks the engine has not stored yet, rightly read never_stored,
+// and how many turns overlap so is decided by the machine's speed, not by
+// the exporter. Those may not be the majority, though: a lookup under the
+// wrong key reads every miss never_stored.
 func kvShare(t *testing.T, what string, c kvCounts, class string) {
 	t.Helper()
 	total := c.classified()
-	t.Logf("%s: %v; %s %.4f of the missed tokens", what, c, class, c.classes[class]/total)
 	if total < 10000 {
 		t.Fatalf("%s: %.0f missed tokens classified: nothing to check", what, total)
 	}
-	if share := c.classes[class] / total; share < 0.95 {
-		t.Errorf("%s: %s holds %.4f of the missed tokens, want at least 0.95", what, class, share)
+	judged := total
+	if class != "never_stored" {
+		judged -= c.classes["never_stored"]
+		if share := c.classes["never_stored"] / total; share > 0.5 {
+			t.Errorf("%s: never_stored holds %.4f of the missed tokens: the engine's blocks are not found", what, share)
+		}
+	}
+	share := c.classes[class] / judged
+	t.Logf("%s: %v; %s %.4f of the %.0f missed tokens judged", what, c, class, share, judged)
+	if share < 0.95 {
+		t.Errorf("%s: %s holds %.4f of the missed tokens judged, want at least 0.95", what, class, share)
 	}
 	if c.unclassified != 0 {
 		t.Errorf("%s: %.0f requests with missed hits left unclassified", what, c.unclassified)
@@ -309,9 +323,10 @@ const (
 // unexplained (0.40 to 0.52 of its missed tokens in four runs, where the
 // events did not carry the salt and the store did not read it). Keyed by
 // the salt that vLLM publishes in the first block's extra_keys, each
-// exporter's misses are evicted (0.985 to 0.992 in three runs, the rest
-// mostly never stored: a turn sent while the one before it was in
-// flight); looked up without the unit's salt, all read never stored.
+// exporter's misses of stored blocks are evicted (all of them in CI at
+// load 16, where a turn sent while the one before it was in flight left
+// 0.12 of the misses never stored; 0.003 on an idle machine); looked up
+// without the unit's salt, all read never stored.
 func TestE2EKVEventsSalt(t *testing.T) {
 	t.Parallel()
 	if testutil.RaceEnabled {
