@@ -288,6 +288,13 @@ func streamOneToken(w http.ResponseWriter, promptTokens int) {
 	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":1,\"total_tokens\":%d}}\n\ndata: [DONE]\n\n", promptTokens, promptTokens+1)
 }
 
+// manualClock is the kit's fake clock as the replay's dispatch clock: a
+// row is due when the test says, never because the machine was slow.
+type manualClock struct{ *testutil.Clock }
+
+// NewTimer returns a stopped timer.
+func (c manualClock) NewTimer() replay.DispatchTimer { return c.Clock.NewTimer() }
+
 // rowByRow starts a daemon on the configuration file path with a dispatch
 // clock that stands still until the test moves it. The returned play runs
 // a trace of rows rows gap apart: it moves the clock on to the next row
@@ -296,7 +303,7 @@ func streamOneToken(w http.ResponseWriter, promptTokens int) {
 // it were learnt from, however slow the machine.
 func rowByRow(t *testing.T, path string, configure func(*Options)) (d *started, play func(rows int, gap time.Duration)) {
 	t.Helper()
-	clock := newManualClock()
+	clock := manualClock{testutil.NewClock()}
 	var observed atomic.Int64
 	d, err := startDaemon(t, path, func(o *Options) {
 		o.dispatchClock = clock

@@ -23,101 +23,19 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
-// wlTestClock is a fake DispatchClock. Time moves only through Advance, or,
-// in jump mode, whenever a timer is armed: the clock then leaps to its
-// deadline, so a whole schedule runs as fast as the CPU allows.
-type wlTestClock struct {
-	mu     sync.Mutex
-	armed  *sync.Cond // broadcast whenever a timer is armed
-	now    time.Time
-	timers []*wlTestTimer
-	jump   bool
-}
+// wlTestClock is the kit's fake clock as a DispatchClock: time moves only
+// through Advance, or, in jump mode, whenever a timer is armed.
+type wlTestClock struct{ *testutil.Clock }
 
-type wlTestTimer struct {
-	c     *wlTestClock
-	ch    chan time.Time
-	when  time.Time
-	armed bool
-}
-
-func newWLTestClock(jump bool) *wlTestClock {
-	c := &wlTestClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), jump: jump}
-	c.armed = sync.NewCond(&c.mu)
-	return c
-}
-
-func (c *wlTestClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *wlTestClock) NewTimer() DispatchTimer {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := &wlTestTimer{c: c, ch: make(chan time.Time, 1)}
-	c.timers = append(c.timers, t)
-	return t
-}
-
-// Advance moves the clock on by d and fires the timers that came due.
-func (c *wlTestClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	c.fireLocked()
-}
-
-// waitArmed blocks until some timer is armed to fire at when.
-func (c *wlTestClock) waitArmed(when time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for !slices.ContainsFunc(c.timers, func(t *wlTestTimer) bool { return t.armed && t.when.Equal(when) }) {
-		c.armed.Wait()
+func newWLTestClock(jump bool) wlTestClock {
+	if jump {
+		return wlTestClock{testutil.NewJumpingClock()}
 	}
+	return wlTestClock{testutil.NewClock()}
 }
 
-func (c *wlTestClock) fireLocked() {
-	for _, t := range c.timers {
-		if t.armed && !t.when.After(c.now) {
-			t.armed = false
-			select {
-			case t.ch <- c.now:
-			default:
-			}
-		}
-	}
-}
-
-func (t *wlTestTimer) C() <-chan time.Time { return t.ch }
-
-func (t *wlTestTimer) Reset(d time.Duration) {
-	c := t.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t.drainLocked()
-	t.when, t.armed = c.now.Add(d), true
-	if c.jump && t.when.After(c.now) {
-		c.now = t.when
-	}
-	c.armed.Broadcast()
-	c.fireLocked()
-}
-
-func (t *wlTestTimer) Stop() {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	t.armed = false
-	t.drainLocked()
-}
-
-func (t *wlTestTimer) drainLocked() {
-	select {
-	case <-t.ch:
-	default:
-	}
-}
+// NewTimer returns a stopped timer.
+func (c wlTestClock) NewTimer() DispatchTimer { return c.Clock.NewTimer() }
 
 // wlTestBuilder encodes the row index and namespace into the prompt, and
 // fails for the rows in fail.
@@ -484,10 +402,10 @@ func TestWorkloadSessionTiming(t *testing.T) {
 	}
 	done := wlTestRun(t.Context(), w)
 	obs.waitUntil(obs.finishedRow(0))
-	clock.waitArmed(t0.Add(700 * pacerTestTick))
+	clock.WaitArmed(t0.Add(700 * pacerTestTick))
 	clock.Advance(500 * pacerTestTick)
 	obs.waitUntil(obs.finishedRow(2))
-	clock.waitArmed(t0.Add(5000 * pacerTestTick))
+	clock.WaitArmed(t0.Add(5000 * pacerTestTick))
 	clock.Advance(4300 * pacerTestTick)
 	if err := <-done; err != nil {
 		t.Fatalf("Run = %v", err)
@@ -539,7 +457,7 @@ func TestWorkloadStopDrain(t *testing.T) {
 		defer close(stopped)
 		w.Stop(drain)
 	}()
-	clock.waitArmed(clock.Now().Add(drain))
+	clock.WaitArmed(clock.Now().Add(drain))
 	close(finishB)
 	obs.waitUntil(obs.finishedRow(1))
 	clock.Advance(drain) // past row 2's time too: it must not go out

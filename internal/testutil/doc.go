@@ -1,7 +1,7 @@
 // Package testutil is the test kit shared by the daemon's tests: polling
-// until a condition holds, waiting on an event, reading Prometheus
-// metrics, a fake OpenAI-compatible server, a server that never answers,
-// a log buffer safe to read while it is written, whether the race
+// until a condition holds, waiting on an event, a fake clock, reading
+// Prometheus metrics, a fake OpenAI-compatible server, a server that never
+// answers, a log buffer safe to read while it is written, whether the race
 // detector is on, a check that a shared trace is present (NeedShared) and
 // AIPerf's documented example rows.
 //
