@@ -10,6 +10,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/collector"
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/emulate"
+	"github.com/kvload-exporter/kvload-exporter/rowrequest"
 	"github.com/kvload-exporter/kvload-exporter/servedcache"
 	"github.com/kvload-exporter/kvload-exporter/tracing"
 )
@@ -64,7 +65,7 @@ type nextConfig struct {
 	// or one of another configuration, built and not serving yet.
 	engines map[string]*emulate.Engine
 	// builders are the request builders of the units to start.
-	builders map[unitKey]*requestBuilder
+	builders map[unitKey]*rowrequest.Builder
 	// tracer is next's tracing where it differs from the running one's,
 	// built last; nil keeps the running one.
 	tracer *tracing.Tracer

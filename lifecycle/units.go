@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
@@ -20,6 +18,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/rowrequest"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 	"github.com/kvload-exporter/kvload-exporter/trace"
@@ -179,7 +178,7 @@ type unit struct {
 
 // start builds the unit of workload w on target t and starts its
 // replay.
-func (s *unitSet) start(ctx context.Context, w *config.Workload, t *config.Target, wd *workloadData, rb *requestBuilder, fp string) (*unit, error) {
+func (s *unitSet) start(ctx context.Context, w *config.Workload, t *config.Target, wd *workloadData, rb *rowrequest.Builder, fp string) (*unit, error) {
 	u, err := s.newUnit(w, t, wd, rb, fp)
 	if err != nil {
 		return nil, err
@@ -219,7 +218,7 @@ func (s *unitSet) start(ctx context.Context, w *config.Workload, t *config.Targe
 // newUnit assembles a unit from its request builder: its pacer over the
 // trace's shared plan, its cache model, and its client, which it closes
 // again when a later part cannot be built.
-func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData, rb *requestBuilder, fp string) (_ *unit, err error) {
+func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData, rb *rowrequest.Builder, fp string) (_ *unit, err error) {
 	pacer, popts, start, err := s.pacer(w, wd)
 	if err != nil {
 		return nil, err
@@ -248,12 +247,14 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 	if watch := s.layouts.watches[t.Name]; watch != nil {
 		chain = append(chain, watch)
 	}
-	if t.API == openai.APIChat && !rb.tokenIDs {
+	var template *templateOverhead
+	if t.API == openai.APIChat && !rb.TokenIDs {
 		// A chat template wraps the built prompt: its size, measured at
 		// the (re)load where the target can say, or learnt from answers.
 		tc := s.layouts.caches[t.Name]
-		rb.template = newTemplateOverhead(logger, tc.chatTemplate, tc.chatTemplateKnown, s.templatePublisher(w.Name, t.Name))
-		chain = append(chain, rb.template)
+		template = newTemplateOverhead(logger, tc.chatTemplate, tc.chatTemplateKnown, s.templatePublisher(w.Name, t.Name))
+		rb.TemplateRoom = template.get
+		chain = append(chain, template)
 	}
 	chain = append(chain, newFailureLog(logger))
 	if s.resultObserved != nil {
@@ -291,7 +292,7 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 	if err != nil {
 		return nil, err
 	}
-	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, template: rb.template, misses: kv != nil, plan: wd.trace.plan,
+	return &unit{fingerprint: fp, workload: wl, client: client, gate: gate, template: template, misses: kv != nil, plan: wd.trace.plan,
 		pacerOpts: popts, newModel: newModel, done: make(chan struct{})}, nil
 }
 
@@ -327,12 +328,12 @@ func (s *unitSet) templatePublisher(w, t string) templatePublisher {
 // unitRequestBuilder is the request builder of workload w on target t:
 // the workload's prompts, or with token-id prompts a builder with t's
 // tokenizer (loaded once per reload into tokenizers).
-func unitRequestBuilder(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]tokenizer.Tokenizer) (*requestBuilder, error) {
-	rb := &requestBuilder{prompts: wd.builder, sessions: t.SessionHeader != ""}
+func unitRequestBuilder(w *config.Workload, t *config.Target, wd *workloadData, tokenizers map[string]tokenizer.Tokenizer) (*rowrequest.Builder, error) {
+	rb := &rowrequest.Builder{Prompts: wd.builder, Sessions: t.SessionHeader != ""}
 	if t.PromptFormat != openai.PromptFormatTokenIDs {
 		return rb, nil
 	}
-	rb.tokenIDs = true
+	rb.TokenIDs = true
 	tok := tokenizers[t.Tokenizer]
 	if tok == nil {
 		var err error
@@ -342,7 +343,7 @@ func unitRequestBuilder(w *config.Workload, t *config.Target, wd *workloadData, 
 		tokenizers[t.Tokenizer] = tok
 	}
 	var err error
-	rb.prompts, err = prompt.NewBuilder(prompt.Options{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes, Tokenizer: tok})
+	rb.Prompts, err = prompt.NewBuilder(prompt.Options{BlockSize: w.BlockSize, Seed: w.Seed, CacheBytes: promptCacheBytes, Tokenizer: tok})
 	return rb, err
 }
 
@@ -435,8 +436,8 @@ func (s *unitSet) fingerprint(next *nextConfig, w *config.Workload, tn string) s
 
 // build makes the request builders of the units next starts (those not
 // running as next asks), loading each tokenizer once.
-func (s *unitSet) build(next *nextConfig) (map[unitKey]*requestBuilder, error) {
-	builders := map[unitKey]*requestBuilder{}
+func (s *unitSet) build(next *nextConfig) (map[unitKey]*rowrequest.Builder, error) {
+	builders := map[unitKey]*rowrequest.Builder{}
 	tokenizers := map[string]tokenizer.Tokenizer{}
 	var errs []error
 	for i := range next.cfg.Workloads {
@@ -649,69 +650,6 @@ func (s *unitSet) salt(w *config.Workload, t *config.Target, logger log.Logger) 
 	s.saltsSent[salt] = true
 	level.Info(logger).Log("msg", "requests carry a cache salt of their own: the engine shares their prefixes with no other client", "epoch", from, "engine_holds_nothing_yet", fresh)
 	return salt, fresh
-}
-
-// requestBuilder turns trace rows into requests for one target.
-type requestBuilder struct {
-	prompts *prompt.Builder
-	// sessions: the target has a session header, which each request's
-	// session fills.
-	sessions bool
-	// tokenIDs sends token-id prompts, built with the target's tokenizer.
-	tokenIDs bool
-	// template, on chat, is the room the server's chat template takes,
-	// left off the end of built prompts; nil on completions, whose prompt
-	// the server takes as it is.
-	template *templateOverhead
-}
-
-// Build implements replay.RequestBuilder.
-func (b *requestBuilder) Build(rec *trace.Record, row int, ns uint64) (openai.Request, error) {
-	req := openai.Request{Extra: rec.Extra}
-	if b.sessions {
-		req.Session = sessionOf(rec, row)
-	}
-	if rec.OutputLength != nil {
-		req.MaxTokens = max(*rec.OutputLength, 1) // 0 would mean "server default"
-	}
-	var err error
-	switch {
-	case rec.Payload != nil:
-		req.Payload = rec.Payload
-	case rec.Messages != nil:
-		req.Messages, req.Tools = rec.Messages, rec.Tools
-	case rec.TextInput != nil:
-		req.Prompt = *rec.TextInput
-	case b.tokenIDs:
-		req.PromptTokenIDs, err = b.prompts.AppendTokenIDs(nil, rec, ns, uint64(rec.Line))
-		req.BuiltTokens = len(req.PromptTokenIDs)
-	default:
-		room := 0
-		if b.template != nil {
-			room = b.template.get()
-		}
-		var text []byte
-		// The builder sizes the buffer from its words' lengths.
-		text, req.BuiltTokens, err = b.prompts.AppendTextRoom(nil, rec, ns, uint64(rec.Line), room)
-		// The buffer is this request's alone and never written again, so
-		// the prompt shares it instead of copying it.
-		req.Prompt = unsafe.String(unsafe.SliceData(text), len(text))
-	}
-	return req, err
-}
-
-// sessionOf is the session a row's request carries: its session_id, else
-// an id of its own, "row-" and its line in the trace (its 1-based place
-// where the row has no line).
-func sessionOf(rec *trace.Record, row int) string {
-	if rec.SessionID != nil {
-		return *rec.SessionID
-	}
-	line := rec.Line
-	if line == 0 {
-		line = row + 1
-	}
-	return "row-" + strconv.Itoa(line)
 }
 
 // targetConfig converts a configured target for the client; url is the
