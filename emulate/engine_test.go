@@ -184,40 +184,6 @@ func seq(from, n int) []int {
 	return out
 }
 
-// fakeClock is a clock that only moves when the engine sleeps, so timing
-// is exact and tests never wait.
-type fakeClock struct {
-	mu     sync.Mutex
-	t      time.Time
-	sleeps []time.Duration
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) sleep(ctx context.Context, d time.Duration) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.sleeps = append(c.sleeps, d)
-	if d > 0 {
-		c.t = c.t.Add(d)
-	}
-	return ctx.Err()
-}
-
-func (c *fakeClock) install(e *Engine) { e.now, e.sleep = c.now, c.sleep }
-
-func (c *fakeClock) recorded() []time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]time.Duration(nil), c.sleeps...)
-}
-
 func decodeJSON(resp *http.Response, out any) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("status %d", resp.StatusCode)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/prompt"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 )
@@ -429,6 +430,17 @@ func TestModelsHealth(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// fakeClock is the kit's fake clock as the engine's: it moves only when
+// the engine sleeps, so timing is exact and tests never wait.
+type fakeClock struct{ *testutil.Clock }
+
+func newFakeClock() fakeClock { return fakeClock{testutil.NewClock()} }
+
+func (c fakeClock) install(e *Engine) { e.now, e.sleep = c.Now, c.Sleep }
+
+// recorded lists the engine's sleeps, in order.
+func (c fakeClock) recorded() []time.Duration { return c.Slept() }
 
 // The timing model, on a clock that moves only when the engine sleeps:
 // TTFT = overhead + prefill per uncached token, then one token per

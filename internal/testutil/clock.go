@@ -1,14 +1,15 @@
 package testutil
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"time"
 )
 
-// Clock is a fake clock: time moves only through Advance or, for a
-// jumping clock, whenever a timer is armed, so a test says when something
-// is due and a slow machine never makes it so. Its Now and NewTimer have
+// Clock is a fake clock: time moves only through Advance and Sleep or, for
+// a jumping clock, whenever a timer is armed, so a test says when
+// something is due and a slow machine never makes it so. Its Now and NewTimer have
 // the shape of the clocks the code under test takes; a package whose clock
 // interface returns its own timer type wraps Clock in a one-method adapter,
 // since this kit imports no package of the module.
@@ -18,6 +19,7 @@ type Clock struct {
 	now    time.Time
 	timers []*Timer
 	jump   bool
+	slept  []time.Duration
 }
 
 // Timer is a timer of a Clock with the Go 1.23 guarantee: after Reset or
@@ -69,6 +71,27 @@ func (c *Clock) Advance(d time.Duration) {
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
 	c.fireLocked()
+}
+
+// Sleep is a sleep on the clock for code that takes a sleep function: it
+// records d and moves the clock on by it (not back, for d < 0), at once,
+// and returns ctx's error.
+func (c *Clock) Sleep(ctx context.Context, d time.Duration) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.slept = append(c.slept, d)
+	if d > 0 {
+		c.now = c.now.Add(d)
+		c.fireLocked()
+	}
+	return ctx.Err()
+}
+
+// Slept lists the durations Sleep was called with, in order.
+func (c *Clock) Slept() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.slept)
 }
 
 // WaitArmed blocks until some timer is armed to fire at when: the code

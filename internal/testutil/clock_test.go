@@ -1,6 +1,9 @@
 package testutil
 
 import (
+	"context"
+	"errors"
+	"slices"
 	"testing"
 	"time"
 )
@@ -85,5 +88,39 @@ func TestClockWaitArmed(t *testing.T) {
 	c.Advance(time.Second)
 	if at := <-timer.C(); !at.Equal(due) {
 		t.Errorf("fired at %v, want %v", at, due)
+	}
+}
+
+// TestClockSleep: Sleep moves the clock on by what it is given (never
+// back), fires the timers that came due, records every call and returns
+// the context's error.
+func TestClockSleep(t *testing.T) {
+	c := NewClock()
+	start := c.Now()
+	timer := c.NewTimer()
+	timer.Reset(2 * time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	for _, d := range []time.Duration{time.Second, -time.Hour, 0, time.Second} {
+		if err := c.Sleep(ctx, d); err != nil {
+			t.Fatalf("sleep %v: %v", d, err)
+		}
+	}
+	cancel()
+	if err := c.Sleep(ctx, time.Second); !errors.Is(err, context.Canceled) {
+		t.Errorf("sleep on a cancelled context: %v", err)
+	}
+	if now := c.Now().Sub(start); now != 3*time.Second {
+		t.Errorf("now %v past the start, want 3s", now)
+	}
+	if got, want := c.Slept(), []time.Duration{time.Second, -time.Hour, 0, time.Second, time.Second}; !slices.Equal(got, want) {
+		t.Errorf("slept %v, want %v", got, want)
+	}
+	select {
+	case at := <-timer.C():
+		if at.Sub(start) != 2*time.Second {
+			t.Errorf("the timer fired at %v, want 2s", at.Sub(start))
+		}
+	default:
+		t.Error("the timer due in the sleeps did not fire")
 	}
 }
