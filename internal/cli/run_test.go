@@ -6,29 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
-
-// TestHelpShowsTheDaemonsFlags: the program's own --help lists the flags
-// of run, the default command, where a new user looks for them.
-func TestHelpShowsTheDaemonsFlags(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
-		code, stdout, _ := runCLI(args...)
-		if code != exitOK {
-			t.Errorf("%v: exit %d", args, code)
-		}
-		for _, want := range []string{"--config.file", "--web.listen-address", "--config.check", "profile"} {
-			if !strings.Contains(stdout, want) {
-				t.Errorf("%v does not show %s:\n%s", args, want, stdout)
-			}
-		}
-	}
-	// A command's own help keeps to its flags.
-	if _, stdout, _ := runCLI("analyze", "--help"); strings.Contains(stdout, "--config.file") {
-		t.Errorf("analyze --help shows the daemon's flags:\n%s", stdout)
-	}
-}
 
 // TestConfigCheckTellsEveryProblem: --config.check reports every problem
 // of a file in one run, each with its line: a dialect typo, a URL with the
@@ -83,50 +61,6 @@ func TestConfigCheckSyntaxLine(t *testing.T) {
 	code, stdout, _ := runCLI("--config.file", path, "--config.check")
 	if code != exitBadInput || !strings.Contains(stdout, "invalid YAML: line 4: ") {
 		t.Errorf("exit %d:\n%s\nwant 2 and line 4", code, stdout)
-	}
-}
-
-// TestUsageErrorsExit2: a usage error exits 2, whatever the command: a
-// directory for a trace, an image format --plot cannot draw.
-func TestUsageErrorsExit2(t *testing.T) {
-	dir := t.TempDir()
-	trace := writeTrace(t, testutil.AIPerfDocRows)
-	for _, tt := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"analyze", dir}, "is a directory"},
-		{[]string{"analyze-trace", dir}, "is a directory"},
-		{[]string{"analyze", trace, "--capacity-curve", "--plot", filepath.Join(dir, "x.gif")}, "--plot " + filepath.Join(dir, "x.gif") + ": .gif is not an image format"},
-	} {
-		if code, _, stderr := runCLI(tt.args...); code != exitBadInput || !strings.Contains(stderr, tt.want) {
-			t.Errorf("%v: exit %d, stderr %q; want 2 and %q", tt.args, code, stderr, tt.want)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(dir, "x.gif")); err == nil {
-		t.Error("a refused plot was written")
-	}
-}
-
-// TestPlotFormatFromExtension: --plot draws in the format its extension
-// names, JPEG for .jpg, not SVG under another name.
-func TestPlotFormatFromExtension(t *testing.T) {
-	trace := writeTrace(t, testutil.AIPerfDocRows)
-	for _, tt := range []struct {
-		name  string
-		magic string
-	}{{"curve.jpg", "\xff\xd8\xff"}, {"curve.png", "\x89PNG"}, {"curve.svg", "<?xml"}, {"curve", "<?xml"}} {
-		path := filepath.Join(t.TempDir(), tt.name)
-		if code, _, stderr := runCLI("analyze", trace, "--capacity-curve", "--plot", path); code != exitOK {
-			t.Fatalf("%s: exit %d: %s", tt.name, code, stderr)
-		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.HasPrefix(string(data), tt.magic) {
-			t.Errorf("%s starts with %q, want %q", tt.name, data[:min(8, len(data))], tt.magic)
-		}
 	}
 }
 
