@@ -33,6 +33,7 @@ COPY lifecycle/ lifecycle/
 COPY openai/ openai/
 COPY prompt/ prompt/
 COPY replay/ replay/
+COPY rowrequest/ rowrequest/
 COPY servedcache/ servedcache/
 COPY synth/ synth/
 COPY tokenizer/ tokenizer/
