@@ -20,7 +20,7 @@ import (
 // TestTracingReloadAndShutdown: a reload that changes tracing flushes the
 // old exporter's spans and sends the next requests' to the new endpoint;
 // the shutdown flushes the last. Every span is in the trace whose
-// traceparent the server got, one per request.
+// traceparent the server got, one per request, and names its workload.
 func TestTracingReloadAndShutdown(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -71,8 +71,13 @@ func TestTracingReloadAndShutdown(t *testing.T) {
 		t.Errorf("the shutdown flushed %d spans, want 2", n)
 	}
 	var exported []string
-	for _, sp := range append(recvA.Spans(), recvB.Spans()...) {
-		exported = append(exported, sp.TraceID)
+	for recv, workload := range map[*tracingtest.Receiver]string{recvA: "first", recvB: "second"} {
+		for _, sp := range recv.Spans() {
+			exported = append(exported, sp.TraceID)
+			if sp.Attrs["kvload.workload"] != workload {
+				t.Errorf("a span of the workload %s names %v", workload, sp.Attrs["kvload.workload"])
+			}
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
