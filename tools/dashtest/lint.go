@@ -41,6 +41,7 @@ var contract = map[string]metric{
 	"kvload_config_last_reload_successful":                {gauge, exporterWide},
 	"kvload_config_last_reload_success_timestamp_seconds": {gauge, exporterWide},
 	"kvload_exporter_build_info":                          {gauge, exporterWide},
+	"kvload_tracing_export_errors_total":                  {counter, exporterWide},
 
 	// Prefix-cache accounting: requests that reported a cached count or
 	// not, TTFT by theoretical cache class, the model's capacity per target.
