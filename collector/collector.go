@@ -90,6 +90,8 @@ type Collector struct {
 	slos *SLOs
 	// The HTTP phases of each request and its connection (phases.go).
 	phases *httpPhases
+	// Span exports that failed (tracing.go).
+	tracingErrors prometheus.Counter
 
 	now      func() time.Time
 	mu       sync.Mutex
@@ -225,6 +227,8 @@ func New(reg prometheus.Registerer) *Collector {
 	reg.MustRegister(c.misses.collectors()...)
 	reg.MustRegister(c.slos.collectors()...)
 	reg.MustRegister(c.phases.collectors()...)
+	c.tracingErrors = newTracingExportErrors()
+	reg.MustRegister(c.tracingErrors)
 	reg.MustRegister(newEffectiveMetrics(c.effective))
 	reg.MustRegister(c.reconcile.collectors()...)
 	return c

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"github.com/kvload-exporter/kvload-exporter/replay"
+	"github.com/kvload-exporter/kvload-exporter/tracing"
 )
 
 // MemoryCosts are the resident bytes each structure that a configuration
@@ -61,6 +64,15 @@ type MemoryCosts struct {
 	// KVEventStream is one KV-event stream at its bound of live and
 	// removed blocks.
 	KVEventStream int64
+	// ChainReuseSpanID is each id of a trace's id span in the check for
+	// ids reused after another chain (synth.ChainReuseOf), run at load
+	// while the trace is held, where the span is dense enough for a
+	// slice; ChainReuseID each hash id where it is not, in a map.
+	ChainReuseSpanID int64
+	ChainReuseID     int64
+	// QueuedSpan is a span waiting for export, with its attributes
+	// (tracing.MaxQueueSpans of them, and a batch being sent).
+	QueuedSpan int64
 }
 
 // DefaultMemoryCosts are the costs measured on this release.
@@ -88,11 +100,22 @@ var DefaultMemoryCosts = MemoryCosts{
 	// 182 MiB of store with every bound reached, and 48 MiB of a message
 	// being read and decoded (docs/reliability.md, the KV event rows).
 	KVEventStream: 230 << 20,
+	// 3.96 bytes an id of the span (idealcache.TestChainReuseBytesPerID);
+	// a map entry of an id is 24 to 36 bytes as the map grows. Held only
+	// while the check runs, and given back before the next trace is
+	// read: no headroom.
+	ChainReuseSpanID: 4,
+	ChainReuseID:     36,
+	// Under 2 KiB (tracing.TestExportQueueBound); the queue is a small
+	// part of the heap, so no headroom is added.
+	QueuedSpan: 2 << 10,
 }
 
-// TraceSize is what a trace holds: its rows and their hash ids.
+// TraceSize is what a trace holds: its rows and their hash ids, and the
+// span of those ids (the largest less the smallest, plus one; 0 without
+// ids).
 type TraceSize struct {
-	Rows, IDs int64
+	Rows, IDs, Span int64
 }
 
 // maxTraceLine bounds a line MeasureTrace reads; the trace reader
@@ -113,6 +136,7 @@ func MeasureTrace(path string) (TraceSize, error) {
 
 func measureTrace(r io.Reader) (TraceSize, error) {
 	var size TraceSize
+	var ids idRange
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxTraceLine)
 	key := []byte(`"hash_ids"`)
@@ -137,12 +161,52 @@ func measureTrace(r io.Reader) (TraceSize, error) {
 		}
 		if len(bytes.TrimSpace(rest)) > 0 {
 			size.IDs += int64(bytes.Count(rest, []byte{','})) + 1
+			ids.addList(rest)
 		}
 	}
+	size.Span = ids.span()
 	if err := sc.Err(); err != nil {
 		return size, fmt.Errorf("sizing the trace: %w", err)
 	}
 	return size, nil
+}
+
+// idRange is the smallest and the largest of the ids seen.
+type idRange struct {
+	lo, hi int64
+	seen   bool
+}
+
+// addList adds the integers of a JSON array's body ("1, 2, 3"); what
+// does not parse is left out (a sizing, not a check).
+func (r *idRange) addList(list []byte) {
+	for len(list) > 0 {
+		field := list
+		if i := bytes.IndexByte(list, ','); i >= 0 {
+			field, list = list[:i], list[i+1:]
+		} else {
+			list = nil
+		}
+		id, err := strconv.ParseInt(string(bytes.TrimSpace(field)), 10, 64)
+		if err != nil {
+			continue
+		}
+		if !r.seen || id < r.lo {
+			r.lo = id
+		}
+		if !r.seen || id > r.hi {
+			r.hi = id
+		}
+		r.seen = true
+	}
+}
+
+// span is hi − lo + 1, at most math.MaxInt64; 0 when no id was seen.
+func (r *idRange) span() int64 {
+	if !r.seen {
+		return 0
+	}
+	return int64(min(uint64(r.hi)-uint64(r.lo), math.MaxInt64-1)) + 1
 }
 
 // FootprintItem is one part of a configuration's memory estimate.
@@ -200,22 +264,34 @@ func (f Footprint) Largest() string {
 func (c *Config) Footprint(costs MemoryCosts, traces map[string]TraceSize) Footprint {
 	var f Footprint
 	f.Items = append(f.Items, FootprintItem{What: "the process", Bytes: costs.Process})
+	// The chain-reuse check runs at load, one trace at a time, and gives
+	// its memory back: the largest counts.
+	var reuse FootprintItem
 	for i := range c.Workloads {
 		w := &c.Workloads[i]
 		p := fmt.Sprintf("workloads[%d]", i)
 		size, rowsPath, what := traces[w.Name], p, "trace rows"
 		if g := w.SharedPrefix(); g != nil {
 			size = TraceSize{Rows: int64(g.Requests), IDs: int64(g.MeanIDs())}
+			// The prefixes' ids are numbered first, drawn or not, then
+			// the others in order of first use.
+			size.Span = int64(g.Prefixes)*int64(g.PrefixTokens/max(g.BlockSize, 1)) + size.IDs
 			rowsPath, what = p+".generate", "generated rows"
 		}
 		rowBytes := size.Rows*costs.TraceRow + size.IDs*costs.TraceID
-		ids := size.IDs
+		ids, span := size.IDs, size.Span
 		if w.synthesized() {
 			// A prefix multiplier stretches every shared prefix, a
-			// prompt multiplier the rest: the ids scale with the larger.
-			ids = int64(float64(size.IDs) * max(w.Synthesis.PrefixLenMultiplier, w.Synthesis.PromptLenMultiplier, 1))
+			// prompt multiplier the rest: the ids scale with the larger,
+			// and so does their span.
+			stretch := max(w.Synthesis.PrefixLenMultiplier, w.Synthesis.PromptLenMultiplier, 1)
+			ids, span = int64(float64(size.IDs)*stretch), int64(min(float64(size.Span)*stretch, 1<<62))
 			rowBytes += size.Rows*costs.SynthesizedRow + ids*costs.SynthesizedID
 			what = "rows reshaped by synthesis from " + what
+		}
+		if it := chainReuseFootprint(costs, TraceSize{Rows: size.Rows, IDs: ids, Span: span}, rowBytes); it.Bytes > reuse.Bytes {
+			reuse = it
+			reuse.Path = rowsPath
 		}
 		traceBlock := int64(max(w.BlockSize, 1))
 		promptCache := min(costs.PromptCache, ids*traceBlock*costs.PromptToken)
@@ -243,6 +319,14 @@ func (c *Config) Footprint(costs MemoryCosts, traces map[string]TraceSize) Footp
 			f.Items = append(f.Items, it)
 		}
 	}
+	if reuse.Bytes > 0 {
+		f.Items = append(f.Items, reuse)
+	}
+	if c.Tracing.Endpoint != "" {
+		n := int64(tracing.MaxQueueSpans + tracing.MaxExportBatch)
+		f.Items = append(f.Items, FootprintItem{Path: "tracing", What: fmt.Sprintf("%d spans waiting for export or being sent", n),
+			Bytes: n * costs.QueuedSpan})
+	}
 	for i := range c.Targets {
 		t := &c.Targets[i]
 		p := fmt.Sprintf("targets[%d]", i)
@@ -258,6 +342,24 @@ func (c *Config) Footprint(costs MemoryCosts, traces map[string]TraceSize) Footp
 		}
 	}
 	return f
+}
+
+// chainReuseFootprint is the check for ids reused after another chain
+// over a trace of size, held at load as rowBytes: a slice over the id
+// span where that is at most half the table's bytes and a MiB (the
+// table's bytes being about half of rowBytes, which are twice over), as
+// synth.ChainReuseOf decides, else a map of the ids (at most as many
+// distinct as held).
+func chainReuseFootprint(costs MemoryCosts, size TraceSize, rowBytes int64) FootprintItem {
+	if size.IDs == 0 {
+		return FootprintItem{}
+	}
+	if size.Span <= rowBytes/4+1<<20 {
+		return FootprintItem{What: fmt.Sprintf("the check for ids reused after another chain, at load: a slice over an id span of %d", size.Span),
+			Bytes: size.Span * costs.ChainReuseSpanID}
+	}
+	return FootprintItem{What: fmt.Sprintf("the check for ids reused after another chain, at load: a map of up to %d ids", size.IDs),
+		Bytes: size.IDs * costs.ChainReuseID}
 }
 
 // synthesized tells whether w's rows are reshaped by synthesis.

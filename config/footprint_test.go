@@ -13,7 +13,7 @@ import (
 var unitCosts = MemoryCosts{
 	Process: 1 << 20, TraceRow: 10, TraceID: 1, SynthesizedRow: 20, SynthesizedID: 4, PromptCache: 1 << 40, PromptToken: 2,
 	ModelBlock: 100, ProfileBlock: 1000, InFlight: 10000, InFlightToken: 3, EmulatedBodyToken: 1, EmulatedToken: 5, EmulatorEncoders: 1,
-	EmulatorBlock: 7, EmulatorToken: 3, KVEventStream: 1 << 30,
+	EmulatorBlock: 7, EmulatorToken: 3, KVEventStream: 1 << 30, ChainReuseSpanID: 1 << 11, ChainReuseID: 1 << 12, QueuedSpan: 1 << 16,
 }
 
 func TestFootprint(t *testing.T) {
@@ -29,7 +29,7 @@ func TestFootprint(t *testing.T) {
 		{
 			name:   "trace against a remote target",
 			yaml:   remote + "workloads:\n  - {name: w, trace: t.jsonl, targets: [r], max_in_flight: 8}\n",
-			traces: map[string]TraceSize{"w": {Rows: 1000, IDs: 20000}},
+			traces: map[string]TraceSize{"w": {Rows: 1000, IDs: 20000, Span: 30000}},
 			want: []FootprintItem{
 				{Path: "", Bytes: 1 << 20},
 				// 20,000 ids of 512 tokens in the prompt cache.
@@ -37,17 +37,21 @@ func TestFootprint(t *testing.T) {
 				// 65536 blocks of 16 tokens are 2048 trace blocks of 512;
 				// a prompt is 20 blocks of 512 tokens.
 				{Path: "workloads[0].targets[0]", Bytes: 2048*100 + defaultProfile*1000 + 8*(10000+10240*3)},
+				// The chain-reuse check: a slice over the span.
+				{Path: "workloads[0]", Bytes: 30000 << 11},
 			},
 		},
 		{
 			name:   "synthesis: a prefix multiplier doubles the ids",
 			yaml:   remote + "workloads:\n  - {name: w, trace: t.jsonl, targets: [r], max_in_flight: 8, synthesis: {prefix_len_multiplier: 2}}\n",
-			traces: map[string]TraceSize{"w": {Rows: 1000, IDs: 20000}},
+			traces: map[string]TraceSize{"w": {Rows: 1000, IDs: 20000, Span: 30000}},
 			want: []FootprintItem{
 				{Path: "", Bytes: 1 << 20},
 				// The file's rows, and the reshaped ones beside them.
 				{Path: "workloads[0]", Bytes: 1000*10 + 20000 + 1000*20 + 40000*4 + 40000*512*2},
 				{Path: "workloads[0].targets[0]", Bytes: 2048*100 + defaultProfile*1000 + 8*(10000+20480*3)},
+				// The span stretched as the ids.
+				{Path: "workloads[0]", Bytes: 60000 << 11},
 			},
 		},
 		{
@@ -63,6 +67,8 @@ func TestFootprint(t *testing.T) {
 				// 1000 blocks of 64 tokens are 4000 trace blocks of 16;
 				// a prompt of 13 blocks, tokenized by the emulated engine.
 				{Path: "workloads[0].targets[0]", Bytes: 4000*100 + (replay.DefaultModelCeilingTokens/16)*1000 + 2*(10000+208*(3+1)) + 1*208*5},
+				// The span: 2 prefixes of 10 blocks, then the 130 ids.
+				{Path: "workloads[0].generate", Bytes: (2*10 + 130) << 11},
 				{Path: "targets[0].emulate", Bytes: 1000 * (7 + 64*3)},
 				{Path: "targets[0].cache.kv_events", Bytes: 2 << 30},
 			},
@@ -77,6 +83,24 @@ func TestFootprint(t *testing.T) {
 				// No capacity: the model holds the trace's blocks, once.
 				{Path: "workloads[0].targets[0]", Bytes: 30*100 + defaultProfile*1000 + (10000 + 1536*(3+1)) + 1*1536*5},
 				{Path: "targets[0].emulate.capacity_blocks", Bytes: 0},
+			},
+		},
+		{
+			name: "chain-reuse check of sparse ids in a map, the largest of two traces; tracing's span queue",
+			yaml: remote + "tracing: {endpoint: http://c:4318/v1/traces}\nworkloads:\n" +
+				"  - {name: a, trace: a.jsonl, targets: [r], max_in_flight: 1}\n  - {name: b, trace: b.jsonl, targets: [r], max_in_flight: 1}\n",
+			traces: map[string]TraceSize{"a": {Rows: 10, IDs: 30, Span: 1 << 40}, "b": {Rows: 10, IDs: 20, Span: 20}},
+			want: []FootprintItem{
+				{Path: "", Bytes: 1 << 20},
+				{Path: "workloads[0]", Bytes: 10*10 + 30 + 30*512*2},
+				{Path: "workloads[0].targets[0]", Bytes: 2048*100 + defaultProfile*1000 + (10000 + 1536*3)},
+				{Path: "workloads[1]", Bytes: 10*10 + 20 + 20*512*2},
+				{Path: "workloads[1].targets[0]", Bytes: 2048*100 + defaultProfile*1000 + (10000 + 1024*3)},
+				// a's 30 ids in a map (30 << 12) outweigh b's span of 20
+				// in a slice (20 << 11); one check runs at a time.
+				{Path: "workloads[0]", Bytes: 30 << 12},
+				// 2,048 spans queued and 512 being sent.
+				{Path: "tracing", Bytes: 2560 << 16},
 			},
 		},
 	} {
@@ -143,9 +167,12 @@ func TestMeasureTrace(t *testing.T) {
 		want     TraceSize
 	}{
 		{"empty", "", TraceSize{}},
-		{"rows with ids", `{"timestamp": 0, "hash_ids": [1, 2, 3]}` + "\n" + `{"hash_ids":[4]}` + "\n", TraceSize{Rows: 2, IDs: 4}},
+		{"rows with ids", `{"timestamp": 0, "hash_ids": [1, 2, 3]}` + "\n" + `{"hash_ids":[4]}` + "\n", TraceSize{Rows: 2, IDs: 4, Span: 4}},
 		{"blank lines and empty ids", "\n  \n" + `{"hash_ids": []}` + "\n" + `{"input_length": 5}`, TraceSize{Rows: 2}},
-		{"ids before other keys", `{"hash_ids": [1,2], "output_length": 3}`, TraceSize{Rows: 1, IDs: 2}},
+		{"ids before other keys", `{"hash_ids": [1,2], "output_length": 3}`, TraceSize{Rows: 1, IDs: 2, Span: 2}},
+		{"the span over rows", `{"hash_ids": [7, 9]}` + "\n" + `{"hash_ids": [3]}` + "\n" + `{"hash_ids": [ 12 ]}`, TraceSize{Rows: 3, IDs: 4, Span: 10}},
+		{"ids that do not parse are left out of the span", `{"hash_ids": [5, "x", 1.5, 6]}`, TraceSize{Rows: 1, IDs: 4, Span: 2}},
+		{"the widest span", `{"hash_ids": [-9223372036854775808, 9223372036854775807]}`, TraceSize{Rows: 1, IDs: 2, Span: 1<<63 - 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := measureTrace(strings.NewReader(tc.in))
@@ -164,7 +191,8 @@ func FuzzMeasureTrace(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if lines := int64(strings.Count(string(data), "\n") + 1); size.Rows > lines || size.IDs < 0 || size.IDs > int64(len(data)) {
+		if lines := int64(strings.Count(string(data), "\n") + 1); size.Rows > lines || size.IDs < 0 || size.IDs > int64(len(data)) ||
+			size.Span < 0 || size.Span > 0 && size.IDs == 0 {
 			t.Fatalf("%+v from %d lines of %d bytes", size, lines, len(data))
 		}
 	})

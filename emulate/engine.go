@@ -43,6 +43,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-kit/log"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
@@ -139,6 +140,15 @@ func (e *Engine) Config() Config {
 		c.CapacityBlocks = st.CapacityBlocks
 	}
 	return c
+}
+
+// LogTo makes the engine log to logger what it refuses: KV event
+// subscribers and replay clients past KVEventsMaxSubscribers. Call it
+// before the engine serves; without it nothing is logged.
+func (e *Engine) LogTo(logger log.Logger) {
+	if e.events != nil {
+		e.events.logger = logger
+	}
 }
 
 // KVEventsEndpoint is where the engine publishes its KV events,

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-kit/log"
+	"github.com/go-kit/log/level"
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
 	"github.com/vmihailenco/msgpack/v5"
@@ -60,8 +62,13 @@ const (
 	// handshake done or not) served at once: each holds a file descriptor
 	// and two goroutines, and a SUB socket is idle by nature, so that no
 	// timeout tells one left open from one listening. A connection past it
-	// is closed at once and counted (Stats.KVEventsSubscribersRefused).
+	// is closed at once, counted (Stats.KVEventsSubscribersRefused) and
+	// logged by the failure-streak rule (refusalStreak).
 	KVEventsMaxSubscribers = 64
+	// refusalLogInterval is the least time between two lines of one
+	// streak of refused connections: one when it starts, then at most one
+	// this often, as the daemon logs failing requests.
+	refusalLogInterval = 30 * time.Second
 	// KVEventsReplayBatches is how many of the last batches the replay
 	// socket keeps (vLLM's buffer_steps default).
 	KVEventsReplayBatches = 10_000
@@ -108,6 +115,9 @@ type kvPublisher struct {
 	topic    []byte
 	format   KVEventsFormat
 	now      func() time.Time
+	// logger tells of connections refused at the cap (Engine.LogTo); set
+	// before the publisher serves.
+	logger log.Logger
 	// replayEndpoint binds the replay socket; "" for none.
 	replayEndpoint string
 	// drop is the share of batches not sent, drawn by dropRNG (the run
@@ -138,7 +148,7 @@ type kvPublisher struct {
 
 func newKVPublisher(cfg Config, now func() time.Time) *kvPublisher {
 	return &kvPublisher{endpoint: cfg.KVEvents, topic: []byte(cfg.KVEventsTopic), format: cfg.KVEventsFormat, now: now,
-		replayEndpoint: cfg.KVEventsReplayEndpoint, drop: cfg.KVEventsDrop,
+		logger: log.NewNopLogger(), replayEndpoint: cfg.KVEventsReplayEndpoint, drop: cfg.KVEventsDrop,
 		dropRNG: rand.New(rand.NewPCG(cfg.Seed, 0x6b76)), replayConns: map[net.Conn]bool{},
 		subs: map[net.Conn]*zmq4.Conn{}, maxSubs: KVEventsMaxSubscribers, wake: make(chan struct{}, 1)}
 }
@@ -278,7 +288,7 @@ func (p *kvPublisher) serve(ctx context.Context) {
 // acceptReplays takes replay clients, at most maxSubs at once, each served
 // by its own goroutine until it goes away.
 func (p *kvPublisher) acceptReplays(ctx context.Context) {
-	p.acceptEach(ctx, p.replayListener, func(raw net.Conn) bool {
+	p.acceptEach(ctx, p.replayListener, "KV event replay clients", func(raw net.Conn) bool {
 		if len(p.replayConns) >= p.maxSubs {
 			return false
 		}
@@ -343,7 +353,7 @@ func (p *kvPublisher) serveReplays(raw net.Conn) {
 // a reader of its subscriptions until it goes away. Every message goes to
 // every subscriber: a SUB socket filters topics itself.
 func (p *kvPublisher) accept(ctx context.Context) {
-	p.acceptEach(ctx, p.listener, func(raw net.Conn) bool {
+	p.acceptEach(ctx, p.listener, "KV event subscribers", func(raw net.Conn) bool {
 		if len(p.subs) >= p.maxSubs {
 			return false
 		}
@@ -353,11 +363,12 @@ func (p *kvPublisher) accept(ctx context.Context) {
 }
 
 // acceptEach takes connections on ln until ctx ends, each admitted by
-// admit (called with p.mu held; false refuses it, counted) and served by
-// its own goroutine, all of which it waits for.
-func (p *kvPublisher) acceptEach(ctx context.Context, ln net.Listener, admit func(net.Conn) bool, serve func(net.Conn)) {
+// admit (called with p.mu held; false refuses it, counted and logged as
+// one of what) and served by its own goroutine, all of which it waits for.
+func (p *kvPublisher) acceptEach(ctx context.Context, ln net.Listener, what string, admit func(net.Conn) bool, serve func(net.Conn)) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	refusals := refusalStreak{logger: p.logger, what: what, limit: p.maxSubs}
 	for {
 		raw, err := ln.Accept()
 		if err != nil {
@@ -381,12 +392,53 @@ func (p *kvPublisher) acceptEach(ctx context.Context, ln net.Listener, admit fun
 		if !admit(raw) {
 			p.refused++
 			p.mu.Unlock()
+			refusals.refused(p.now(), raw.RemoteAddr())
 			_ = raw.Close()
 			continue
 		}
 		p.mu.Unlock()
+		refusals.admitted()
 		wg.Go(func() { serve(raw) })
 	}
+}
+
+// refusalStreak logs the connections one listener refuses at its cap by
+// the failure-streak rule: a line when a streak starts, then at most one
+// every refusalLogInterval, and one when a connection is admitted again.
+// Its accept loop alone uses it.
+type refusalStreak struct {
+	logger log.Logger
+	what   string // "KV event subscribers"
+	limit  int
+	// pending are the refusals since the last line, total those of the
+	// streak; lastLine is zero outside a streak.
+	pending, total int
+	lastLine       time.Time
+}
+
+// refused counts a connection from remote refused at now.
+func (r *refusalStreak) refused(now time.Time, remote net.Addr) {
+	r.pending++
+	r.total++
+	if !r.lastLine.IsZero() && now.Sub(r.lastLine) < refusalLogInterval {
+		return
+	}
+	kv := []any{"msg", r.what + " refused: as many are served as the publisher takes", "max", r.limit,
+		"refused", r.pending, "last_remote", remote}
+	if !r.lastLine.IsZero() {
+		kv = append(kv, "since", now.Sub(r.lastLine).Round(time.Second).String())
+	}
+	level.Warn(r.logger).Log(kv...)
+	r.pending, r.lastLine = 0, now
+}
+
+// admitted ends a streak: a connection was taken again.
+func (r *refusalStreak) admitted() {
+	if r.lastLine.IsZero() {
+		return
+	}
+	level.Info(r.logger).Log("msg", r.what+" admitted again", "refused", r.total)
+	r.pending, r.total, r.lastLine = 0, 0, time.Time{}
 }
 
 // subscriber handles one connection until it closes.

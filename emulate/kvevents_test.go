@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-kit/log"
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
 	"github.com/vmihailenco/msgpack/v5"
@@ -305,14 +306,19 @@ func TestKVEventsSaltExtraKeys(t *testing.T) {
 }
 
 // TestKVEventsSubscriberCap: past maxSubs subscribers a new connection is
-// closed before its handshake and counted; the subscribers served still
-// get their events, and the HTTP API answers.
+// closed before its handshake, counted, and logged once for the streak
+// (the engine's clock standing still); the subscribers served still get
+// their events, and the HTTP API answers.
 func TestKVEventsSubscriberCap(t *testing.T) {
 	e, err := New(Config{BlockSize: 4, KVEvents: "tcp://127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.events.maxSubs = 3
+	var logged testutil.Buffer
+	e.LogTo(log.NewLogfmtLogger(&logged))
+	still := time.Unix(1e9, 0)
+	e.now = func() time.Time { return still }
 	ctx, cancel := context.WithCancel(context.Background())
 	base, wait, err := e.Start(ctx, "127.0.0.1:0")
 	if err != nil {
@@ -346,6 +352,11 @@ func TestKVEventsSubscriberCap(t *testing.T) {
 	}
 	if got := e.Stats().KVEventsSubscribersRefused; got != 5 {
 		t.Errorf("%d subscribers refused, want 5", got)
+	}
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], `level=warn msg="KV event subscribers refused`) ||
+		!strings.Contains(lines[0], "max=3 refused=1 ") {
+		t.Errorf("logged %q, want one warning naming the cap and the first refusal", lines)
 	}
 	complete(t, base, seq(1, 5), nil)
 	if events, _ := sub.next(t, KVEventsMap, 1); events[0].Type != "BlockStored" {
@@ -421,5 +432,53 @@ func TestKVEventsReplay(t *testing.T) {
 	}
 	if got := e.KVEventsDropped(); got != 3 {
 		t.Errorf("%d batches counted dropped, want 3", got)
+	}
+}
+
+// streakStep is a refusal at at (after the test's start), or an
+// admission, and a substring of the line it must log ("" for none).
+type streakStep struct {
+	at     time.Duration
+	admit  bool
+	logged string
+}
+
+// TestRefusalStreak: refused connections are logged by the failure-streak
+// rule: a line at a streak's start, then at most one every
+// refusalLogInterval with the refusals since the last, and one when a
+// connection is admitted again, after which a refusal starts a new streak.
+func TestRefusalStreak(t *testing.T) {
+	t0 := time.Unix(1e9, 0)
+	tests := []struct {
+		name  string
+		steps []streakStep
+	}{
+		{"one refusal", []streakStep{{0, false, `level=warn msg="KV event subscribers refused: as many are served as the publisher takes" max=64 refused=1 last_remote=10.0.0.1:4`}}},
+		{"a burst, one line", []streakStep{{0, false, "refused=1 "}, {time.Second, false, ""}, {29 * time.Second, false, ""}}},
+		{"a long streak, a line every interval", []streakStep{{0, false, "refused=1 "}, {10 * time.Second, false, ""},
+			{30 * time.Second, false, "refused=2 last_remote=10.0.0.1:4 since=30s"}, {59 * time.Second, false, ""},
+			{60 * time.Second, false, "refused=2 last_remote=10.0.0.1:4 since=30s"}}},
+		{"admitted ends the streak", []streakStep{{0, false, "refused=1 "}, {time.Second, false, ""},
+			{0, true, `level=info msg="KV event subscribers admitted again" refused=2`}, {2 * time.Second, false, "refused=1 last_remote"}}},
+		{"admitted outside a streak, nothing", []streakStep{{0, true, ""}, {0, false, "refused=1 "}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var logged testutil.Buffer
+			r := refusalStreak{logger: log.NewLogfmtLogger(&logged), what: "KV event subscribers", limit: 64}
+			remote := &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 4}
+			for i, s := range tt.steps {
+				before := len(logged.String())
+				if s.admit {
+					r.admitted()
+				} else {
+					r.refused(t0.Add(s.at), remote)
+				}
+				line := logged.String()[before:]
+				if s.logged == "" && line != "" || s.logged != "" && (!strings.Contains(line, s.logged) || strings.Count(line, "\n") != 1) {
+					t.Errorf("step %d: logged %q, want a line with %q", i, line, s.logged)
+				}
+			}
+		})
 	}
 }

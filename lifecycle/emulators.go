@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
 
 	"github.com/kvload-exporter/kvload-exporter/config"
@@ -118,6 +119,7 @@ func (s *emulatorSet) start(unitCtx context.Context, cfg *config.Config, t *conf
 	if err := eng.BindKVEvents(); err != nil {
 		return fmt.Errorf("target %s: %w", t.Name, err)
 	}
+	eng.LogTo(log.With(s.logger, "target", t.Name))
 	ctx, cancel := context.WithCancel(unitCtx)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -16,7 +16,11 @@ func (d *Daemon) buildTracer(ctx context.Context, cfg *config.Config) (*tracing.
 	if d.tracer.Load().Config() == want {
 		return nil, nil
 	}
-	t, err := tracing.New(ctx, want)
+	var opts []tracing.Option
+	if d.coll != nil {
+		opts = append(opts, tracing.OnExportFailed(d.coll.TracingExportFailed))
+	}
+	t, err := tracing.New(ctx, want, opts...)
 	if err != nil {
 		return nil, cfg.KeyError("tracing", err)
 	}

@@ -20,7 +20,7 @@ import (
 // TestTracingReloadAndShutdown: a reload that changes tracing flushes the
 // old exporter's spans and sends the next requests' to the new endpoint;
 // the shutdown flushes the last. Every span is in the trace whose
-// traceparent the server got, one per request.
+// traceparent the server got, one per request, and names its workload.
 func TestTracingReloadAndShutdown(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -71,8 +71,13 @@ func TestTracingReloadAndShutdown(t *testing.T) {
 		t.Errorf("the shutdown flushed %d spans, want 2", n)
 	}
 	var exported []string
-	for _, sp := range append(recvA.Spans(), recvB.Spans()...) {
-		exported = append(exported, sp.TraceID)
+	for recv, workload := range map[*tracingtest.Receiver]string{recvA: "first", recvB: "second"} {
+		for _, sp := range recv.Spans() {
+			exported = append(exported, sp.TraceID)
+			if sp.Attrs["kvload.workload"] != workload {
+				t.Errorf("a span of the workload %s names %v", workload, sp.Attrs["kvload.workload"])
+			}
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -80,5 +85,37 @@ func TestTracingReloadAndShutdown(t *testing.T) {
 	slices.Sort(exported)
 	if len(got) != 4 || !slices.Equal(got, exported) {
 		t.Errorf("the server got traces %v, the spans are in %v", got, exported)
+	}
+}
+
+// TestTracingExportErrors: the spans of a collector that refuses them
+// (a 404: no retry) are counted lost in kvload_tracing_export_errors_total
+// by the shutdown's flush, which starts at 0.
+func TestTracingExportErrors(t *testing.T) {
+	t.Parallel()
+	srv := newFakeServer(t, nil)
+	recv := tracingtest.NewReceiver(t)
+	path := filepath.Join(t.TempDir(), "kvload.yml")
+	cfg := daemontest.Config(srv.URL, fixture(t, "future.jsonl")) // two rows at once, the third an hour later
+	cfg.Tracing = config.Tracing{Endpoint: recv.URL + "/nowhere"}
+	daemontest.WriteConfig(t, path, cfg)
+	s, err := startDaemon(t, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, n := testutil.Gather(t, s.reg).Value("kvload_tracing_export_errors_total"); v != 0 || n != 1 {
+		t.Errorf("kvload_tracing_export_errors_total %v in %d series at the start, want 0 in 1", v, n)
+	}
+	testutil.Eventually(t, "the two requests", func() (bool, string) {
+		v, _ := testutil.Gather(t, s.reg).Value("kvload_requests_total", "outcome", "success")
+		return v == 2, ""
+	})
+	s.stop()
+	<-s.Done()
+	if v, _ := testutil.Gather(t, s.reg).Value("kvload_tracing_export_errors_total"); v < 1 {
+		t.Errorf("kvload_tracing_export_errors_total %v after the flush to a collector that refuses, want at least 1", v)
+	}
+	if got := len(recv.Spans()); got != 0 {
+		t.Errorf("%d spans taken by a collector that refuses them", got)
 	}
 }

@@ -268,6 +268,7 @@ func (s *unitSet) newUnit(w *config.Workload, t *config.Target, wd *workloadData
 	tc := targetConfig(t, url)
 	tc.CacheSalt = salt
 	tc.Tracer = s.tracer
+	tc.Workload = w.Name
 	client, err := openai.New(tc)
 	if err != nil {
 		return nil, err

@@ -53,6 +53,9 @@ type TargetConfig struct {
 	// its span; the daemon replaces the tracer it holds at a reload. nil
 	// sends a sampled traceparent and builds no span.
 	Tracer *tracing.Current
+	// Workload names the workload whose requests the client sends, on
+	// each span (kvload.workload); empty names none.
+	Workload string
 }
 
 // Client streams completions from one target and measures them. It is safe

@@ -13,8 +13,9 @@ import (
 
 // The span attributes of ours, beside the gen_ai and HTTP conventions'.
 const (
-	attrOutcome = attribute.Key("kvload.outcome") // the request's Outcome, success included
-	attrTarget  = attribute.Key("kvload.target")  // the configured target's name
+	attrOutcome  = attribute.Key("kvload.outcome")  // the request's Outcome, success included
+	attrTarget   = attribute.Key("kvload.target")   // the configured target's name
+	attrWorkload = attribute.Key("kvload.workload") // the configured workload's name
 )
 
 // spanStatic is the span name and the attributes every request of a
@@ -32,6 +33,9 @@ func spanStatic(cfg TargetConfig, api API, dialect engine.Dialect, endpoint stri
 		semconv.GenAIProviderNameKey.String(string(dialect)),
 		semconv.GenAIRequestStream(true),
 		attrTarget.String(cfg.Name),
+	}
+	if cfg.Workload != "" {
+		attrs = append(attrs, attrWorkload.String(cfg.Workload))
 	}
 	name := op.Value.AsString()
 	if cfg.Model != "" {

@@ -176,7 +176,7 @@ func TestSpansReachOTLPReceiver(t *testing.T) {
 		http.Error(w, `{"error":{"message":"overloaded"}}`, http.StatusServiceUnavailable)
 	}))
 	cur := tracing.NewCurrent(tr)
-	c := mustClient(t, TargetConfig{Name: "vllm-a", URL: srv.URL, Model: "Qwen/Qwen3-0.6B", Dialect: engine.DialectVLLM, Tracer: cur})
+	c := mustClient(t, TargetConfig{Name: "vllm-a", Workload: "canary", URL: srv.URL, Model: "Qwen/Qwen3-0.6B", Dialect: engine.DialectVLLM, Tracer: cur})
 	bad := mustClient(t, TargetConfig{Name: "down", URL: failing.URL, API: APICompletions, Model: "m", Tracer: cur})
 	const n = 5
 	for range n {
@@ -223,6 +223,7 @@ func TestSpansReachOTLPReceiver(t *testing.T) {
 			"gen_ai.usage.cache_read.input_tokens": int64(1024),
 			"kvload.outcome":                       "success",
 			"kvload.target":                        "vllm-a",
+			"kvload.workload":                      "canary",
 			"server.address":                       "127.0.0.1",
 			"http.response.status_code":            int64(200),
 		}
@@ -248,6 +249,9 @@ func TestSpansReachOTLPReceiver(t *testing.T) {
 	}
 	if _, ok := s.Attrs["gen_ai.usage.output_tokens"]; ok {
 		t.Errorf("a request that got no answer reports output tokens")
+	}
+	if w, ok := s.Attrs["kvload.workload"]; ok {
+		t.Errorf("a client of no workload names one on its spans: %v", w)
 	}
 }
 

@@ -77,6 +77,35 @@ type Tracer struct {
 	tracer    trace.Tracer
 }
 
+// Option changes what New builds beside cfg: what the daemon observes of
+// the export, which is no part of the configuration.
+type Option func(*options)
+
+type options struct {
+	exportFailed func(error)
+}
+
+// OnExportFailed calls failed, on the SDK's export goroutine, with the
+// error of each export that did not deliver its batch of spans (up to
+// MaxExportBatch), its retries spent or refused by the collector.
+func OnExportFailed(failed func(error)) Option {
+	return func(o *options) { o.exportFailed = failed }
+}
+
+// failureExporter tells failed of each export that returned an error.
+type failureExporter struct {
+	sdktrace.SpanExporter
+	failed func(error)
+}
+
+func (e failureExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	err := e.SpanExporter.ExportSpans(ctx, spans)
+	if err != nil {
+		e.failed(err)
+	}
+	return err
+}
+
 // New builds the tracer of cfg. With an endpoint it starts the SDK's batch
 // processor, whose goroutine Shutdown ends; nothing is sent before the
 // first span. Headers and TLS files of the export come from the standard
@@ -84,9 +113,13 @@ type Tracer struct {
 // OTEL_EXPORTER_OTLP_CERTIFICATE), and the resource from
 // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, so that no secret sits
 // in the configuration file; service.version is the binary's.
-func New(ctx context.Context, cfg Config) (*Tracer, error) {
+func New(ctx context.Context, cfg Config, opts ...Option) (*Tracer, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
 	}
 	t := &Tracer{cfg: cfg, threshold: ratioThreshold(cfg.SampleRatio)}
 	if cfg.Endpoint == "" {
@@ -110,10 +143,14 @@ func New(ctx context.Context, cfg Config) (*Tracer, error) {
 		_ = exp.Shutdown(ctx)
 		return nil, fmt.Errorf("tracing: the resource: %w", err)
 	}
+	var export sdktrace.SpanExporter = exp
+	if o.exportFailed != nil {
+		export = failureExporter{SpanExporter: exp, failed: o.exportFailed}
+	}
 	t.provider = sdktrace.NewTracerProvider(
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.TraceIDRatioBased(cfg.SampleRatio)),
-		sdktrace.WithBatcher(exp,
+		sdktrace.WithBatcher(export,
 			sdktrace.WithMaxQueueSize(MaxQueueSpans),
 			sdktrace.WithMaxExportBatchSize(MaxExportBatch),
 			sdktrace.WithExportTimeout(ExportTimeout)),

@@ -2,6 +2,7 @@ package tracing_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -77,5 +78,41 @@ func TestConfigCheck(t *testing.T) {
 		if _, nerr := tracing.New(context.Background(), tracing.Config{SampleRatio: tc.ratio}); (nerr == nil) != tc.ok {
 			t.Errorf("New with ratio %v: %v", tc.ratio, nerr)
 		}
+	}
+}
+
+// TestExportFailures: each export the collector refuses is told to
+// OnExportFailed (one batch for spans ended at once), and none is where it
+// takes them.
+func TestExportFailures(t *testing.T) {
+	recv := tracingtest.NewReceiver(t)
+	for _, tc := range []struct {
+		name, endpoint string
+		failed         bool
+	}{
+		{"taken", recv.URL, false},
+		// A 404: no retry, the batch is lost.
+		{"refused", recv.URL + "/nowhere", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var failures atomic.Int64
+			tr, err := tracing.New(context.Background(), tracing.Config{Endpoint: tc.endpoint, SampleRatio: 1},
+				tracing.OnExportFailed(func(error) { failures.Add(1) }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				_, span := tr.Start(context.Background(), "chat m")
+				span.End(nil, "", "")
+			}
+			// The SDK's flush reports an export's failure to OTel's
+			// error handler, not to Shutdown.
+			if err := tr.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if got := failures.Load(); (got > 0) != tc.failed {
+				t.Errorf("%d failed exports told, want failures %v", got, tc.failed)
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/go-kit/log"
 
 	"github.com/kvload-exporter/kvload-exporter/emulate"
 )
@@ -60,6 +61,8 @@ func runEmulate(ctx context.Context, s streams, listen string, cfg emulate.Confi
 	if err != nil {
 		return badInput(err)
 	}
+	// Its other lines are written here, in the same form.
+	e.LogTo(log.NewLogfmtLogger(log.NewSyncWriter(s.stderr)))
 	base, wait, err := e.Start(ctx, listen)
 	if err != nil {
 		// As the daemon: an address that cannot be bound is bad input

@@ -126,6 +126,16 @@ func kvWaitClassified(t *testing.T, d *e2eDaemon, rows int) kvCounts {
 // wrong key reads every miss never_stored.
 func kvShare(t *testing.T, what string, c kvCounts, class string) {
 	t.Helper()
+	kvShareOf(t, what, c, class)
+	if c.unclassified != 0 {
+		t.Errorf("%s: %.0f requests with missed hits left unclassified", what, c.unclassified)
+	}
+}
+
+// kvShareOf is kvShare's share alone, over the requests classified: where
+// the streams lose batches, those sent across a loss are not.
+func kvShareOf(t *testing.T, what string, c kvCounts, class string) {
+	t.Helper()
 	total := c.classified()
 	if total < 10000 {
 		t.Fatalf("%s: %.0f missed tokens classified: nothing to check", what, total)
@@ -141,9 +151,6 @@ func kvShare(t *testing.T, what string, c kvCounts, class string) {
 	t.Logf("%s: %v; %s %.4f of the %.0f missed tokens judged", what, c, class, share, judged)
 	if share < 0.95 {
 		t.Errorf("%s: %s holds %.4f of the missed tokens judged, want at least 0.95", what, class, share)
-	}
-	if c.unclassified != 0 {
-		t.Errorf("%s: %.0f requests with missed hits left unclassified", what, c.unclassified)
 	}
 }
 
@@ -189,6 +196,56 @@ func TestE2EKVEventsGaps(t *testing.T) {
 	}
 	if gaps != 0 || failed != 0 {
 		t.Errorf("%.0f batches missed, %.0f replays failed: want every gap filled", gaps, failed)
+	}
+}
+
+// TestE2EKVEventsGapsUnreplayed: the gap scenario with no replay socket
+// configured. A batch lost may have removed any block held, so the
+// exporter lets go of them all at the gap: a request sent across a gap is
+// not classified (no_stream), and a block removed in a lost batch is not
+// held in the exporter's view after it. The misses classified still read
+// evicted, and the unexplained class (a block held when the request came)
+// stays as small as without gaps. Were a removed block kept, every later
+// miss on it would read unexplained.
+//
+// The requests classified after the pass are judged as they stand: each
+// request's classes are told together, and the shares do not need the
+// last few, whose classification may still be waiting for its grace.
+func TestE2EKVEventsGapsUnreplayed(t *testing.T) {
+	t.Parallel()
+	if testutil.RaceEnabled {
+		t.Skip("a whole pass at speed: too slow under -race; run by `make test-e2e`")
+	}
+	e2eReplaySlot(t)
+	e := daemontest.StartEmulator(t, emulate.Config{CapacityBlocks: 8000, HideCacheConfig: true, KVEvents: "tcp://127.0.0.1:0",
+		KVEventsDrop: 0.1})
+	d := e2eStart(t, kvConfig(t, e.URL, []string{e.KVEventsEndpoint()}, kvRows))
+	var c kvCounts
+	testutil.EventuallyWithin(t, "the pass", e2eDeadline, func() (bool, string) {
+		c = kvRead(t, d.base)
+		return c.finished == kvRows, c.String()
+	})
+	m := testutil.Scrape(t, d.base)
+	c = kvRead(t, d.base)
+	gaps, failed := m.Sum("kvload_kv_events_errors_total", "reason", "gap"), m.Sum("kvload_kv_events_errors_total", "reason", "replay")
+	noStream := m.Sum("kvload_cache_missed_hit_unclassified_requests_total", "reason", "no_stream")
+	dropped := e.KVEventsDropped()
+	t.Logf("%d batches dropped by the engine; %.0f counted missed, %.0f replays failed; %.0f requests sent across a gap",
+		dropped, gaps, failed, noStream)
+	if dropped < 10 {
+		t.Errorf("%d batches dropped: too few gaps to test", dropped)
+	}
+	if gaps < float64(dropped)/2 {
+		t.Errorf("%.0f batches counted missed of %d dropped: the gaps are not seen", gaps, dropped)
+	}
+	if failed != 0 {
+		t.Errorf("%.0f replays failed with no replay socket configured, want none asked", failed)
+	}
+	kvShareOf(t, "8,000-block cache, a tenth of the batches dropped, no replay", c, "evicted")
+	if judged := c.classified() - c.classes["never_stored"]; judged > 0 {
+		if share := c.classes["unexplained"] / judged; share > 0.05 {
+			t.Errorf("unexplained holds %.4f of the missed tokens judged, want at most 0.05: blocks removed in lost batches are still held", share)
+		}
 	}
 }
 

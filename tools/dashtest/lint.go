@@ -41,6 +41,7 @@ var contract = map[string]metric{
 	"kvload_config_last_reload_successful":                {gauge, exporterWide},
 	"kvload_config_last_reload_success_timestamp_seconds": {gauge, exporterWide},
 	"kvload_exporter_build_info":                          {gauge, exporterWide},
+	"kvload_tracing_export_errors_total":                  {counter, exporterWide},
 
 	// Prefix-cache accounting: requests that reported a cached count or
 	// not, TTFT by theoretical cache class, the model's capacity per target.
@@ -81,11 +82,19 @@ var contract = map[string]metric{
 	"kvload_slo_objective_ratio":     {gauge, workloadTarget},
 	"kvload_slo_threshold_seconds":   {gauge, workloadTarget},
 
+	"vllm:prompt_tokens_cached_total": {counter, engine},
+	"vllm:prompt_tokens_total":        {counter, engine},
 	"vllm:prefix_cache_hits_total":    {counter, engine},
 	"vllm:prefix_cache_queries_total": {counter, engine},
 	"sglang:cached_tokens_total":      {counter, engine},
 	"sglang:prompt_tokens_total":      {counter, engine},
 }
+
+// fallbackOnly are engine counters a query may read only beside the
+// cleaner counter it falls back from: vLLM's hits counter counts a
+// preempted request's lookups again, recomputed tokens as hits (vLLM issue
+// 25780), and is for releases without prompt_tokens_cached.
+var fallbackOnly = map[string]string{"vllm:prefix_cache_hits_total": "vllm:prompt_tokens_cached_total"}
 
 // rawCounterOK are counters a panel may show without rate(): the number of
 // completed trace passes is read as is.
@@ -174,6 +183,7 @@ func lintDashboardExpr(expr string) []string {
 	// (histogram_sum/histogram_count of x): classic x_sum and x_count.
 	hasNative, hasClassic := map[string]bool{}, map[string]bool{}
 	hasNativeSum, hasClassicSum := map[string]bool{}, map[string]bool{}
+	read := map[string]bool{}
 	parser.Inspect(e, func(n parser.Node, path []parser.Node) error {
 		switch n := n.(type) {
 		case *parser.SubqueryExpr:
@@ -188,6 +198,7 @@ func lintDashboardExpr(expr string) []string {
 				_, inRange = path[len(path)-1].(*parser.MatrixSelector)
 			}
 			for _, name := range selectorNames(n) {
+				read[name] = true
 				base, m, ok := lookup(name)
 				if !ok {
 					probs = append(probs, "metric "+name+" is not in the contract")
@@ -228,6 +239,11 @@ func lintDashboardExpr(expr string) []string {
 		}
 		return nil
 	})
+	for name, clean := range fallbackOnly {
+		if read[name] && !read[clean] {
+			probs = append(probs, name+" without "+clean+": read the clean counter first, this one as its fallback")
+		}
+	}
 	for h := range hasNative {
 		if !hasClassic[h] {
 			probs = append(probs, h+": native quantile without the classic _bucket fallback")

@@ -390,3 +390,25 @@ func TestLintHistogramForms(t *testing.T) {
 		}
 	}
 }
+
+// TestLintEngineFallback: vLLM's hits counter is read only as the fallback
+// of its cached-prompt-token counter.
+func TestLintEngineFallback(t *testing.T) {
+	const f = `{job=~"$engine_job", instance=~"$engine_instance"}[$__rate_interval]`
+	hits := `sum(rate(vllm:prefix_cache_hits_total` + f + `)) / sum(rate(vllm:prefix_cache_queries_total` + f + `))`
+	cached := `sum(rate(vllm:prompt_tokens_cached_total` + f + `)) / sum(rate(vllm:prompt_tokens_total` + f + `))`
+	for _, c := range []struct {
+		expr string
+		ok   bool
+	}{
+		{cached, true},
+		{cached + " or " + hits, true},
+		{hits, false},
+		{`sum(rate(vllm:prefix_cache_hits_total` + f + `))`, false},
+	} {
+		probs := lintDashboardExpr(c.expr)
+		if (len(probs) == 0) != c.ok {
+			t.Errorf("%s: problems %q, want ok=%v", c.expr, probs, c.ok)
+		}
+	}
+}

@@ -304,7 +304,7 @@ func checkCacheRegression(t *testing.T, prom *promAPI, emu string, efficiencyThr
 	t.Logf("no baseline yet, no alert (theoretical hit rate %.3f)", th)
 
 	// The engine's own counters (the cache dashboard's vLLM panel) agree.
-	engine := `sum(rate(vllm:prefix_cache_hits_total[30s])) / sum(rate(vllm:prefix_cache_queries_total[30s]))`
+	engine := `sum(rate(vllm:prompt_tokens_cached_total[30s])) / sum(rate(vllm:prompt_tokens_total[30s]))`
 	waitValue(t, prom, engine, func(v float64) bool { return v == 0 }, time.Minute, "engine-reported hit rate 0")
 }
 
