@@ -4,7 +4,7 @@ import (
 	"slices"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
-	"github.com/kvload-exporter/kvload-exporter/internal/stackdist"
+	"github.com/kvload-exporter/kvload-exporter/idealcache"
 )
 
 // DefaultModelCeilingTokens is the largest LRU capacity, in tokens, whose
@@ -67,7 +67,7 @@ func (m *CacheModel) AcceptObservedProfile(it PacerItem, cached int) (tokens int
 // block weighs the server blocks it fills (idealcache.Rounding.BlockWeight)
 // times their size.
 type capacityProfile struct {
-	stack   *stackdist.Tracker[blockKey]
+	stack   *idealcache.Stack[blockKey]
 	ceiling int64
 	maxKeys int
 	// entryWeight, when set, is the weight of every block that holds a
@@ -82,8 +82,8 @@ type capacityProfile struct {
 	// (unadmit) stay counted, so it can only be too high, and it is never
 	// taken above the weight tracked.
 	since int64
-	refs  []stackdist.Ref // scratch: where a row's leading blocks were found
-	steps []CapacityStep  // scratch: a row's profile, copied out at its size
+	refs  []idealcache.StackRef // scratch: where a row's leading blocks were found
+	steps []CapacityStep        // scratch: a row's profile, copied out at its size
 }
 
 func newCapacityProfile(c *idealCache) *capacityProfile {
@@ -104,7 +104,7 @@ func newCapacityProfile(c *idealCache) *capacityProfile {
 	// of a trace block, on traces of very short prompts.
 	full := max(cp.weight(c, p.TraceBlock), 1)
 	cp.maxKeys = int(min(4*ceiling/full, 1<<31))
-	cp.stack = stackdist.New[blockKey](ceiling, cp.maxKeys)
+	cp.stack = idealcache.NewStack[blockKey](ceiling, cp.maxKeys)
 	return cp
 }
 
@@ -137,7 +137,7 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, keys []uint64, inputL
 		cp.steps = cp.steps[:0]
 		for i, chain := range keys {
 			ref, d := cp.stack.Lookup(blockKey{ns, chain})
-			if d == stackdist.Infinite {
+			if d == idealcache.InfiniteDistance {
 				break
 			}
 			cp.refs = append(cp.refs, ref)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/idealcache"
-	"github.com/kvload-exporter/kvload-exporter/internal/stackdist"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
@@ -178,7 +177,7 @@ type curveBuilder struct {
 	o       CurveOptions
 	round   idealcache.Rounding
 	rows    *trace.Table
-	stack   *stackdist.Tracker[int64]
+	stack   *idealcache.Stack[int64]
 	weights *blockWeights
 	per     int64 // trace blocks per server block of capacity (round.EntriesPerServerBlock)
 	full    int64 // weight of a full trace block
@@ -207,7 +206,7 @@ func newCurveBuilder(rows *trace.Table, o CurveOptions) *curveBuilder {
 		rows:  rows,
 		// The packed ceiling forgets a block once the weight above it
 		// exceeds maxBlocks, whatever the count in the low bits.
-		stack:   stackdist.New[int64](maxBlocks<<countBits|countMask, int(maxBlocks*per)),
+		stack:   idealcache.NewStack[int64](maxBlocks<<countBits|countMask, int(maxBlocks*per)),
 		weights: newBlockWeights(rows),
 		per:     per,
 		full:    int64(round.BlockWeight(o.TraceBlock)),
@@ -275,7 +274,7 @@ func (b *curveBuilder) visit(r int) {
 	running := int64(0)
 	for _, key := range b.keys {
 		d := b.stack.Distance(key)
-		if d == stackdist.Infinite {
+		if d == idealcache.InfiniteDistance {
 			break
 		}
 		running = max(running, b.needs(d))

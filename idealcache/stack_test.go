@@ -1,4 +1,4 @@
-package stackdist
+package idealcache
 
 import (
 	"math/rand/v2"
@@ -21,7 +21,7 @@ func (b *bruteStack) distance(key int) int64 {
 			return d
 		}
 	}
-	return Infinite
+	return InfiniteDistance
 }
 
 func (b *bruteStack) use(key int, w int64) {
@@ -86,7 +86,7 @@ func TestDistanceMatchesDefinition(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, uint64(tt.keys)))
-			tr := New[int](tt.ceiling, tt.maxKeys)
+			tr := NewStack[int](tt.ceiling, tt.maxKeys)
 			b := &bruteStack{weight: map[int]int64{}}
 			for i := range tt.accesses {
 				// Skewed keys, so that distances are short and long.
@@ -98,10 +98,10 @@ func TestDistanceMatchesDefinition(t *testing.T) {
 				}
 				want := b.distance(key)
 				if tt.ceiling > 0 && want > tt.ceiling {
-					want = Infinite
+					want = InfiniteDistance
 				}
 				if tt.maxKeys > 0 && b.rank(key) > tt.maxKeys {
-					want = Infinite
+					want = InfiniteDistance
 				}
 				if got := tr.Distance(key); got != want {
 					t.Fatalf("access %d of key %d: distance %d, want %d", i, key, got, want)
@@ -133,7 +133,7 @@ func TestInclusion(t *testing.T) {
 	for i, c := range capacities {
 		caches[i] = &bruteLRU{capacity: c, bruteStack: bruteStack{weight: map[int]int64{}}}
 	}
-	tr := New[int](0, 0)
+	tr := NewStack[int](0, 0)
 	r := rand.New(rand.NewPCG(7, 7))
 	for i := range 20000 {
 		key := int(r.ExpFloat64() * 80)
@@ -150,7 +150,7 @@ func TestInclusion(t *testing.T) {
 }
 
 func TestRemove(t *testing.T) {
-	tr := New[string](0, 0)
+	tr := NewStack[string](0, 0)
 	tr.Use("a", 3)
 	tr.Use("b", 2)
 	tr.Use("c", 1)
@@ -161,7 +161,7 @@ func TestRemove(t *testing.T) {
 	if d := tr.Distance("a"); d != 4 {
 		t.Errorf("distance of a after removing b: %d, want 4", d)
 	}
-	if d := tr.Distance("b"); d != Infinite {
+	if d := tr.Distance("b"); d != InfiniteDistance {
 		t.Errorf("removed b has distance %d", d)
 	}
 	if tr.Len() != 2 || tr.Weight() != 4 {
@@ -184,12 +184,12 @@ func TestUseRef(t *testing.T) {
 		{name: "key bound", maxKeys: 20},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			plain, byRef := New[int](tt.ceiling, tt.maxKeys), New[int](tt.ceiling, tt.maxKeys)
+			plain, byRef := NewStack[int](tt.ceiling, tt.maxKeys), NewStack[int](tt.ceiling, tt.maxKeys)
 			r := rand.New(rand.NewPCG(3, 4))
 			stale := 0
 			for range 5000 {
 				batch := make([]int, 1+r.IntN(12))
-				refs := make([]Ref, len(batch))
+				refs := make([]StackRef, len(batch))
 				for i := range batch {
 					batch[i] = int(r.ExpFloat64() * 40)
 					var d int64
@@ -217,9 +217,9 @@ func TestUseRef(t *testing.T) {
 	}
 }
 
-// blockKey is the key the cache model tracks: a prompt namespace and a
+// stackKey is the key the cache model tracks: a prompt namespace and a
 // trace hash id.
-type blockKey struct {
+type stackKey struct {
 	ns uint64
 	id int64
 }
@@ -227,11 +227,11 @@ type blockKey struct {
 // BenchmarkUse is one access: the distance, then the use, over a working
 // set of a million blocks with skewed reuse.
 func BenchmarkUse(b *testing.B) {
-	tr := New[blockKey](0, 0)
+	tr := NewStack[stackKey](0, 0)
 	r := rand.New(rand.NewPCG(1, 2))
-	keys := make([]blockKey, 1<<16)
+	keys := make([]stackKey, 1<<16)
 	for i := range keys {
-		keys[i] = blockKey{ns: 1, id: int64(r.ExpFloat64() * 250_000)}
+		keys[i] = stackKey{ns: 1, id: int64(r.ExpFloat64() * 250_000)}
 	}
 	b.ResetTimer()
 	for i := range b.N {
@@ -250,9 +250,9 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		tr := New[blockKey](0, 0)
+		tr := NewStack[stackKey](0, 0)
 		for i := range n {
-			tr.Use(blockKey{ns: 1, id: int64(i)}, 32)
+			tr.Use(stackKey{ns: 1, id: int64(i)}, 32)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)

@@ -1,7 +1,9 @@
-// Package stackdist computes LRU stack distances (Mattson et al., 1970) of
-// weighted keys in one pass. The stack distance of an access is the total
-// weight of the distinct keys used since the key's previous use, the key
-// itself included. By LRU's inclusion property, a cache that keeps the most
+package idealcache
+
+// A Stack computes LRU stack distances (Mattson et al., 1970) of weighted
+// keys in one pass. The stack distance of an access is the total weight of
+// the distinct keys used since the key's previous use, the key itself
+// included. By LRU's inclusion property, a cache that keeps the most
 // recently used keys whose weights fit in capacity C holds the key at that
 // access exactly when its distance is at most C: one pass answers for every
 // capacity at once.
@@ -10,25 +12,24 @@
 // key's last use. Memory stays bounded by a ceiling: keys beyond it (the
 // least recently used, once the live weight exceeds it) are forgotten, and
 // their next access counts as a miss at every capacity up to the ceiling.
-package stackdist
 
 import "math"
 
-// Infinite is the distance of a key that is not tracked: never seen, or
+// InfiniteDistance is the distance of a key that is not tracked: never seen, or
 // forgotten beyond the ceiling. It is larger than any capacity.
-const Infinite = math.MaxInt64
+const InfiniteDistance = math.MaxInt64
 
-// Tracker holds the LRU stack of keys of type K. The zero value is not
-// usable; call New. It holds at most 2³¹ keys.
-type Tracker[K comparable] struct {
+// Stack holds the LRU stack of keys of type K. The zero value is not
+// usable; call NewStack. It holds at most 2³¹ keys.
+type Stack[K comparable] struct {
 	ceiling int64 // live weight kept; 0 keeps everything
 	maxKeys int   // live keys kept; 0 keeps everything
 
 	// A key's entry has a fixed place while the key is tracked, so that
-	// renumbering the times (compact) touches no map, and a Ref saves
+	// renumbering the times (compact) touches no map, and a StackRef saves
 	// the second lookup of a key looked up and then used.
 	index   map[K]int32 // key -> its entry
-	entries []entry[K]
+	entries []stackEntry[K]
 	free    []int32 // entries of keys forgotten, for reuse
 
 	owner  []int32 // time -> the entry last used then; -1 once it moved on
@@ -39,43 +40,43 @@ type Tracker[K comparable] struct {
 	total  int64   // live weight
 }
 
-type entry[K comparable] struct {
+type stackEntry[K comparable] struct {
 	key K
 	at  int32  // the time of the key's last use
-	gen uint32 // counts the times the entry was freed: a Ref's check
+	gen uint32 // counts the times the entry was freed: a StackRef's check
 }
 
-// Ref is where Lookup found a key. Passed to UseRef with the same key, it
+// StackRef is where Lookup found a key. Passed to UseRef with the same key, it
 // spares a second lookup; it goes stale, harmlessly, once the key is
 // forgotten.
-type Ref struct {
+type StackRef struct {
 	entry int32 // -1: not found
 	gen   uint32
 }
 
 // New returns a tracker that keeps keys while their total weight is at most
 // ceiling and their number at most maxKeys (0 for no bound on either).
-func New[K comparable](ceiling int64, maxKeys int) *Tracker[K] {
-	t := &Tracker[K]{ceiling: max(ceiling, 0), maxKeys: max(maxKeys, 0), index: map[K]int32{}}
+func NewStack[K comparable](ceiling int64, maxKeys int) *Stack[K] {
+	t := &Stack[K]{ceiling: max(ceiling, 0), maxKeys: max(maxKeys, 0), index: map[K]int32{}}
 	t.resize(1024)
 	return t
 }
 
 // Distance is the stack distance key would have if used now: the weight of
-// every key used since its last use, its own included. It is Infinite for a
+// every key used since its last use, its own included. It is InfiniteDistance for a
 // key not tracked.
-func (t *Tracker[K]) Distance(key K) int64 {
+func (t *Stack[K]) Distance(key K) int64 {
 	_, d := t.Lookup(key)
 	return d
 }
 
-// Lookup is Distance, with a Ref for UseRef.
-func (t *Tracker[K]) Lookup(key K) (Ref, int64) {
+// Lookup is Distance, with a StackRef for UseRef.
+func (t *Stack[K]) Lookup(key K) (StackRef, int64) {
 	e, ok := t.index[key]
 	if !ok {
-		return Ref{entry: -1}, Infinite
+		return StackRef{entry: -1}, InfiniteDistance
 	}
-	return Ref{entry: e, gen: t.entries[e].gen}, t.total - t.tree.sum(int(t.entries[e].at))
+	return StackRef{entry: e, gen: t.entries[e].gen}, t.total - t.tree.sum(int(t.entries[e].at))
 }
 
 // Use makes key, of weight w, the most recently used. A key's weight is
@@ -83,7 +84,7 @@ func (t *Tracker[K]) Lookup(key K) (Ref, int64) {
 // distances stay right, but a key forgotten while the others weighed more
 // stays forgotten, and an LRU cache is then no longer exactly the set of
 // distances within its capacity.
-func (t *Tracker[K]) Use(key K, w int64) {
+func (t *Stack[K]) Use(key K, w int64) {
 	e, ok := t.index[key]
 	if ok {
 		t.clear(int(t.entries[e].at))
@@ -96,7 +97,7 @@ func (t *Tracker[K]) Use(key K, w int64) {
 
 // UseRef is Use of key, which ref is a Lookup of since (of key, not
 // another): while the key is still tracked, it goes without a lookup.
-func (t *Tracker[K]) UseRef(ref Ref, key K, w int64) {
+func (t *Stack[K]) UseRef(ref StackRef, key K, w int64) {
 	if ref.entry < 0 || t.entries[ref.entry].gen != ref.gen {
 		t.Use(key, w)
 		return
@@ -106,7 +107,7 @@ func (t *Tracker[K]) UseRef(ref Ref, key K, w int64) {
 }
 
 // Remove forgets key, as if it had never been used.
-func (t *Tracker[K]) Remove(key K) {
+func (t *Stack[K]) Remove(key K) {
 	if e, ok := t.index[key]; ok {
 		t.clear(int(t.entries[e].at))
 		t.forget(e)
@@ -114,13 +115,13 @@ func (t *Tracker[K]) Remove(key K) {
 }
 
 // Len is the number of keys tracked.
-func (t *Tracker[K]) Len() int { return len(t.index) }
+func (t *Stack[K]) Len() int { return len(t.index) }
 
 // Weight is the total weight of the keys tracked.
-func (t *Tracker[K]) Weight() int64 { return t.total }
+func (t *Stack[K]) Weight() int64 { return t.total }
 
 // place gives entry e, of weight w, the next time.
-func (t *Tracker[K]) place(e int32, w int64) {
+func (t *Stack[K]) place(e int32, w int64) {
 	if t.next == len(t.owner) {
 		t.compact()
 	}
@@ -133,19 +134,19 @@ func (t *Tracker[K]) place(e int32, w int64) {
 	t.trim()
 }
 
-func (t *Tracker[K]) alloc(key K) int32 {
+func (t *Stack[K]) alloc(key K) int32 {
 	if n := len(t.free); n > 0 {
 		e := t.free[n-1]
 		t.free = t.free[:n-1]
 		t.entries[e].key = key
 		return e
 	}
-	t.entries = append(t.entries, entry[K]{key: key})
+	t.entries = append(t.entries, stackEntry[K]{key: key})
 	return int32(len(t.entries) - 1)
 }
 
 // forget drops entry e, whose time is cleared, from the index.
-func (t *Tracker[K]) forget(e int32) {
+func (t *Stack[K]) forget(e int32) {
 	var zero K
 	delete(t.index, t.entries[e].key)
 	t.entries[e].key = zero
@@ -153,14 +154,14 @@ func (t *Tracker[K]) forget(e int32) {
 	t.free = append(t.free, e)
 }
 
-func (t *Tracker[K]) clear(at int) {
+func (t *Stack[K]) clear(at int) {
 	t.tree.add(at, -t.weight[at])
 	t.total -= t.weight[at]
 	t.owner[at], t.weight[at] = -1, 0
 }
 
 // trim forgets the least recently used keys beyond the bounds.
-func (t *Tracker[K]) trim() {
+func (t *Stack[K]) trim() {
 	for (t.ceiling > 0 && t.total > t.ceiling) || (t.maxKeys > 0 && len(t.index) > t.maxKeys) {
 		for t.owner[t.oldest] < 0 {
 			t.oldest++
@@ -176,7 +177,7 @@ func (t *Tracker[K]) trim() {
 // uses keeps the cost per use O(log live) amortised. Arrays with that room,
 // and not four times too large, are reused: the live entries only move
 // down.
-func (t *Tracker[K]) compact() {
+func (t *Stack[K]) compact() {
 	owner, weight := t.owner, t.weight
 	if live := len(t.index); len(owner) < live+live/2 || len(owner) > 4*max(live, 1024) {
 		t.resize(max(2*live, 1024))
@@ -198,7 +199,7 @@ func (t *Tracker[K]) compact() {
 	t.next, t.oldest = n, 0
 }
 
-func (t *Tracker[K]) resize(n int) {
+func (t *Stack[K]) resize(n int) {
 	t.owner = make([]int32, n)
 	t.weight = make([]int64, n)
 	t.tree = make(fenwick, n+1)
