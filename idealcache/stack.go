@@ -12,6 +12,17 @@ package idealcache
 // key's last use. Memory stays bounded by a ceiling: keys beyond it (the
 // least recently used, once the live weight exceeds it) are forgotten, and
 // their next access counts as a miss at every capacity up to the ceiling.
+//
+// A ceiling in weight does not bound the keys where they weigh little (a
+// trace block of one token, say). Sample bounds them: past a number of keys
+// the stack keeps only a spatially hashed sample of them (SHARDS,
+// Waldspurger et al., FAST '15): a key is tracked only when its hash falls
+// under a threshold, a rate R of the hash space, and every distance and
+// weight is scaled by 1/R. Each time the sample outgrows its bound the rate
+// halves, and the keys above the new threshold are dropped. A key's
+// sampled distance is an estimate of its exact one; summed over many keys,
+// each counted 1/R times, the estimate of the hits at a capacity is
+// unbiased.
 
 import "math"
 
@@ -22,8 +33,15 @@ const InfiniteDistance = math.MaxInt64
 // Stack holds the LRU stack of keys of type K. The zero value is not
 // usable; call NewStack. It holds at most 2³¹ keys.
 type Stack[K comparable] struct {
-	ceiling int64 // live weight kept; 0 keeps everything
+	ceiling int64 // live weight kept, scaled; 0 keeps everything
 	maxKeys int   // live keys kept; 0 keeps everything
+
+	// The spatial sample (Sample): hash picks the keys, and a key is
+	// tracked when the top shift bits of its hash are 0, a rate of
+	// 2^-shift. Without hash every key is tracked.
+	hash       func(K) uint64
+	shift      uint
+	maxSampled int
 
 	// A key's entry has a fixed place while the key is tracked, so that
 	// renumbering the times (compact) touches no map, and a StackRef saves
@@ -62,9 +80,28 @@ func NewStack[K comparable](ceiling int64, maxKeys int) *Stack[K] {
 	return t
 }
 
+// Sample makes t keep at most maxSampled keys (at least 1), by the spatial
+// sampling the type's comment describes; hash picks them and must mix its
+// key's bits into its high bits. Call it before the first Use.
+func (t *Stack[K]) Sample(maxSampled int, hash func(K) uint64) {
+	t.maxSampled, t.hash = max(maxSampled, 1), hash
+}
+
+// Tracks tells whether key is in the sample: the only keys whose
+// distances the stack knows, and the only ones Use records. Every key is
+// while the stack is exact.
+func (t *Stack[K]) Tracks(key K) bool {
+	return t.shift == 0 || t.hash(key)>>(64-t.shift) == 0
+}
+
+// Scale is 1/R, what each tracked key stands for: 1 while the stack is
+// exact, then 2, 4, ... as the sample's rate R halves. A sampled key's
+// weight counts Scale times in every distance and in Weight.
+func (t *Stack[K]) Scale() int64 { return 1 << t.shift }
+
 // Distance is the stack distance key would have if used now: the weight of
-// every key used since its last use, its own included. It is InfiniteDistance for a
-// key not tracked.
+// every key used since its last use, its own included, scaled (Scale). It
+// is InfiniteDistance for a key not tracked.
 func (t *Stack[K]) Distance(key K) int64 {
 	_, d := t.Lookup(key)
 	return d
@@ -76,15 +113,19 @@ func (t *Stack[K]) Lookup(key K) (StackRef, int64) {
 	if !ok {
 		return StackRef{entry: -1}, InfiniteDistance
 	}
-	return StackRef{entry: e, gen: t.entries[e].gen}, t.total - t.tree.sum(int(t.entries[e].at))
+	return StackRef{entry: e, gen: t.entries[e].gen}, (t.total - t.tree.sum(int(t.entries[e].at))) << t.shift
 }
 
-// Use makes key, of weight w, the most recently used. A key's weight is
+// Use makes key, of weight w, the most recently used; a key out of the
+// sample (Tracks) is not recorded. A key's weight is
 // meant to be fixed. Where it changes, the new one counts from now and the
 // distances stay right, but a key forgotten while the others weighed more
 // stays forgotten, and an LRU cache is then no longer exactly the set of
 // distances within its capacity.
 func (t *Stack[K]) Use(key K, w int64) {
+	if !t.Tracks(key) {
+		return
+	}
 	e, ok := t.index[key]
 	if ok {
 		t.clear(int(t.entries[e].at))
@@ -117,8 +158,8 @@ func (t *Stack[K]) Remove(key K) {
 // Len is the number of keys tracked.
 func (t *Stack[K]) Len() int { return len(t.index) }
 
-// Weight is the total weight of the keys tracked.
-func (t *Stack[K]) Weight() int64 { return t.total }
+// Weight is the total weight of the keys tracked, scaled (Scale).
+func (t *Stack[K]) Weight() int64 { return t.total << t.shift }
 
 // place gives entry e, of weight w, the next time.
 func (t *Stack[K]) place(e int32, w int64) {
@@ -160,15 +201,25 @@ func (t *Stack[K]) clear(at int) {
 	t.owner[at], t.weight[at] = -1, 0
 }
 
-// trim forgets the least recently used keys beyond the bounds.
+// trim forgets the least recently used keys beyond the bounds, then
+// halves the sample's rate while it holds too many keys.
 func (t *Stack[K]) trim() {
-	for (t.ceiling > 0 && t.total > t.ceiling) || (t.maxKeys > 0 && len(t.index) > t.maxKeys) {
+	for (t.ceiling > 0 && t.total<<t.shift > t.ceiling) || (t.maxKeys > 0 && len(t.index) > t.maxKeys) {
 		for t.owner[t.oldest] < 0 {
 			t.oldest++
 		}
 		e := t.owner[t.oldest]
 		t.clear(t.oldest)
 		t.forget(e)
+	}
+	for t.hash != nil && len(t.index) > t.maxSampled && t.shift < 63 {
+		t.shift++
+		for key, e := range t.index {
+			if !t.Tracks(key) {
+				t.clear(int(t.entries[e].at))
+				t.forget(e)
+			}
+		}
 	}
 }
 

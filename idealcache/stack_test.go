@@ -1,6 +1,7 @@
 package idealcache
 
 import (
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"testing"
@@ -258,5 +259,92 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/key")
 		runtime.KeepAlive(tr)
+	}
+}
+
+// mixKey is a sample's hash of an int key.
+func mixKey(k int) uint64 { return fmix64(uint64(k)) }
+
+// TestStackSampleBound: a sampled stack never holds more keys than its
+// bound, however many distinct keys it is fed, and its weight estimates
+// the exact one.
+func TestStackSampleBound(t *testing.T) {
+	tests := []struct {
+		name       string
+		keys       int
+		maxSampled int
+		ceiling    int64
+	}{
+		{"fits: exact", 900, 1000, 0},
+		{"ten times the bound", 10_000, 1000, 0},
+		{"a thousand times the bound", 1_000_000, 1000, 0},
+		{"a ceiling in weight", 1_000_000, 1000, 200_000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := NewStack[int](tt.ceiling, 0)
+			tr.Sample(tt.maxSampled, mixKey)
+			most := 0
+			for k := range tt.keys {
+				tr.Use(k, 1)
+				most = max(most, tr.Len())
+			}
+			if most > tt.maxSampled {
+				t.Errorf("held %d keys, over the bound of %d", most, tt.maxSampled)
+			}
+			want := int64(tt.keys)
+			if tt.ceiling > 0 {
+				want = tt.ceiling
+			}
+			if tt.keys <= tt.maxSampled && (tr.Scale() != 1 || tr.Weight() != want) {
+				t.Errorf("under the bound: scale %d, weight %d; want exact, %d", tr.Scale(), tr.Weight(), want)
+			}
+			if got := float64(tr.Weight()); math.Abs(got-float64(want)) > 0.15*float64(want) {
+				t.Errorf("weight %d (scale %d), want %d within 15 %%", tr.Weight(), tr.Scale(), want)
+			}
+		})
+	}
+}
+
+// TestStackSampleHits: the hits of LRU caches of several capacities, as
+// sampled distances estimate them (each tracked access counting Scale
+// times), are within 2 % of all accesses of the exact hits.
+func TestStackSampleHits(t *testing.T) {
+	capacities := []int64{1_000, 10_000, 50_000}
+	r := rand.New(rand.NewPCG(3, 4))
+	exact, sampled := NewStack[int](0, 0), NewStack[int](0, 0)
+	sampled.Sample(8_000, mixKey)
+	exactHits, sampledHits := make([]int64, len(capacities)), make([]int64, len(capacities))
+	const accesses = 400_000
+	for range accesses {
+		key := int(r.ExpFloat64() * 20_000)
+		de := exact.Distance(key)
+		exact.Use(key, 1)
+		for i, c := range capacities {
+			if de <= c {
+				exactHits[i]++
+			}
+		}
+		if !sampled.Tracks(key) {
+			continue
+		}
+		scale := sampled.Scale()
+		ds := sampled.Distance(key)
+		sampled.Use(key, 1)
+		for i, c := range capacities {
+			if ds <= c {
+				sampledHits[i] += scale
+			}
+		}
+	}
+	if sampled.Scale() == 1 || sampled.Len() > 8_000 {
+		t.Fatalf("scale %d, %d keys: the sample never left the exact path, or outgrew its bound", sampled.Scale(), sampled.Len())
+	}
+	for i, c := range capacities {
+		diff := math.Abs(float64(sampledHits[i]-exactHits[i])) / accesses
+		t.Logf("capacity %d: %d hits exact, %d sampled (scale %d): %.4f of the accesses apart", c, exactHits[i], sampledHits[i], sampled.Scale(), diff)
+		if diff > 0.02 {
+			t.Errorf("capacity %d: %d hits sampled, %d exact: %.4f of the accesses apart, want at most 0.02", c, sampledHits[i], exactHits[i], diff)
+		}
 	}
 }

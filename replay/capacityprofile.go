@@ -16,6 +16,22 @@ const DefaultModelCeilingTokens = 32 << 20
 // MaxModelCeilingTokens bounds the ceiling a configuration may set.
 const MaxModelCeilingTokens = 1 << 40
 
+// ProfileMaxBlocks is the most blocks the profile's stack holds, whatever
+// the block size and the ceiling: 2¹⁸, about 26 MB at some 100 bytes a
+// block. It is as many as the default ceiling holds in blocks of 128
+// tokens, and four times its blocks of 512 tokens, so that the profile of
+// a trace of Mooncake's block size at the default ceiling is exact. Beyond
+// it the stack keeps a spatially hashed sample of the blocks
+// (idealcache.Stack.Sample), and a request's profile is an estimate whose
+// sum over many requests, the effective capacity's sums, is unbiased.
+const ProfileMaxBlocks = 1 << 18
+
+// ProfileBlockBytes bounds the heap a block of the profile's stack costs,
+// its arrays as full as compaction lets them get
+// (TestCapacityProfileBoundedWhateverBlockSize): ProfileMaxBlocks of them
+// are the profile's bound in bytes.
+const ProfileBlockBytes = 160
+
 // CapacityStep is one step of a request's theoretical hit as a function of
 // the LRU cache's capacity: from Capacity tokens of KV on, an ideal cache
 // of that size serves Tokens of the prompt.
@@ -104,8 +120,16 @@ func newCapacityProfile(c *idealCache) *capacityProfile {
 	// of a trace block, on traces of very short prompts.
 	full := max(cp.weight(c, p.TraceBlock), 1)
 	cp.maxKeys = int(min(4*ceiling/full, 1<<31))
-	cp.stack = idealcache.NewStack[blockKey](ceiling, cp.maxKeys)
+	cp.stack = newProfileStack(ceiling, cp.maxKeys)
 	return cp
+}
+
+// newProfileStack is a stack of blocks that holds at most
+// ProfileMaxBlocks of them, sampled beyond.
+func newProfileStack(ceiling int64, maxKeys int) *idealcache.Stack[blockKey] {
+	s := idealcache.NewStack[blockKey](ceiling, maxKeys)
+	s.Sample(ProfileMaxBlocks, func(k blockKey) uint64 { return idealcache.SampleHash(k.ns, k.chain) })
+	return s
 }
 
 // weight is a trace block of tokens tokens' weight in tokens.
@@ -127,25 +151,35 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, keys []uint64, inputL
 		return prof
 	}
 	// counted is how many leading blocks were found at a distance the
-	// tracker knows; blocks beyond them are new to it (a block's key is
-	// its chain's: a block seen means its prefix was seen).
+	// tracker knows, or are out of its sample; blocks beyond them are new
+	// to it (a block's key is its chain's: a block seen means its prefix
+	// was seen, and was used after it, so at no greater distance).
 	counted := 0
 	cp.refs = cp.refs[:0]
 	if !warm {
 		var reach int64 // the running maximum of the distances
+		var hit int64   // the hit at reach
 		prof.Known = true
 		cp.steps = cp.steps[:0]
 		for i, chain := range keys {
-			ref, d := cp.stack.Lookup(blockKey{ns, chain})
+			key := blockKey{ns, chain}
+			if !cp.stack.Tracks(key) {
+				// Out of the sample: the blocks in it stand for it.
+				cp.refs = append(cp.refs, idealcache.StackRef{})
+				counted++
+				continue
+			}
+			ref, d := cp.stack.Lookup(key)
 			if d == idealcache.InfiniteDistance {
 				break
 			}
 			cp.refs = append(cp.refs, ref)
 			counted++
+			scale := cp.stack.Scale()
 			if d > cp.since {
 				// Last touched by a row assumed sent: using it now
 				// counts it as touched since.
-				cp.since += cp.weight(c, c.round.BlockTokens(i, len(keys), inputLength))
+				cp.since += scale * cp.weight(c, c.round.BlockTokens(i, len(keys), inputLength))
 				if want {
 					prof.Known = false
 				}
@@ -153,27 +187,34 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, keys []uint64, inputL
 			if !want {
 				continue
 			}
+			// The tokens this block adds to the hit, counted once for
+			// each block it stands for: exactly the hit of its first
+			// i+1 blocks while the stack is exact.
 			reach = max(reach, d)
-			hit := c.round.CachedTokens(i+1, inputLength)
+			hit += scale * int64(c.round.CachedTokens(i+1, inputLength)-c.round.CachedTokens(i, inputLength))
 			switch n := len(cp.steps); {
 			case n > 0 && cp.steps[n-1].Capacity == reach:
-				cp.steps[n-1].Tokens = hit
-			case n == 0 && hit > 0, n > 0 && hit > cp.steps[n-1].Tokens:
-				cp.steps = append(cp.steps, CapacityStep{Capacity: reach, Tokens: hit})
+				cp.steps[n-1].Tokens = int(hit)
+			case n == 0 && hit > 0, n > 0 && int(hit) > cp.steps[n-1].Tokens:
+				cp.steps = append(cp.steps, CapacityStep{Capacity: reach, Tokens: int(hit)})
 			}
 		}
 		prof.Steps = slices.Clone(cp.steps) // allocates nothing when empty
 	}
 	for i := len(keys) - 1; i >= 0; i-- {
+		key := blockKey{ns, keys[i]}
+		if !cp.stack.Tracks(key) {
+			continue
+		}
 		w := cp.weight(c, c.round.BlockTokens(i, len(keys), inputLength))
 		if i < counted {
-			cp.stack.UseRef(cp.refs[i], blockKey{ns, keys[i]}, w)
+			cp.stack.UseRef(cp.refs[i], key, w)
 			continue
 		}
 		if !warm {
-			cp.since += w
+			cp.since += cp.stack.Scale() * w
 		}
-		cp.stack.Use(blockKey{ns, keys[i]}, w)
+		cp.stack.Use(key, w)
 	}
 	cp.since = min(cp.since, cp.stack.Weight())
 	return prof

@@ -2,10 +2,12 @@ package replay
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/idealcache"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
@@ -258,4 +260,46 @@ func readSharedTrace(t testing.TB, name string, n int) []trace.Record {
 		t.Fatalf("the Mooncake traces are missing from testdata/mooncake: %v", err)
 	}
 	return recs[:min(n, len(recs)):min(n, len(recs))]
+}
+
+// TestCapacityProfileBoundedWhateverBlockSize: fed fresh prompts of 8k
+// tokens, the default ceiling's tokens and more, the profile's stack holds at
+// most ProfileMaxBlocks blocks, and its heap stays under their bound in
+// bytes, whatever the trace block size: the tokens a block holds do not
+// decide its memory.
+func TestCapacityProfileBoundedWhateverBlockSize(t *testing.T) {
+	const prompt = 8192
+	for _, traceBlock := range []int{1, 16, 512} {
+		t.Run(fmt.Sprintf("block %d", traceBlock), func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			c := newIdealCache(CacheParams{TraceBlock: traceBlock, ServerBlock: 16, Granularity: engine.GranularityBlock})
+			cp := newCapacityProfile(c)
+			perRow := (prompt + traceBlock - 1) / traceBlock
+			ids := make([]int64, perRow)
+			var keys []uint64
+			most := 0
+			for row := range DefaultModelCeilingTokens/prompt + 64 {
+				for i := range ids {
+					ids[i] = int64(row*perRow + i)
+				}
+				keys = idealcache.AppendChainKeys(keys[:0], ids)
+				cp.visit(c, 1, keys, prompt, true, false, true)
+				most = max(most, cp.stack.Len())
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			t.Logf("at most %d blocks held, scale %d, heap %.1f MB (%.0f bytes a block of the bound)",
+				most, cp.stack.Scale(), float64(heap)/1e6, float64(heap)/ProfileMaxBlocks)
+			if most > ProfileMaxBlocks {
+				t.Errorf("held %d blocks, over the bound of %d", most, ProfileMaxBlocks)
+			}
+			if heap > ProfileMaxBlocks*ProfileBlockBytes {
+				t.Errorf("heap %d bytes, over the bound's %d", heap, ProfileMaxBlocks*ProfileBlockBytes)
+			}
+			runtime.KeepAlive(cp)
+		})
+	}
 }
