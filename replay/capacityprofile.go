@@ -150,55 +150,53 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, keys []uint64, inputL
 	if !insert {
 		return prof
 	}
-	// counted is how many leading blocks were found at a distance the
-	// tracker knows, or are out of its sample; blocks beyond them are new
-	// to it (a block's key is its chain's: a block seen means its prefix
-	// was seen, and was used after it, so at no greater distance).
+	// counted is how many leading blocks were found, up to the last one
+	// the tracker knows (those out of its sample before it included);
+	// blocks beyond them are new to it, or out of its sample (a block's
+	// key is its chain's: a block seen means its prefix was seen).
 	counted := 0
 	cp.refs = cp.refs[:0]
 	if !warm {
 		var reach int64 // the running maximum of the distances
-		var hit int64   // the hit at reach
 		prof.Known = true
 		cp.steps = cp.steps[:0]
+		end := len(keys) // where the blocks found end, at the latest
 		for i, chain := range keys {
 			key := blockKey{ns, chain}
 			if !cp.stack.Tracks(key) {
-				// Out of the sample: the blocks in it stand for it.
+				// Out of the sample: held where the next block in it
+				// is (its prefix is used after it, so is never deeper).
 				cp.refs = append(cp.refs, idealcache.StackRef{})
-				counted++
 				continue
 			}
 			ref, d := cp.stack.Lookup(key)
 			if d == idealcache.InfiniteDistance {
+				end = i
 				break
 			}
 			cp.refs = append(cp.refs, ref)
-			counted++
-			scale := cp.stack.Scale()
+			counted = i + 1
 			if d > cp.since {
 				// Last touched by a row assumed sent: using it now
 				// counts it as touched since.
-				cp.since += scale * cp.weight(c, c.round.BlockTokens(i, len(keys), inputLength))
+				cp.since += cp.stack.Scale() * cp.weight(c, c.round.BlockTokens(i, len(keys), inputLength))
 				if want {
 					prof.Known = false
 				}
 			}
-			if !want {
-				continue
-			}
-			// The tokens this block adds to the hit, counted once for
-			// each block it stands for: exactly the hit of its first
-			// i+1 blocks while the stack is exact.
-			reach = max(reach, d)
-			hit += scale * int64(c.round.CachedTokens(i+1, inputLength)-c.round.CachedTokens(i, inputLength))
-			switch n := len(cp.steps); {
-			case n > 0 && cp.steps[n-1].Capacity == reach:
-				cp.steps[n-1].Tokens = int(hit)
-			case n == 0 && hit > 0, n > 0 && int(hit) > cp.steps[n-1].Tokens:
-				cp.steps = append(cp.steps, CapacityStep{Capacity: reach, Tokens: int(hit)})
+			if want {
+				reach = max(reach, d)
+				cp.step(reach, c.round.CachedTokens(i+1, inputLength))
 			}
 		}
+		// In a sample, where the hit ends after the last block found is
+		// not known: before the next block in the sample, never seen, or
+		// the row's end. Half of those blocks count, where the last one
+		// found is held.
+		if want && counted > 0 && counted < end && cp.stack.Scale() > 1 {
+			cp.step(reach, c.round.CachedTokens(counted+(end-counted)/2, inputLength))
+		}
+		cp.refs = cp.refs[:counted]
 		prof.Steps = slices.Clone(cp.steps) // allocates nothing when empty
 	}
 	for i := len(keys) - 1; i >= 0; i-- {
@@ -218,6 +216,16 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, keys []uint64, inputL
 	}
 	cp.since = min(cp.since, cp.stack.Weight())
 	return prof
+}
+
+// step records that the hit reaches hit tokens at a capacity of reach.
+func (cp *capacityProfile) step(reach int64, hit int) {
+	switch n := len(cp.steps); {
+	case n > 0 && cp.steps[n-1].Capacity == reach:
+		cp.steps[n-1].Tokens = max(cp.steps[n-1].Tokens, hit)
+	case n == 0 && hit > 0, n > 0 && hit > cp.steps[n-1].Tokens:
+		cp.steps = append(cp.steps, CapacityStep{Capacity: reach, Tokens: hit})
+	}
 }
 
 // unadmit takes out of the stack the blocks the ideal cache is about to
