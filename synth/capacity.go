@@ -121,7 +121,7 @@ type CapacityCurve struct {
 	// replay's model takes the new one when the block re-enters its cache,
 	// so the two can differ slightly where this is not 0.
 	WeightChanges int64
-	// SampleScale is 1 where the curve is exact; past MaxBlocks its stack
+	// SampleScale is 0 where the curve is exact; past MaxBlocks its stack
 	// kept one block in SampleScale, by a hash of the block, and each hit
 	// of a block kept counts SampleScale times: the hits are an estimate.
 	SampleScale int64
@@ -360,7 +360,9 @@ func (b *curveBuilder) add(need, delta int64) {
 func (b *curveBuilder) result() *CapacityCurve {
 	c := &CapacityCurve{}
 	*c = b.c // not a pointer into b, which holds the stack
-	c.SampleScale = b.stack.Scale()
+	if scale := b.stack.Scale(); scale > 1 {
+		c.SampleScale = scale
+	}
 	c.ReusingRows = b.weights.reusing
 	c.FootprintBlocks = max(b.distinctWeight, (int64(c.DistinctBlocks)+b.per-1)/b.per)
 	end := c.EndBlocks() // every need is at most this

@@ -571,7 +571,7 @@ func TestCapacityCurveSampled(t *testing.T) {
 		exact := curveOf(t, rows, o)
 		o.MaxBlocks = 200_000 // the trace has 182,790 blocks
 		c := curveOf(t, rows, o)
-		if exact.SampleScale != 1 || c.SampleScale != 1 || !reflect.DeepEqual(c.Points, exact.Points) || !reflect.DeepEqual(c.Targets, exact.Targets) {
+		if exact.SampleScale != 0 || c.SampleScale != 0 || !reflect.DeepEqual(c.Points, exact.Points) || !reflect.DeepEqual(c.Targets, exact.Targets) {
 			t.Errorf("scales %d and %d: a bound that holds every block changed the curve", exact.SampleScale, c.SampleScale)
 		}
 	})
@@ -579,7 +579,7 @@ func TestCapacityCurveSampled(t *testing.T) {
 	rows := splitTrace(t, "conversation_trace.jsonl", parts, 6000)
 	o := CurveOptions{TraceBlock: 512 / parts, ServerBlock: 16, MaxCapacity: DefaultMaxCapacity, MaxBlocks: 1 << 22}
 	exact := curveOf(t, rows, o)
-	if exact.SampleScale != 1 {
+	if exact.SampleScale != 0 {
 		t.Fatalf("the exact curve sampled (scale %d)", exact.SampleScale)
 	}
 	for _, maxBlocks := range []int{1 << 16, 1 << 15} {
