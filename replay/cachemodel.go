@@ -6,22 +6,17 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/idealcache"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // CacheParams describe the server cache an ideal model stands for.
-type CacheParams struct {
-	TraceBlock     int // tokens per trace hash block (512 for Mooncake)
-	ServerBlock    int // tokens per server KV block
-	CapacityBlocks int // server blocks the cache holds; 0 is unbounded
-	Granularity    engine.Granularity
-	// CeilingTokens bounds the capacities the model follows the hits of
-	// (CapacityProfile): DefaultModelCeilingTokens when 0, and at least
-	// twice the capacity.
-	CeilingTokens int64
-}
+type CacheParams = idealcache.Params
+
+// Params is the cache the model stands for, as it uses it (block sizes of
+// at least 1). They never change: a cache of another size is another
+// model (Workload.SetCache).
+func (m *CacheModel) Params() CacheParams { return m.cache.p }
 
 // CacheModel is the ideal prefix cache of one (workload, target): the
 // prompt tokens the server could have served from cache for each request,

@@ -35,15 +35,15 @@ func TestCapacityProfileSteps(t *testing.T) {
 		// Stack before row 2, most recent first: 2, 0, 1 (512 tokens
 		// each). Block 0 is 1,024 tokens deep, block 1 1,536; the whole
 		// prompt is floor(1023/16)·16.
-		{{1024, 512}, {1536, 1008}},
+		{{Capacity: 1024, Tokens: 512}, {Capacity: 1536, Tokens: 1008}},
 		// Stack: 0, 1, 2. Block 0 at 512; block 3 is new.
-		{{512, 512}},
+		{{Capacity: 512, Tokens: 512}},
 		// Stack: 0, 3, 4 (76 tokens: 64 in whole blocks), 0·1, 2.
 		// Block 1 as a first block is new.
 		nil,
 		// Stack: 1, 0, 3, 4, 0·1, 2. Block 0 at 1,024, block 1 behind
 		// it at 512+512+512+64+512.
-		{{1024, 512}, {2112, 1008}},
+		{{Capacity: 1024, Tokens: 512}, {Capacity: 2112, Tokens: 1008}},
 	}
 	for row, w := range want {
 		tokens, known, prof := m.AcceptProfile(PacerItem{Index: row})
@@ -217,8 +217,8 @@ func TestCapacityProfileReject(t *testing.T) {
 	}
 	// Row 2 after rows 0 and 1: blocks 0 and 1 at 1,024 and 1,536 tokens
 	// (block 5 in between); row 3 after row 2: block 0 at 512.
-	again := []CapacityStep{{1024, 512}, {1536, 1008}}
-	next := []CapacityStep{{512, 512}}
+	again := []CapacityStep{{Capacity: 1024, Tokens: 512}, {Capacity: 1536, Tokens: 1008}}
+	next := []CapacityStep{{Capacity: 512, Tokens: 512}}
 	tests := []struct {
 		name   string
 		reject int // after this many of steps
@@ -296,8 +296,8 @@ func TestCapacityProfileBoundedWhateverBlockSize(t *testing.T) {
 			if most > ProfileMaxBlocks {
 				t.Errorf("held %d blocks, over the bound of %d", most, ProfileMaxBlocks)
 			}
-			if heap > ProfileMaxBlocks*ProfileBlockBytes {
-				t.Errorf("heap %d bytes, over the bound's %d", heap, ProfileMaxBlocks*ProfileBlockBytes)
+			if heap > ProfileMaxBlocks*idealcache.ProfileBlockBytes {
+				t.Errorf("heap %d bytes, over the bound's %d", heap, ProfileMaxBlocks*idealcache.ProfileBlockBytes)
 			}
 			runtime.KeepAlive(cp)
 		})
