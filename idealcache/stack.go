@@ -72,7 +72,7 @@ type StackRef struct {
 	gen   uint32
 }
 
-// New returns a tracker that keeps keys while their total weight is at most
+// NewStack returns a stack that keeps keys while their total weight is at most
 // ceiling and their number at most maxKeys (0 for no bound on either).
 func NewStack[K comparable](ceiling int64, maxKeys int) *Stack[K] {
 	t := &Stack[K]{ceiling: max(ceiling, 0), maxKeys: max(maxKeys, 0), index: map[K]int32{}}

@@ -7,13 +7,14 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/idealcache"
 )
 
-// The profile's definitions are the ideal cache's (idealcache); the model
-// and its callers name them as before.
-type (
-	CapacityStep    = idealcache.CapacityStep
-	CapacityProfile = idealcache.CapacityProfile
-)
+// CapacityStep is idealcache.CapacityStep: the model and its callers name
+// the ideal cache's definitions as replay's.
+type CapacityStep = idealcache.CapacityStep
 
+// CapacityProfile is idealcache.CapacityProfile.
+type CapacityProfile = idealcache.CapacityProfile
+
+// The model's ceilings and the profile's bound, as idealcache defines them.
 const (
 	DefaultModelCeilingTokens = idealcache.DefaultCeilingTokens
 	MaxModelCeilingTokens     = idealcache.MaxCeilingTokens
