@@ -44,7 +44,8 @@ type MemoryCosts struct {
 	// (index entry, LRU element, block record).
 	ModelBlock int64
 	// ProfileBlock is a trace block followed by the effective-capacity
-	// profile (its stack-distance tracker), up to the model's ceiling.
+	// profile (its stack-distance tracker), up to the model's ceiling and
+	// at most replay.ProfileMaxBlocks.
 	ProfileBlock int64
 	// InFlight is a request in flight: its goroutine, connection and
 	// buffers; InFlightToken each token of its prompt (text, body).
@@ -390,7 +391,7 @@ func unitFootprint(costs MemoryCosts, w *Workload, t *Target, ids, promptTokens 
 		ceiling = replay.DefaultModelCeilingTokens
 	}
 	ceiling = min(max(ceiling, 2*capacity*serverBlock), replay.MaxModelCeilingTokens)
-	profileBlocks := ceiling / traceBlock
+	profileBlocks := min(ceiling/traceBlock, replay.ProfileMaxBlocks)
 	inFlight := int64(w.MaxInFlight)
 	perRequest := costs.InFlight + promptTokens*costs.InFlightToken
 	var encoding int64

@@ -66,7 +66,9 @@ func TestFootprint(t *testing.T) {
 				{Path: "workloads[0].generate", Bytes: 10*10 + 130 + 130*16*2},
 				// 1000 blocks of 64 tokens are 4000 trace blocks of 16;
 				// a prompt of 13 blocks, tokenized by the emulated engine.
-				{Path: "workloads[0].targets[0]", Bytes: 4000*100 + (replay.DefaultModelCeilingTokens/16)*1000 + 2*(10000+208*(3+1)) + 1*208*5},
+				// The profile's 2M blocks of 16 tokens are sampled down
+				// to its bound.
+				{Path: "workloads[0].targets[0]", Bytes: 4000*100 + replay.ProfileMaxBlocks*1000 + 2*(10000+208*(3+1)) + 1*208*5},
 				// The span: 2 prefixes of 10 blocks, then the 130 ids.
 				{Path: "workloads[0].generate", Bytes: (2*10 + 130) << 11},
 				{Path: "targets[0].emulate", Bytes: 1000 * (7 + 64*3)},

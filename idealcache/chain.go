@@ -112,3 +112,11 @@ func (c *ChainReuse) Row(ids []int64, line int) bool {
 	}
 	return reuses
 }
+
+// SampleHash is the hash a sampled Stack (Stack.Sample) picks a block by:
+// its chain key in its namespace, every bit mixed into the high ones. It
+// is a function of the block alone, so every row that uses a block finds
+// it in the sample or out of it alike.
+func SampleHash(ns, chain uint64) uint64 {
+	return fmix64(chain ^ fmix64(ns))
+}

@@ -6,22 +6,17 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/idealcache"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // CacheParams describe the server cache an ideal model stands for.
-type CacheParams struct {
-	TraceBlock     int // tokens per trace hash block (512 for Mooncake)
-	ServerBlock    int // tokens per server KV block
-	CapacityBlocks int // server blocks the cache holds; 0 is unbounded
-	Granularity    engine.Granularity
-	// CeilingTokens bounds the capacities the model follows the hits of
-	// (CapacityProfile): DefaultModelCeilingTokens when 0, and at least
-	// twice the capacity.
-	CeilingTokens int64
-}
+type CacheParams = idealcache.Params
+
+// Params is the cache the model stands for, as it uses it (block sizes of
+// at least 1). They never change: a cache of another size is another
+// model (Workload.SetCache).
+func (m *CacheModel) Params() CacheParams { return m.cache.p }
 
 // CacheModel is the ideal prefix cache of one (workload, target): the
 // prompt tokens the server could have served from cache for each request,
@@ -130,8 +125,13 @@ func (m *CacheModel) shortenWarmUp() {
 	if !m.cur.before(m.start) || (unbounded && floor == m.cur) {
 		return
 	}
+	// The cache's blocks are counted exactly while it needs them: at most
+	// its bound in blocks. The profile's distinct blocks, up to a ceiling
+	// of millions of small blocks, are counted as its stack would sample
+	// them, within the same bound.
 	seen := map[blockKey]bool{}
-	used, weight := 0, int64(0)
+	used, cacheDone := 0, false
+	distinct := newProfileStack(0, 0)
 	for at := m.start; m.cur.before(at); {
 		at.pos--
 		if at.pos < 0 {
@@ -143,19 +143,21 @@ func (m *CacheModel) shortenWarmUp() {
 		ns := m.sched.ns(at.pass)
 		for i, chain := range m.keys { // the first block of a row is its most recent
 			k := blockKey{ns, chain}
-			if seen[k] {
-				continue
-			}
-			seen[k] = true
 			tokens := c.round.BlockTokens(i, len(m.ids), m.rows.ISL(row))
-			used += c.round.BlockWeight(tokens)
-			weight += m.profile.weight(c, tokens)
+			if distinct.Distance(k) == idealcache.InfiniteDistance {
+				distinct.Use(k, m.profile.weight(c, tokens))
+			}
+			if !unbounded && !cacheDone && !seen[k] {
+				seen[k] = true
+				used += c.round.BlockWeight(tokens)
+			}
 		}
-		cacheDone := !floor.before(at)
-		if !unbounded {
+		if unbounded {
+			cacheDone = !floor.before(at)
+		} else if !cacheDone {
 			cacheDone = used > c.p.CapacityBlocks || len(seen) > c.round.MaxEntries(c.p.CapacityBlocks)
 		}
-		profileDone := weight > m.profile.ceiling || len(seen) > m.profile.maxKeys
+		profileDone := distinct.Weight() > m.profile.ceiling || int64(distinct.Len())*distinct.Scale() > int64(m.profile.maxKeys)
 		switch {
 		case cacheDone && profileDone:
 			m.cur = at

@@ -4,48 +4,22 @@ import (
 	"slices"
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
-	"github.com/kvload-exporter/kvload-exporter/internal/stackdist"
+	"github.com/kvload-exporter/kvload-exporter/idealcache"
 )
 
-// DefaultModelCeilingTokens is the largest LRU capacity, in tokens, whose
-// hits the model follows when the configuration does not say: 32 Mi tokens,
-// more KV than one engine holds today (an 80 GB GPU holds about 1M tokens
-// of an 8B model's KV). A known capacity raises it to at least twice that.
-const DefaultModelCeilingTokens = 32 << 20
+// CapacityStep is idealcache.CapacityStep: the model and its callers name
+// the ideal cache's definitions as replay's.
+type CapacityStep = idealcache.CapacityStep
 
-// MaxModelCeilingTokens bounds the ceiling a configuration may set.
-const MaxModelCeilingTokens = 1 << 40
+// CapacityProfile is idealcache.CapacityProfile.
+type CapacityProfile = idealcache.CapacityProfile
 
-// CapacityStep is one step of a request's theoretical hit as a function of
-// the LRU cache's capacity: from Capacity tokens of KV on, an ideal cache
-// of that size serves Tokens of the prompt.
-type CapacityStep struct {
-	Capacity int64
-	Tokens   int
-}
-
-// CapacityProfile is a request's theoretical cached tokens at every LRU
-// capacity up to the model's ceiling: Steps ordered by capacity, both
-// fields increasing; below the first step the hit is 0, and beyond the
-// ceiling no step is given. Known is false when a step rests on a block
-// that only rows assumed sent (the warm-up) touched, as
-// Result.TheoreticalKnown is for the configured capacity.
-type CapacityProfile struct {
-	Steps []CapacityStep
-	Known bool
-}
-
-// At is the theoretical hit at a capacity of capacity tokens.
-func (p CapacityProfile) At(capacity int64) int {
-	hit := 0
-	for _, s := range p.Steps {
-		if s.Capacity > capacity {
-			break
-		}
-		hit = s.Tokens
-	}
-	return hit
-}
+// The model's ceilings and the profile's bound, as idealcache defines them.
+const (
+	DefaultModelCeilingTokens = idealcache.DefaultCeilingTokens
+	MaxModelCeilingTokens     = idealcache.MaxCeilingTokens
+	ProfileMaxBlocks          = idealcache.ProfileMaxBlocks
+)
 
 // AcceptProfile is Accept, with the request's theoretical hit at every
 // capacity up to the model's ceiling.
@@ -67,7 +41,7 @@ func (m *CacheModel) AcceptObservedProfile(it PacerItem, cached int) (tokens int
 // block weighs the server blocks it fills (idealcache.Rounding.BlockWeight)
 // times their size.
 type capacityProfile struct {
-	stack   *stackdist.Tracker[blockKey]
+	stack   *idealcache.Stack[blockKey]
 	ceiling int64
 	maxKeys int
 	// entryWeight, when set, is the weight of every block that holds a
@@ -82,8 +56,8 @@ type capacityProfile struct {
 	// (unadmit) stay counted, so it can only be too high, and it is never
 	// taken above the weight tracked.
 	since int64
-	refs  []stackdist.Ref // scratch: where a row's leading blocks were found
-	steps []CapacityStep  // scratch: a row's profile, copied out at its size
+	refs  []idealcache.StackRef // scratch: where a row's leading blocks were found
+	steps []CapacityStep        // scratch: a row's profile, copied out at its size
 }
 
 func newCapacityProfile(c *idealCache) *capacityProfile {
@@ -104,8 +78,16 @@ func newCapacityProfile(c *idealCache) *capacityProfile {
 	// of a trace block, on traces of very short prompts.
 	full := max(cp.weight(c, p.TraceBlock), 1)
 	cp.maxKeys = int(min(4*ceiling/full, 1<<31))
-	cp.stack = stackdist.New[blockKey](ceiling, cp.maxKeys)
+	cp.stack = newProfileStack(ceiling, cp.maxKeys)
 	return cp
+}
+
+// newProfileStack is a stack of blocks that holds at most
+// ProfileMaxBlocks of them, sampled beyond.
+func newProfileStack(ceiling int64, maxKeys int) *idealcache.Stack[blockKey] {
+	s := idealcache.NewStack[blockKey](ceiling, maxKeys)
+	s.Sample(ProfileMaxBlocks, func(k blockKey) uint64 { return idealcache.SampleHash(k.ns, k.chain) })
+	return s
 }
 
 // weight is a trace block of tokens tokens' weight in tokens.
@@ -126,57 +108,82 @@ func (cp *capacityProfile) visit(c *idealCache, ns uint64, keys []uint64, inputL
 	if !insert {
 		return prof
 	}
-	// counted is how many leading blocks were found at a distance the
-	// tracker knows; blocks beyond them are new to it (a block's key is
-	// its chain's: a block seen means its prefix was seen).
+	// counted is how many leading blocks were found, up to the last one
+	// the tracker knows (those out of its sample before it included);
+	// blocks beyond them are new to it, or out of its sample (a block's
+	// key is its chain's: a block seen means its prefix was seen).
 	counted := 0
 	cp.refs = cp.refs[:0]
 	if !warm {
 		var reach int64 // the running maximum of the distances
 		prof.Known = true
 		cp.steps = cp.steps[:0]
+		end := len(keys) // where the blocks found end, at the latest
 		for i, chain := range keys {
-			ref, d := cp.stack.Lookup(blockKey{ns, chain})
-			if d == stackdist.Infinite {
+			key := blockKey{ns, chain}
+			if !cp.stack.Tracks(key) {
+				// Out of the sample: held where the next block in it
+				// is (its prefix is used after it, so is never deeper).
+				cp.refs = append(cp.refs, idealcache.StackRef{})
+				continue
+			}
+			ref, d := cp.stack.Lookup(key)
+			if d == idealcache.InfiniteDistance {
+				end = i
 				break
 			}
 			cp.refs = append(cp.refs, ref)
-			counted++
+			counted = i + 1
 			if d > cp.since {
 				// Last touched by a row assumed sent: using it now
 				// counts it as touched since.
-				cp.since += cp.weight(c, c.round.BlockTokens(i, len(keys), inputLength))
+				cp.since += cp.stack.Scale() * cp.weight(c, c.round.BlockTokens(i, len(keys), inputLength))
 				if want {
 					prof.Known = false
 				}
 			}
-			if !want {
-				continue
-			}
-			reach = max(reach, d)
-			hit := c.round.CachedTokens(i+1, inputLength)
-			switch n := len(cp.steps); {
-			case n > 0 && cp.steps[n-1].Capacity == reach:
-				cp.steps[n-1].Tokens = hit
-			case n == 0 && hit > 0, n > 0 && hit > cp.steps[n-1].Tokens:
-				cp.steps = append(cp.steps, CapacityStep{Capacity: reach, Tokens: hit})
+			if want {
+				reach = max(reach, d)
+				cp.step(reach, c.round.CachedTokens(i+1, inputLength))
 			}
 		}
+		// In a sample, where the hit ends after the last block found is
+		// not known: before the next block in the sample, never seen, or
+		// the row's end. Half of those blocks count, where the last one
+		// found is held.
+		if want && counted > 0 && counted < end && cp.stack.Scale() > 1 {
+			cp.step(reach, c.round.CachedTokens(counted+(end-counted)/2, inputLength))
+		}
+		cp.refs = cp.refs[:counted]
 		prof.Steps = slices.Clone(cp.steps) // allocates nothing when empty
 	}
 	for i := len(keys) - 1; i >= 0; i-- {
+		key := blockKey{ns, keys[i]}
+		if !cp.stack.Tracks(key) {
+			continue
+		}
 		w := cp.weight(c, c.round.BlockTokens(i, len(keys), inputLength))
 		if i < counted {
-			cp.stack.UseRef(cp.refs[i], blockKey{ns, keys[i]}, w)
+			cp.stack.UseRef(cp.refs[i], key, w)
 			continue
 		}
 		if !warm {
-			cp.since += w
+			cp.since += cp.stack.Scale() * w
 		}
-		cp.stack.Use(blockKey{ns, keys[i]}, w)
+		cp.stack.Use(key, w)
 	}
 	cp.since = min(cp.since, cp.stack.Weight())
 	return prof
+}
+
+// step records that the hit reaches hit tokens at a capacity of reach.
+func (cp *capacityProfile) step(reach int64, hit int) {
+	switch n := len(cp.steps); {
+	case n > 0 && cp.steps[n-1].Capacity == reach:
+		cp.steps[n-1].Tokens = max(cp.steps[n-1].Tokens, hit)
+	case n == 0 && hit > 0, n > 0 && hit > cp.steps[n-1].Tokens:
+		cp.steps = append(cp.steps, CapacityStep{Capacity: reach, Tokens: hit})
+	}
 }
 
 // unadmit takes out of the stack the blocks the ideal cache is about to

@@ -10,7 +10,6 @@ import (
 
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/idealcache"
-	"github.com/kvload-exporter/kvload-exporter/internal/stackdist"
 	"github.com/kvload-exporter/kvload-exporter/trace"
 )
 
@@ -26,10 +25,21 @@ type CurveOptions struct {
 	// Capacities are evaluated exactly besides the grid, in tokens; each
 	// is rounded down to whole server blocks.
 	Capacities []int64
+	// MaxBlocks bounds the blocks the LRU stack holds, whatever their
+	// size (DefaultCurveMaxBlocks when 0): beyond it the stack keeps a
+	// spatially hashed sample of them (idealcache.Stack.Sample) and the
+	// curve is an estimate (CapacityCurve.SampleScale).
+	MaxBlocks int
 	// Progress, when set, is called every few thousand rows with the rows
 	// done so far.
 	Progress func(rows int)
 }
+
+// DefaultCurveMaxBlocks is the default bound of the blocks a curve's stack
+// holds: 2²⁰, some 100 MB, more than the DefaultMaxCapacity holds in
+// blocks of 512 tokens, so that a curve of a trace of Mooncake's block
+// size is exact.
+const DefaultCurveMaxBlocks = 1 << 20
 
 // Bounds of the options: stack distances pack a block's weight and a count
 // of one into one int64 (see packWeight), which these keep from
@@ -111,6 +121,10 @@ type CapacityCurve struct {
 	// replay's model takes the new one when the block re-enters its cache,
 	// so the two can differ slightly where this is not 0.
 	WeightChanges int64
+	// SampleScale is 0 where the curve is exact; past MaxBlocks its stack
+	// kept one block in SampleScale, by a hash of the block, and each hit
+	// of a block kept counts SampleScale times: the hits are an estimate.
+	SampleScale int64
 
 	Points  []CurvePoint  // by capacity: the grid, the footprint and the capacities asked for
 	Targets []CurveTarget // the capacities that reach 50, 90 and 99 % of the limit
@@ -178,7 +192,7 @@ type curveBuilder struct {
 	o       CurveOptions
 	round   idealcache.Rounding
 	rows    *trace.Table
-	stack   *stackdist.Tracker[int64]
+	stack   *idealcache.Stack[int64]
 	weights *blockWeights
 	per     int64 // trace blocks per server block of capacity (round.EntriesPerServerBlock)
 	full    int64 // weight of a full trace block
@@ -192,7 +206,6 @@ type curveBuilder struct {
 
 	ids            []int64
 	keys           []int64 // the row's blocks as the cache keys them (blockWeights.keys)
-	need           []int64 // per leading block: the capacity it needs
 	c              CapacityCurve
 	distinctWeight int64
 }
@@ -207,12 +220,17 @@ func newCurveBuilder(rows *trace.Table, o CurveOptions) *curveBuilder {
 		rows:  rows,
 		// The packed ceiling forgets a block once the weight above it
 		// exceeds maxBlocks, whatever the count in the low bits.
-		stack:   stackdist.New[int64](maxBlocks<<countBits|countMask, int(maxBlocks*per)),
+		stack:   idealcache.NewStack[int64](maxBlocks<<countBits|countMask, int(maxBlocks*per)),
 		weights: newBlockWeights(rows),
 		per:     per,
 		full:    int64(round.BlockWeight(o.TraceBlock)),
 		fine:    newFineHistogram(maxBlocks),
 	}
+	sampled := o.MaxBlocks
+	if sampled <= 0 {
+		sampled = DefaultCurveMaxBlocks
+	}
+	b.stack.Sample(sampled, func(k int64) uint64 { return idealcache.SampleHash(0, uint64(k)) })
 	b.checkpoints = gridBlocks(o, maxBlocks)
 	for _, c := range o.Capacities {
 		b.checkpoints = append(b.checkpoints, c/int64(o.ServerBlock))
@@ -270,22 +288,33 @@ func (b *curveBuilder) visit(r int) {
 	}
 	b.keys = b.weights.keys(b.keys[:0], b.ids)
 	// A prefix of k blocks is held at a capacity when each of them is:
-	// the need of the k-th is the running maximum of their needs.
-	b.need = b.need[:0]
-	running := int64(0)
-	for _, key := range b.keys {
+	// the need of the k-th is the running maximum of their needs. In a
+	// sample, a block out of it is held where the next block in it is (a
+	// block's prefix is used after it, so never needs more). Of the blocks
+	// after the last one found, where the hit ends is not known: it ends
+	// before the next block in the sample (never seen), or the row's end,
+	// and half of them count, where the last one found is held.
+	running, prev, found := int64(0), int64(0), 0
+	end := len(b.keys)
+	for k, key := range b.keys {
+		if !b.stack.Tracks(key) {
+			continue
+		}
 		d := b.stack.Distance(key)
-		if d == stackdist.Infinite {
+		if d == idealcache.InfiniteDistance {
+			end = k
 			break
 		}
 		running = max(running, b.needs(d))
-		b.need = append(b.need, running)
-	}
-	prev := int64(0)
-	for k, need := range b.need {
 		if q := int64(b.round.CachedTokens(k+1, isl)); q > prev {
-			b.add(need, q-prev)
+			b.add(running, q-prev)
 			prev = q
+		}
+		found = k + 1
+	}
+	if found > 0 && found < end && b.stack.Scale() > 1 {
+		if q := int64(b.round.CachedTokens(found+(end-found)/2, isl)); q > prev {
+			b.add(running, q-prev)
 		}
 	}
 	seen := 0
@@ -331,6 +360,9 @@ func (b *curveBuilder) add(need, delta int64) {
 func (b *curveBuilder) result() *CapacityCurve {
 	c := &CapacityCurve{}
 	*c = b.c // not a pointer into b, which holds the stack
+	if scale := b.stack.Scale(); scale > 1 {
+		c.SampleScale = scale
+	}
 	c.ReusingRows = b.weights.reusing
 	c.FootprintBlocks = max(b.distinctWeight, (int64(c.DistinctBlocks)+b.per-1)/b.per)
 	end := c.EndBlocks() // every need is at most this

@@ -24,6 +24,9 @@ func (c *CapacityCurve) WriteTable(w io.Writer) error {
 	if c.WeightChanges > 0 {
 		fmt.Fprintf(&buf, "Weight changes:           %s (blocks used with another weight than at first: approximate)\n", groupThousands64(c.WeightChanges))
 	}
+	if c.SampleScale > 1 {
+		fmt.Fprintf(&buf, "Sampled:                  1 block in %d, by a hash of the block (more blocks than the stack holds): the hits are an estimate\n", c.SampleScale)
+	}
 	if c.ReusingRows > 0 {
 		fmt.Fprintf(&buf, "Rows reusing ids:         %s (a hash id after another chain of blocks than where it first came: another block to an engine, whose prefix cache keys a block by its whole prefix, as this curve does)\n", groupThousands(c.ReusingRows))
 	}
@@ -108,6 +111,7 @@ type curveJSON struct {
 	InfiniteHitRate     float64         `json:"infinite_hit_rate"`
 	WeightChanges       int64           `json:"weight_changes"`
 	RowsReusingIDs      int             `json:"rows_reusing_ids"`
+	SampleScale         int64           `json:"sample_scale,omitempty"`
 	Targets             []curveTargetJS `json:"targets"`
 	Points              []curvePointJS  `json:"points"`
 }
@@ -142,6 +146,9 @@ func (c *CapacityCurve) AppendJSON(b []byte) []byte {
 		InfiniteHitTokens: c.InfiniteHitTokens, InfiniteHitRate: c.HitRate(c.InfiniteHitTokens),
 		WeightChanges: c.WeightChanges, RowsReusingIDs: c.ReusingRows,
 		Targets: []curveTargetJS{}, Points: []curvePointJS{},
+	}
+	if c.SampleScale > 1 {
+		v.SampleScale = c.SampleScale
 	}
 	for _, t := range c.Targets {
 		js := curveTargetJS{Percent: t.Percent}

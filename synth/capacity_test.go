@@ -1,10 +1,13 @@
 package synth
 
 import (
+	"bytes"
 	"cmp"
 	"container/list"
 	"context"
+	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -511,5 +514,98 @@ func TestCapacityCurveBadOrder(t *testing.T) {
 		if _, err := CapacityCurveOf(context.Background(), rows, tt.order, "x", o); err == nil || err.Error() != tt.want {
 			t.Errorf("order %v: err %v, want %q", tt.order, err, tt.want)
 		}
+	}
+}
+
+// splitTrace reads the first n rows of a shared trace with each 512-token
+// block split into parts blocks of its own, prefix-consistent as the trace
+// is: the trace as an engine of smaller blocks would key it.
+func splitTrace(t testing.TB, name string, parts, n int) *trace.Table {
+	t.Helper()
+	data, err := os.ReadFile(sharedTraces + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := 512 / parts
+	var out bytes.Buffer
+	for line := range bytes.Lines(data) {
+		if n--; n < 0 {
+			break
+		}
+		var row map[string]any
+		if err := json.Unmarshal(line, &row); err != nil {
+			t.Fatal(err)
+		}
+		isl := int(row["input_length"].(float64))
+		var ids []int64
+		for _, id := range row["hash_ids"].([]any) {
+			for j := range parts {
+				ids = append(ids, int64(id.(float64))*int64(parts)+int64(j))
+			}
+		}
+		row["hash_ids"] = ids[:min(len(ids), (isl+block-1)/block)]
+		js, err := json.Marshal(row)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out.Write(append(js, '\n'))
+	}
+	rows, err := trace.ReadTable(&out, name, trace.ReadOptions{BlockSize: block}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+// TestCapacityCurveSampled: on the shared conversation trace, a curve whose
+// stack holds all its blocks is the exact one. On the same trace in blocks
+// of 64 tokens (its first 6,000 rows), curves whose stack
+// holds 8 to 16 times fewer blocks, and so samples them, are within 0.01
+// of the exact hit rate at every capacity of at least twice SampleScale
+// trace blocks: a sampled block stands for SampleScale blocks, and no
+// capacity near what one stands for can be told apart.
+func TestCapacityCurveSampled(t *testing.T) {
+	t.Run("a bound that holds the trace", func(t *testing.T) {
+		rows := readTable(t, sharedTraces+"conversation_trace.jsonl")
+		o := CurveOptions{TraceBlock: 512, ServerBlock: 16, MaxCapacity: DefaultMaxCapacity}
+		exact := curveOf(t, rows, o)
+		o.MaxBlocks = 200_000 // the trace has 182,790 blocks
+		c := curveOf(t, rows, o)
+		if exact.SampleScale != 0 || c.SampleScale != 0 || !reflect.DeepEqual(c.Points, exact.Points) || !reflect.DeepEqual(c.Targets, exact.Targets) {
+			t.Errorf("scales %d and %d: a bound that holds every block changed the curve", exact.SampleScale, c.SampleScale)
+		}
+	})
+	const parts = 8
+	rows := splitTrace(t, "conversation_trace.jsonl", parts, 6000)
+	o := CurveOptions{TraceBlock: 512 / parts, ServerBlock: 16, MaxCapacity: DefaultMaxCapacity, MaxBlocks: 1 << 22}
+	exact := curveOf(t, rows, o)
+	if exact.SampleScale != 0 {
+		t.Fatalf("the exact curve sampled (scale %d)", exact.SampleScale)
+	}
+	for _, maxBlocks := range []int{1 << 16, 1 << 15} {
+		t.Run(fmt.Sprint(maxBlocks), func(t *testing.T) {
+			o.MaxBlocks = maxBlocks
+			c := curveOf(t, rows, o)
+			if c.SampleScale < 8 {
+				t.Fatalf("scale %d: the case samples too little to test anything", c.SampleScale)
+			}
+			if len(c.Points) != len(exact.Points) {
+				t.Fatalf("%d points, the exact curve %d", len(c.Points), len(exact.Points))
+			}
+			from := 2 * c.SampleScale * int64(o.TraceBlock/o.ServerBlock)
+			worst := 0.0
+			for i, p := range c.Points {
+				e := exact.Points[i]
+				if p.CapacityBlocks < from {
+					continue
+				}
+				diff := math.Abs(c.HitRate(p.HitTokens) - exact.HitRate(e.HitTokens))
+				worst = max(worst, diff)
+				if diff > 0.01 {
+					t.Errorf("capacity %d blocks: hit rate %.4f, exact %.4f", p.CapacityBlocks, c.HitRate(p.HitTokens), exact.HitRate(e.HitTokens))
+				}
+			}
+			t.Logf("scale %d: from %d blocks on, the hit rate is at most %.4f from the exact one", c.SampleScale, from, worst)
+		})
 	}
 }

@@ -1,6 +1,7 @@
-package stackdist
+package idealcache
 
 import (
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"testing"
@@ -21,7 +22,7 @@ func (b *bruteStack) distance(key int) int64 {
 			return d
 		}
 	}
-	return Infinite
+	return InfiniteDistance
 }
 
 func (b *bruteStack) use(key int, w int64) {
@@ -86,7 +87,7 @@ func TestDistanceMatchesDefinition(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, uint64(tt.keys)))
-			tr := New[int](tt.ceiling, tt.maxKeys)
+			tr := NewStack[int](tt.ceiling, tt.maxKeys)
 			b := &bruteStack{weight: map[int]int64{}}
 			for i := range tt.accesses {
 				// Skewed keys, so that distances are short and long.
@@ -98,10 +99,10 @@ func TestDistanceMatchesDefinition(t *testing.T) {
 				}
 				want := b.distance(key)
 				if tt.ceiling > 0 && want > tt.ceiling {
-					want = Infinite
+					want = InfiniteDistance
 				}
 				if tt.maxKeys > 0 && b.rank(key) > tt.maxKeys {
-					want = Infinite
+					want = InfiniteDistance
 				}
 				if got := tr.Distance(key); got != want {
 					t.Fatalf("access %d of key %d: distance %d, want %d", i, key, got, want)
@@ -133,7 +134,7 @@ func TestInclusion(t *testing.T) {
 	for i, c := range capacities {
 		caches[i] = &bruteLRU{capacity: c, bruteStack: bruteStack{weight: map[int]int64{}}}
 	}
-	tr := New[int](0, 0)
+	tr := NewStack[int](0, 0)
 	r := rand.New(rand.NewPCG(7, 7))
 	for i := range 20000 {
 		key := int(r.ExpFloat64() * 80)
@@ -150,7 +151,7 @@ func TestInclusion(t *testing.T) {
 }
 
 func TestRemove(t *testing.T) {
-	tr := New[string](0, 0)
+	tr := NewStack[string](0, 0)
 	tr.Use("a", 3)
 	tr.Use("b", 2)
 	tr.Use("c", 1)
@@ -161,7 +162,7 @@ func TestRemove(t *testing.T) {
 	if d := tr.Distance("a"); d != 4 {
 		t.Errorf("distance of a after removing b: %d, want 4", d)
 	}
-	if d := tr.Distance("b"); d != Infinite {
+	if d := tr.Distance("b"); d != InfiniteDistance {
 		t.Errorf("removed b has distance %d", d)
 	}
 	if tr.Len() != 2 || tr.Weight() != 4 {
@@ -184,12 +185,12 @@ func TestUseRef(t *testing.T) {
 		{name: "key bound", maxKeys: 20},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			plain, byRef := New[int](tt.ceiling, tt.maxKeys), New[int](tt.ceiling, tt.maxKeys)
+			plain, byRef := NewStack[int](tt.ceiling, tt.maxKeys), NewStack[int](tt.ceiling, tt.maxKeys)
 			r := rand.New(rand.NewPCG(3, 4))
 			stale := 0
 			for range 5000 {
 				batch := make([]int, 1+r.IntN(12))
-				refs := make([]Ref, len(batch))
+				refs := make([]StackRef, len(batch))
 				for i := range batch {
 					batch[i] = int(r.ExpFloat64() * 40)
 					var d int64
@@ -217,9 +218,9 @@ func TestUseRef(t *testing.T) {
 	}
 }
 
-// blockKey is the key the cache model tracks: a prompt namespace and a
+// stackKey is the key the cache model tracks: a prompt namespace and a
 // trace hash id.
-type blockKey struct {
+type stackKey struct {
 	ns uint64
 	id int64
 }
@@ -227,11 +228,11 @@ type blockKey struct {
 // BenchmarkUse is one access: the distance, then the use, over a working
 // set of a million blocks with skewed reuse.
 func BenchmarkUse(b *testing.B) {
-	tr := New[blockKey](0, 0)
+	tr := NewStack[stackKey](0, 0)
 	r := rand.New(rand.NewPCG(1, 2))
-	keys := make([]blockKey, 1<<16)
+	keys := make([]stackKey, 1<<16)
 	for i := range keys {
-		keys[i] = blockKey{ns: 1, id: int64(r.ExpFloat64() * 250_000)}
+		keys[i] = stackKey{ns: 1, id: int64(r.ExpFloat64() * 250_000)}
 	}
 	b.ResetTimer()
 	for i := range b.N {
@@ -250,13 +251,100 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		tr := New[blockKey](0, 0)
+		tr := NewStack[stackKey](0, 0)
 		for i := range n {
-			tr.Use(blockKey{ns: 1, id: int64(i)}, 32)
+			tr.Use(stackKey{ns: 1, id: int64(i)}, 32)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/key")
 		runtime.KeepAlive(tr)
+	}
+}
+
+// mixKey is a sample's hash of an int key.
+func mixKey(k int) uint64 { return fmix64(uint64(k)) }
+
+// TestStackSampleBound: a sampled stack never holds more keys than its
+// bound, however many distinct keys it is fed, and its weight estimates
+// the exact one.
+func TestStackSampleBound(t *testing.T) {
+	tests := []struct {
+		name       string
+		keys       int
+		maxSampled int
+		ceiling    int64
+	}{
+		{"fits: exact", 900, 1000, 0},
+		{"ten times the bound", 10_000, 1000, 0},
+		{"a thousand times the bound", 1_000_000, 1000, 0},
+		{"a ceiling in weight", 1_000_000, 1000, 200_000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := NewStack[int](tt.ceiling, 0)
+			tr.Sample(tt.maxSampled, mixKey)
+			most := 0
+			for k := range tt.keys {
+				tr.Use(k, 1)
+				most = max(most, tr.Len())
+			}
+			if most > tt.maxSampled {
+				t.Errorf("held %d keys, over the bound of %d", most, tt.maxSampled)
+			}
+			want := int64(tt.keys)
+			if tt.ceiling > 0 {
+				want = tt.ceiling
+			}
+			if tt.keys <= tt.maxSampled && (tr.Scale() != 1 || tr.Weight() != want) {
+				t.Errorf("under the bound: scale %d, weight %d; want exact, %d", tr.Scale(), tr.Weight(), want)
+			}
+			if got := float64(tr.Weight()); math.Abs(got-float64(want)) > 0.15*float64(want) {
+				t.Errorf("weight %d (scale %d), want %d within 15 %%", tr.Weight(), tr.Scale(), want)
+			}
+		})
+	}
+}
+
+// TestStackSampleHits: the hits of LRU caches of several capacities, as
+// sampled distances estimate them (each tracked access counting Scale
+// times), are within 2 % of all accesses of the exact hits.
+func TestStackSampleHits(t *testing.T) {
+	capacities := []int64{1_000, 10_000, 50_000}
+	r := rand.New(rand.NewPCG(3, 4))
+	exact, sampled := NewStack[int](0, 0), NewStack[int](0, 0)
+	sampled.Sample(8_000, mixKey)
+	exactHits, sampledHits := make([]int64, len(capacities)), make([]int64, len(capacities))
+	const accesses = 400_000
+	for range accesses {
+		key := int(r.ExpFloat64() * 20_000)
+		de := exact.Distance(key)
+		exact.Use(key, 1)
+		for i, c := range capacities {
+			if de <= c {
+				exactHits[i]++
+			}
+		}
+		if !sampled.Tracks(key) {
+			continue
+		}
+		scale := sampled.Scale()
+		ds := sampled.Distance(key)
+		sampled.Use(key, 1)
+		for i, c := range capacities {
+			if ds <= c {
+				sampledHits[i] += scale
+			}
+		}
+	}
+	if sampled.Scale() == 1 || sampled.Len() > 8_000 {
+		t.Fatalf("scale %d, %d keys: the sample never left the exact path, or outgrew its bound", sampled.Scale(), sampled.Len())
+	}
+	for i, c := range capacities {
+		diff := math.Abs(float64(sampledHits[i]-exactHits[i])) / accesses
+		t.Logf("capacity %d: %d hits exact, %d sampled (scale %d): %.4f of the accesses apart", c, exactHits[i], sampledHits[i], sampled.Scale(), diff)
+		if diff > 0.02 {
+			t.Errorf("capacity %d: %d hits sampled, %d exact: %.4f of the accesses apart, want at most 0.02", c, sampledHits[i], exactHits[i], diff)
+		}
 	}
 }
