@@ -166,7 +166,7 @@ func ctNextPassEach(t *testing.T, from ctCounters, bases ...string) (ctCounters,
 	t.Helper()
 	var c ctCounters
 	var each []ctCounters
-	testutil.EventuallyWithin(t, "a pass to complete", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "a pass to complete", func() (bool, string) {
 		each = ctReadEach(t, bases...)
 		c = ctCounters{}
 		for _, e := range each {
@@ -234,13 +234,13 @@ func TestE2ECacheTruthFleetServerMetrics(t *testing.T) {
 	a := e2eStartFlags(t, cfg, []string{"--shard=0/2"})
 	b := e2eStartFlags(t, cfg, []string{"--shard=1/2"})
 	var both ctCounters
-	testutil.EventuallyWithin(t, "the pass done", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the pass done", func() (bool, string) {
 		both = ctRead(t, a.base, b.base)
 		return both.success == ctRows, both.String()
 	})
 	// Then the last reads of the engine's counters (every 5 s).
 	engine := float64(eng.Stats().CacheHitTokens)
-	testutil.EventuallyWithin(t, "the engine's hits credited", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the engine's hits credited", func() (bool, string) {
 		both = ctRead(t, a.base, b.base)
 		return both.cached >= 0.99*engine, fmt.Sprintf("credited %.0f of the engine's %.0f", both.cached, engine)
 	})
@@ -335,7 +335,7 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 				ctBand(t, "kept running, a whole pass", to.minus(from), tt.lo, tt.hi)
 				from = to
 			}
-			testutil.EventuallyWithin(t, "a quarter of a pass", e2eDeadline, func() (bool, string) {
+			testutil.Eventually(t, "a quarter of a pass", func() (bool, string) {
 				c := ctRead(t, first.base)
 				return c.success-from.success >= rtRows/4, c.String()
 			})
@@ -369,7 +369,7 @@ func ctEmulatorProcess(t *testing.T, addr string, flags ...string) (*process, st
 	t.Helper()
 	p := startProcess(t, append([]string{"emulate", "--listen=" + addr, "--model=" + emulate.DefaultModel}, flags...)...)
 	var url string
-	testutil.EventuallyWithin(t, "the emulator listening", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the emulator listening", func() (bool, string) {
 		select {
 		case <-p.exited:
 			t.Fatalf("the emulator exited (%v):\n%s", p.err, p.stderr.String())
@@ -394,7 +394,7 @@ func ctExporterProcess(t *testing.T, cfg string) *process {
 	t.Helper()
 	p := startProcess(t, "--config.file="+cfg, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=10s")
 	p.waitListening(t)
-	testutil.EventuallyWithin(t, "the exporter ready", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the exporter ready", func() (bool, string) {
 		code, _, err := e2eGet(p.base + "/-/ready")
 		return err == nil && code == http.StatusOK, fmt.Sprintf("GET /-/ready: %d %v\n%s", code, err, p.stderr.String())
 	})
@@ -519,7 +519,7 @@ func TestE2ECacheTruthUnreported(t *testing.T) {
 	e2eReplaySlot(t)
 	url, _ := ctEngine(t, emulate.Config{OmitCachedTokens: true})
 	d := e2eStart(t, ctConfig(t, url, "fresh"))
-	testutil.EventuallyWithin(t, "requests", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "requests", func() (bool, string) {
 		c := ctRead(t, d.base)
 		return c.success >= 50, c.String()
 	})
@@ -621,7 +621,7 @@ func TestE2ECacheTruthCapacityUnknown(t *testing.T) {
 			// A reload that changes nothing says nothing new.
 			before := m.Sum("kvload_config_last_reload_success_timestamp_seconds")
 			e2ePost(t, d.base+"/-/reload", "")
-			testutil.EventuallyWithin(t, "the reload done", e2eDeadline, func() (bool, string) {
+			testutil.Eventually(t, "the reload done", func() (bool, string) {
 				got := testutil.Scrape(t, d.base).Sum("kvload_config_last_reload_success_timestamp_seconds")
 				return got > before, fmt.Sprintf("last reload at %v, before %v", got, before)
 			})
@@ -690,14 +690,14 @@ func TestE2ECacheTruthServerMetrics(t *testing.T) {
 	d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
 	credited := func(want float64) {
 		t.Helper()
-		testutil.EventuallyWithin(t, "the engine's hits credited", e2eDeadline, func() (bool, string) {
+		testutil.Eventually(t, "the engine's hits credited", func() (bool, string) {
 			m := testutil.Scrape(t, d.base)
 			got := m.Sum("kvload_cached_prompt_tokens_total")
 			return got == want && m.Sum("kvload_requests_in_flight") == 0,
 				fmt.Sprintf("credited %.0f, the engine counted %.0f", got, want)
 		})
 	}
-	testutil.EventuallyWithin(t, "the first pass", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the first pass", func() (bool, string) {
 		c := ctRead(t, d.base)
 		return c.success == 20, c.String()
 	})
@@ -713,7 +713,7 @@ func TestE2ECacheTruthServerMetrics(t *testing.T) {
 	cfg.Workloads = append(cfg.Workloads, workload("second", "head30.jsonl"))
 	daemontest.WriteConfig(t, filepath.Join(dir, "kvload.yml"), cfg)
 	e2ePost(t, d.base+"/-/reload", "")
-	testutil.EventuallyWithin(t, "the second pass", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the second pass", func() (bool, string) {
 		c := ctRead(t, d.base)
 		return c.success == 50, c.String()
 	})
@@ -828,7 +828,7 @@ func TestE2ECacheTruthPreamble(t *testing.T) {
 				Workloads: []config.Workload{{Name: "sparse", Trace: "head.jsonl", Targets: []string{"llama"}, Loop: "once"}},
 			}, ctSparseTrace(rows, 120)))
 			var c ctCounters
-			testutil.EventuallyWithin(t, "the pass", e2eDeadline, func() (bool, string) {
+			testutil.Eventually(t, "the pass", func() (bool, string) {
 				c = ctRead(t, d.base)
 				return c.success == rows, c.String()
 			})
@@ -884,7 +884,7 @@ func TestE2ECacheTruthGranularity(t *testing.T) {
 				Workloads: []config.Workload{{Name: "partial", Trace: "head.jsonl", Targets: []string{"engine"}, Loop: "once"}},
 			}, trace))
 			var c ctCounters
-			testutil.EventuallyWithin(t, "the pass", e2eDeadline, func() (bool, string) {
+			testutil.Eventually(t, "the pass", func() (bool, string) {
 				c = ctRead(t, d.base)
 				return c.success == rows, c.String()
 			})
@@ -983,7 +983,7 @@ func TestE2ECachedTokenCost(t *testing.T) {
 	}
 	d := e2eStart(t, ctConfigTrace(t, cfg, costTrace(rows)))
 	var m testutil.Families
-	testutil.EventuallyWithin(t, "every row sent or dropped", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "every row sent or dropped", func() (bool, string) {
 		m = testutil.Scrape(t, d.base)
 		var status []string
 		done := true
@@ -1157,7 +1157,7 @@ func TestE2EReconcile(t *testing.T) {
 	// 1.0147 and 1.9931 to 2.0000, the exporter's share 1.0000 to 1.0172
 	// (sent at the time, without the first token: 0.96 to 1.10).
 	var m testutil.Families
-	testutil.EventuallyWithin(t, "both emulators compared", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "both emulators compared", func() (bool, string) {
 		m = testutil.Scrape(t, d.base)
 		var seen string
 		ok := true
@@ -1198,7 +1198,7 @@ func TestE2EReconcile(t *testing.T) {
 		"double": `<span class="state warn">engine's metrics disagree</span><span class="reason">the engine&#39;s metrics disagree with its responses: its counters read 2.`,
 		"nopage": `<span class="state none">no engine counter</span><span class="reason">no good read of the engine&#39;s counters`,
 	}
-	testutil.EventuallyWithin(t, "the landing page's verdicts", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the landing page's verdicts", func() (bool, string) {
 		_, body, err := e2eGet(d.base + "/")
 		if err != nil {
 			return false, err.Error()
@@ -1331,7 +1331,7 @@ func TestE2EIsolation(t *testing.T) {
 func isoWholePass(t *testing.T, bases []string) []ctCounters {
 	t.Helper()
 	var each []ctCounters
-	testutil.EventuallyWithin(t, "a whole pass to complete", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "a whole pass to complete", func() (bool, string) {
 		each = ctReadEach(t, bases...)
 		var s []string
 		done := true

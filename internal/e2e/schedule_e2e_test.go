@@ -125,7 +125,7 @@ func TestE2ESchedules(t *testing.T) {
 	d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
 	var m testutil.Families
 	for name := range schedules {
-		m = e2eWaitPass(t, d, e2eDeadline, name, rows, name)
+		m = e2eWaitPass(t, d, name, rows, name)
 	}
 
 	// The arrivals the rates generated: the same pacer over the same rows,
