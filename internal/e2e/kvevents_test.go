@@ -221,8 +221,11 @@ func TestE2EKVEventsFlush(t *testing.T) {
 		c := kvRead(t, d.base)
 		return c.finished >= kvRows/3, c.String()
 	})
-	if before := kvRead(t, d.base); before.classified() != 0 {
-		t.Fatalf("missed hits before the flush, with a cache that holds everything: %v", before)
+	// A turn sent while the one before it is in flight rightly misses
+	// blocks not stored yet (never_stored), as many as the machine is
+	// slow; a block the engine stored may not be missed.
+	if before := kvRead(t, d.base); before.classified() != before.classes["never_stored"] {
+		t.Fatalf("missed hits of stored blocks before the flush, with a cache that holds everything: %v", before)
 	}
 	e.Flush()
 	kvShare(t, "flushed at a third", kvWaitClassified(t, d, kvRows), "cleared")
