@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	neturl "net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -28,6 +29,8 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
+	"github.com/kvload-exporter/kvload-exporter/replay"
+	tracefile "github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // ctRows and ctSpeedup make a pass of about 16 s: the first 500 rows of the
@@ -457,13 +460,19 @@ func TestE2ECacheTruthRepeatStart(t *testing.T) {
 }
 
 // rsJoinPass starts an exporter with loop: repeat next to an engine, warm
-// (an exporter before it sent a whole pass and stopped) or cold, and
+// (an exporter before it sent a whole pass) or cold (a fresh one), and
 // returns it with its counters at the end of the pass it joined. Outputs
-// are capped at 32 tokens of 1 ms, so that a stop drains at once and the
-// next start lands near the beginning of a pass. A start in the last
-// quarter of a pass leaves too few requests to measure: the exporter is
-// then started again, next to the same engine when warm (a restart), a
-// fresh one when cold.
+// are capped at 32 tokens of 1 ms.
+//
+// Two things a slow machine would move are held fixed. Where a start
+// joins the pass grid is set by the wall-clock, and a start late in a pass
+// leaves too few requests to measure: the exporter is started as a pass
+// of the grid begins (rsPassBegun), so that only its start-up, a fraction
+// of a second, lies before the join. And the window ends as the pass's
+// last row is sent, not answered: with every row queued behind at most
+// rsInFlight requests, a slow engine delays the pass rather than leaving
+// its answers outside the window, and the requests sent before the
+// engine's answers decide stay as few.
 func rsJoinPass(t *testing.T, warm bool) (*e2eDaemon, ctCounters) {
 	t.Helper()
 	trace := e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), ctRows)
@@ -473,28 +482,54 @@ func rsJoinPass(t *testing.T, warm bool) (*e2eDaemon, ctCounters) {
 		return c
 	}
 	url, _ := ctEngine(t, emulate.Config{InterToken: time.Millisecond})
-	spare := url // the engine of a second start
 	if warm {
 		// It queues rather than drops under load: a row it never sent
 		// would leave the engine only partly warm, which no answer can
-		// settle.
+		// settle. With loop: repeat every pass sends the same prompts, so
+		// the engine holds what the next start assumes sent.
 		c := configOf(url)
 		c.Workloads[0].OnSaturation = "queue"
 		rsSendPass(t, ctConfigTrace(t, c, trace))
-	} else {
-		// Started now, so that a second start does not wait for it.
-		spare, _ = ctEngine(t, emulate.Config{InterToken: time.Millisecond})
 	}
-	for attempt := 0; ; attempt++ {
-		d := e2eStart(t, ctConfigTrace(t, configOf(url), trace))
-		joined := ctNextPass(t, ctRead(t, d.base), d.base)
-		if joined.success >= ctRows/4 || attempt > 0 {
-			return d, joined
-		}
-		t.Logf("started %.0f requests before the end of a pass; once more", joined.success)
-		d.stop(t)
-		url = spare
+	c := configOf(url)
+	c.Workloads[0].MaxInFlight = rsInFlight
+	c.Workloads[0].OnSaturation = "queue"
+	c.Workloads[0].MaxQueueLag = config.Duration(time.Hour)
+	cfg := ctConfigTrace(t, c, trace)
+	rsPassBegun(t, trace)
+	d := e2eStart(t, cfg)
+	joined := ctNextPass(t, ctRead(t, d.base), d.base)
+	if joined.success < ctRows/4 {
+		t.Fatalf("started as a pass began, the exporter had %.0f answers at its end", joined.success)
 	}
+	return d, joined
+}
+
+// rsInFlight bounds the requests of the exporter under test out at once.
+const rsInFlight = 8
+
+// rsPassBegun waits until the pass grid of trace (at ctSpeedup, anchored
+// at the Unix epoch as every looping workload's) is in the first twentieth
+// of a pass.
+func rsPassBegun(t *testing.T, trace []byte) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "grid.jsonl")
+	if err := os.WriteFile(path, trace, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := tracefile.ReadFile(path, tracefile.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := replay.NewPacer(recs, replay.PacerOptions{SpeedupRatio: ctSpeedup, Loop: replay.LoopRepeat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	period := p.Period()
+	testutil.Eventually(t, "a pass of the grid begun", func() (bool, string) {
+		within := time.Duration(time.Now().UnixNano()) % period
+		return within < period/20, fmt.Sprintf("%v into a pass of %v", within, period)
+	})
 }
 
 // rsSendPass runs an exporter on cfg to the end of the pass it joins and
