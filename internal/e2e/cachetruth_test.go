@@ -267,7 +267,9 @@ func TestE2ECacheTruthFleetServerMetrics(t *testing.T) {
 // come close together, and at ten times the trace's speed a prompt can
 // arrive while the one whose prefix it shares is still in prefill, so a
 // part of a pass reads a few points lower than the whole (0.89-0.96 over
-// the first 125 rows). With loop fresh or repeat, the first exporter is
+// the first 125 rows). The engine has no prefill time (rtNoPrefill) and
+// the rows queue rather than drop, so that neither moves with the
+// machine's load. With loop fresh or repeat, the first exporter is
 // measured over the whole pass after the one it joined, then stopped a
 // quarter into the next; the restarted one from its start to the end of
 // the first whole pass after the one it joins. A restarted exporter
@@ -320,13 +322,18 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 			// each other: as many at a time as e2eReplays admits.
 			t.Parallel()
 			e2eReplaySlot(t)
-			flags := []string{"--inter-token=1ms"}
+			flags := append([]string{"--inter-token=1ms"}, rtNoPrefill...)
 			if tt.capacity > 0 {
 				flags = append(flags, fmt.Sprintf("--capacity-blocks=%d", tt.capacity))
 			}
 			emu, url := ctEmulatorProcess(t, "127.0.0.1:0", flags...)
 			c := ctConfigOf(url, tt.loop)
 			c.Workloads[0].Synthesis.MaxOSL = 32
+			// Rows wait for a slot rather than being dropped when the
+			// machine is slow: a row the first exporter never sent would
+			// leave the engine only partly warm for the second.
+			c.Workloads[0].OnSaturation = "queue"
+			c.Workloads[0].MaxQueueLag = config.Duration(time.Hour)
 			cfg := ctConfigTrace(t, c, trace)
 
 			first := ctExporterProcess(t, cfg)
@@ -365,6 +372,14 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 		})
 	}
 }
+
+// rtNoPrefill makes the emulator store a prompt's blocks as it admits it,
+// with no prefill time between its lookup and its store. A prompt that
+// arrives while the one whose prefix it shares is still in prefill misses
+// that prefix, and how many do is set by the machine's speed: prefills
+// end later on a loaded machine, and a finite cache then keeps long
+// prompts' blocks longer than the model, which refreshes them when sent.
+var rtNoPrefill = []string{"--overhead=0s", "--prefill-per-token=0s"}
 
 // ctEmulatorProcess runs `kvload-exporter emulate` as a process listening
 // on addr and returns it with its base URL.
