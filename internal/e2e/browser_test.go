@@ -98,7 +98,7 @@ func TestBrowserLandingPage(t *testing.T) {
 	// Enough finished requests per target for every figure to be there,
 	// a completed pass (100 rows, 10 s), and 20 failures of the engine that
 	// comes back.
-	testutil.EventuallyWithin(t, "40 finished requests per target and a pass", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "40 finished requests per target and a pass", func() (bool, string) {
 		m := testutil.Scrape(t, d.base)
 		var seen []string
 		ok := true
@@ -122,7 +122,7 @@ func TestBrowserLandingPage(t *testing.T) {
 		t.Fatalf("the recovering engine failed %v requests before coming back, want >= 20", failedBefore)
 	}
 	back.setFaults(t, `{}`)
-	testutil.EventuallyWithin(t, "the recovering engine's row reads recovering", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the recovering engine's row reads recovering", func() (bool, string) {
 		_, page := httpGet(t, d.base+"/")
 		row := rowOf(t, page, "health", "recovering")
 		return strings.Contains(row, ">recovering<"), text(row)

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	neturl "net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -28,6 +29,8 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
+	"github.com/kvload-exporter/kvload-exporter/replay"
+	tracefile "github.com/kvload-exporter/kvload-exporter/trace"
 )
 
 // ctRows and ctSpeedup make a pass of about 16 s: the first 500 rows of the
@@ -166,7 +169,7 @@ func ctNextPassEach(t *testing.T, from ctCounters, bases ...string) (ctCounters,
 	t.Helper()
 	var c ctCounters
 	var each []ctCounters
-	testutil.EventuallyWithin(t, "a pass to complete", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "a pass to complete", func() (bool, string) {
 		each = ctReadEach(t, bases...)
 		c = ctCounters{}
 		for _, e := range each {
@@ -234,13 +237,13 @@ func TestE2ECacheTruthFleetServerMetrics(t *testing.T) {
 	a := e2eStartFlags(t, cfg, []string{"--shard=0/2"})
 	b := e2eStartFlags(t, cfg, []string{"--shard=1/2"})
 	var both ctCounters
-	testutil.EventuallyWithin(t, "the pass done", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the pass done", func() (bool, string) {
 		both = ctRead(t, a.base, b.base)
 		return both.success == ctRows, both.String()
 	})
 	// Then the last reads of the engine's counters (every 5 s).
 	engine := float64(eng.Stats().CacheHitTokens)
-	testutil.EventuallyWithin(t, "the engine's hits credited", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the engine's hits credited", func() (bool, string) {
 		both = ctRead(t, a.base, b.base)
 		return both.cached >= 0.99*engine, fmt.Sprintf("credited %.0f of the engine's %.0f", both.cached, engine)
 	})
@@ -264,7 +267,9 @@ func TestE2ECacheTruthFleetServerMetrics(t *testing.T) {
 // come close together, and at ten times the trace's speed a prompt can
 // arrive while the one whose prefix it shares is still in prefill, so a
 // part of a pass reads a few points lower than the whole (0.89-0.96 over
-// the first 125 rows). With loop fresh or repeat, the first exporter is
+// the first 125 rows). The engine has no prefill time (rtNoPrefill) and
+// the rows queue rather than drop, so that neither moves with the
+// machine's load. With loop fresh or repeat, the first exporter is
 // measured over the whole pass after the one it joined, then stopped a
 // quarter into the next; the restarted one from its start to the end of
 // the first whole pass after the one it joins. A restarted exporter
@@ -317,13 +322,18 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 			// each other: as many at a time as e2eReplays admits.
 			t.Parallel()
 			e2eReplaySlot(t)
-			flags := []string{"--inter-token=1ms"}
+			flags := append([]string{"--inter-token=1ms"}, rtNoPrefill...)
 			if tt.capacity > 0 {
 				flags = append(flags, fmt.Sprintf("--capacity-blocks=%d", tt.capacity))
 			}
 			emu, url := ctEmulatorProcess(t, "127.0.0.1:0", flags...)
 			c := ctConfigOf(url, tt.loop)
 			c.Workloads[0].Synthesis.MaxOSL = 32
+			// Rows wait for a slot rather than being dropped when the
+			// machine is slow: a row the first exporter never sent would
+			// leave the engine only partly warm for the second.
+			c.Workloads[0].OnSaturation = "queue"
+			c.Workloads[0].MaxQueueLag = config.Duration(time.Hour)
 			cfg := ctConfigTrace(t, c, trace)
 
 			first := ctExporterProcess(t, cfg)
@@ -335,7 +345,7 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 				ctBand(t, "kept running, a whole pass", to.minus(from), tt.lo, tt.hi)
 				from = to
 			}
-			testutil.EventuallyWithin(t, "a quarter of a pass", e2eDeadline, func() (bool, string) {
+			testutil.Eventually(t, "a quarter of a pass", func() (bool, string) {
 				c := ctRead(t, first.base)
 				return c.success-from.success >= rtRows/4, c.String()
 			})
@@ -363,13 +373,21 @@ func TestE2ECacheTruthRestart(t *testing.T) {
 	}
 }
 
+// rtNoPrefill makes the emulator store a prompt's blocks as it admits it,
+// with no prefill time between its lookup and its store. A prompt that
+// arrives while the one whose prefix it shares is still in prefill misses
+// that prefix, and how many do is set by the machine's speed: prefills
+// end later on a loaded machine, and a finite cache then keeps long
+// prompts' blocks longer than the model, which refreshes them when sent.
+var rtNoPrefill = []string{"--overhead=0s", "--prefill-per-token=0s"}
+
 // ctEmulatorProcess runs `kvload-exporter emulate` as a process listening
 // on addr and returns it with its base URL.
 func ctEmulatorProcess(t *testing.T, addr string, flags ...string) (*process, string) {
 	t.Helper()
 	p := startProcess(t, append([]string{"emulate", "--listen=" + addr, "--model=" + emulate.DefaultModel}, flags...)...)
 	var url string
-	testutil.EventuallyWithin(t, "the emulator listening", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the emulator listening", func() (bool, string) {
 		select {
 		case <-p.exited:
 			t.Fatalf("the emulator exited (%v):\n%s", p.err, p.stderr.String())
@@ -394,7 +412,7 @@ func ctExporterProcess(t *testing.T, cfg string) *process {
 	t.Helper()
 	p := startProcess(t, "--config.file="+cfg, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=10s")
 	p.waitListening(t)
-	testutil.EventuallyWithin(t, "the exporter ready", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the exporter ready", func() (bool, string) {
 		code, _, err := e2eGet(p.base + "/-/ready")
 		return err == nil && code == http.StatusOK, fmt.Sprintf("GET /-/ready: %d %v\n%s", code, err, p.stderr.String())
 	})
@@ -457,13 +475,19 @@ func TestE2ECacheTruthRepeatStart(t *testing.T) {
 }
 
 // rsJoinPass starts an exporter with loop: repeat next to an engine, warm
-// (an exporter before it sent a whole pass and stopped) or cold, and
+// (an exporter before it sent a whole pass) or cold (a fresh one), and
 // returns it with its counters at the end of the pass it joined. Outputs
-// are capped at 32 tokens of 1 ms, so that a stop drains at once and the
-// next start lands near the beginning of a pass. A start in the last
-// quarter of a pass leaves too few requests to measure: the exporter is
-// then started again, next to the same engine when warm (a restart), a
-// fresh one when cold.
+// are capped at 32 tokens of 1 ms.
+//
+// Two things a slow machine would move are held fixed. Where a start
+// joins the pass grid is set by the wall-clock, and a start late in a pass
+// leaves too few requests to measure: the exporter is started as a pass
+// of the grid begins (rsPassBegun), so that only its start-up, a fraction
+// of a second, lies before the join. And the window ends as the pass's
+// last row is sent, not answered: with every row queued behind at most
+// rsInFlight requests, a slow engine delays the pass rather than leaving
+// its answers outside the window, and the requests sent before the
+// engine's answers decide stay as few.
 func rsJoinPass(t *testing.T, warm bool) (*e2eDaemon, ctCounters) {
 	t.Helper()
 	trace := e2eHead(t, filepath.Join(e2eExamples, "traces", "conversation_head1000.jsonl"), ctRows)
@@ -473,28 +497,54 @@ func rsJoinPass(t *testing.T, warm bool) (*e2eDaemon, ctCounters) {
 		return c
 	}
 	url, _ := ctEngine(t, emulate.Config{InterToken: time.Millisecond})
-	spare := url // the engine of a second start
 	if warm {
 		// It queues rather than drops under load: a row it never sent
 		// would leave the engine only partly warm, which no answer can
-		// settle.
+		// settle. With loop: repeat every pass sends the same prompts, so
+		// the engine holds what the next start assumes sent.
 		c := configOf(url)
 		c.Workloads[0].OnSaturation = "queue"
 		rsSendPass(t, ctConfigTrace(t, c, trace))
-	} else {
-		// Started now, so that a second start does not wait for it.
-		spare, _ = ctEngine(t, emulate.Config{InterToken: time.Millisecond})
 	}
-	for attempt := 0; ; attempt++ {
-		d := e2eStart(t, ctConfigTrace(t, configOf(url), trace))
-		joined := ctNextPass(t, ctRead(t, d.base), d.base)
-		if joined.success >= ctRows/4 || attempt > 0 {
-			return d, joined
-		}
-		t.Logf("started %.0f requests before the end of a pass; once more", joined.success)
-		d.stop(t)
-		url = spare
+	c := configOf(url)
+	c.Workloads[0].MaxInFlight = rsInFlight
+	c.Workloads[0].OnSaturation = "queue"
+	c.Workloads[0].MaxQueueLag = config.Duration(time.Hour)
+	cfg := ctConfigTrace(t, c, trace)
+	rsPassBegun(t, trace)
+	d := e2eStart(t, cfg)
+	joined := ctNextPass(t, ctRead(t, d.base), d.base)
+	if joined.success < ctRows/4 {
+		t.Fatalf("started as a pass began, the exporter had %.0f answers at its end", joined.success)
 	}
+	return d, joined
+}
+
+// rsInFlight bounds the requests of the exporter under test out at once.
+const rsInFlight = 8
+
+// rsPassBegun waits until the pass grid of trace (at ctSpeedup, anchored
+// at the Unix epoch as every looping workload's) is in the first twentieth
+// of a pass.
+func rsPassBegun(t *testing.T, trace []byte) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "grid.jsonl")
+	if err := os.WriteFile(path, trace, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := tracefile.ReadFile(path, tracefile.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := replay.NewPacer(recs, replay.PacerOptions{SpeedupRatio: ctSpeedup, Loop: replay.LoopRepeat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	period := p.Period()
+	testutil.Eventually(t, "a pass of the grid begun", func() (bool, string) {
+		within := time.Duration(time.Now().UnixNano()) % period
+		return within < period/20, fmt.Sprintf("%v into a pass of %v", within, period)
+	})
 }
 
 // rsSendPass runs an exporter on cfg to the end of the pass it joins and
@@ -519,7 +569,7 @@ func TestE2ECacheTruthUnreported(t *testing.T) {
 	e2eReplaySlot(t)
 	url, _ := ctEngine(t, emulate.Config{OmitCachedTokens: true})
 	d := e2eStart(t, ctConfig(t, url, "fresh"))
-	testutil.EventuallyWithin(t, "requests", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "requests", func() (bool, string) {
 		c := ctRead(t, d.base)
 		return c.success >= 50, c.String()
 	})
@@ -621,7 +671,7 @@ func TestE2ECacheTruthCapacityUnknown(t *testing.T) {
 			// A reload that changes nothing says nothing new.
 			before := m.Sum("kvload_config_last_reload_success_timestamp_seconds")
 			e2ePost(t, d.base+"/-/reload", "")
-			testutil.EventuallyWithin(t, "the reload done", e2eDeadline, func() (bool, string) {
+			testutil.Eventually(t, "the reload done", func() (bool, string) {
 				got := testutil.Scrape(t, d.base).Sum("kvload_config_last_reload_success_timestamp_seconds")
 				return got > before, fmt.Sprintf("last reload at %v, before %v", got, before)
 			})
@@ -690,14 +740,14 @@ func TestE2ECacheTruthServerMetrics(t *testing.T) {
 	d := e2eStart(t, filepath.Join(dir, "kvload.yml"))
 	credited := func(want float64) {
 		t.Helper()
-		testutil.EventuallyWithin(t, "the engine's hits credited", e2eDeadline, func() (bool, string) {
+		testutil.Eventually(t, "the engine's hits credited", func() (bool, string) {
 			m := testutil.Scrape(t, d.base)
 			got := m.Sum("kvload_cached_prompt_tokens_total")
 			return got == want && m.Sum("kvload_requests_in_flight") == 0,
 				fmt.Sprintf("credited %.0f, the engine counted %.0f", got, want)
 		})
 	}
-	testutil.EventuallyWithin(t, "the first pass", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the first pass", func() (bool, string) {
 		c := ctRead(t, d.base)
 		return c.success == 20, c.String()
 	})
@@ -713,7 +763,7 @@ func TestE2ECacheTruthServerMetrics(t *testing.T) {
 	cfg.Workloads = append(cfg.Workloads, workload("second", "head30.jsonl"))
 	daemontest.WriteConfig(t, filepath.Join(dir, "kvload.yml"), cfg)
 	e2ePost(t, d.base+"/-/reload", "")
-	testutil.EventuallyWithin(t, "the second pass", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the second pass", func() (bool, string) {
 		c := ctRead(t, d.base)
 		return c.success == 50, c.String()
 	})
@@ -768,7 +818,14 @@ func TestE2ECacheTruthRouter(t *testing.T) {
 				for i := range backends {
 					backends[i], _ = ctEngine(t, emulate.Config{})
 				}
-				d := e2eStart(t, ctConfigTrace(t, ctConfigOf(ctRoundRobin(t, backends), "fresh"), rows))
+				// Rows wait for a slot rather than being dropped: on a
+				// slow machine the engines fall behind, and a pass of
+				// the rows they still answered (a few dozen at load 20)
+				// shares too little to show the router.
+				queued := ctConfigOf(ctRoundRobin(t, backends), "fresh")
+				queued.Workloads[0].OnSaturation = "queue"
+				queued.Workloads[0].MaxQueueLag = config.Duration(time.Hour)
+				d := e2eStart(t, ctConfigTrace(t, queued, rows))
 				start := ctNextPass(t, ctRead(t, d.base), d.base)
 				end := ctNextPass(t, start, d.base)
 				d.stop(t)
@@ -828,7 +885,7 @@ func TestE2ECacheTruthPreamble(t *testing.T) {
 				Workloads: []config.Workload{{Name: "sparse", Trace: "head.jsonl", Targets: []string{"llama"}, Loop: "once"}},
 			}, ctSparseTrace(rows, 120)))
 			var c ctCounters
-			testutil.EventuallyWithin(t, "the pass", e2eDeadline, func() (bool, string) {
+			testutil.Eventually(t, "the pass", func() (bool, string) {
 				c = ctRead(t, d.base)
 				return c.success == rows, c.String()
 			})
@@ -884,7 +941,7 @@ func TestE2ECacheTruthGranularity(t *testing.T) {
 				Workloads: []config.Workload{{Name: "partial", Trace: "head.jsonl", Targets: []string{"engine"}, Loop: "once"}},
 			}, trace))
 			var c ctCounters
-			testutil.EventuallyWithin(t, "the pass", e2eDeadline, func() (bool, string) {
+			testutil.Eventually(t, "the pass", func() (bool, string) {
 				c = ctRead(t, d.base)
 				return c.success == rows, c.String()
 			})
@@ -983,7 +1040,7 @@ func TestE2ECachedTokenCost(t *testing.T) {
 	}
 	d := e2eStart(t, ctConfigTrace(t, cfg, costTrace(rows)))
 	var m testutil.Families
-	testutil.EventuallyWithin(t, "every row sent or dropped", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "every row sent or dropped", func() (bool, string) {
 		m = testutil.Scrape(t, d.base)
 		var status []string
 		done := true
@@ -1157,7 +1214,7 @@ func TestE2EReconcile(t *testing.T) {
 	// 1.0147 and 1.9931 to 2.0000, the exporter's share 1.0000 to 1.0172
 	// (sent at the time, without the first token: 0.96 to 1.10).
 	var m testutil.Families
-	testutil.EventuallyWithin(t, "both emulators compared", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "both emulators compared", func() (bool, string) {
 		m = testutil.Scrape(t, d.base)
 		var seen string
 		ok := true
@@ -1198,7 +1255,7 @@ func TestE2EReconcile(t *testing.T) {
 		"double": `<span class="state warn">engine's metrics disagree</span><span class="reason">the engine&#39;s metrics disagree with its responses: its counters read 2.`,
 		"nopage": `<span class="state none">no engine counter</span><span class="reason">no good read of the engine&#39;s counters`,
 	}
-	testutil.EventuallyWithin(t, "the landing page's verdicts", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the landing page's verdicts", func() (bool, string) {
 		_, body, err := e2eGet(d.base + "/")
 		if err != nil {
 			return false, err.Error()
@@ -1331,7 +1388,7 @@ func TestE2EIsolation(t *testing.T) {
 func isoWholePass(t *testing.T, bases []string) []ctCounters {
 	t.Helper()
 	var each []ctCounters
-	testutil.EventuallyWithin(t, "a whole pass to complete", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "a whole pass to complete", func() (bool, string) {
 		each = ctReadEach(t, bases...)
 		var s []string
 		done := true

@@ -32,11 +32,6 @@ const (
 	e2eTraces   = "../../testdata/mooncake"
 	e2eExamples = "../../examples"
 	e2eFixtures = "testdata/e2e"
-	// e2eDeadline only guards against a hang; no test asserts speed.
-	e2eDeadline = 5 * time.Minute
-	// e2eHeavyDeadline bounds the pass over the whole synthetic trace
-	// (about a minute on two cores).
-	e2eHeavyDeadline = 20 * time.Minute
 )
 
 func e2eGet(u string) (int, []byte, error) {
@@ -97,11 +92,11 @@ func e2eTotalsOf(m testutil.Families, target, workload string) e2eTotals {
 // against every target: the pass is counted, every row finished or was
 // dropped, nothing is in flight, and a second scrape shows the same
 // counters (a request's counters are updated one after another).
-func e2eWaitPass(t *testing.T, d *e2eDaemon, limit time.Duration, workload string, rows int, targets ...string) testutil.Families {
+func e2eWaitPass(t *testing.T, d *e2eDaemon, workload string, rows int, targets ...string) testutil.Families {
 	t.Helper()
 	var last testutil.Families
 	var lastSeen []e2eTotals
-	testutil.EventuallyWithin(t, fmt.Sprintf("workload %s: a pass over %d rows", workload, rows), limit, func() (bool, string) {
+	testutil.Eventually(t, fmt.Sprintf("workload %s: a pass over %d rows", workload, rows), func() (bool, string) {
 		m := testutil.Scrape(t, d.base)
 		loops := m.Sum("kvload_trace_loops_total", "workload", workload)
 		var seen []e2eTotals
@@ -256,7 +251,7 @@ func TestE2EQuickstart(t *testing.T) {
 	dir := e2eDir(t, map[string][]byte{"quickstart.yml": edited, "head.jsonl": trace})
 
 	d := e2eStart(t, filepath.Join(dir, "quickstart.yml"), target)
-	m := e2eWaitPass(t, d, e2eDeadline, workload, rows, target)
+	m := e2eWaitPass(t, d, workload, rows, target)
 	s := e2eStats(t, d.emulators[target])
 	got := e2eCheckTruth(t, m, target, s)
 	if got.Success == 0 {
@@ -292,7 +287,7 @@ func TestE2ECacheRatio(t *testing.T) {
 	d := e2eStart(t, cfg, target)
 
 	start := time.Now()
-	m := e2eWaitPass(t, d, e2eHeavyDeadline, "synthetic", rows, target)
+	m := e2eWaitPass(t, d, "synthetic", rows, target)
 	before := e2eCheckTruth(t, m, target, e2eStats(t, d.emulators[target]))
 	if before.Dropped != 0 || before.Success != float64(rows) {
 		t.Fatalf("%v of %d rows succeeded, %v dropped; want all of them sent and answered", before.Success, rows, before.Dropped)
@@ -325,7 +320,7 @@ func TestE2ECacheRatio(t *testing.T) {
 		t.Fatal(err)
 	}
 	e2ePost(t, d.base+"/-/reload", "")
-	m = e2eWaitPass(t, d, e2eDeadline, "after", afterRows, target)
+	m = e2eWaitPass(t, d, "after", afterRows, target)
 	s := e2eStats(t, d.emulators[target])
 	if s.Cache.Enabled {
 		t.Fatalf("the reload restarted the emulator: its cache is on again")
@@ -366,7 +361,7 @@ func TestE2EPromptTokens(t *testing.T) {
 		"slice.jsonl": slice,
 	})
 	d := e2eStart(t, filepath.Join(dir, "kvload.yml"), "completions", "chat")
-	m := e2eWaitPass(t, d, e2eDeadline, "slice", rows, "completions", "chat")
+	m := e2eWaitPass(t, d, "slice", rows, "completions", "chat")
 
 	comp := e2eCheckTruth(t, m, "completions", e2eStats(t, d.emulators["completions"]))
 	chat := e2eCheckTruth(t, m, "chat", e2eStats(t, d.emulators["chat"]))

@@ -275,7 +275,7 @@ func e2eStartFlags(t *testing.T, cfg string, flags []string, emulated ...string)
 	args := append([]string{"--config.file=" + cfg, "--web.listen-address=127.0.0.1:0", "--shutdown.drain-timeout=10s"}, flags...)
 	go func() { d.exit <- cli.Run(ctx, args, io.Discard, d.log) }()
 	t.Cleanup(func() { d.stop(t) })
-	testutil.EventuallyWithin(t, "daemon serving", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "daemon serving", func() (bool, string) {
 		select {
 		case code := <-d.exit:
 			d.stopped = true

@@ -109,7 +109,7 @@ func (c kvCounts) String() string {
 func kvWaitClassified(t *testing.T, d *e2eDaemon, rows int) kvCounts {
 	t.Helper()
 	var c kvCounts
-	testutil.EventuallyWithin(t, "every missed hit classified", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "every missed hit classified", func() (bool, string) {
 		c = kvRead(t, d.base)
 		return c.finished == float64(rows) && c.classified() >= c.theoretical-c.cached, c.String()
 	})
@@ -274,12 +274,15 @@ func TestE2EKVEventsFlush(t *testing.T) {
 	e2eReplaySlot(t)
 	e, endpoint := kvEngine(t, emulate.Config{})
 	d := e2eStart(t, kvConfig(t, e.URL, []string{endpoint}, kvRows))
-	testutil.EventuallyWithin(t, "a third of the pass", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "a third of the pass", func() (bool, string) {
 		c := kvRead(t, d.base)
 		return c.finished >= kvRows/3, c.String()
 	})
-	if before := kvRead(t, d.base); before.classified() != 0 {
-		t.Fatalf("missed hits before the flush, with a cache that holds everything: %v", before)
+	// A turn sent while the one before it is in flight rightly misses
+	// blocks not stored yet (never_stored), as many as the machine is
+	// slow; a block the engine stored may not be missed.
+	if before := kvRead(t, d.base); before.classified() != before.classes["never_stored"] {
+		t.Fatalf("missed hits of stored blocks before the flush, with a cache that holds everything: %v", before)
 	}
 	e.Flush()
 	kvShare(t, "flushed at a third", kvWaitClassified(t, d, kvRows), "cleared")
@@ -295,7 +298,7 @@ func TestE2EKVEventsUnreachable(t *testing.T) {
 	e := daemontest.StartEmulator(t, emulate.Config{})
 	d := e2eStart(t, kvConfig(t, e.URL, []string{"tcp://127.0.0.1:1"}, rows))
 	var c kvCounts
-	testutil.EventuallyWithin(t, "the pass, and the stream counted unreachable", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the pass, and the stream counted unreachable", func() (bool, string) {
 		c = kvRead(t, d.base)
 		return c.finished == rows && c.unreachable >= 1, c.String()
 	})

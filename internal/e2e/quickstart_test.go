@@ -23,7 +23,8 @@ import (
 const quickstartSpeedup = 10
 
 // TestE2EQuickstartHitRate runs examples/quickstart.yml as shipped (its
-// trace, cache sizes and fresh passes), only faster, for three passes, and
+// trace, cache sizes and fresh passes), only faster, with no prefill time
+// and no row dropped, for three passes, and
 // checks that the hit rate it observes is within 3 points of the share of
 // prompt tokens `analyze` says the trace lets a cache serve: the bounded
 // cache must fit what the trace reuses.
@@ -49,6 +50,17 @@ func TestE2EQuickstartHitRate(t *testing.T) {
 	}
 	w["trace"] = trace
 	w["synthesis"].(map[string]any)["speedup_ratio"] = quickstartSpeedup
+	// What a slow machine would move is taken out. A prompt that reaches
+	// the engine while the one whose prefix it shares is in prefill
+	// misses it, as often as prefills are slow, so the engine has no
+	// prefill time and stores a prompt's blocks as it admits it; and rows
+	// wait for a slot instead of being dropped, so that every pass sends
+	// the whole trace that analyze reads.
+	em := cfg["targets"].([]any)[0].(map[string]any)["emulate"].(map[string]any)
+	delete(em, "overhead")
+	delete(em, "prefill_per_token")
+	w["on_saturation"] = "queue"
+	w["max_queue_lag"] = "1h"
 	edited, err := yaml.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +88,7 @@ func TestE2EQuickstartHitRate(t *testing.T) {
 	// flight balancing out.
 	at := func(passes float64) e2eTotals {
 		var tt e2eTotals
-		testutil.EventuallyWithin(t, fmt.Sprintf("%v passes of the quickstart", passes), e2eHeavyDeadline, func() (bool, string) {
+		testutil.Eventually(t, fmt.Sprintf("%v passes of the quickstart", passes), func() (bool, string) {
 			m := testutil.Scrape(t, d.base)
 			done := m.Sum("kvload_trace_loops_total", "workload", workload)
 			tt = e2eTotalsOf(m, target, workload)

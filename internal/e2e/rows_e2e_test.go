@@ -64,7 +64,7 @@ workloads:
 		t.Errorf("--config.check with block_size 16: exit %d, output %q; want 0 and no warning", code, out)
 	}
 	d := e2eStart(t, cfg, "demo")
-	m := e2eWaitPass(t, d, e2eDeadline, "prompts", 5, "demo")
+	m := e2eWaitPass(t, d, "prompts", 5, "demo")
 	got := e2eCheckTruth(t, m, "demo", e2eStats(t, d.emulators["demo"]))
 	if got.Success != 5 || got.PromptTokens != got.TracePromptTokens {
 		t.Errorf("%v of 5 requests succeeded; the engine counted %v prompt tokens for the trace's %v", got.Success, got.PromptTokens, got.TracePromptTokens)
@@ -96,7 +96,7 @@ workloads:
 `),
 	})
 	d := e2eStart(t, filepath.Join(dir, "kvload.yml"), "demo")
-	m := e2eWaitPass(t, d, e2eDeadline, "doc", 4, "demo")
+	m := e2eWaitPass(t, d, "doc", 4, "demo")
 	got := e2eCheckTruth(t, m, "demo", e2eStats(t, d.emulators["demo"]))
 	if got.Success != 4 || got.TracePromptTokens != 655+1200+1800+1300 || got.PromptTokens != got.TracePromptTokens {
 		t.Errorf("%v of 4 requests succeeded; %v prompt tokens counted by the engine, %v in the trace; want 4955 each",
@@ -139,7 +139,7 @@ workloads:
 		t.Fatalf("--config.check: exit %d: %s", code, out)
 	}
 	d := e2eStart(t, cfg, "demo")
-	m := e2eWaitPass(t, d, e2eDeadline, "gen", 60, "demo")
+	m := e2eWaitPass(t, d, "gen", 60, "demo")
 	got := e2eCheckTruth(t, m, "demo", e2eStats(t, d.emulators["demo"]))
 	if got.Success != 60 || got.PromptTokens != got.TracePromptTokens {
 		t.Errorf("%v of 60 requests succeeded; the engine counted %v prompt tokens for the rows' %v", got.Success, got.PromptTokens, got.TracePromptTokens)

@@ -98,7 +98,7 @@ func TestShippingShards(t *testing.T) {
 		ds[i] = e2eStartFlags(t, filepath.Join(dir, "kvload.yml"), []string{fmt.Sprintf("--shard=%d/%d", i, replicas)})
 	}
 	var per []e2eTotals
-	testutil.EventuallyWithin(t, "every replica has replayed its share once", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "every replica has replayed its share once", func() (bool, string) {
 		var seen []e2eTotals
 		done := true
 		for _, d := range ds {

@@ -11,6 +11,6 @@
 // emulator is in testutil/daemontest.
 //
 // No helper here asserts speed: every wait ends when its event happens,
-// and is bounded only by the test's own deadline or a generous ceiling
-// that guards against a hang.
+// and is bounded only by the test binary's deadline (go test -timeout),
+// or by Ceiling where the binary has none.
 package testutil

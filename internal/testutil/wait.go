@@ -6,9 +6,9 @@ import (
 	"time"
 )
 
-// Ceiling bounds a wait of the kit when the test's own deadline (go test
-// -timeout) is later or unset. It only guards against a hang: a test that
-// needs longer for its work says so with EventuallyWithin.
+// Ceiling bounds a wait only when the test binary has no deadline (go test
+// -timeout 0): a wait is for something that will happen, and how long it
+// takes is the machine's business, so the binary's -timeout is the limit.
 const Ceiling = 2 * time.Minute
 
 // reportGrace is kept before the test binary's deadline, so that a wait
@@ -29,31 +29,23 @@ type deadliner interface {
 	Deadline() (time.Time, bool)
 }
 
-// deadline is when a wait that began now gives up: after ceiling, or just
-// before the test binary's own deadline if that comes first.
-func deadline(t testing.TB, ceiling time.Duration) time.Time {
-	end := time.Now().Add(ceiling)
+// deadline is when a wait that began now gives up: just before the test
+// binary's own deadline, or after Ceiling where the binary has none.
+func deadline(t testing.TB) time.Time {
 	if d, ok := t.(deadliner); ok {
-		if td, ok := d.Deadline(); ok && td.Add(-reportGrace).Before(end) {
-			end = td.Add(-reportGrace)
+		if td, ok := d.Deadline(); ok {
+			return td.Add(-reportGrace)
 		}
 	}
-	return end
+	return time.Now().Add(Ceiling)
 }
 
 // Eventually polls cond until it holds. detail says what cond last saw:
-// when the wait runs out (Ceiling, or the test's deadline), the test fails
-// with what and the last detail.
+// when the wait runs out (the test binary's deadline), the test fails with
+// what and the last detail.
 func Eventually(t testing.TB, what string, cond func() (ok bool, detail string)) {
 	t.Helper()
-	EventuallyWithin(t, what, Ceiling, cond)
-}
-
-// EventuallyWithin is Eventually for a condition that takes long to come
-// about (a pass over a big trace): ceiling replaces Ceiling.
-func EventuallyWithin(t testing.TB, what string, ceiling time.Duration, cond func() (ok bool, detail string)) {
-	t.Helper()
-	end := deadline(t, ceiling)
+	end := deadline(t)
 	interval := firstInterval
 	timer := time.NewTimer(interval)
 	defer timer.Stop()
@@ -81,7 +73,7 @@ func Wait[T any](t testing.TB, what string, ch <-chan T) T {
 // WaitShowing is Wait that shows show (a log, say) when the wait runs out.
 func WaitShowing[T any](t testing.TB, what string, ch <-chan T, show fmt.Stringer) T {
 	t.Helper()
-	timer := time.NewTimer(time.Until(deadline(t, Ceiling)))
+	timer := time.NewTimer(time.Until(deadline(t)))
 	defer timer.Stop()
 	select {
 	case v := <-ch:

@@ -20,7 +20,7 @@ func TestEventuallyReturnsOnceTheConditionHolds(t *testing.T) {
 func TestEventuallyFailsWithTheLastDetail(t *testing.T) {
 	var calls int
 	msg := FatalMessage(t, func(tb testing.TB) {
-		EventuallyWithin(tb, "never", 50*time.Millisecond, func() (bool, string) {
+		Eventually(fixedDeadline{tb, time.Now().Add(reportGrace + 50*time.Millisecond)}, "never", func() (bool, string) {
 			calls++
 			return false, fmt.Sprint("call ", calls)
 		})
@@ -30,17 +30,23 @@ func TestEventuallyFailsWithTheLastDetail(t *testing.T) {
 	}
 }
 
-// TestDeadlineIsTheTestsWhenEarlier: a wait ends before the test binary's
-// deadline rather than at the ceiling.
-func TestDeadlineIsTheTestsWhenEarlier(t *testing.T) {
-	soon := time.Now().Add(reportGrace + time.Second)
-	if got := deadline(fixedDeadline{t, soon}, time.Hour); !got.Equal(soon.Add(-reportGrace)) {
-		t.Errorf("deadline %v, want %v", got, soon.Add(-reportGrace))
+// TestDeadlineIsTheTests: a wait lasts until just before the test
+// binary's deadline, however far, and only without one is it bounded by
+// Ceiling.
+func TestDeadlineIsTheTests(t *testing.T) {
+	far := time.Now().Add(24 * time.Hour)
+	if got := deadline(fixedDeadline{t, far}); !got.Equal(far.Add(-reportGrace)) {
+		t.Errorf("deadline %v, want %v", got, far.Add(-reportGrace))
 	}
-	if got := deadline(fixedDeadline{t, time.Now().Add(24 * time.Hour)}, time.Minute); time.Until(got) > time.Minute {
-		t.Errorf("deadline %v from now, want the ceiling of a minute", time.Until(got))
+	if got := deadline(noDeadline{t}); time.Until(got) > Ceiling {
+		t.Errorf("deadline %v from now without the binary's, want Ceiling", time.Until(got))
 	}
 }
+
+// noDeadline is a test binary run with -timeout 0.
+type noDeadline struct{ testing.TB }
+
+func (noDeadline) Deadline() (time.Time, bool) { return time.Time{}, false }
 
 type fixedDeadline struct {
 	testing.TB
