@@ -221,7 +221,7 @@ func TestE2EKVEventsGapsUnreplayed(t *testing.T) {
 		KVEventsDrop: 0.1})
 	d := e2eStart(t, kvConfig(t, e.URL, []string{e.KVEventsEndpoint()}, kvRows))
 	var c kvCounts
-	testutil.EventuallyWithin(t, "the pass", e2eDeadline, func() (bool, string) {
+	testutil.Eventually(t, "the pass", func() (bool, string) {
 		c = kvRead(t, d.base)
 		return c.finished == kvRows, c.String()
 	})
