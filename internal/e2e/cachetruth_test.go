@@ -955,11 +955,21 @@ func TestE2ECacheTruthGranularity(t *testing.T) {
 	}
 }
 
-// costTrace is rows conversations, 20 a second: five lanes take turns,
-// each a conversation of 1 to 6 turns that adds 1 to 8 blocks of 64
-// tokens to the prompt before it, then a new conversation. A turn comes
-// 250 ms after the one before it in its lane, after that one's prefill
-// ended on an engine that is not saturated, so that its prefix is cached.
+// costScale stretches costTrace's times and the engines' costs alike. The
+// fit reads each request's TTFT by the wall clock, and a busy machine adds
+// up to 0.1 s of its own to a turn: at 200 µs a token, a turn's prefill
+// of up to 100 ms drowned in it, and the fit said no_uncached_cost. Ten
+// times the costs keep the load's share of a TTFT a tenth of what it
+// was, at the same shape of the workload (the same turns overlap, the same
+// engines saturate).
+const costScale = 10
+
+// costTrace is rows conversations, 20/costScale a second: five lanes take
+// turns, each a conversation of 1 to 6 turns that adds 1 to 8 blocks of
+// 64 tokens to the prompt before it, then a new conversation. A turn
+// comes 250 ms × costScale after the one before it in its lane, after
+// that one's prefill ended on an engine that is not saturated, so that
+// its prefix is cached.
 func costTrace(rows int) []byte {
 	const lanes = 5
 	r := rand.New(rand.NewPCG(23, 5))
@@ -981,7 +991,7 @@ func costTrace(rows int) []byte {
 		}
 		l.left--
 		ids := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(l.ids)), ", "), "[]")
-		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 4, "hash_ids": [%s]}`+"\n", i*50, 64*len(l.ids), ids)
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 4, "hash_ids": [%s]}`+"\n", i*50*costScale, 64*len(l.ids), ids)
 	}
 	return []byte(b.String())
 }
@@ -992,8 +1002,9 @@ func costTrace(rows int) []byte {
 // engines that report no cached tokens (a vLLM without
 // --enable-prompt-tokens-details) and the emulated llama.cpp, which
 // reports its prefill time (timings.prompt_ms). Prefill costs 200 µs per
-// computed token. A working cache reads near 0, one disabled
-// (POST /emulator/cache) near 1. On an engine that runs one request at a
+// computed token, times costScale. A working cache reads near 0, one disabled
+// (POST /emulator/cache) near 1 (costs and times are costScale times
+// these). On an engine that runs one request at a
 // time and gets more than it serves, TTFT is mostly its queue: with the
 // engine's prefill time the fit still separates the two; with TTFT alone
 // it may say it cannot tell, but never a confident wrong answer.
@@ -1028,7 +1039,7 @@ func TestE2ECachedTokenCost(t *testing.T) {
 	cfg := config.Config{Workloads: []config.Workload{{Name: "chat", Trace: "head.jsonl", BlockSize: 64, Loop: "once"}}}
 	for _, c := range cases {
 		ec := c.engine
-		ec.Overhead, ec.PrefillPerToken, ec.InterToken = 2*time.Millisecond, 200*time.Microsecond, time.Millisecond
+		ec.Overhead, ec.PrefillPerToken, ec.InterToken = costScale*2*time.Millisecond, costScale*200*time.Microsecond, costScale*time.Millisecond
 		e := daemontest.StartEmulator(t, ec)
 		if c.off {
 			e2ePost(t, e.URL+"/emulator/cache", `{"enabled": false}`)
