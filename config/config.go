@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
@@ -94,52 +95,11 @@ type Target struct {
 	Emulate       *Emulate `yaml:"emulate,omitempty"`
 }
 
-// Emulate is a target's emulated engine: the keys of package emulate's
-// Config, which the daemon converts it to, declared here so that the schema
-// does not depend on the emulator. The daemon checks the engine's name.
-type Emulate struct {
-	Model              string        `yaml:"model"`
-	MaxModelLen        int           `yaml:"max_model_len"`
-	MaxBodyBytes       int64         `yaml:"max_body_bytes"`
-	Engine             string        `yaml:"engine"`
-	BlockSize          int           `yaml:"block_size"`
-	CapacityBlocks     int           `yaml:"capacity_blocks"`
-	Slots              int           `yaml:"slots"`
-	CacheRAMTokens     int           `yaml:"cache_ram_tokens"`
-	HideCacheConfig    bool          `yaml:"hide_cache_config"`
-	BOS                bool          `yaml:"bos"`
-	DisablePrefixCache bool          `yaml:"disable_prefix_cache"`
-	OmitCachedTokens   bool          `yaml:"omit_cached_tokens"`
-	MaxRunning         int           `yaml:"max_running"`
-	Overhead           time.Duration `yaml:"overhead"`
-	PrefillPerToken    time.Duration `yaml:"prefill_per_token"`
-	InterToken         time.Duration `yaml:"inter_token"`
-	Faults             EmulateFaults `yaml:"faults"`
-	Seed               uint64        `yaml:"seed"`
-	KVEvents           string        `yaml:"kv_events"`
-	KVEventsTopic      string        `yaml:"kv_events_topic"`
-	KVEventsFormat     string        `yaml:"kv_events_format"`
-
-	KVEventsReplayEndpoint string  `yaml:"kv_events_replay_endpoint"` // see emulate.Config
-	KVEventsDrop           float64 `yaml:"kv_events_drop"`            // see emulate.Config
-
-	MetricsDoubleCountHits bool    `yaml:"metrics_double_count_hits"` // see emulate.Config
-	MetricsHitsOvercount   float64 `yaml:"metrics_hits_overcount"`    // see emulate.Config
-	HoldAbandonedSlots     bool    `yaml:"hold_abandoned_slots"`      // see emulate.Config
-}
-
-// EmulateFaults are the keys of emulate.Faults, field for field, so that
-// one converts to the other.
-type EmulateFaults struct {
-	Error500            float64       `yaml:"error_500"`
-	Error429            float64       `yaml:"error_429"`
-	Disconnect          float64       `yaml:"disconnect"`
-	Malformed           float64       `yaml:"malformed"`
-	Hang                float64       `yaml:"hang"`
-	SlowFirstToken      float64       `yaml:"slow_first_token"`
-	SlowFirstTokenDelay time.Duration `yaml:"slow_first_token_delay"`
-	AfterTokens         int           `yaml:"after_tokens"`
-}
+// Emulate is a target's emulated engine: package emulate's own
+// configuration, under the same keys, so that a key the emulator gains is
+// a key of the emulate block with no edit here. The daemon names the
+// target's model after it.
+type Emulate = emulate.Config
 
 // Cache describes the target's KV prefix cache, for the theoretical model
 // and for reading the observed hits.
