@@ -210,7 +210,10 @@ type Workload struct {
 	Abandon *Abandon `yaml:"abandon,omitempty"`
 }
 
-// Schedule is a workload's schedule.
+// Schedule is a workload's schedule: replay.Schedule's keys, which
+// replay validates (validateSchedule), in the file's terms: its think time
+// a duration such as every other of the file ("1m30s", "1d"), and its seed
+// the workload's.
 type Schedule struct {
 	Rate      float64        `yaml:"rate,omitempty"`     // requests a second, whole fleet
 	Arrivals  synth.Arrivals `yaml:"arrivals,omitempty"` // with rate: poisson (default) or constant
@@ -347,10 +350,11 @@ const (
 	DefaultTraceBlockSize = 512
 	DefaultLoop           = replay.LoopFresh
 	DefaultMaxInFlight    = 64
-	// MaxInFlightLimit bounds max_in_flight (and so schedule.users):
-	// each request in flight holds a goroutine, a connection and its
-	// buffers (MemoryCosts.InFlightRequest).
-	MaxInFlightLimit    = 1 << 16
+	// MaxInFlightLimit bounds max_in_flight, as replay.MaxUsers bounds
+	// schedule.users, whose users each hold a request in flight: each
+	// holds a goroutine, a connection and its buffers
+	// (MemoryCosts.InFlightRequest).
+	MaxInFlightLimit    = replay.MaxUsers
 	DefaultOnSaturation = replay.SaturationDrop
 )
 
@@ -939,36 +943,33 @@ func validateGeneratedSynthesis(g *synth.SharedPrefix, s Synthesis, p string, ba
 	}
 }
 
-// validateSchedule checks a workload's schedule and what it excludes.
+// validateSchedule checks a workload's schedule (replay's rules, at their
+// YAML paths) and what it excludes among the workload's other keys.
 func validateSchedule(w *Workload, p string, bad func(string, string, ...any)) {
 	s, sp := w.Schedule, p+".schedule"
-	if s.Rate != 0 && !(s.Rate >= replay.MinRate && s.Rate <= replay.MaxRate) {
-		bad(sp+".rate", "must be from 1/3600 (one an hour) to %d requests a second, got %v", int(replay.MaxRate), s.Rate)
-	}
-	if s.Users < 0 || s.Users > MaxInFlightLimit {
-		bad(sp+".users", "must be from 0 to %d, got %d", MaxInFlightLimit, s.Users)
-	}
-	if s.Rate != 0 && s.Users != 0 {
-		bad(sp, "rate (an open loop) and users (a closed loop) exclude each other")
-	}
-	arrivalsErr := s.Arrivals.Validate()
-	switch {
-	case s.Arrivals != "" && s.Rate == 0:
-		bad(sp+".arrivals", "applies only with a rate")
-	case arrivalsErr != nil:
-		bad(sp+".arrivals", "%v", arrivalsErr)
-	}
-	switch {
-	case s.ThinkTime < 0:
-		bad(sp+".think_time", "must not be negative")
-	case s.ThinkTime != 0 && s.Users == 0:
-		bad(sp+".think_time", "applies only with users")
-	}
-	if s.Users > 0 && s.Users <= MaxInFlightLimit && s.Users > w.MaxInFlight && w.MaxInFlight >= 1 {
+	badLines(s.Replay(w.Seed).ValidateNamed(func(key string) string {
+		if key == "" {
+			return sp + ":"
+		}
+		return sp + "." + key + ":"
+	}), bad)
+	if s.Users > 0 && s.Users <= replay.MaxUsers && s.Users > w.MaxInFlight && w.MaxInFlight >= 1 {
 		bad(sp+".users", "%d users need max_in_flight %d at least, got %d", s.Users, s.Users, w.MaxInFlight)
 	}
 	if (s.Rate != 0 || s.Users != 0) && w.Synthesis.SpeedupRatio != 1 {
 		bad(p+".synthesis.speedup_ratio", "has no effect with a schedule of its own: the trace's timestamps are not used (set the rate instead)")
+	}
+}
+
+// badLines tells each line of err, a component's problems each named
+// "path: reason" (a ValidateNamed of path+":"), at its path.
+func badLines(err error, bad func(string, string, ...any)) {
+	if err == nil {
+		return
+	}
+	for _, line := range strings.Split(err.Error(), "\n") {
+		path, msg, _ := strings.Cut(line, ": ")
+		bad(path, "%s", msg)
 	}
 }
 
