@@ -240,16 +240,9 @@ type Prompts struct {
 	Reproducible bool `yaml:"reproducible,omitempty"`
 }
 
-// Synthesis reshapes the trace before replay (AIPerf's per-row transform).
-type Synthesis struct {
-	SpeedupRatio         float64 `yaml:"speedup_ratio,omitempty"`
-	PrefixLenMultiplier  float64 `yaml:"prefix_len_multiplier,omitempty"`
-	PrefixRootMultiplier int     `yaml:"prefix_root_multiplier,omitempty"`
-	PromptLenMultiplier  float64 `yaml:"prompt_len_multiplier,omitempty"`
-	OutputLenMultiplier  float64 `yaml:"output_len_multiplier,omitempty"`
-	MaxISL               int     `yaml:"max_isl,omitempty"`
-	MaxOSL               int     `yaml:"max_osl,omitempty"`
-}
+// Synthesis reshapes the trace before replay (AIPerf's per-row
+// transform): synth's own type, under the same keys.
+type Synthesis = synth.Synthesis
 
 // Generate is a shared-prefix workload (synth.SharedPrefix): the trace
 // synthesize --prefixes would write, made in memory. Its block size and seed
@@ -278,10 +271,14 @@ func (g *Generate) arrivalsKey() (synth.Arrivals, string) {
 	return g.Arrivals, "arrivals"
 }
 
-// TokenLengths is a normal distribution of token counts.
-type TokenLengths struct {
-	Mean   float64 `yaml:"mean"`
-	StdDev float64 `yaml:"stddev,omitempty"`
+// TokenLengths is a normal distribution of token counts: synth's own
+// type, under the same keys.
+type TokenLengths = synth.Lengths
+
+// Knobs are w's synthesis settings with its block size and seed, as the
+// transform takes them.
+func (w *Workload) Knobs() synth.Knobs {
+	return synth.Knobs{BlockSize: w.BlockSize, Synthesis: w.Synthesis, Seed: w.Seed}
 }
 
 // SharedPrefix is the generator w names, with its defaults; nil without
@@ -298,8 +295,8 @@ func (w *Workload) SharedPrefix() *synth.SharedPrefix {
 	}
 	return &synth.SharedPrefix{
 		Prefixes: g.Prefixes, PrefixTokens: g.PrefixTokens, Requests: g.Requests,
-		InputTokens:  synth.Lengths{Mean: g.InputTokens.Mean, StdDev: g.InputTokens.StdDev},
-		OutputTokens: synth.Lengths{Mean: g.OutputTokens.Mean, StdDev: g.OutputTokens.StdDev},
+		InputTokens:  g.InputTokens,
+		OutputTokens: g.OutputTokens,
 		Turns:        turns,
 		TurnDelay:    float64(time.Duration(g.TurnDelay)) / float64(time.Millisecond),
 		Rate:         g.Rate, Arrivals: arrivals.OrDefault(),
@@ -853,28 +850,14 @@ const maxIsolationEpoch = 256
 
 func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 	s := w.Synthesis
-	knobs := synth.Knobs{
-		BlockSize:            w.BlockSize,
-		SpeedupRatio:         s.SpeedupRatio,
-		PrefixLenMultiplier:  s.PrefixLenMultiplier,
-		PrefixRootMultiplier: s.PrefixRootMultiplier,
-		PromptLenMultiplier:  s.PromptLenMultiplier,
-		OutputLenMultiplier:  s.OutputLenMultiplier,
-		MaxISL:               s.MaxISL,
-		MaxOSL:               s.MaxOSL,
-	}
+	knobs := w.Knobs()
 	err := knobs.ValidateNamed(func(key string) string {
 		if key == "block_size" {
 			return p + ".block_size:"
 		}
 		return p + ".synthesis." + key + ":"
 	})
-	if err != nil {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			path, msg, _ := strings.Cut(line, ": ")
-			bad(path, "%s", msg)
-		}
-	}
+	badLines(err, bad)
 	if g := w.SharedPrefix(); g != nil {
 		_, arrivalsSpelled := w.Generate.arrivalsKey()
 		if w.Generate.Arrivals != "" && w.Generate.Arrival != "" {

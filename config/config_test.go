@@ -620,30 +620,44 @@ workloads:
 	}
 }
 
-// TestEmulateTakesEveryEmulatorKey: a target's emulate block is the
-// emulator's own configuration, so every YAML key of emulate.Config,
-// nested ones included, is a key of the block with no edit in this
-// package. Each key is given alone, with its zero value.
-func TestEmulateTakesEveryEmulatorKey(t *testing.T) {
-	keys := yamlKeys(reflect.TypeOf(emulate.Config{}))
-	if len(keys) < 20 {
-		t.Fatalf("found only %d keys in emulate.Config: %v", len(keys), keys)
+// TestComponentKeys: a component's configuration type is taken whole
+// under its key (the emulator's under a target's emulate, synthesis's
+// under a workload's synthesis), so every YAML key of the type, nested
+// ones included, is a key of the file with no edit in this package. Each
+// key is given alone, with its zero value.
+func TestComponentKeys(t *testing.T) {
+	tests := []struct {
+		name string
+		typ  reflect.Type
+		file func(block string) string // a configuration with block in its place
+	}{
+		{"emulate", reflect.TypeOf(emulate.Config{}), func(block string) string {
+			return "targets:\n  - name: emu\n    emulate: " + block + "\nworkloads:\n  - {name: w, trace: t.jsonl, targets: [emu]}\n"
+		}},
+		{"synthesis", reflect.TypeOf(synth.Synthesis{}), func(block string) string {
+			return "targets:\n  - name: emu\n    emulate: {}\nworkloads:\n  - {name: w, trace: t.jsonl, targets: [emu], synthesis: " + block + "}\n"
+		}},
 	}
-	for _, key := range keys {
-		t.Run(key.path, func(t *testing.T) {
-			value, err := yaml.Marshal(reflect.Zero(key.typ).Interface())
-			if err != nil {
-				t.Fatal(err)
-			}
-			block := strings.TrimSpace(string(value))
-			for _, k := range slices.Backward(strings.Split(key.path, ".")) {
-				block = fmt.Sprintf("{%s: %s}", k, block)
-			}
-			data := "targets:\n  - name: emu\n    emulate: " + block + "\nworkloads:\n  - {name: w, trace: t.jsonl, targets: [emu]}\n"
-			if _, err := Parse([]byte(data), "testdata"); err != nil {
-				t.Errorf("emulate: %s: %v", block, err)
-			}
-		})
+	for _, tt := range tests {
+		keys := yamlKeys(tt.typ)
+		if len(keys) < 5 {
+			t.Fatalf("found only %d keys in %v: %v", len(keys), tt.typ, keys)
+		}
+		for _, key := range keys {
+			t.Run(tt.name+"."+key.path, func(t *testing.T) {
+				value, err := yaml.Marshal(reflect.Zero(key.typ).Interface())
+				if err != nil {
+					t.Fatal(err)
+				}
+				block := strings.TrimSpace(string(value))
+				for _, k := range slices.Backward(strings.Split(key.path, ".")) {
+					block = fmt.Sprintf("{%s: %s}", k, block)
+				}
+				if _, err := Parse([]byte(tt.file(block)), "testdata"); err != nil {
+					t.Errorf("%s: %s: %v", tt.name, block, err)
+				}
+			})
+		}
 	}
 }
 

@@ -13,9 +13,11 @@ import (
 
 // Lengths is a token count drawn from a normal distribution; a draw below
 // one token is drawn again, and a zero StdDev gives round(Mean) without a
-// draw.
+// draw. Its keys are those of a generated workload's input_tokens and
+// output_tokens.
 type Lengths struct {
-	Mean, StdDev float64
+	Mean   float64 `yaml:"mean"`
+	StdDev float64 `yaml:"stddev,omitempty"`
 }
 
 // SharedPrefix describes the workload of AIPerf's KV-cache write-up (and
