@@ -244,19 +244,14 @@ type Prompts struct {
 // transform): synth's own type, under the same keys.
 type Synthesis = synth.Synthesis
 
-// Generate is a shared-prefix workload (synth.SharedPrefix): the trace
-// synthesize --prefixes would write, made in memory. Its block size and seed
-// are the workload's.
+// Generate is a shared-prefix workload: synth.SharedPrefix's keys, the
+// trace synthesize --prefixes would write, made in memory. Its block size
+// and seed are the workload's; its turn delay is a duration such as every
+// other of the file, and arrivals has a second spelling.
 type Generate struct {
-	Prefixes     int            `yaml:"prefixes"`
-	PrefixTokens int            `yaml:"prefix_tokens"`
-	Requests     int            `yaml:"requests"`
-	InputTokens  TokenLengths   `yaml:"input_tokens"`
-	OutputTokens TokenLengths   `yaml:"output_tokens"`
-	Turns        int            `yaml:"turns,omitempty"`
-	TurnDelay    Duration       `yaml:"turn_delay,omitempty"`
-	Rate         float64        `yaml:"rate"`
-	Arrivals     synth.Arrivals `yaml:"arrivals,omitempty"`
+	synth.SharedPrefix `yaml:",inline"`
+	// TurnDelay is SharedPrefix.TurnDelay as the file writes it.
+	TurnDelay Duration `yaml:"turn_delay,omitempty"`
 	// Arrival is the spelling of arrivals that shipped first, still
 	// accepted; giving both is an error.
 	Arrival synth.Arrivals `yaml:"arrival,omitempty"`
@@ -289,19 +284,14 @@ func (w *Workload) SharedPrefix() *synth.SharedPrefix {
 		return nil
 	}
 	arrivals, _ := g.arrivalsKey()
-	turns := g.Turns
-	if turns == 0 {
-		turns = 1
+	sp := g.SharedPrefix
+	if sp.Turns == 0 {
+		sp.Turns = 1
 	}
-	return &synth.SharedPrefix{
-		Prefixes: g.Prefixes, PrefixTokens: g.PrefixTokens, Requests: g.Requests,
-		InputTokens:  g.InputTokens,
-		OutputTokens: g.OutputTokens,
-		Turns:        turns,
-		TurnDelay:    float64(time.Duration(g.TurnDelay)) / float64(time.Millisecond),
-		Rate:         g.Rate, Arrivals: arrivals.OrDefault(),
-		BlockSize: w.BlockSize, Seed: w.Seed,
-	}
+	sp.TurnDelay = float64(time.Duration(g.TurnDelay)) / float64(time.Millisecond)
+	sp.Arrivals = arrivals.OrDefault()
+	sp.BlockSize, sp.Seed = w.BlockSize, w.Seed
+	return &sp
 }
 
 // Duration is a Prometheus-style duration ("30s", "10m", "1h30m").
