@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/openai"
 	"github.com/kvload-exporter/kvload-exporter/replay"
@@ -94,52 +95,11 @@ type Target struct {
 	Emulate       *Emulate `yaml:"emulate,omitempty"`
 }
 
-// Emulate is a target's emulated engine: the keys of package emulate's
-// Config, which the daemon converts it to, declared here so that the schema
-// does not depend on the emulator. The daemon checks the engine's name.
-type Emulate struct {
-	Model              string        `yaml:"model"`
-	MaxModelLen        int           `yaml:"max_model_len"`
-	MaxBodyBytes       int64         `yaml:"max_body_bytes"`
-	Engine             string        `yaml:"engine"`
-	BlockSize          int           `yaml:"block_size"`
-	CapacityBlocks     int           `yaml:"capacity_blocks"`
-	Slots              int           `yaml:"slots"`
-	CacheRAMTokens     int           `yaml:"cache_ram_tokens"`
-	HideCacheConfig    bool          `yaml:"hide_cache_config"`
-	BOS                bool          `yaml:"bos"`
-	DisablePrefixCache bool          `yaml:"disable_prefix_cache"`
-	OmitCachedTokens   bool          `yaml:"omit_cached_tokens"`
-	MaxRunning         int           `yaml:"max_running"`
-	Overhead           time.Duration `yaml:"overhead"`
-	PrefillPerToken    time.Duration `yaml:"prefill_per_token"`
-	InterToken         time.Duration `yaml:"inter_token"`
-	Faults             EmulateFaults `yaml:"faults"`
-	Seed               uint64        `yaml:"seed"`
-	KVEvents           string        `yaml:"kv_events"`
-	KVEventsTopic      string        `yaml:"kv_events_topic"`
-	KVEventsFormat     string        `yaml:"kv_events_format"`
-
-	KVEventsReplayEndpoint string  `yaml:"kv_events_replay_endpoint"` // see emulate.Config
-	KVEventsDrop           float64 `yaml:"kv_events_drop"`            // see emulate.Config
-
-	MetricsDoubleCountHits bool    `yaml:"metrics_double_count_hits"` // see emulate.Config
-	MetricsHitsOvercount   float64 `yaml:"metrics_hits_overcount"`    // see emulate.Config
-	HoldAbandonedSlots     bool    `yaml:"hold_abandoned_slots"`      // see emulate.Config
-}
-
-// EmulateFaults are the keys of emulate.Faults, field for field, so that
-// one converts to the other.
-type EmulateFaults struct {
-	Error500            float64       `yaml:"error_500"`
-	Error429            float64       `yaml:"error_429"`
-	Disconnect          float64       `yaml:"disconnect"`
-	Malformed           float64       `yaml:"malformed"`
-	Hang                float64       `yaml:"hang"`
-	SlowFirstToken      float64       `yaml:"slow_first_token"`
-	SlowFirstTokenDelay time.Duration `yaml:"slow_first_token_delay"`
-	AfterTokens         int           `yaml:"after_tokens"`
-}
+// Emulate is a target's emulated engine: package emulate's own
+// configuration, under the same keys, so that a key the emulator gains is
+// a key of the emulate block with no edit here. The daemon names the
+// target's model after it.
+type Emulate = emulate.Config
 
 // Cache describes the target's KV prefix cache, for the theoretical model
 // and for reading the observed hits.
@@ -250,7 +210,10 @@ type Workload struct {
 	Abandon *Abandon `yaml:"abandon,omitempty"`
 }
 
-// Schedule is a workload's schedule.
+// Schedule is a workload's schedule: replay.Schedule's keys, which
+// replay validates (validateSchedule), in the file's terms: its think time
+// a duration such as every other of the file ("1m30s", "1d"), and its seed
+// the workload's.
 type Schedule struct {
 	Rate      float64        `yaml:"rate,omitempty"`     // requests a second, whole fleet
 	Arrivals  synth.Arrivals `yaml:"arrivals,omitempty"` // with rate: poisson (default) or constant
@@ -277,30 +240,18 @@ type Prompts struct {
 	Reproducible bool `yaml:"reproducible,omitempty"`
 }
 
-// Synthesis reshapes the trace before replay (AIPerf's per-row transform).
-type Synthesis struct {
-	SpeedupRatio         float64 `yaml:"speedup_ratio,omitempty"`
-	PrefixLenMultiplier  float64 `yaml:"prefix_len_multiplier,omitempty"`
-	PrefixRootMultiplier int     `yaml:"prefix_root_multiplier,omitempty"`
-	PromptLenMultiplier  float64 `yaml:"prompt_len_multiplier,omitempty"`
-	OutputLenMultiplier  float64 `yaml:"output_len_multiplier,omitempty"`
-	MaxISL               int     `yaml:"max_isl,omitempty"`
-	MaxOSL               int     `yaml:"max_osl,omitempty"`
-}
+// Synthesis reshapes the trace before replay (AIPerf's per-row
+// transform): synth's own type, under the same keys.
+type Synthesis = synth.Synthesis
 
-// Generate is a shared-prefix workload (synth.SharedPrefix): the trace
-// synthesize --prefixes would write, made in memory. Its block size and seed
-// are the workload's.
+// Generate is a shared-prefix workload: synth.SharedPrefix's keys, the
+// trace synthesize --prefixes would write, made in memory. Its block size
+// and seed are the workload's; its turn delay is a duration such as every
+// other of the file, and arrivals has a second spelling.
 type Generate struct {
-	Prefixes     int            `yaml:"prefixes"`
-	PrefixTokens int            `yaml:"prefix_tokens"`
-	Requests     int            `yaml:"requests"`
-	InputTokens  TokenLengths   `yaml:"input_tokens"`
-	OutputTokens TokenLengths   `yaml:"output_tokens"`
-	Turns        int            `yaml:"turns,omitempty"`
-	TurnDelay    Duration       `yaml:"turn_delay,omitempty"`
-	Rate         float64        `yaml:"rate"`
-	Arrivals     synth.Arrivals `yaml:"arrivals,omitempty"`
+	synth.SharedPrefix `yaml:",inline"`
+	// TurnDelay is SharedPrefix.TurnDelay as the file writes it.
+	TurnDelay Duration `yaml:"turn_delay,omitempty"`
 	// Arrival is the spelling of arrivals that shipped first, still
 	// accepted; giving both is an error.
 	Arrival synth.Arrivals `yaml:"arrival,omitempty"`
@@ -315,10 +266,14 @@ func (g *Generate) arrivalsKey() (synth.Arrivals, string) {
 	return g.Arrivals, "arrivals"
 }
 
-// TokenLengths is a normal distribution of token counts.
-type TokenLengths struct {
-	Mean   float64 `yaml:"mean"`
-	StdDev float64 `yaml:"stddev,omitempty"`
+// TokenLengths is a normal distribution of token counts: synth's own
+// type, under the same keys.
+type TokenLengths = synth.Lengths
+
+// Knobs are w's synthesis settings with its block size and seed, as the
+// transform takes them.
+func (w *Workload) Knobs() synth.Knobs {
+	return synth.Knobs{BlockSize: w.BlockSize, Synthesis: w.Synthesis, Seed: w.Seed}
 }
 
 // SharedPrefix is the generator w names, with its defaults; nil without
@@ -329,19 +284,14 @@ func (w *Workload) SharedPrefix() *synth.SharedPrefix {
 		return nil
 	}
 	arrivals, _ := g.arrivalsKey()
-	turns := g.Turns
-	if turns == 0 {
-		turns = 1
+	sp := g.SharedPrefix
+	if sp.Turns == 0 {
+		sp.Turns = 1
 	}
-	return &synth.SharedPrefix{
-		Prefixes: g.Prefixes, PrefixTokens: g.PrefixTokens, Requests: g.Requests,
-		InputTokens:  synth.Lengths{Mean: g.InputTokens.Mean, StdDev: g.InputTokens.StdDev},
-		OutputTokens: synth.Lengths{Mean: g.OutputTokens.Mean, StdDev: g.OutputTokens.StdDev},
-		Turns:        turns,
-		TurnDelay:    float64(time.Duration(g.TurnDelay)) / float64(time.Millisecond),
-		Rate:         g.Rate, Arrivals: arrivals.OrDefault(),
-		BlockSize: w.BlockSize, Seed: w.Seed,
-	}
+	sp.TurnDelay = float64(time.Duration(g.TurnDelay)) / float64(time.Millisecond)
+	sp.Arrivals = arrivals.OrDefault()
+	sp.BlockSize, sp.Seed = w.BlockSize, w.Seed
+	return &sp
 }
 
 // Duration is a Prometheus-style duration ("30s", "10m", "1h30m").
@@ -387,10 +337,11 @@ const (
 	DefaultTraceBlockSize = 512
 	DefaultLoop           = replay.LoopFresh
 	DefaultMaxInFlight    = 64
-	// MaxInFlightLimit bounds max_in_flight (and so schedule.users):
-	// each request in flight holds a goroutine, a connection and its
-	// buffers (MemoryCosts.InFlightRequest).
-	MaxInFlightLimit    = 1 << 16
+	// MaxInFlightLimit bounds max_in_flight, as replay.MaxUsers bounds
+	// schedule.users, whose users each hold a request in flight: each
+	// holds a goroutine, a connection and its buffers
+	// (MemoryCosts.InFlightRequest).
+	MaxInFlightLimit    = replay.MaxUsers
 	DefaultOnSaturation = replay.SaturationDrop
 )
 
@@ -889,28 +840,14 @@ const maxIsolationEpoch = 256
 
 func validateWorkload(w *Workload, p string, bad func(string, string, ...any)) {
 	s := w.Synthesis
-	knobs := synth.Knobs{
-		BlockSize:            w.BlockSize,
-		SpeedupRatio:         s.SpeedupRatio,
-		PrefixLenMultiplier:  s.PrefixLenMultiplier,
-		PrefixRootMultiplier: s.PrefixRootMultiplier,
-		PromptLenMultiplier:  s.PromptLenMultiplier,
-		OutputLenMultiplier:  s.OutputLenMultiplier,
-		MaxISL:               s.MaxISL,
-		MaxOSL:               s.MaxOSL,
-	}
+	knobs := w.Knobs()
 	err := knobs.ValidateNamed(func(key string) string {
 		if key == "block_size" {
 			return p + ".block_size:"
 		}
 		return p + ".synthesis." + key + ":"
 	})
-	if err != nil {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			path, msg, _ := strings.Cut(line, ": ")
-			bad(path, "%s", msg)
-		}
-	}
+	badLines(err, bad)
 	if g := w.SharedPrefix(); g != nil {
 		_, arrivalsSpelled := w.Generate.arrivalsKey()
 		if w.Generate.Arrivals != "" && w.Generate.Arrival != "" {
@@ -979,36 +916,33 @@ func validateGeneratedSynthesis(g *synth.SharedPrefix, s Synthesis, p string, ba
 	}
 }
 
-// validateSchedule checks a workload's schedule and what it excludes.
+// validateSchedule checks a workload's schedule (replay's rules, at their
+// YAML paths) and what it excludes among the workload's other keys.
 func validateSchedule(w *Workload, p string, bad func(string, string, ...any)) {
 	s, sp := w.Schedule, p+".schedule"
-	if s.Rate != 0 && !(s.Rate >= replay.MinRate && s.Rate <= replay.MaxRate) {
-		bad(sp+".rate", "must be from 1/3600 (one an hour) to %d requests a second, got %v", int(replay.MaxRate), s.Rate)
-	}
-	if s.Users < 0 || s.Users > MaxInFlightLimit {
-		bad(sp+".users", "must be from 0 to %d, got %d", MaxInFlightLimit, s.Users)
-	}
-	if s.Rate != 0 && s.Users != 0 {
-		bad(sp, "rate (an open loop) and users (a closed loop) exclude each other")
-	}
-	arrivalsErr := s.Arrivals.Validate()
-	switch {
-	case s.Arrivals != "" && s.Rate == 0:
-		bad(sp+".arrivals", "applies only with a rate")
-	case arrivalsErr != nil:
-		bad(sp+".arrivals", "%v", arrivalsErr)
-	}
-	switch {
-	case s.ThinkTime < 0:
-		bad(sp+".think_time", "must not be negative")
-	case s.ThinkTime != 0 && s.Users == 0:
-		bad(sp+".think_time", "applies only with users")
-	}
-	if s.Users > 0 && s.Users <= MaxInFlightLimit && s.Users > w.MaxInFlight && w.MaxInFlight >= 1 {
+	badLines(s.Replay(w.Seed).ValidateNamed(func(key string) string {
+		if key == "" {
+			return sp + ":"
+		}
+		return sp + "." + key + ":"
+	}), bad)
+	if s.Users > 0 && s.Users <= replay.MaxUsers && s.Users > w.MaxInFlight && w.MaxInFlight >= 1 {
 		bad(sp+".users", "%d users need max_in_flight %d at least, got %d", s.Users, s.Users, w.MaxInFlight)
 	}
 	if (s.Rate != 0 || s.Users != 0) && w.Synthesis.SpeedupRatio != 1 {
 		bad(p+".synthesis.speedup_ratio", "has no effect with a schedule of its own: the trace's timestamps are not used (set the rate instead)")
+	}
+}
+
+// badLines tells each line of err, a component's problems each named
+// "path: reason" (a ValidateNamed of path+":"), at its path.
+func badLines(err error, bad func(string, string, ...any)) {
+	if err == nil {
+		return
+	}
+	for _, line := range strings.Split(err.Error(), "\n") {
+		path, msg, _ := strings.Cut(line, ": ")
+		bad(path, "%s", msg)
 	}
 }
 

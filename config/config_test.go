@@ -5,10 +5,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/synth"
 )
@@ -431,7 +436,9 @@ func TestEmulateBlock(t *testing.T) {
 		{"unknown fault", "faults: {error500: 1}", `targets[0].emulate.faults: unknown key "error500" (line 4); did you mean "error_500"?`},
 		{"not a duration", "overhead: soon", `targets[0].emulate.overhead: expected a duration such as 30s, got the string "soon" (line 4)`},
 		{"not a string", "engine: [vllm]", "targets[0].emulate.engine: expected a string, got a list (line 4)"},
-		{"any engine name", "engine: tgi", ""}, // lifecycle's TestEmulateConfig has every key
+		// The emulator's own names, told with the file's other problems.
+		{"unknown engine", "engine: tgi", `targets[0].emulate.engine: unknown engine "tgi" (want vllm, sglang, trtllm or llamacpp) (line 4)`},
+		{"engine", "engine: llamacpp", ""}, // lifecycle's TestEmulateConfig has every key
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -611,4 +618,74 @@ workloads:
 			}
 		})
 	}
+}
+
+// TestComponentKeys: a component's configuration type is taken whole
+// under its key (the emulator's under a target's emulate, synthesis's
+// under a workload's synthesis, the shared-prefix generator's under its
+// generate), so every YAML key of the type, nested ones included, is a key
+// of the file with no edit in this package. Each key is given alone, with
+// its zero value: valid, but for the generator, whose keys are only to be
+// known.
+func TestComponentKeys(t *testing.T) {
+	tests := []struct {
+		name  string
+		typ   reflect.Type
+		file  func(block string) string // a configuration with block in its place
+		valid bool                      // each key alone makes a valid file
+	}{
+		{"emulate", reflect.TypeOf(emulate.Config{}), func(block string) string {
+			return "targets:\n  - name: emu\n    emulate: " + block + "\nworkloads:\n  - {name: w, trace: t.jsonl, targets: [emu]}\n"
+		}, true},
+		{"synthesis", reflect.TypeOf(synth.Synthesis{}), func(block string) string {
+			return "targets:\n  - name: emu\n    emulate: {}\nworkloads:\n  - {name: w, trace: t.jsonl, targets: [emu], synthesis: " + block + "}\n"
+		}, true},
+		{"generate", reflect.TypeOf(synth.SharedPrefix{}), func(block string) string {
+			return "targets:\n  - name: emu\n    emulate: {}\nworkloads:\n  - {name: w, targets: [emu], generate: " + block + "}\n"
+		}, false},
+	}
+	for _, tt := range tests {
+		keys := yamlKeys(tt.typ)
+		if len(keys) < 5 {
+			t.Fatalf("found only %d keys in %v: %v", len(keys), tt.typ, keys)
+		}
+		for _, key := range keys {
+			t.Run(tt.name+"."+key.path, func(t *testing.T) {
+				value, err := yaml.Marshal(reflect.Zero(key.typ).Interface())
+				if err != nil {
+					t.Fatal(err)
+				}
+				block := strings.TrimSpace(string(value))
+				for _, k := range slices.Backward(strings.Split(key.path, ".")) {
+					block = fmt.Sprintf("{%s: %s}", k, block)
+				}
+				_, err = Parse([]byte(tt.file(block)), "testdata")
+				if err != nil && (tt.valid || strings.Contains(err.Error(), "unknown key")) {
+					t.Errorf("%s: %s: %v", tt.name, block, err)
+				}
+			})
+		}
+	}
+}
+
+// yamlKey is one YAML key of a struct: its dotted path and its Go type.
+type yamlKey struct {
+	path string
+	typ  reflect.Type
+}
+
+// yamlKeys lists the keys of struct t, those of its nested structs too.
+func yamlKeys(t reflect.Type) []yamlKey {
+	var out []yamlKey
+	for name, ft := range yamlFields(t) {
+		if ft.Kind() == reflect.Struct && ft != reflect.TypeOf(time.Time{}) {
+			for _, inner := range yamlKeys(ft) {
+				out = append(out, yamlKey{name + "." + inner.path, inner.typ})
+			}
+			continue
+		}
+		out = append(out, yamlKey{name, ft})
+	}
+	slices.SortFunc(out, func(a, b yamlKey) int { return strings.Compare(a.path, b.path) })
+	return out
 }

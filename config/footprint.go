@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvload-exporter/kvload-exporter/emulate"
 	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/tracing"
 )
@@ -436,7 +437,7 @@ func emulatorFootprint(costs MemoryCosts, e *Emulate, p string) FootprintItem {
 	if block <= 0 {
 		block = 16 // the vLLM personality's default
 	}
-	if e.Engine == "llamacpp" {
+	if e.Engine == emulate.PersonalityLlamaCpp {
 		tokens := int64(max(e.Slots, 1)*max(e.MaxModelLen, 0) + max(e.CacheRAMTokens, 0))
 		return FootprintItem{Path: p, What: fmt.Sprintf("llama.cpp slots and host cache, %d tokens", tokens),
 			Bytes: tokens * costs.EmulatorToken}

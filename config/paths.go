@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"reflect"
 	"regexp"
 	"slices"
@@ -227,10 +228,11 @@ func (w *keyWalk) locate(msg string) string {
 
 // stringTypes holds the Go names of the schema's named string types
 // (replay.LoopMode, engine.Observed, ...), found by walking the schema's
-// own structs.
+// structs: this package's and those of the components it takes whole
+// (emulate.Config), all of this module.
 var stringTypes = func() map[string]bool {
 	names := map[string]bool{}
-	own := reflect.TypeOf(Config{}).PkgPath()
+	module := path.Dir(reflect.TypeOf(Config{}).PkgPath())
 	var walk func(t reflect.Type)
 	walk = func(t reflect.Type) {
 		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
@@ -239,7 +241,7 @@ var stringTypes = func() map[string]bool {
 		switch {
 		case t.Kind() == reflect.String && t.PkgPath() != "":
 			names[t.String()] = true
-		case t.Kind() == reflect.Struct && t.PkgPath() == own:
+		case t.Kind() == reflect.Struct && strings.HasPrefix(t.PkgPath(), module+"/"):
 			for _, ft := range yamlFields(t) {
 				walk(ft)
 			}

@@ -1,6 +1,10 @@
 package emulate
 
-import "fmt"
+import (
+	"fmt"
+
+	"go.yaml.in/yaml/v3"
+)
 
 // Personality is the inference engine the emulator imitates: it decides
 // the prefix cache's granularity and what the engine reports about it
@@ -65,6 +69,22 @@ func (p *Personality) UnmarshalText(b []byte) error {
 	v, err := ParsePersonality(string(b))
 	if err != nil {
 		return err
+	}
+	*p = v
+	return nil
+}
+
+// UnmarshalYAML reads a name as UnmarshalText does, but tells an unknown
+// one as a type error at its line: a decoder then goes on, and a file's
+// other problems are reported with it.
+func (p *Personality) UnmarshalYAML(n *yaml.Node) error {
+	var name string
+	if err := n.Decode(&name); err != nil {
+		return err
+	}
+	v, err := ParsePersonality(name)
+	if err != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", n.Line, err)}}
 	}
 	*p = v
 	return nil

@@ -309,18 +309,10 @@ func loadConfig(ctx context.Context, path string, data []byte, prev *traceCache)
 	}
 	var errs []error
 	// What only the emulator knows of an emulated target: its default
-	// model (which the target's requests and labels name) and the engine
-	// names it takes.
+	// model, which the target's requests and labels name.
 	for i := range cfg.Targets {
-		t := &cfg.Targets[i]
-		if t.Emulate == nil {
-			continue
-		}
-		if t.Model == "" {
+		if t := &cfg.Targets[i]; t.Emulate != nil && t.Model == "" {
 			t.Model = emulate.DefaultModel
-		}
-		if _, err := emulateConfig(t); err != nil {
-			errs = append(errs, cfg.KeyError(fmt.Sprintf("targets[%d].emulate.engine", i), err))
 		}
 	}
 	loaded := map[string]*workloadData{}

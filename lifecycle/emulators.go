@@ -57,11 +57,7 @@ func (s *emulatorSet) build(cfg *config.Config) (map[string]*emulate.Engine, err
 		if t.Emulate == nil || s.keeps(cfg, t.Name) {
 			continue
 		}
-		ecfg, err := emulateConfig(t)
-		if err != nil {
-			return nil, fmt.Errorf("target %s: emulate: %w", t.Name, err) // loadConfig refused it already
-		}
-		eng, err := emulate.New(ecfg)
+		eng, err := emulate.New(emulateConfig(t))
 		if err != nil {
 			errs = append(errs, cfg.KeyError(fmt.Sprintf("targets[%d].emulate", i), err))
 			continue
@@ -148,8 +144,7 @@ func (s *emulatorSet) start(unitCtx context.Context, cfg *config.Config, t *conf
 	level.Info(s.logger).Log(started...)
 	// A llama.cpp engine holds one prompt per slot: bounded whatever its
 	// capacity_blocks (which it does not take).
-	ecfg, _ := emulateConfig(t) // it built eng: it converts
-	unbounded := ecfg.CapacityBlocks == 0 && ecfg.Engine != emulate.PersonalityLlamaCpp
+	unbounded := t.Emulate.CapacityBlocks == 0 && t.Emulate.Engine != emulate.PersonalityLlamaCpp
 	if w := freshWorkloadOf(cfg, t.Name); unbounded && w != "" {
 		level.Warn(s.logger).Log("msg", "the emulated engine's prefix cache is unbounded and a workload sends it new prompts every pass: its memory grows every pass; set emulate.capacity_blocks for long runs", "target", t.Name, "workload", w)
 	}
@@ -172,44 +167,12 @@ func (s *emulatorSet) baseURL(t *config.Target) string {
 	return t.URL
 }
 
-// emulateConfig converts t's emulate block for the emulator; an engine name
-// the emulator does not know is its only error.
-func emulateConfig(t *config.Target) (emulate.Config, error) {
-	e := t.Emulate
-	engine, err := emulate.ParsePersonality(e.Engine)
-	if err != nil {
-		return emulate.Config{}, err
-	}
-	return emulate.Config{
-		Model:              cmp.Or(e.Model, t.Model),
-		MaxModelLen:        e.MaxModelLen,
-		MaxBodyBytes:       e.MaxBodyBytes,
-		Engine:             engine,
-		BlockSize:          e.BlockSize,
-		CapacityBlocks:     e.CapacityBlocks,
-		Slots:              e.Slots,
-		CacheRAMTokens:     e.CacheRAMTokens,
-		HideCacheConfig:    e.HideCacheConfig,
-		BOS:                e.BOS,
-		DisablePrefixCache: e.DisablePrefixCache,
-		OmitCachedTokens:   e.OmitCachedTokens,
-		MaxRunning:         e.MaxRunning,
-		Overhead:           e.Overhead,
-		PrefillPerToken:    e.PrefillPerToken,
-		InterToken:         e.InterToken,
-		Faults:             emulate.Faults(e.Faults),
-		Seed:               e.Seed,
-		KVEvents:           e.KVEvents,
-		KVEventsTopic:      e.KVEventsTopic,
-		KVEventsFormat:     emulate.KVEventsFormat(e.KVEventsFormat),
-
-		KVEventsReplayEndpoint: e.KVEventsReplayEndpoint,
-		KVEventsDrop:           e.KVEventsDrop,
-
-		MetricsDoubleCountHits: e.MetricsDoubleCountHits,
-		HoldAbandonedSlots:     e.HoldAbandonedSlots,
-		MetricsHitsOvercount:   e.MetricsHitsOvercount,
-	}, nil
+// emulateConfig is t's emulate block as the emulator takes it: the
+// target's model unless the block names its own.
+func emulateConfig(t *config.Target) emulate.Config {
+	c := *t.Emulate
+	c.Model = cmp.Or(c.Model, t.Model)
+	return c
 }
 
 // freshWorkloadOf names a workload that replays forever against target

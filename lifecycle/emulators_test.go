@@ -43,15 +43,14 @@ func TestEmulateConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if zero := zeroFields(reflect.ValueOf(want), "emulate.Config"); len(zero) > 0 {
-		t.Fatalf("the block leaves %v unset: give it the new keys (and config.Emulate the new fields)", zero)
+		t.Fatalf("the block leaves %v unset: give it the new keys", zero)
 	}
 	cfg, _, err := loadEmulated(t, block)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := emulateConfig(&cfg.Targets[0])
-	if err != nil || got != want {
-		t.Errorf("converted: %v\n%+v\nwant:\n%+v", err, got, want)
+	if got := emulateConfig(&cfg.Targets[0]); got != want {
+		t.Errorf("the emulator's configuration:\n%+v\nwant:\n%+v", got, want)
 	}
 }
 
@@ -96,9 +95,8 @@ func TestEmulateModelAndEngine(t *testing.T) {
 				t.Fatal(err)
 			}
 			tg := &cfg.Targets[0]
-			ecfg, err := emulateConfig(tg)
-			if err != nil || tg.Model != tt.model || ecfg.Model != tt.model {
-				t.Errorf("model %q, the emulator's %q (%v), want %q", tg.Model, ecfg.Model, err, tt.model)
+			if ecfg := emulateConfig(tg); tg.Model != tt.model || ecfg.Model != tt.model {
+				t.Errorf("model %q, the emulator's %q, want %q", tg.Model, ecfg.Model, tt.model)
 			}
 		})
 	}
@@ -167,7 +165,7 @@ func TestUnbuildableEngineKeepsRunning(t *testing.T) {
 	}
 	engine, unit := d.emulators.running["emu"], d.units.byKey[unitKey{"w", "emu"}]
 
-	cfg.Targets[0].Emulate.Engine = "llamacpp"
+	cfg.Targets[0].Emulate.Engine = emulate.PersonalityLlamaCpp
 	cfg.Targets[0].Emulate.BlockSize = 16 // llama.cpp's blocks are single tokens
 	daemontest.WriteConfig(t, path, cfg)
 	const want = "targets[0].emulate: emulate: invalid config: block_size must be 1"

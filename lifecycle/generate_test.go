@@ -10,6 +10,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
+	"github.com/kvload-exporter/kvload-exporter/synth"
 )
 
 // TestGeneratedWorkloadShared: a generator's rows are made once for its
@@ -19,8 +20,8 @@ func TestGeneratedWorkloadShared(t *testing.T) {
 	t.Parallel()
 	srv := newFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
-	gen := &config.Generate{Prefixes: 2, PrefixTokens: 32, Requests: 5, Rate: 0.001,
-		InputTokens: config.TokenLengths{Mean: 10}, OutputTokens: config.TokenLengths{Mean: 2}}
+	gen := &config.Generate{SharedPrefix: synth.SharedPrefix{Prefixes: 2, PrefixTokens: 32, Requests: 5, Rate: 0.001,
+		InputTokens: config.TokenLengths{Mean: 10}, OutputTokens: config.TokenLengths{Mean: 2}}}
 	cfg := daemontest.Config(srv.URL, "")
 	cfg.Workloads[0].Generate = gen
 	daemontest.WriteConfig(t, path, cfg)
@@ -60,8 +61,8 @@ func TestGeneratedShortPrefixNoted(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kvload.yml")
 	cfg := daemontest.Config(srv.URL, "")
 	cfg.Workloads[0].BlockSize = 512
-	cfg.Workloads[0].Generate = &config.Generate{Prefixes: 4, PrefixTokens: 256, Requests: 5, Rate: 0.001,
-		InputTokens: config.TokenLengths{Mean: 10}, OutputTokens: config.TokenLengths{Mean: 2}}
+	cfg.Workloads[0].Generate = &config.Generate{SharedPrefix: synth.SharedPrefix{Prefixes: 4, PrefixTokens: 256, Requests: 5, Rate: 0.001,
+		InputTokens: config.TokenLengths{Mean: 10}, OutputTokens: config.TokenLengths{Mean: 2}}}
 	daemontest.WriteConfig(t, path, cfg)
 	notes, err := Check(path)
 	if err != nil || len(notes) != 1 {

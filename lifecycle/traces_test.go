@@ -238,8 +238,8 @@ func TestGeneratedRowsLetGo(t *testing.T) {
 	t.Parallel()
 	w := daemontest.Workload("w", "", "t")
 	w.Trace = ""
-	w.Generate = &config.Generate{Prefixes: 4, PrefixTokens: 1024, Requests: 50,
-		InputTokens: config.TokenLengths{Mean: 600, StdDev: 50}, OutputTokens: config.TokenLengths{Mean: 8}, Rate: 5}
+	w.Generate = &config.Generate{SharedPrefix: synth.SharedPrefix{Prefixes: 4, PrefixTokens: 1024, Requests: 50,
+		InputTokens: config.TokenLengths{Mean: 600, StdDev: 50}, OutputTokens: config.TokenLengths{Mean: 8}, Rate: 5}}
 	path := generatedName(w.SharedPrefix())
 	ctx := t.Context()
 	prev := newTraceCache()

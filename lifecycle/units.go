@@ -46,17 +46,7 @@ func (wd *workloadData) rows() int { return wd.trace.plan.Rows().Len() }
 // reads the file only if prev does not hold it already). Errors name the
 // file and line.
 func loadWorkload(ctx context.Context, cfg *config.Config, w *config.Workload, traces, prev *traceCache) (*workloadData, error) {
-	k := synth.Knobs{
-		BlockSize:            w.BlockSize,
-		SpeedupRatio:         w.Synthesis.SpeedupRatio,
-		PrefixLenMultiplier:  w.Synthesis.PrefixLenMultiplier,
-		PrefixRootMultiplier: w.Synthesis.PrefixRootMultiplier,
-		PromptLenMultiplier:  w.Synthesis.PromptLenMultiplier,
-		OutputLenMultiplier:  w.Synthesis.OutputLenMultiplier,
-		MaxISL:               w.Synthesis.MaxISL,
-		MaxOSL:               w.Synthesis.MaxOSL,
-		Seed:                 w.Seed,
-	}
+	k := w.Knobs()
 	path := cfg.TracePath(w)
 	g := w.SharedPrefix()
 	if g != nil {

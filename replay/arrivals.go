@@ -29,6 +29,10 @@ const (
 	MaxRate = 1e6
 )
 
+// MaxUsers bounds Schedule.Users: each user holds a request in flight,
+// with its goroutine, connection and buffers.
+const MaxUsers = 1 << 16
+
 // streamArrivals names the random stream of Poisson arrivals under the
 // workload's seed, apart from synthesis's and the prompts'.
 const streamArrivals = "schedule.arrivals"
@@ -73,23 +77,41 @@ func (s Schedule) fixed() bool { return s.Rate == 0 && s.Users == 0 }
 // Closed tells whether the schedule is a closed loop of users.
 func (s Schedule) Closed() bool { return s.Users > 0 }
 
-// Validate reports a schedule that cannot be generated.
+// Validate reports every rule the schedule breaks at once, naming each
+// key as the configuration spells it (rate, users, ...).
 func (s Schedule) Validate() error {
+	return s.ValidateNamed(func(key string) string { return cmp.Or(key, "schedule") })
+}
+
+// ValidateNamed is Validate with each key named by name(key), "" naming
+// the schedule as a whole, so that a configuration file can say its YAML
+// path: each problem is name(key), a space, and the reason.
+func (s Schedule) ValidateNamed(name func(key string) string) error {
 	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s %s", name(key), fmt.Sprintf(format, args...)))
+	}
+	if s.Rate != 0 && !(s.Rate >= MinRate && s.Rate <= MaxRate) {
+		bad("rate", "must be from 1/3600 (one an hour) to %d requests a second, got %v", int(MaxRate), s.Rate)
+	}
+	if s.Users < 0 || s.Users > MaxUsers {
+		bad("users", "must be from 0 to %d, got %d", MaxUsers, s.Users)
+	}
+	if s.Rate != 0 && s.Users != 0 {
+		bad("", "rate (an open loop) and users (a closed loop) exclude each other")
+	}
+	arrivalsErr := s.Arrivals.Validate()
 	switch {
-	case s.Rate != 0 && !(s.Rate >= MinRate && s.Rate <= MaxRate):
-		errs = append(errs, fmt.Errorf("rate must be from 1/3600 (one an hour) to %d requests a second, got %v", int(MaxRate), s.Rate))
-	case s.Rate != 0 && s.Users != 0:
-		errs = append(errs, errors.New("rate (an open loop) and users (a closed loop) exclude each other"))
+	case s.Arrivals != "" && s.Rate == 0:
+		bad("arrivals", "applies only with a rate")
+	case arrivalsErr != nil:
+		bad("arrivals", "%v", arrivalsErr)
 	}
-	if s.Users < 0 {
-		errs = append(errs, fmt.Errorf("users must not be negative, got %d", s.Users))
-	}
-	if s.ThinkTime < 0 {
-		errs = append(errs, fmt.Errorf("think time must not be negative, got %v", s.ThinkTime))
-	}
-	if err := s.Arrivals.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("arrivals %w", err))
+	switch {
+	case s.ThinkTime < 0:
+		bad("think_time", "must not be negative")
+	case s.ThinkTime != 0 && s.Users == 0:
+		bad("think_time", "applies only with users")
 	}
 	return errors.Join(errs...)
 }

@@ -186,10 +186,13 @@ func TestScheduleErrors(t *testing.T) {
 	}{
 		{untimed, Schedule{}, "a fixed schedule needs one"},
 		{untimed, Schedule{Rate: MaxRate * 2}, "rate must be from"},
-		{untimed, Schedule{Rate: 1, Users: 2}, "exclude each other"},
-		{untimed, Schedule{Users: -1}, "users must not be negative"},
+		{untimed, Schedule{Rate: 1, Users: 2}, "schedule rate (an open loop) and users (a closed loop) exclude each other"},
+		{untimed, Schedule{Users: -1}, "users must be from 0 to 65536, got -1"},
+		{untimed, Schedule{Users: MaxUsers + 1}, "users must be from 0 to 65536, got 65537"},
 		{untimed, Schedule{Rate: 1, Arrivals: "bursty"}, `arrivals "bursty" is not one of poisson, constant`},
-		{untimed, Schedule{Users: 1, ThinkTime: -time.Second}, "think time must not be negative"},
+		{untimed, Schedule{Arrivals: ArrivalsConstant}, "arrivals applies only with a rate"},
+		{untimed, Schedule{Users: 1, ThinkTime: -time.Second}, "think_time must not be negative"},
+		{untimed, Schedule{Rate: 1, ThinkTime: time.Second}, "think_time applies only with users"},
 	} {
 		_, err := NewPacer(tc.recs, PacerOptions{Schedule: tc.s})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -13,9 +13,11 @@ import (
 
 // Lengths is a token count drawn from a normal distribution; a draw below
 // one token is drawn again, and a zero StdDev gives round(Mean) without a
-// draw.
+// draw. Its keys are those of a generated workload's input_tokens and
+// output_tokens.
 type Lengths struct {
-	Mean, StdDev float64
+	Mean   float64 `yaml:"mean"`
+	StdDev float64 `yaml:"stddev,omitempty"`
 }
 
 // SharedPrefix describes the workload of AIPerf's KV-cache write-up (and
@@ -27,18 +29,22 @@ type Lengths struct {
 // may be shorter): each turn's prompt is the previous turn's prompt, its
 // answer and InputTokens new tokens, as in Mooncake traces, where a row
 // holds its whole context. Sessions start at Rate a second.
+//
+// Its keys are those of a workload's generate block, whose block size and
+// seed are the workload's and whose turn delay is a duration: those three
+// have none here.
 type SharedPrefix struct {
-	Prefixes     int     // P ≥ 1
-	PrefixTokens int     // L ≥ 0
-	Requests     int     // N ≥ 1 rows
-	InputTokens  Lengths // per turn, after the prefix
-	OutputTokens Lengths
-	Turns        int      // ≥ 1; 1 = no sessions
-	TurnDelay    float64  // ms from a turn's answer to the next turn (the rows' delay)
-	Rate         float64  // sessions per second, > 0
-	Arrivals     Arrivals // ArrivalsPoisson when empty
-	BlockSize    int      // tokens per hash block
-	Seed         uint64
+	Prefixes     int      `yaml:"prefixes"`      // P ≥ 1
+	PrefixTokens int      `yaml:"prefix_tokens"` // L ≥ 0
+	Requests     int      `yaml:"requests"`      // N ≥ 1 rows
+	InputTokens  Lengths  `yaml:"input_tokens"`  // per turn, after the prefix
+	OutputTokens Lengths  `yaml:"output_tokens"`
+	Turns        int      `yaml:"turns,omitempty"`    // ≥ 1; 1 = no sessions
+	TurnDelay    float64  `yaml:"-"`                  // ms from a turn's answer to the next turn (the rows' delay)
+	Rate         float64  `yaml:"rate"`               // sessions per second, > 0
+	Arrivals     Arrivals `yaml:"arrivals,omitempty"` // ArrivalsPoisson when empty
+	BlockSize    int      `yaml:"-"`                  // tokens per hash block
+	Seed         uint64   `yaml:"-"`
 }
 
 // Stream names of the shared-prefix generator: each random quantity has its

@@ -12,29 +12,38 @@ import (
 )
 
 // Knobs are the synthesis settings shared by the per-row transform
-// (Transform) and the generative sampler (Generate). Their names follow
-// AIPerf's --synthesis-* options and the workload config's synthesis keys.
+// (Transform) and the generative sampler (Generate): the trace's block
+// size and the seed beside the reshaping itself.
 type Knobs struct {
-	BlockSize            int     // tokens per hash block of the trace
-	SpeedupRatio         float64 // > 0; timestamps are divided by it
-	PrefixLenMultiplier  float64 // > 0; stretches or shrinks shared prefixes
-	PrefixRootMultiplier int     // ≥ 1; number of disjoint hash-id spaces
-	PromptLenMultiplier  float64 // > 0; scales the unique (non-prefix) tokens
-	OutputLenMultiplier  float64 // ≥ 0; scales output_length
-	MaxISL               int     // 0 = none; rows above it are dropped, results capped
-	MaxOSL               int     // 0 = none; output_length is capped at it
-	Seed                 uint64  // root of the named random streams
+	BlockSize int // tokens per hash block of the trace
+	Synthesis
+	Seed uint64 // root of the named random streams
+}
+
+// Synthesis is how each row is reshaped. Its names follow AIPerf's
+// --synthesis-* options, and its keys are those of a workload's synthesis
+// block; Knobs.Validate checks them.
+type Synthesis struct {
+	SpeedupRatio         float64 `yaml:"speedup_ratio,omitempty"`          // > 0; timestamps are divided by it
+	PrefixLenMultiplier  float64 `yaml:"prefix_len_multiplier,omitempty"`  // > 0; stretches or shrinks shared prefixes
+	PrefixRootMultiplier int     `yaml:"prefix_root_multiplier,omitempty"` // ≥ 1; number of disjoint hash-id spaces
+	PromptLenMultiplier  float64 `yaml:"prompt_len_multiplier,omitempty"`  // > 0; scales the unique (non-prefix) tokens
+	OutputLenMultiplier  float64 `yaml:"output_len_multiplier,omitempty"`  // ≥ 0; scales output_length
+	MaxISL               int     `yaml:"max_isl,omitempty"`                // 0 = none; rows above it are dropped, results capped
+	MaxOSL               int     `yaml:"max_osl,omitempty"`                // 0 = none; output_length is capped at it
 }
 
 // DefaultKnobs returns the settings under which synthesis changes nothing.
 func DefaultKnobs() Knobs {
 	return Knobs{
-		BlockSize:            trace.DefaultBlockSize,
-		SpeedupRatio:         1,
-		PrefixLenMultiplier:  1,
-		PrefixRootMultiplier: 1,
-		PromptLenMultiplier:  1,
-		OutputLenMultiplier:  1,
+		BlockSize: trace.DefaultBlockSize,
+		Synthesis: Synthesis{
+			SpeedupRatio:         1,
+			PrefixLenMultiplier:  1,
+			PrefixRootMultiplier: 1,
+			PromptLenMultiplier:  1,
+			OutputLenMultiplier:  1,
+		},
 	}
 }
 

@@ -87,8 +87,8 @@ func everySetting() []struct {
 		{"speedup_ratio max_isl", knobs(func(k *synth.Knobs) { k.SpeedupRatio = 2; k.MaxISL = 5000 })},
 		{"speedup_ratio max_osl", knobs(func(k *synth.Knobs) { k.SpeedupRatio = 147; k.MaxOSL = 16 })},
 		{"everything", knobs(func(k *synth.Knobs) {
-			*k = synth.Knobs{BlockSize: 512, SpeedupRatio: 147, PrefixLenMultiplier: 3, PrefixRootMultiplier: 4,
-				PromptLenMultiplier: 0.5, OutputLenMultiplier: 1.5, MaxISL: 20000, MaxOSL: 100, Seed: 3}
+			*k = synth.Knobs{BlockSize: 512, Synthesis: synth.Synthesis{SpeedupRatio: 147, PrefixLenMultiplier: 3, PrefixRootMultiplier: 4,
+				PromptLenMultiplier: 0.5, OutputLenMultiplier: 1.5, MaxISL: 20000, MaxOSL: 100}, Seed: 3}
 		})},
 	}
 }

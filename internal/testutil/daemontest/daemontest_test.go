@@ -34,7 +34,7 @@ func TestConfigRoundTrips(t *testing.T) {
 	ids := Target("ids", "http://127.0.0.1:2")
 	ids.API, ids.PromptFormat, ids.Dialect = "completions", "token_ids", "sglang"
 	cfg.Targets = append(cfg.Targets, ids, config.Target{Name: "emu", Emulate: &config.Emulate{
-		CapacityBlocks: 4096, InterToken: time.Millisecond, Faults: config.EmulateFaults{Error500: 0.5, SlowFirstTokenDelay: 2 * time.Second},
+		CapacityBlocks: 4096, InterToken: time.Millisecond, Faults: emulate.Faults{Error500: 0.5, SlowFirstTokenDelay: 2 * time.Second},
 	}})
 	w := Workload("fresh", trace, "ids", "emu")
 	w.Loop, w.MaxInFlight, w.OnSaturation = "fresh", 4, "queue"
