@@ -1080,3 +1080,44 @@ func goroutinesCreated() uint64 {
 	metrics.Read(s)
 	return s[0].Value.Uint64()
 }
+
+// BenchmarkWorkloadRequest runs b.N requests through a Workload, the
+// OpenAI client and a local SSE server of 32-token answers, as fast as 16
+// slots allow, and reports the process's heap allocations and goroutines
+// started per request (client and server): figures the machine's load
+// does not change.
+func BenchmarkWorkloadRequest(b *testing.B) {
+	srv := wlTestSSEServer()
+	defer srv.Close()
+	client, err := openai.New(openai.TargetConfig{Name: "bench", URL: srv.URL, Model: "m"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	recs := pacerTestTimestamps(make([]float64, b.N)...)
+	for i := range recs {
+		recs[i].OutputLength = trace.Ptr(32)
+	}
+	obs := &wlTestLagObserver{}
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{Name: "bench", Target: "bench", MaxInFlight: 16, OnSaturation: SaturationQueue, MaxQueueLag: time.Hour, Clock: newWLTestClock(false)},
+		p, SendWith(client), wlTestPromptBuilder{}, obs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g0 := goroutinesCreated()
+	b.ReportAllocs()
+	b.ResetTimer()
+	if err := w.Run(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	created := goroutinesCreated() - g0
+	if obs.failed > 0 || obs.dropped > 0 {
+		b.Fatalf("%d failed, %d dropped", obs.failed, obs.dropped)
+	}
+	b.ReportMetric(float64(created)/float64(b.N), "goroutines/op")
+}
