@@ -1084,8 +1084,8 @@ func goroutinesCreated() uint64 {
 // BenchmarkWorkloadRequest runs b.N requests through a Workload, the
 // OpenAI client and a local SSE server of 32-token answers, as fast as 16
 // slots allow, and reports the process's heap allocations and goroutines
-// started per request (client and server): figures the machine's load
-// does not change.
+// started per request (client and server), figures the machine's load
+// does not change, and its CPU time per request.
 func BenchmarkWorkloadRequest(b *testing.B) {
 	srv := wlTestSSEServer()
 	defer srv.Close()
@@ -1109,6 +1109,7 @@ func BenchmarkWorkloadRequest(b *testing.B) {
 		b.Fatal(err)
 	}
 	g0 := goroutinesCreated()
+	cpu0, cpuOK := testutil.ProcessCPUSeconds()
 	b.ReportAllocs()
 	b.ResetTimer()
 	if err := w.Run(b.Context()); err != nil {
@@ -1116,6 +1117,9 @@ func BenchmarkWorkloadRequest(b *testing.B) {
 	}
 	b.StopTimer()
 	created := goroutinesCreated() - g0
+	if cpu1, ok := testutil.ProcessCPUSeconds(); cpuOK && ok {
+		b.ReportMetric((cpu1-cpu0)/float64(b.N)*1e6, "cpu-µs/op")
+	}
 	if obs.failed > 0 || obs.dropped > 0 {
 		b.Fatalf("%d failed, %d dropped", obs.failed, obs.dropped)
 	}
