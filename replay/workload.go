@@ -546,7 +546,7 @@ func (w *Workload) maxWorkers() int { return 2 * w.cfg.MaxInFlight }
 
 // hand runs job on an idle request worker, else on a new one. A goroutine
 // per request would cost the Go runtime a new goroutine and the growth of
-// its stack on every request (a tenth of the daemon's CPU at 1,000
+// its stack on every request (several percent of the daemon's CPU at 1,000
 // requests/s); a worker keeps its grown stack. Beyond maxWorkers the
 // request gets a goroutine of its own, which ends with it.
 func (d *workloadDispatcher) hand(job requestJob) {
