@@ -97,6 +97,7 @@ type Collector struct {
 	mu       sync.Mutex
 	lastPass map[string]int // workload → the last pass counted in trace_loops_total
 	recent   map[wtKey]*recent
+	pairs    map[wtKey]*pairSeries
 	// costs fit what a cached prompt token costs, per (workload, target).
 	costs     *servedcache.CostWindows
 	effective *servedcache.EffectiveCapacity
@@ -210,6 +211,7 @@ func New(reg prometheus.Registerer) *Collector {
 		now:      time.Now,
 		lastPass: map[string]int{},
 		recent:   map[wtKey]*recent{},
+		pairs:    map[wtKey]*pairSeries{},
 		costs:    servedcache.NewCostWindows(),
 	}
 	// The estimates take the collector's clock, which tests set.
@@ -305,6 +307,7 @@ func (c *Collector) Forget(workload, target string) {
 	c.phases.forget(l)
 	c.mu.Lock()
 	delete(c.recent, wtKey{workload, target})
+	delete(c.pairs, wtKey{workload, target})
 	c.mu.Unlock()
 	c.costs.Forget(workload, target)
 	c.effective.Forget(workload, target)
@@ -391,8 +394,9 @@ func (c *Collector) ReloadDone(ok bool, at time.Time) {
 
 // Sent implements replay.Observer.
 func (c *Collector) Sent(workload, target string, scheduled, sent time.Time) {
-	c.inFlight.WithLabelValues(workload, target).Inc()
-	c.lag.WithLabelValues(workload, target).Observe(sent.Sub(scheduled).Seconds())
+	s := c.pair(workload, target)
+	s.gauge(&s.inFlight, c.inFlight).Inc()
+	s.observer(&s.lag, c.lag).Observe(sent.Sub(scheduled).Seconds())
 	c.reconcile.comparison.Sent(target)
 }
 
@@ -401,8 +405,9 @@ func (c *Collector) Sent(workload, target string, scheduled, sent time.Time) {
 // How its cached tokens count is r.Counted.
 func (c *Collector) Finished(r *replay.Result) {
 	w, t := r.Workload, r.Target
-	c.inFlight.WithLabelValues(w, t).Dec()
-	c.requests.WithLabelValues(w, t, string(r.Outcome)).Inc()
+	s := c.pair(w, t)
+	s.gauge(&s.inFlight, c.inFlight).Dec()
+	s.request(c.requests, r.Outcome).Inc()
 	at := c.now()
 	c.mu.Lock()
 	c.recentLocked(w, t).add(r, at)
@@ -417,44 +422,44 @@ func (c *Collector) Finished(r *replay.Result) {
 		return
 	}
 	if d, ok := r.TTFT(); ok {
-		observeTraced(c.ttft.WithLabelValues(w, t), d.Seconds(), r)
+		observeTraced(s.observer(&s.ttft, c.ttft), d.Seconds(), r)
 	}
 	if d, ok := r.ITL(); ok {
-		c.itl.WithLabelValues(w, t).Observe(d.Seconds())
+		s.observer(&s.itl, c.itl).Observe(d.Seconds())
 	}
 	if d, ok := r.Latency(); ok {
-		observeTraced(c.duration.WithLabelValues(w, t), d.Seconds(), r)
+		observeTraced(s.observer(&s.duration, c.duration), d.Seconds(), r)
 	}
 	if r.PromptKnown {
-		c.promptTokens.WithLabelValues(w, t).Add(float64(r.PromptTokens))
+		s.counter(&s.promptTokens, c.promptTokens).Add(float64(r.PromptTokens))
 	}
-	c.tracePromptTokens.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
-	c.completionTokens.WithLabelValues(w, t).Add(float64(r.OutputTokens))
-	c.inputLength.WithLabelValues(w, t).Observe(float64(promptOf(r)))
-	c.outputLength.WithLabelValues(w, t).Observe(float64(r.OutputTokens))
+	s.counter(&s.tracePromptTokens, c.tracePromptTokens).Add(float64(r.TraceInputLength))
+	s.counter(&s.completionTokens, c.completionTokens).Add(float64(r.OutputTokens))
+	s.observer(&s.inputLength, c.inputLength).Observe(float64(promptOf(r)))
+	s.observer(&s.outputLength, c.outputLength).Observe(float64(r.OutputTokens))
 	if r.Counted.UsageCached {
-		c.cachedTokens.WithLabelValues(w, t).Add(float64(r.CachedTokens))
+		s.counter(&s.cachedTokens, c.cachedTokens).Add(float64(r.CachedTokens))
 	}
 	if r.Counted.Unreported {
-		c.unreported.WithLabelValues(w, t).Inc()
+		s.counter(&s.unreported, c.unreported).Inc()
 	}
 	if !r.TheoreticalKnown {
 		return
 	}
-	c.theoreticalTokens.WithLabelValues(w, t).Add(float64(r.TheoreticalCachedTokens))
+	s.counter(&s.theoreticalTokens, c.theoreticalTokens).Add(float64(r.TheoreticalCachedTokens))
 	if r.Counted.Reported {
 		// The preamble's hit, when there was one, is on neither side.
-		c.reportedPrompt.WithLabelValues(w, t).Add(float64(promptOf(r) - r.Counted.LeftOut))
+		s.counter(&s.reportedPrompt, c.reportedPrompt).Add(float64(promptOf(r) - r.Counted.LeftOut))
 		if r.Counted.UsageCached {
-			c.reportedCached.WithLabelValues(w, t).Add(float64(r.CachedTokens - r.Counted.LeftOut))
+			s.counter(&s.reportedCached, c.reportedCached).Add(float64(r.CachedTokens - r.Counted.LeftOut))
 		}
-		c.reportedTrace.WithLabelValues(w, t).Add(float64(r.TraceInputLength))
-		c.reportedTheoretical.WithLabelValues(w, t).Add(float64(r.TheoreticalCachedTokens))
+		s.counter(&s.reportedTrace, c.reportedTrace).Add(float64(r.TraceInputLength))
+		s.counter(&s.reportedTheoretical, c.reportedTheoretical).Add(float64(r.TheoreticalCachedTokens))
 	}
-	class := string(ClassOf(r.TheoreticalCachedTokens, r.TraceInputLength))
+	class := ClassOf(r.TheoreticalCachedTokens, r.TraceInputLength)
 	if d, ok := r.TTFT(); ok {
-		c.classTTFT.WithLabelValues(w, t, class).Observe(d.Seconds())
-		c.classTokens.WithLabelValues(w, t, class).Add(float64(r.TraceInputLength))
+		s.classTTFTOf(c.classTTFT, class).Observe(d.Seconds())
+		s.classTokensOf(c.classTokens, class).Add(float64(r.TraceInputLength))
 	}
 }
 

@@ -640,3 +640,76 @@ func TestPreambleLeftOutOfEfficiency(t *testing.T) {
 		t.Errorf("reported prompt tokens %v, want %v", got, wantPrompt)
 	}
 }
+
+// BenchmarkObserveRequest is what the collector does for one successful
+// request, through the cache-truth step as the daemon does: Sent, then
+// Finished.
+func BenchmarkObserveRequest(b *testing.B) {
+	c := New(prometheus.NewRegistry())
+	tr := servedcache.New(c)
+	c.SetTarget("sink", "bench", "chat", "openai")
+	tr.SetTarget("sink", "openai", "usage")
+	c.Start("rate", "sink")
+	t0 := time.Now()
+	r := &replay.Result{
+		Response: openai.Response{Sent: t0, FirstToken: t0.Add(time.Millisecond), LastToken: t0.Add(3 * time.Millisecond), Outcome: openai.OutcomeSuccess,
+			HTTPStatus: 200, OutputTokens: 32, OutputFromUsage: true, PromptTokens: 70, PromptKnown: true},
+		Workload: "rate", Target: "sink", Scheduled: t0, TraceInputLength: 64, TheoreticalKnown: true,
+		TheoreticalByCapacity: replay.CapacityProfile{Known: true},
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		tr.Sent(r.Workload, r.Target, r.Scheduled, r.Sent)
+		tr.Finished(r)
+	}
+}
+
+// TestForgetThenStartCountsAfresh forgets a (workload, target) that had
+// requests and starts it again, as a reload that changed it does: its
+// requests count from zero on series that /metrics shows.
+func TestForgetThenStartCountsAfresh(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	c := New(reg)
+	t0 := time.Unix(1_700_000_000, 0)
+	r := &replay.Result{
+		Response: openai.Response{Sent: t0, FirstToken: t0.Add(time.Millisecond), LastToken: t0.Add(2 * time.Millisecond), Outcome: openai.OutcomeSuccess, HTTPStatus: 200, OutputTokens: 2},
+		Workload: "canary", Target: "vllm-a", Scheduled: t0, TraceInputLength: 100,
+	}
+	c.Start("canary", "vllm-a")
+	for range 3 {
+		c.Sent(r.Workload, r.Target, r.Scheduled, r.Sent)
+		c.Finished(r)
+	}
+	c.Forget("canary", "vllm-a")
+	c.Start("canary", "vllm-a")
+	c.Sent(r.Workload, r.Target, r.Scheduled, r.Sent)
+	c.Finished(r)
+	for _, m := range []struct {
+		name string
+		got  float64
+	}{
+		{"requests_total", promtestutil.ToFloat64(c.requests.WithLabelValues("canary", "vllm-a", string(openai.OutcomeSuccess)))},
+		{"completion tokens", promtestutil.ToFloat64(c.completionTokens.WithLabelValues("canary", "vllm-a")) / 2},
+		{"ttft count", float64(histogramCount(t, reg, "kvload_time_to_first_token_seconds"))},
+	} {
+		if m.got != 1 {
+			t.Errorf("%s after the restart = %v, want 1", m.name, m.got)
+		}
+	}
+}
+
+// histogramCount is the sample count of the one series of histogram name.
+func histogramCount(t *testing.T, reg prometheus.Gatherer, name string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	t.Fatalf("no single series of %s", name)
+	return 0
+}

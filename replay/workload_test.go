@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -952,4 +953,93 @@ func BenchmarkDispatchAlarmSlack(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestWorkloadReusesRequestWorkers replays rows that are all due at once,
+// with at most four in flight, and counts the goroutines the process
+// started meanwhile: the requests run on a few request workers, not on a
+// goroutine each.
+func TestWorkloadReusesRequestWorkers(t *testing.T) {
+	const rows, maxInFlight = 2000, 4
+	ts := make([]float64, rows)
+	recs := pacerTestTimestamps(ts...)
+	send := &wlTestSender{do: func(_ context.Context, _ openai.Request, res *Result) {
+		runtime.Gosched() // let requests overlap
+		res.Outcome = openai.OutcomeSuccess
+	}}
+	obs := newWLTestObserver()
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{Name: "workers", Target: "fake", MaxInFlight: maxInFlight, OnSaturation: SaturationQueue, Clock: newWLTestClock(false)},
+		p, send, newWLTestBuilder(recs), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := goroutinesCreated()
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	created = goroutinesCreated() - created
+	if len(obs.finished) != rows {
+		t.Fatalf("%d requests finished, want %d", len(obs.finished), rows)
+	}
+	// The workers, at most two per slot, and a few to spare for the
+	// runtime's own (a GC cycle starts some).
+	if limit := uint64(2*maxInFlight + 20); created > limit {
+		t.Errorf("%d goroutines started for %d requests, want at most %d", created, rows, limit)
+	}
+}
+
+// goroutinesCreated is the number of goroutines the process has started.
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// BenchmarkWorkloadRequest runs b.N requests through a Workload, the
+// OpenAI client and a local SSE server of 32-token answers, as fast as 16
+// slots allow, and reports the process's heap allocations and goroutines
+// started per request (client and server), figures the machine's load
+// does not change, and its CPU time per request.
+func BenchmarkWorkloadRequest(b *testing.B) {
+	srv := wlTestSSEServer()
+	defer srv.Close()
+	client, err := openai.New(openai.TargetConfig{Name: "bench", URL: srv.URL, Model: "m"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	recs := pacerTestTimestamps(make([]float64, b.N)...)
+	for i := range recs {
+		recs[i].OutputLength = trace.Ptr(32)
+	}
+	obs := &wlTestLagObserver{}
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{Name: "bench", Target: "bench", MaxInFlight: 16, OnSaturation: SaturationQueue, MaxQueueLag: time.Hour, Clock: newWLTestClock(false)},
+		p, SendWith(client), wlTestPromptBuilder{}, obs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g0 := goroutinesCreated()
+	cpu0, cpuOK := testutil.ProcessCPUSeconds()
+	b.ReportAllocs()
+	b.ResetTimer()
+	if err := w.Run(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	created := goroutinesCreated() - g0
+	if cpu1, ok := testutil.ProcessCPUSeconds(); cpuOK && ok {
+		b.ReportMetric((cpu1-cpu0)/float64(b.N)*1e6, "cpu-µs/op")
+	}
+	if obs.failed > 0 || obs.dropped > 0 {
+		b.Fatalf("%d failed, %d dropped", obs.failed, obs.dropped)
+	}
+	b.ReportMetric(float64(created)/float64(b.N), "goroutines/op")
 }

@@ -88,6 +88,10 @@ type outcome struct {
 	sinkCPU   float64 // CPU-seconds of the sink over the run
 	lagSource string
 	scrapes   map[int]int // status code → scrapes, under a storm
+	// The exporter's heap allocations over the run (its Go runtime's
+	// counters, which the machine's load does not change), and its
+	// garbage collections.
+	mallocs, allocBytes, gcs float64
 	// The exporter's /metrics as a storm's scrapers received it (gzip),
 	// at the end of a storm run, for the control run.
 	metrics *capturedResponse
@@ -226,6 +230,10 @@ func run(opt options) error {
 func printOutcome(o outcome) {
 	fmt.Printf("%-6s %5d/s: achieved %.0f/s, %d requests, %.0f dropped, lag p50 %s p99 %s (%s), CPU %.2f s of which %.2f s in the kernel (%.3f per 1,000 req), sink CPU %.2f s\n",
 		o.tool, o.rate, o.achieved, o.sent, o.dropped, ms(o.p50), ms(o.p99), o.lagSource, o.toolCPU, o.toolSys, perK(o.toolCPU, o.sent), o.sinkCPU)
+	if o.sent > 0 && o.mallocs > 0 {
+		n := float64(o.sent)
+		fmt.Printf("%-6s %5d/s: %.0f heap allocations and %.0f bytes per request, %.0f garbage collections\n", o.tool, o.rate, o.mallocs/n, o.allocBytes/n, o.gcs)
+	}
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) }
@@ -331,6 +339,10 @@ workloads:
 		}
 	}
 	cpu0, sink0, sys0 := procCPU(pid), procCPU(sinkPid), procSys(pid)
+	before, err := get("http://" + web + "/metrics")
+	if err != nil {
+		return o, err
+	}
 	if stormURL == "" {
 		stormURL = "http://" + web + "/metrics"
 	}
@@ -354,6 +366,9 @@ workloads:
 	o.sent, o.achieved = st.Requests, achieved(st)
 	o.toolCPU, o.sinkCPU, o.toolSys = cpu1-cpu0, sink1-sink0, sys1-sys0
 	o.dropped = sumSeries(text, "kvload_requests_dropped_total")
+	o.mallocs = sumSeries(text, "go_memstats_mallocs_total") - sumSeries(before, "go_memstats_mallocs_total")
+	o.allocBytes = sumSeries(text, "go_memstats_alloc_bytes_total") - sumSeries(before, "go_memstats_alloc_bytes_total")
+	o.gcs = sumSeries(text, "go_gc_duration_seconds_count") - sumSeries(before, "go_gc_duration_seconds_count")
 	buckets := lagBuckets(text)
 	o.p50, o.p99 = quantile(buckets, 0.5), quantile(buckets, 0.99)
 	var cum []string
