@@ -175,6 +175,6 @@ func (f reconcileFigures) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Reconciliation is the comparison of every compared target now, for the
-// landing page, sorted by target.
-func (c *Collector) Reconciliation() []ReconcileStatus { return c.reconcile.comparison.Status() }
+// Status is the comparison of every compared target now, for the landing
+// page, sorted by target.
+func (r *Reconcile) Status() []ReconcileStatus { return r.comparison.Status() }

@@ -340,7 +340,7 @@ func landingOf(st lifecycle.Status, coll *collector.Collector, g prometheus.Gath
 		ReloadError: st.ReloadError,
 		Rows:        out,
 		Targets:     targets,
-		Reconcile:   coll.Reconciliation(),
+		Reconcile:   coll.Reconcile().Status(),
 		UpdatedAt:   updated,
 	}
 }
