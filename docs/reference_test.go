@@ -7,7 +7,11 @@ package docs_test
 import (
 	"bytes"
 	"fmt"
+	"go/ast"
 	"go/build"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -520,4 +524,72 @@ func TestDesignPackageTable(t *testing.T) {
 
 func sortedSet(m map[string]bool) []string {
 	return slices.Sorted(maps.Keys(m))
+}
+
+// maxMethods is design.md's limit on a type's methods: past it a type has
+// become a hub that carries several jobs. The emulator is left out: it is
+// the independent engine the tests check against, kept whole.
+const maxMethods = 25
+
+// TestTypesStaySmall: no type of the module's non-test code, outside
+// emulate/ and tools/, has more than maxMethods methods.
+func TestTypesStaySmall(t *testing.T) {
+	counts := map[string]int{} // "dir.Type"
+	skip := map[string]bool{"emulate": true, "tools": true, "testdata": true, "bin": true, "node_modules": true}
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != ".." && (skip[d.Name()] || strings.HasPrefix(d.Name(), ".")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return fmt.Errorf("parsing %s: %w", path, err)
+		}
+		for _, decl := range f.Decls {
+			fn, ok := decl.(*ast.FuncDecl)
+			if !ok || fn.Recv == nil || len(fn.Recv.List) != 1 {
+				continue
+			}
+			counts[filepath.Dir(path)+"."+receiverType(fn.Recv.List[0].Type)]++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(counts) < 100 {
+		t.Fatalf("%d types with methods found: the walk missed the module", len(counts))
+	}
+	for typ, n := range counts {
+		if n > maxMethods {
+			t.Errorf("%s has %d methods, more than %d: split it into parts", typ, n, maxMethods)
+		}
+	}
+}
+
+// receiverType is the name of a method's receiver type, without its
+// pointer or type parameters.
+func receiverType(e ast.Expr) string {
+	for {
+		switch x := e.(type) {
+		case *ast.StarExpr:
+			e = x.X
+		case *ast.IndexExpr:
+			e = x.X
+		case *ast.IndexListExpr:
+			e = x.X
+		case *ast.Ident:
+			return x.Name
+		default:
+			return fmt.Sprintf("%T", e)
+		}
+	}
 }
