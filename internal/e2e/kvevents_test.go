@@ -126,15 +126,18 @@ func kvWaitClassified(t *testing.T, d *e2eDaemon, rows int) kvCounts {
 // wrong key reads every miss never_stored.
 func kvShare(t *testing.T, what string, c kvCounts, class string) {
 	t.Helper()
-	kvShareOf(t, what, c, class)
+	kvShareOf(t, what, c, class, true)
 	if c.unclassified != 0 {
 		t.Errorf("%s: %.0f requests with missed hits left unclassified", what, c.unclassified)
 	}
 }
 
 // kvShareOf is kvShare's share alone, over the requests classified: where
-// the streams lose batches, those sent across a loss are not.
-func kvShareOf(t *testing.T, what string, c kvCounts, class string) {
+// the streams lose batches, those sent across a loss are not. found
+// requires that never_stored not be the majority; where batches are lost
+// for good it may be, rightly: a block stored in a lost batch is never
+// seen, and neither are the blocks chained after it.
+func kvShareOf(t *testing.T, what string, c kvCounts, class string, found bool) {
 	t.Helper()
 	total := c.classified()
 	if total < 10000 {
@@ -143,7 +146,7 @@ func kvShareOf(t *testing.T, what string, c kvCounts, class string) {
 	judged := total
 	if class != "never_stored" {
 		judged -= c.classes["never_stored"]
-		if share := c.classes["never_stored"] / total; share > 0.5 {
+		if share := c.classes["never_stored"] / total; found && share > 0.5 {
 			t.Errorf("%s: never_stored holds %.4f of the missed tokens: the engine's blocks are not found", what, share)
 		}
 	}
@@ -241,7 +244,7 @@ func TestE2EKVEventsGapsUnreplayed(t *testing.T) {
 	if failed != 0 {
 		t.Errorf("%.0f replays failed with no replay socket configured, want none asked", failed)
 	}
-	kvShareOf(t, "8,000-block cache, a tenth of the batches dropped, no replay", c, "evicted")
+	kvShareOf(t, "8,000-block cache, a tenth of the batches dropped, no replay", c, "evicted", false)
 	if judged := c.classified() - c.classes["never_stored"]; judged > 0 {
 		if share := c.classes["unexplained"] / judged; share > 0.05 {
 			t.Errorf("unexplained holds %.4f of the missed tokens judged, want at most 0.05: blocks removed in lost batches are still held", share)
