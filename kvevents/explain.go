@@ -70,6 +70,13 @@ const (
 	// the engine publishes each step's events at its end, and they travel
 	// apart from the response.
 	Grace = 200 * time.Millisecond
+	// A classification waits for the streams to catch up with the
+	// request's end: until a batch of after it came, or none came for
+	// catchUpQuiet, at most catchUpMax (a stream that stays behind longer
+	// is classified as far as it got), looking every catchUpPoll.
+	catchUpQuiet = 2 * time.Second
+	catchUpMax   = 10 * time.Second
+	catchUpPoll  = 20 * time.Millisecond
 	// tokenizeTimeout bounds one read of a prompt's token ids.
 	tokenizeTimeout = 10 * time.Second
 )
@@ -176,6 +183,11 @@ func (e *Explainer) classify(ctx context.Context, j Job) {
 	for _, s := range j.Streams {
 		s.settled(ctx)
 	}
+	// A busy exporter takes batches late: the request's are still on
+	// their way while batches of before its end keep coming.
+	if !e.caughtUp(ctx, j.Streams, j.Done) {
+		return
+	}
 	if ctx.Err() != nil {
 		return
 	}
@@ -201,6 +213,37 @@ func (e *Explainer) classify(ctx context.Context, j Job) {
 }
 
 // following tells whether every stream has seen every batch since t.
+// caughtUp waits until every stream has taken the batches its engine
+// published by t (Stream.caughtUp: or none came for catchUpQuiet), at
+// most catchUpMax, polling every catchUpPoll; false when ctx ended.
+func (e *Explainer) caughtUp(ctx context.Context, streams []*Stream, t time.Time) bool {
+	deadline := e.now().Add(catchUpMax)
+	var tick *time.Ticker
+	defer func() {
+		if tick != nil {
+			tick.Stop()
+		}
+	}()
+	for {
+		now := e.now()
+		behind := false
+		for _, s := range streams {
+			behind = behind || !s.caughtUp(t, now, catchUpQuiet)
+		}
+		if !behind || !now.Before(deadline) {
+			return ctx.Err() == nil
+		}
+		if tick == nil {
+			tick = time.NewTicker(catchUpPoll)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
 func following(streams []*Stream, t time.Time) bool {
 	for _, s := range streams {
 		if !s.Following(t) {

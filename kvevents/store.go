@@ -199,8 +199,15 @@ type Stream struct {
 	// lost batches, at since; zero while it is not connected.
 	since   time.Time
 	lastSeq uint64
-	lastAt  time.Time // when batch lastSeq was taken
+	lastAt  time.Time // when batch lastSeq happened
 	haveSeq bool
+	// The engine's clock, read from the batches' timestamps (clock): the
+	// least the exporter's clock was ahead of it when a batch came, and
+	// when the latest batch came (the exporter's clock) and happened (the
+	// engine's clock plus ahead).
+	ahead              time.Duration
+	knowsAhead         bool
+	lastCame, lastSent time.Time
 	// replaying is open while a replay fills a gap: what the stream holds
 	// is behind the engine until it closes.
 	replaying chan struct{}
@@ -295,6 +302,41 @@ func (s *Stream) Lost(at time.Time) {
 		s.since = at
 	}
 	s.mu.Unlock()
+}
+
+// clock is when a batch stamped ts by the engine's clock (seconds since
+// the epoch; not a time when 0, NaN or absurd) and taken at at happened,
+// by the exporter's clock: the engine's time plus the least the
+// exporter's clock has been ahead of it, never after at nor before the
+// batch before it. A busy exporter takes batches late, and a block stamped
+// when it was taken would read as stored after requests that it served,
+// and removed after requests that missed it.
+func (s *Stream) clock(at time.Time, ts float64) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastCame = at
+	t := at
+	if d := engineClock(at, ts); d != noOffset {
+		if !s.knowsAhead || d < s.ahead {
+			s.ahead, s.knowsAhead = d, true
+		}
+		t = at.Add(s.ahead - d)
+	}
+	if t.Before(s.lastSent) {
+		t = s.lastSent
+	}
+	s.lastSent = t
+	return t
+}
+
+// caughtUp tells whether the stream has taken every batch the engine
+// published by t, as far as it can know at now: one that happened after
+// t came, or nothing came for quiet (the engine published nothing since,
+// or the stream takes no timestamps).
+func (s *Stream) caughtUp(t, now time.Time, quiet time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastCame.IsZero() || !s.lastSent.Before(t) || now.Sub(s.lastCame) >= quiet
 }
 
 // gapBefore tells whether batch seq follows batches the stream has not

@@ -206,7 +206,7 @@ func session(ctx context.Context, s *Stream, addr, replay string, r Reporter, co
 				fillGap(ctx, s, replay, from, seq, engineClock(at, b.TS), after, at, r)
 			}
 		}
-		a := s.Apply(ctx, seq, &b, at)
+		a := s.Apply(ctx, seq, &b, s.clock(at, b.TS))
 		if ctx.Err() != nil {
 			return ctx.Err() // stopped, perhaps half-way through the batch
 		}
