@@ -111,8 +111,7 @@ type WorkloadConfig struct {
 
 // Workload replays one trace against one target: it sends first turns when
 // the Pacer says they are due and later turns when session rules allow,
-// never more than MaxInFlight at once. Each request runs in a request
-// worker (see worker), a goroutine that stays for the next request.
+// each request in its own goroutine, never more than MaxInFlight at once.
 //
 // Sessions follow AIPerf: turn k+1 goes only after turn k finished; then at
 // its own timestamp if it has one (at once if that is already past), else
@@ -143,10 +142,8 @@ type Workload struct {
 	obs   Observer
 	clock DispatchClock
 
-	slots    chan struct{}   // one token per request in flight
-	wg       sync.WaitGroup  // request workers and one-off request goroutines
-	jobs     chan requestJob // idle request workers take their next request here; closed when dispatching ends
-	workers  int             // request workers started; only the dispatcher touches it
+	slots    chan struct{} // one token per request in flight
+	wg       sync.WaitGroup
 	inflight atomic.Int64
 	draining atomic.Bool   // request goroutines must wake the dispatcher on exit
 	wake     chan struct{} // capacity 1: "look at finished turns / in-flight count"
@@ -206,7 +203,6 @@ func NewWorkload(cfg WorkloadConfig, pacer *Pacer, send Sender, build RequestBui
 		obs:    obs,
 		clock:  cfg.Clock,
 		slots:  make(chan struct{}, cfg.MaxInFlight),
-		jobs:   make(chan requestJob),
 		wake:   make(chan struct{}, 1),
 		stopCh: make(chan struct{}),
 		done:   make(chan struct{}),
@@ -302,7 +298,6 @@ func (w *Workload) Run(ctx context.Context) error {
 	defer timer.Stop()
 
 	reason := w.dispatch(ctx, reqCtx, timer)
-	close(w.jobs) // idle workers exit; busy ones once their request is over
 	w.draining.Store(true)
 
 	// Wait for the requests in flight, within the drain time once Stop
@@ -526,54 +521,10 @@ func (d *workloadDispatcher) launch(ctx context.Context, it PacerItem, scheduled
 		d.pending++
 	}
 	w.inflight.Add(1)
-	d.hand(requestJob{it: it, scheduled: scheduled, notify: notify})
+	w.wg.Add(1)
+	go w.request(d.reqCtx, it, scheduled, notify)
 	d.countRow(it.Pass)
 	return -1
-}
-
-// requestJob is one request handed to a request worker.
-type requestJob struct {
-	it        PacerItem
-	scheduled time.Time
-	notify    bool
-}
-
-// maxWorkers is how many request workers a workload keeps: twice
-// MaxInFlight, because a worker that gave back its slot is still busy
-// telling the observers of its result when the dispatcher may already hand
-// that slot to the next request.
-func (w *Workload) maxWorkers() int { return 2 * w.cfg.MaxInFlight }
-
-// hand runs job on an idle request worker, else on a new one. A goroutine
-// per request would cost the Go runtime a new goroutine and the growth of
-// its stack on every request (several percent of the daemon's CPU at 1,000
-// requests/s); a worker keeps its grown stack. Beyond maxWorkers the
-// request gets a goroutine of its own, which ends with it.
-func (d *workloadDispatcher) hand(job requestJob) {
-	w := d.w
-	select {
-	case w.jobs <- job:
-		return
-	default:
-	}
-	w.wg.Add(1)
-	if w.workers >= w.maxWorkers() {
-		go func() {
-			defer w.wg.Done()
-			w.request(d.reqCtx, job)
-		}()
-		return
-	}
-	w.workers++
-	go w.worker(d.reqCtx, job)
-}
-
-// worker runs job, then each request handed to it, until dispatching ends.
-func (w *Workload) worker(ctx context.Context, job requestJob) {
-	defer w.wg.Done()
-	for ok := true; ok; job, ok = <-w.jobs {
-		w.request(ctx, job)
-	}
 }
 
 // dropLate drops a row that waited for a slot past MaxQueueLag; its
@@ -638,9 +589,9 @@ func (d *workloadDispatcher) follow(it PacerItem, end time.Time) {
 	heap.Push(&d.turns, pendingTurn{at: at, it: next})
 }
 
-// request sends one request and reports it.
-func (w *Workload) request(ctx context.Context, job requestJob) {
-	it, scheduled, notify := job.it, job.scheduled, job.notify
+// request is the goroutine of one request.
+func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Time, notify bool) {
+	defer w.wg.Done()
 	// The row is unpacked for its request only: the trace stays compact.
 	row := w.rows.Record(it.Index)
 	rec := &row

@@ -955,43 +955,6 @@ func BenchmarkDispatchAlarmSlack(b *testing.B) {
 	}
 }
 
-// TestWorkloadReusesRequestWorkers replays rows that are all due at once,
-// with at most four in flight, and counts the goroutines the process
-// started meanwhile: the requests run on a few request workers, not on a
-// goroutine each.
-func TestWorkloadReusesRequestWorkers(t *testing.T) {
-	const rows, maxInFlight = 2000, 4
-	ts := make([]float64, rows)
-	recs := pacerTestTimestamps(ts...)
-	send := &wlTestSender{do: func(_ context.Context, _ openai.Request, res *Result) {
-		runtime.Gosched() // let requests overlap
-		res.Outcome = openai.OutcomeSuccess
-	}}
-	obs := newWLTestObserver()
-	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := NewWorkload(WorkloadConfig{Name: "workers", Target: "fake", MaxInFlight: maxInFlight, OnSaturation: SaturationQueue, Clock: newWLTestClock(false)},
-		p, send, newWLTestBuilder(recs), obs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	created := goroutinesCreated()
-	if err := w.Run(t.Context()); err != nil {
-		t.Fatalf("Run = %v", err)
-	}
-	created = goroutinesCreated() - created
-	if len(obs.finished) != rows {
-		t.Fatalf("%d requests finished, want %d", len(obs.finished), rows)
-	}
-	// The workers, at most two per slot, and a few to spare for the
-	// runtime's own (a GC cycle starts some).
-	if limit := uint64(2*maxInFlight + 20); created > limit {
-		t.Errorf("%d goroutines started for %d requests, want at most %d", created, rows, limit)
-	}
-}
-
 // goroutinesCreated is the number of goroutines the process has started.
 func goroutinesCreated() uint64 {
 	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
