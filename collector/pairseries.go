@@ -50,52 +50,35 @@ func (c *Collector) pair(w, t string) *pairSeries {
 	return s
 }
 
-// Two goroutines resolving the same child at once is harmless: the vector
-// hands both the same one.
-
-func (s *pairSeries) counter(p *atomic.Pointer[prometheus.Counter], vec *prometheus.CounterVec) prometheus.Counter {
+// resolved is *p, made by child on first use. Two goroutines resolving
+// the same child at once is harmless: the vector hands both the same one.
+func resolved[M any](p *atomic.Pointer[M], child func() M) M {
 	if m := p.Load(); m != nil {
 		return *m
 	}
-	m := vec.WithLabelValues(s.w, s.t)
+	m := child()
 	p.Store(&m)
 	return m
+}
+
+func (s *pairSeries) counter(p *atomic.Pointer[prometheus.Counter], vec *prometheus.CounterVec) prometheus.Counter {
+	return resolved(p, func() prometheus.Counter { return vec.WithLabelValues(s.w, s.t) })
 }
 
 func (s *pairSeries) counterBy(p *atomic.Pointer[prometheus.Counter], vec *prometheus.CounterVec, label string) prometheus.Counter {
-	if m := p.Load(); m != nil {
-		return *m
-	}
-	m := vec.WithLabelValues(s.w, s.t, label)
-	p.Store(&m)
-	return m
+	return resolved(p, func() prometheus.Counter { return vec.WithLabelValues(s.w, s.t, label) })
 }
 
 func (s *pairSeries) observer(p *atomic.Pointer[prometheus.Observer], vec *prometheus.HistogramVec) prometheus.Observer {
-	if m := p.Load(); m != nil {
-		return *m
-	}
-	m := vec.WithLabelValues(s.w, s.t)
-	p.Store(&m)
-	return m
+	return resolved(p, func() prometheus.Observer { return vec.WithLabelValues(s.w, s.t) })
 }
 
 func (s *pairSeries) observerBy(p *atomic.Pointer[prometheus.Observer], vec *prometheus.HistogramVec, label string) prometheus.Observer {
-	if m := p.Load(); m != nil {
-		return *m
-	}
-	m := vec.WithLabelValues(s.w, s.t, label)
-	p.Store(&m)
-	return m
+	return resolved(p, func() prometheus.Observer { return vec.WithLabelValues(s.w, s.t, label) })
 }
 
 func (s *pairSeries) gauge(p *atomic.Pointer[prometheus.Gauge], vec *prometheus.GaugeVec) prometheus.Gauge {
-	if m := p.Load(); m != nil {
-		return *m
-	}
-	m := vec.WithLabelValues(s.w, s.t)
-	p.Store(&m)
-	return m
+	return resolved(p, func() prometheus.Gauge { return vec.WithLabelValues(s.w, s.t) })
 }
 
 // request is the requests_total child of outcome o.
