@@ -1,8 +1,6 @@
 package replay
 
 import (
-	"container/list"
-	"math"
 	"sync"
 	"sync/atomic"
 
@@ -16,7 +14,7 @@ type CacheParams = idealcache.Params
 // Params is the cache the model stands for, as it uses it (block sizes of
 // at least 1). They never change: a cache of another size is another
 // model (Workload.SetCache).
-func (m *CacheModel) Params() CacheParams { return m.cache.p }
+func (m *CacheModel) Params() CacheParams { return m.cache.Params() }
 
 // CacheModel is the ideal prefix cache of one (workload, target): the
 // prompt tokens the server could have served from cache for each request,
@@ -28,7 +26,8 @@ func (m *CacheModel) Params() CacheParams { return m.cache.p }
 // included, starting one pass before this replica's first row, so a replica
 // started or restarted mid-run holds what a replica that never stopped
 // would hold. What rests on those assumed rows is reported as unknown
-// until the server's answers say whether they reached it (warmup.go). The
+// until the server's answers say whether they reached it
+// (idealcache.WarmUp). The
 // requests of this replica that the server never accepted (Reject) take
 // their blocks back out, unless a later row used them since; other
 // replicas' failures cannot be known and are not modelled.
@@ -44,15 +43,17 @@ type CacheModel struct {
 	loop  LoopMode
 
 	mu    sync.Mutex
-	cache *idealCache
-	start modelPos              // the first row this replica sends; rows before it are assumed sent
-	cur   modelPos              // next row of the fleet schedule to simulate
-	ahead map[modelPos]admitted // own rows simulated but not yet asked about
-	ids   []int64               // scratch for a row's hash ids
-	keys  []uint64              // scratch for their chain keys
-	warm  warmUp                // whether the rows assumed sent reached the server
+	cache *idealcache.Cache
+	start modelPos                          // the first row this replica sends; rows before it are assumed sent
+	cur   modelPos                          // next row of the fleet schedule to simulate
+	ahead map[modelPos]idealcache.Admission // own rows simulated but not yet asked about
+	ids   []int64                           // scratch for a row's hash ids
+	keys  []uint64                          // scratch for their chain keys
+	warm  idealcache.WarmUp                 // whether the rows assumed sent reached the server
+	// onWarmUp hears each change of the warm-up's decision (LearnWarmUp).
+	onWarmUp func(WarmUpDecision)
 
-	profile *capacityProfile // the same visits, at every capacity
+	profile *idealcache.Profile // the same visits, at every capacity
 
 	closed atomic.Bool // see Close
 }
@@ -64,18 +65,6 @@ func (a modelPos) before(b modelPos) bool {
 	return a.pass < b.pass || (a.pass == b.pass && a.pos < b.pos)
 }
 
-// admitted is what simulating one row did.
-type admitted struct {
-	tokens   int // theoretical cached tokens, every block present counted
-	cold     int // the same without the blocks only assumed sent
-	seq      uint64
-	inserted []blockKey
-	profile  CapacityProfile
-	// steps are where the hit ends on a server that holds only part of
-	// what was assumed sent (warmup.go); none for a row of the warm-up.
-	steps []warmStep
-}
-
 // NewCacheModel returns a model of the cache params describe for the rows
 // pacer schedules, in the fleet order of pacer's shard, starting where the
 // pacer stands (seek it first): the rows of the fleet before that point,
@@ -85,10 +74,10 @@ func NewCacheModel(pacer *Pacer, params CacheParams) *CacheModel {
 		sched: pacer.FleetSchedule(),
 		rows:  pacer.Rows(),
 		loop:  pacer.Loop(),
-		cache: newIdealCache(params),
-		ahead: map[modelPos]admitted{},
+		cache: idealcache.NewCache(params),
+		ahead: map[modelPos]idealcache.Admission{},
 	}
-	m.profile = newCapacityProfile(m.cache)
+	m.profile = idealcache.NewProfile(m.cache)
 	pass, row := pacer.FirstRow()
 	m.start = modelPos{pass: pass, pos: int(m.sched.rank[row])}
 	m.cur = modelPos{pass: pass}
@@ -114,24 +103,18 @@ func NewCacheModel(pacer *Pacer, params CacheParams) *CacheModel {
 // profile needs, up to its ceiling. (The one thing it does not reproduce
 // is a block's weight when the block was first seen in another position,
 // as a partial last block, before that row: its weight is set when it
-// enters the model.)
+// enters the model.) idealcache.Lookback tells when the rows walked back
+// fill the cache and the profile.
 func (m *CacheModel) shortenWarmUp() {
-	c := m.cache
 	floor := m.cur // the earliest row an unbounded cache needs
 	if m.loop == LoopFresh {
 		floor = modelPos{pass: m.start.pass}
 	}
-	unbounded := c.p.CapacityBlocks == 0
+	unbounded := m.cache.Params().CapacityBlocks == 0
 	if !m.cur.before(m.start) || (unbounded && floor == m.cur) {
 		return
 	}
-	// The cache's blocks are counted exactly while it needs them: at most
-	// its bound in blocks. The profile's distinct blocks, up to a ceiling
-	// of millions of small blocks, are counted as its stack would sample
-	// them, within the same bound.
-	seen := map[blockKey]bool{}
-	used, cacheDone := 0, false
-	distinct := newProfileStack(0, 0)
+	lookback := idealcache.NewLookback(m.profile)
 	for at := m.start; m.cur.before(at); {
 		at.pos--
 		if at.pos < 0 {
@@ -140,24 +123,12 @@ func (m *CacheModel) shortenWarmUp() {
 		row := int(m.sched.order[at.pos])
 		m.ids, _ = m.rows.AppendHashIDs(m.ids[:0], row)
 		m.keys = idealcache.AppendChainKeys(m.keys[:0], m.ids)
-		ns := m.sched.ns(at.pass)
-		for i, chain := range m.keys { // the first block of a row is its most recent
-			k := blockKey{ns, chain}
-			tokens := c.round.BlockTokens(i, len(m.ids), m.rows.ISL(row))
-			if distinct.Distance(k) == idealcache.InfiniteDistance {
-				distinct.Use(k, m.profile.weight(c, tokens))
-			}
-			if !unbounded && !cacheDone && !seen[k] {
-				seen[k] = true
-				used += c.round.BlockWeight(tokens)
-			}
-		}
+		lookback.Row(m.sched.ns(at.pass), m.keys, m.rows.ISL(row))
+		cacheDone := lookback.CacheFull()
 		if unbounded {
 			cacheDone = !floor.before(at)
-		} else if !cacheDone {
-			cacheDone = used > c.p.CapacityBlocks || len(seen) > c.round.MaxEntries(c.p.CapacityBlocks)
 		}
-		profileDone := distinct.Weight() > m.profile.ceiling || int64(distinct.Len())*distinct.Scale() > int64(m.profile.maxKeys)
+		profileDone := lookback.ProfileFull()
 		switch {
 		case cacheDone && profileDone:
 			m.cur = at
@@ -226,15 +197,15 @@ func (m *CacheModel) accept(it PacerItem, cached int, seen bool) (int, bool, Cap
 	}
 	var changed *WarmUpDecision
 	if seen {
-		changed = m.warm.weigh(a, cached)
+		changed = m.warm.Weigh(a, cached)
 	}
-	tokens, known := m.warm.answer(a)
-	onChange := m.warm.onChange
+	tokens, known := m.warm.Answer(a)
+	onChange := m.onWarmUp
 	m.mu.Unlock()
 	if changed != nil && onChange != nil {
 		onChange(*changed)
 	}
-	profile := a.profile
+	profile := a.Profile
 	profile.Known = profile.Known && known
 	return tokens, known, profile
 }
@@ -242,22 +213,22 @@ func (m *CacheModel) accept(it PacerItem, cached int, seen bool) (int, bool, Cap
 // observe simulates it, accepted or not, and returns what that did; ok is
 // false when the model cannot say (a forgotten pass, a closed model).
 // m.mu is held.
-func (m *CacheModel) observe(it PacerItem, accepted bool) (a admitted, ok bool) {
+func (m *CacheModel) observe(it PacerItem, accepted bool) (a idealcache.Admission, ok bool) {
 	target := modelPos{it.Pass, int(m.sched.rank[it.Index])}
 	if target.before(m.cur) {
 		a, ok := m.ahead[target]
 		if !ok {
-			return admitted{}, false
+			return idealcache.Admission{}, false
 		}
 		delete(m.ahead, target)
 		if !accepted {
-			m.profile.unadmit(m.cache, a)
-			m.cache.unadmit(a)
+			m.profile.Unadmit(a) // before the cache takes the blocks out
+			m.cache.Unadmit(a)
 		}
 		return a, true
 	}
 	if !m.advance(target) {
-		return admitted{}, false
+		return idealcache.Admission{}, false
 	}
 	a = m.simulate(target, accepted)
 	m.step()
@@ -305,164 +276,15 @@ func (m *CacheModel) step() {
 	}
 }
 
-func (m *CacheModel) simulate(at modelPos, insert bool) admitted {
+func (m *CacheModel) simulate(at modelPos, insert bool) idealcache.Admission {
 	row := int(m.sched.order[at.pos])
 	m.ids, _ = m.rows.AppendHashIDs(m.ids[:0], row)
 	m.keys = idealcache.AppendChainKeys(m.keys[:0], m.ids)
 	ns, isl, warm := m.sched.ns(at.pass), m.rows.ISL(row), at.before(m.start)
 	// Only this replica's rows from its start are asked about.
 	want := !warm && m.sched.owns(m.sched.order[at.pos])
-	profile := m.profile.visit(m.cache, ns, m.keys, isl, insert, warm, want)
-	a := m.cache.visit(ns, m.keys, isl, insert, warm)
-	a.profile = profile
+	profile := m.profile.Visit(ns, m.keys, isl, insert, warm, want) // before the cache touches the blocks
+	a := m.cache.Visit(ns, m.keys, isl, insert, warm)
+	a.Profile = profile
 	return a
-}
-
-// idealCache is the cache itself: trace blocks by (namespace, chain key),
-// in LRU order, each weighing the server blocks it fills. A block's key is
-// that of the whole chain of blocks up to it (idealcache.ChainKey), as an
-// engine keys its prefix cache: an id after another prefix is another
-// block.
-type idealCache struct {
-	p      CacheParams
-	round  idealcache.Rounding // p's rounding rules
-	index  map[blockKey]*list.Element
-	lru    *list.List // front = most recently used; values are *cachedBlock
-	used   int        // server blocks held
-	newest uint64     // the highest namespace admitted so far
-	seq    uint64     // visits so far
-}
-
-type blockKey struct {
-	ns    uint64
-	chain uint64 // idealcache.ChainKey of the block and its prefix
-}
-
-type cachedBlock struct {
-	key    blockKey
-	weight int    // server blocks this trace block occupies
-	seq    uint64 // the last visit that touched it
-	// assumed: only rows from before the model started touched it, so the
-	// server holds it only if someone really sent those rows.
-	assumed bool
-}
-
-func newIdealCache(p CacheParams) *idealCache {
-	p.TraceBlock = max(p.TraceBlock, 1)
-	p.ServerBlock = max(p.ServerBlock, 1)
-	p.CapacityBlocks = max(p.CapacityBlocks, 0)
-	return &idealCache{
-		p:     p,
-		round: idealcache.Rounding{TraceBlock: p.TraceBlock, ServerBlock: p.ServerBlock, Granularity: p.Granularity},
-		index: map[blockKey]*list.Element{},
-		lru:   list.New(),
-	}
-}
-
-// visit looks a request up by its blocks' chain keys and, when insert is
-// set, adds its blocks; warm marks a row from before the model started,
-// which is assumed sent.
-func (c *idealCache) visit(ns uint64, keys []uint64, inputLength int, insert, warm bool) admitted {
-	c.seq++
-	a := admitted{seq: c.seq}
-	if insert && ns > c.newest {
-		c.newest = ns
-		c.forgetBefore(ns - 1)
-	}
-	// k counts the leading blocks present; cold those before the first
-	// one only assumed sent, which a server that never got the warm-up's
-	// rows lacks, and with it every block after.
-	k, cold := 0, -1
-	oldest := uint64(math.MaxUint64) // the oldest last touch of an assumed block so far
-	for _, chain := range keys {
-		e, ok := c.index[blockKey{ns, chain}]
-		if !ok {
-			break
-		}
-		if b := e.Value.(*cachedBlock); b.assumed && b.seq < oldest {
-			if cold < 0 {
-				cold = k
-			}
-			oldest = b.seq
-			if !warm {
-				a.steps = append(a.steps, warmStep{touched: oldest, tokens: c.round.CachedTokens(k, inputLength)})
-			}
-		}
-		k++
-	}
-	a.tokens = c.round.CachedTokens(k, inputLength)
-	a.cold = a.tokens
-	if cold >= 0 {
-		a.cold = c.round.CachedTokens(cold, inputLength)
-	}
-	if !insert {
-		return a
-	}
-	// Touch and insert from the last block back, so that a request's first
-	// blocks are the most recently used: under pressure the tails of old
-	// prompts go first and shared prefixes stay, as in vLLM's free queue.
-	for i := len(keys) - 1; i >= 0; i-- {
-		key := blockKey{ns, keys[i]}
-		if e, ok := c.index[key]; ok {
-			b := e.Value.(*cachedBlock)
-			b.seq = c.seq
-			b.assumed = b.assumed && warm
-			c.lru.MoveToFront(e)
-			continue
-		}
-		weight := c.round.BlockWeight(c.round.BlockTokens(i, len(keys), inputLength))
-		b := &cachedBlock{key: key, weight: weight, seq: c.seq, assumed: warm}
-		c.index[key] = c.lru.PushFront(b)
-		c.used += b.weight
-		a.inserted = append(a.inserted, key)
-	}
-	c.evict()
-	return a
-}
-
-// unadmit takes out the blocks a visit added, unless a later visit used them.
-func (c *idealCache) unadmit(a admitted) {
-	for _, key := range a.inserted {
-		e, ok := c.index[key]
-		if !ok || e.Value.(*cachedBlock).seq != a.seq {
-			continue
-		}
-		c.remove(e)
-	}
-}
-
-func (c *idealCache) remove(e *list.Element) {
-	b := e.Value.(*cachedBlock)
-	c.lru.Remove(e)
-	delete(c.index, b.key)
-	c.used -= b.weight
-}
-
-func (c *idealCache) evict() {
-	if c.p.CapacityBlocks == 0 {
-		return
-	}
-	// Weights alone do not bound a cache: see idealcache.Rounding.MaxEntries.
-	for (c.used > c.p.CapacityBlocks || c.lru.Len() > c.round.MaxEntries(c.p.CapacityBlocks)) && c.lru.Len() > 0 {
-		c.remove(c.lru.Back())
-	}
-}
-
-// forgetBefore drops, from an unbounded cache, the blocks of namespaces
-// older than oldest. With loop: fresh every pass has a new namespace and no
-// later request can hit an earlier pass's blocks, so an always-on daemon
-// would otherwise grow by a whole trace's blocks every pass. The pass just
-// before is kept: its last session turns may still be going out. A bounded
-// cache keeps its dead blocks, as a real server's LRU does, until evicted.
-func (c *idealCache) forgetBefore(oldest uint64) {
-	if c.p.CapacityBlocks != 0 || oldest == 0 {
-		return
-	}
-	for e := c.lru.Front(); e != nil; {
-		next := e.Next()
-		if e.Value.(*cachedBlock).key.ns < oldest {
-			c.remove(e)
-		}
-		e = next
-	}
 }
