@@ -10,8 +10,8 @@ import (
 // chainKeys is a row's blocks as the ideal cache keys them.
 func chainKeys(ids []int64) []uint64 { return AppendChainKeys(nil, ids) }
 
-// TestCache checks the cache's arithmetic request by request.
-func TestCache(t *testing.T) {
+// TestIdealCache checks the cache's arithmetic request by request.
+func TestIdealCache(t *testing.T) {
 	type req struct {
 		ns   uint64
 		ids  []int64
@@ -70,10 +70,10 @@ func TestCache(t *testing.T) {
 	}
 }
 
-// TestCacheForgetsOldPasses: an unbounded cache holds the current and
+// TestIdealCacheForgetsOldPasses: an unbounded cache holds the current and
 // the previous fresh pass only, so an always-on daemon does not grow every
 // pass; a bounded one keeps dead blocks until its LRU evicts them.
-func TestCacheForgetsOldPasses(t *testing.T) {
+func TestIdealCacheForgetsOldPasses(t *testing.T) {
 	tests := []struct {
 		name     string
 		capacity int
@@ -95,9 +95,9 @@ func TestCacheForgetsOldPasses(t *testing.T) {
 	}
 }
 
-// TestCacheBounded: a cache of bounded capacity holds a bounded number
+// TestIdealCacheBounded: a cache of bounded capacity holds a bounded number
 // of blocks whatever the requests, including blocks that weigh nothing.
-func TestCacheBounded(t *testing.T) {
+func TestIdealCacheBounded(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		trace, server int

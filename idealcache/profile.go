@@ -38,7 +38,7 @@ const ProfileMaxBlocks = 1 << 18
 
 // ProfileBlockBytes bounds the heap a block of the profile's stack costs,
 // its arrays as full as compaction lets them get
-// (TestProfileBoundedWhateverBlockSize): ProfileMaxBlocks of them
+// (TestCapacityProfileBoundedWhateverBlockSize): ProfileMaxBlocks of them
 // are the profile's bound in bytes.
 const ProfileBlockBytes = 160
 

@@ -43,12 +43,12 @@ func readMooncakeRows(t testing.TB, name string, n int) []mooncakeRow {
 	return rows
 }
 
-// TestProfileBoundedWhateverBlockSize: fed fresh prompts of 8k
+// TestCapacityProfileBoundedWhateverBlockSize: fed fresh prompts of 8k
 // tokens, the default ceiling's tokens and more, the profile's stack holds at
 // most ProfileMaxBlocks blocks, and its heap stays under their bound in
 // bytes, whatever the trace block size: the tokens a block holds do not
 // decide its memory.
-func TestProfileBoundedWhateverBlockSize(t *testing.T) {
+func TestCapacityProfileBoundedWhateverBlockSize(t *testing.T) {
 	const prompt = 8192
 	for _, traceBlock := range []int{1, 16, 512} {
 		t.Run(fmt.Sprintf("block %d", traceBlock), func(t *testing.T) {
@@ -85,7 +85,7 @@ func TestProfileBoundedWhateverBlockSize(t *testing.T) {
 	}
 }
 
-// TestProfileSampled: the profiles of a sampled stack, added up
+// TestCapacityProfileSampled: the profiles of a sampled stack, added up
 // over the requests as the effective capacity adds them, are within 0.015
 // of the exact profiles' hit rate at every capacity of at least twice
 // what a sampled block stands for (0.0116 measured, the sample reading
@@ -94,7 +94,7 @@ func TestProfileBoundedWhateverBlockSize(t *testing.T) {
 // trace's first 6,000 rows cut into 64-token blocks (8 a trace block,
 // prefix-consistent as the trace is), whose profile would follow some
 // 500k blocks; the sample holds 2¹⁶.
-func TestProfileSampled(t *testing.T) {
+func TestCapacityProfileSampled(t *testing.T) {
 	const parts, block = 8, 512 / 8
 	recs := readMooncakeRows(t, "conversation_trace.jsonl", 6000)
 	c := NewCache(Params{TraceBlock: block, ServerBlock: 16, Granularity: engine.GranularityBlock})

@@ -1,10 +1,13 @@
 // Package idealcache is the theoretical prefix cache the exporter judges
 // engines by: the rules that round its hits and weigh its blocks
-// (Rounding), and the order in which a fleet's rows reach it (FleetOrder).
-// The daemon's model (replay.CacheModel) and the offline analysis
-// (synth.CapacityCurveOf, analyze --capacity-curve) both use these
-// definitions, so that the two cannot drift apart; docs/cache-model.md
-// describes them.
+// (Rounding), the order in which a fleet's rows reach it (FleetOrder), the
+// ideal LRU itself (Cache), its hits at every capacity (Profile, on the
+// stack distances of Stack), and what the engine's answers say it holds of
+// the rows a model only assumed sent (WarmUp). The daemon's model
+// (replay.CacheModel, which walks the fleet schedule through these) and the
+// offline analysis (synth.CapacityCurveOf, analyze --capacity-curve) both
+// use these definitions, so that the two cannot drift apart;
+// docs/cache-model.md describes them.
 package idealcache
 
 import "github.com/kvload-exporter/kvload-exporter/engine"

@@ -159,3 +159,37 @@ func TestWarmUpAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestLookback: fed rows latest first, a bounded cache is full once the
+// distinct blocks fed overflow its capacity (a block fed twice counts
+// once), an unbounded one never; the profile once the distinct blocks
+// outweigh its ceiling.
+func TestLookback(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		capacity    int     // server blocks of 16 tokens
+		ceiling     int64   // tokens
+		rows        []int64 // one 512-token block each, latest first
+		wantCache   []bool  // after each row
+		wantProfile []bool
+	}{
+		{"bounded: 64 server blocks hold two trace blocks", 64, 0, []int64{0, 0, 1, 2},
+			[]bool{false, false, false, true}, []bool{false, false, false, false}},
+		{"unbounded: the profile's ceiling only", 0, 1024, []int64{0, 1, 1, 2},
+			[]bool{false, false, false, false}, []bool{false, false, false, true}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewCache(Params{TraceBlock: 512, ServerBlock: 16, CapacityBlocks: tt.capacity, CeilingTokens: tt.ceiling})
+			l := NewLookback(NewProfile(c))
+			for i, id := range tt.rows {
+				l.Row(0, chainKeys([]int64{id}), 512)
+				if got := l.CacheFull(); got != tt.wantCache[i] {
+					t.Errorf("after row %d: cache full %v, want %v", i, got, tt.wantCache[i])
+				}
+				if got := l.ProfileFull(); got != tt.wantProfile[i] {
+					t.Errorf("after row %d: profile full %v, want %v", i, got, tt.wantProfile[i])
+				}
+			}
+		})
+	}
+}

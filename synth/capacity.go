@@ -323,7 +323,7 @@ func (b *curveBuilder) visit(r int) {
 	}
 	b.c.InfiniteHitTokens += int64(b.round.CachedTokens(seen, isl))
 	// Used from the last block to the first, so that the first is the most
-	// recently used, as in replay's idealCache.visit.
+	// recently used, as in idealcache.Cache.Visit.
 	last := len(b.keys) - 1
 	for i := last; i >= 0; i-- {
 		w := b.full

@@ -21,7 +21,7 @@ import (
 
 // bruteLRU is the reference the curve is checked against: one LRU cache of
 // a fixed capacity, simulated block by block with a map and a list, as
-// replay's idealCache does with block granularity. It shares nothing with
+// idealcache.Cache does with block granularity. It shares nothing with
 // the curve's code, not even idealcache's rounding, nor the order
 // (timestampOrder).
 type bruteLRU struct {
