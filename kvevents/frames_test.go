@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"io"
+	"net"
+	"slices"
 	"testing"
+	"time"
 )
 
 // TestFrameLimiter: the limiter follows the framing however the bytes are
@@ -42,6 +46,79 @@ func TestFrameLimiter(t *testing.T) {
 			}
 			if got := errors.Is(err, errTooLarge); got != c.tooBig {
 				t.Errorf("%s, cut every %d bytes: %v, want too large %v", c.name, cut, err, c.tooBig)
+			}
+		}
+	}
+}
+
+// deadlineConn serves in and records the read deadline in force at each
+// Read: what would end a silence there, whatever its length.
+type deadlineConn struct {
+	net.Conn // unset: only Read and SetReadDeadline are called
+	in       []byte
+	deadline time.Time
+	reads    []time.Time
+}
+
+func (c *deadlineConn) SetReadDeadline(t time.Time) error { c.deadline = t; return nil }
+
+func (c *deadlineConn) Read(p []byte) (int, error) {
+	c.reads = append(c.reads, c.deadline)
+	if len(c.in) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, c.in)
+	c.in = c.in[n:]
+	return n, nil
+}
+
+// TestFrameLimiterStall: a read that begins inside a message (a frame's
+// header or body, or after a frame that more follow) has a deadline of
+// the stall, so that a publisher silent there is cut off; one that begins
+// in the greeting or between messages has none, so that a stream may be
+// idle between messages for as long as it likes. The deadlines are
+// judged, not waited out: no silence has to outlast another.
+func TestFrameLimiterStall(t *testing.T) {
+	const stall = time.Minute
+	greeting := bytes.Repeat([]byte{0xff}, zmtpGreeting)
+	msgs := [][]byte{
+		message([]byte("kv"), seqFrame(0), bytes.Repeat([]byte{'x'}, 300)), // a long frame
+		message([]byte("kv"), seqFrame(1), []byte("batch")),
+		message([]byte("single")),
+	}
+	// Where a silence may last: the offsets that end the greeting or a
+	// message.
+	between := []int{len(greeting)}
+	stream := slices.Clone(greeting)
+	for _, m := range msgs {
+		stream = append(stream, m...)
+		between = append(between, len(stream))
+	}
+	// The library reads a frame's header (2 or 9 bytes) and then its body;
+	// other cuts too, down to a byte at a time.
+	for _, cut := range []int{1, 2, 7, 9, len(stream)} {
+		conn := &deadlineConn{in: stream}
+		f := newFrameLimiter(conn, MaxMessageBytes, MaxMessageFrames)
+		f.stall = stall
+		var starts []int
+		var begun []time.Time
+		buf := make([]byte, cut)
+		for off := 0; off < len(stream); {
+			starts, begun = append(starts, off), append(begun, time.Now())
+			n, err := f.Read(buf)
+			if err != nil {
+				t.Fatalf("cut every %d bytes, read at %d: %v", cut, off, err)
+			}
+			off += n
+		}
+		for i, off := range starts {
+			deadline := conn.reads[i]
+			inside := off > len(greeting) && !slices.Contains(between, off)
+			switch {
+			case inside && (deadline.IsZero() || deadline.Sub(begun[i]) < stall):
+				t.Errorf("cut every %d bytes: the read at %d, inside a message, has deadline %v, want the stall (%v) from its start", cut, off, deadline, stall)
+			case !inside && !deadline.IsZero():
+				t.Errorf("cut every %d bytes: the read at %d, between messages, has deadline %v, want none", cut, off, deadline)
 			}
 		}
 	}

@@ -188,6 +188,11 @@ func TestFollowStalled(t *testing.T) {
 	s.stall = 50 * time.Millisecond
 	r := followStream(t, s)
 	c := testutil.Wait(t, "the subscriber's connection", p.conns)
+	// No second connection: Follow connects again a moment after the
+	// stall, and a test that looked late would see that one followed.
+	if err := p.l.Close(); err != nil {
+		t.Fatal(err)
+	}
 	// The topic, more frames to follow, and nothing after it.
 	if _, err := c.Write([]byte{flagMore, 2, 'k', 'v'}); err != nil {
 		t.Fatal(err)
@@ -197,28 +202,6 @@ func TestFollowStalled(t *testing.T) {
 	})
 	if s.Following(time.Now()) {
 		t.Error("a stalled stream counts as followed")
-	}
-}
-
-// TestFollowIdleIsNotStalled: between messages a stream may be silent for
-// longer than a message may stall.
-func TestFollowIdleIsNotStalled(t *testing.T) {
-	p := newFakePublisher(t)
-	s := NewStream(p.endpoint())
-	s.stall = time.Millisecond
-	r := followStream(t, s)
-	c := testutil.Wait(t, "the subscriber's connection", p.conns)
-	for i := range 3 {
-		if _, err := c.Write(message([]byte("kv"), seqFrame(uint64(i)), wireBatch(t, 1))); err != nil {
-			t.Fatal(err)
-		}
-		testutil.Eventually(t, "the batch taken", func() (bool, string) { return r.get().batches == i+1, r.String() })
-		// Idle for many stalls: the next message is taken all the same.
-		idle := time.NewTimer(20 * time.Millisecond)
-		<-idle.C
-	}
-	if g := r.get(); g.errs[ReasonStalled] != 0 || g.ups != 1 {
-		t.Errorf("%s: want no stall and one connection", r)
 	}
 }
 

@@ -247,6 +247,11 @@ func newFakePublisher(t *testing.T) *fakePublisher {
 	}
 	p := &fakePublisher{l: l, conns: make(chan net.Conn, 4)}
 	done := make(chan struct{})
+	// Every connection stays referenced until the cleanup closes it: one
+	// the test no longer uses would otherwise be closed by its finalizer
+	// at the next garbage collection, and the subscriber would see the
+	// publisher leave at a moment that depends on the machine.
+	var accepted []net.Conn
 	go func() {
 		defer close(done)
 		for {
@@ -254,6 +259,7 @@ func newFakePublisher(t *testing.T) *fakePublisher {
 			if err != nil {
 				return
 			}
+			accepted = append(accepted, c)
 			if _, err := zmq4.Open(c, null.Security(), zmq4.Pub, zmq4.SocketIdentity("fake"), true, nil); err != nil {
 				c.Close()
 				continue
@@ -263,9 +269,9 @@ func newFakePublisher(t *testing.T) *fakePublisher {
 	}()
 	t.Cleanup(func() {
 		l.Close()
-		<-done
+		<-done // accepted is the cleanup's from here
 		close(p.conns)
-		for c := range p.conns {
+		for _, c := range accepted {
 			c.Close()
 		}
 	})

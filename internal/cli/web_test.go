@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -288,22 +286,32 @@ func TestFormatTokens(t *testing.T) {
 
 // TestWebServerTimeouts: the daemon's web server closes a connection that
 // sends nothing, half a request head, or half a body, and a kept-alive one
-// left idle, each after its timeout, so that such clients cannot hold file
-// descriptors. The server is the daemon's (newWebServer) with its timeouts
-// shortened for the test; TestWebServerTimeoutValues checks the real ones.
+// left idle, each once its timeout has passed, so that such clients cannot
+// hold file descriptors. The server is the daemon's (newWebServer) with
+// only the timeout under test shortened; the others keep the daemon's
+// values, which TestWebServerTimeoutValues checks.
+//
+// The client writes everything it will ever send before the server
+// accepts: the server's clock starts with those bytes already in its
+// socket, so no timeout can race the client's writes, whatever the load.
+// A request that is whole therefore always has its head read, and the test
+// judges only what the load cannot change: the connection is closed, no
+// sooner than the timeout, answered or not.
 func TestWebServerTimeouts(t *testing.T) {
 	t.Parallel()
+	const short = 100 * time.Millisecond
 	tests := []struct {
-		name string
-		send string // written once connected; the client then only reads
+		name    string
+		send    string // written before the server accepts; the client then only reads
+		shorten func(*http.Server)
 		// answered: a response comes before the close (the idle case, and
 		// the body cut by the read timeout).
 		answered bool
 	}{
-		{"sends nothing", "", false},
-		{"half a request head", "GET /metrics HTTP/1.1\r\nHost: x\r\n", false},
-		{"head, then half the body", "POST /-/reload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc", true},
-		{"idle after one request", "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", true},
+		{"sends nothing", "", func(s *http.Server) { s.ReadHeaderTimeout = short }, false},
+		{"half a request head", "GET /metrics HTTP/1.1\r\nHost: x\r\n", func(s *http.Server) { s.ReadHeaderTimeout = short }, false},
+		{"head, then half the body", "POST /-/reload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc", func(s *http.Server) { s.ReadTimeout = short }, true},
+		{"idle after one request", "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", func(s *http.Server) { s.IdleTimeout = short }, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -316,22 +324,16 @@ func TestWebServerTimeouts(t *testing.T) {
 				io.WriteString(w, "ok\n")
 			})
 			srv := newWebServer(handler, newConnLimiter(100), nil)
-			srv.ReadHeaderTimeout = 100 * time.Millisecond
-			srv.ReadTimeout = 300 * time.Millisecond
-			srv.IdleTimeout = 100 * time.Millisecond
+			tt.shorten(srv)
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
 			}
-			served := make(chan error, 1)
-			go func() { served <- srv.Serve(ln) }()
-			t.Cleanup(func() {
-				srv.Close()
-				if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-					t.Errorf("Serve: %v", err)
-				}
-			})
+			// Last, after Serve's end: for a test that fails before it starts.
+			t.Cleanup(func() { ln.Close() })
 
+			// The kernel completes the handshake and queues the bytes
+			// while nothing accepts yet.
 			conn, err := net.Dial("tcp", ln.Addr().String())
 			if err != nil {
 				t.Fatal(err)
@@ -342,21 +344,42 @@ func TestWebServerTimeouts(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			// Only a hang guard: the server must close well before.
-			if err := conn.SetReadDeadline(time.Now().Add(testutil.Ceiling)); err != nil {
-				t.Fatal(err)
+			type read struct {
+				got []byte
+				err error
 			}
-			got, err := io.ReadAll(bufio.NewReader(conn))
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("the connection is still open after %v (read %q)", testutil.Ceiling, got)
-			}
+			closed := make(chan read, 1)
+			// Ends when the server closes the connection, or when the
+			// deferred Close does after a failed wait.
+			go func() {
+				got, err := io.ReadAll(conn)
+				closed <- read{got, err}
+			}()
+
+			begun := time.Now()
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(ln) }()
+			t.Cleanup(func() {
+				srv.Close()
+				if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+					t.Errorf("Serve: %v", err)
+				}
+			})
+
+			r := testutil.Wait(t, "the server closes the connection", closed)
+			took := time.Since(begun)
 			// A close with unread data in the server's socket may come as a
 			// reset rather than EOF: closed all the same.
-			if err != nil && !strings.Contains(err.Error(), "connection reset") {
-				t.Fatalf("read: %v", err)
+			if r.err != nil && !strings.Contains(r.err.Error(), "connection reset") {
+				t.Fatalf("read: %v", r.err)
 			}
-			if answered := strings.HasPrefix(string(got), "HTTP/1.1 "); answered != tt.answered {
-				t.Errorf("answered before the close: %v, want %v (read %q)", answered, tt.answered, got)
+			// The server's deadline starts when it accepts, after begun:
+			// an earlier close is not the timeout's.
+			if took < short {
+				t.Errorf("closed after %v, before its timeout of %v (read %q)", took, short, r.got)
+			}
+			if answered := strings.HasPrefix(string(r.got), "HTTP/1.1 "); answered != tt.answered {
+				t.Errorf("answered before the close: %v, want %v (read %q)", answered, tt.answered, r.got)
 			}
 		})
 	}
