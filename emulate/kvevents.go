@@ -77,6 +77,22 @@ const (
 // kvEndSeq is the sequence number of a replay's end marker: -1 as 8 bytes.
 var kvEndSeq = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
+// kvEarlyBatches bounds the batches kept for one subscriber while its
+// handshake is under way.
+const kvEarlyBatches = 64
+
+// kvSubscriber is one subscriber's connection. The batches published
+// while its handshake is under way are kept (early, at most
+// kvEarlyBatches) and sent first once it is done: a subscriber that
+// connected before a batch went out gets it, as the exporter expects of
+// an engine it followed from the start.
+type kvSubscriber struct {
+	zc    *zmq4.Conn // nil until the handshake is done
+	early []zmq4.Msg
+	// send orders the sends: the early batches before any later one.
+	send sync.Mutex
+}
+
 // kvSentBatch is one batch kept for the replay socket.
 type kvSentBatch struct {
 	seq     uint64
@@ -130,9 +146,9 @@ type kvPublisher struct {
 	pending  []kvEvent
 	lost     bool // events were dropped since the last batch
 	listener net.Listener
-	// subs holds every connection, its ZMTP side nil until its handshake
-	// is done, so that serve can close all of them; at most maxSubs.
-	subs    map[net.Conn]*zmq4.Conn
+	// subs holds every connection, so that serve can close all of them;
+	// at most maxSubs.
+	subs    map[net.Conn]*kvSubscriber
 	maxSubs int
 	refused int64 // connections closed, maxSubs being served
 	seq     uint64
@@ -150,7 +166,7 @@ func newKVPublisher(cfg Config, now func() time.Time) *kvPublisher {
 	return &kvPublisher{endpoint: cfg.KVEvents, topic: []byte(cfg.KVEventsTopic), format: cfg.KVEventsFormat, now: now,
 		logger: log.NewNopLogger(), replayEndpoint: cfg.KVEventsReplayEndpoint, drop: cfg.KVEventsDrop,
 		dropRNG: rand.New(rand.NewPCG(cfg.Seed, 0x6b76)), replayConns: map[net.Conn]bool{},
-		subs: map[net.Conn]*zmq4.Conn{}, maxSubs: KVEventsMaxSubscribers, wake: make(chan struct{}, 1)}
+		subs: map[net.Conn]*kvSubscriber{}, maxSubs: KVEventsMaxSubscribers, wake: make(chan struct{}, 1)}
 }
 
 // kvAddress is the host:port of a tcp:// endpoint.
@@ -357,7 +373,7 @@ func (p *kvPublisher) accept(ctx context.Context) {
 		if len(p.subs) >= p.maxSubs {
 			return false
 		}
-		p.subs[raw] = nil
+		p.subs[raw] = &kvSubscriber{}
 		return true
 	}, p.subscriber)
 }
@@ -456,8 +472,22 @@ func (p *kvPublisher) subscriber(raw net.Conn) {
 	}
 	_ = raw.SetDeadline(time.Time{})
 	p.mu.Lock()
-	p.subs[raw] = zc
+	sub := p.subs[raw]
 	p.mu.Unlock()
+	sub.send.Lock()
+	p.mu.Lock()
+	sub.zc = zc
+	early := sub.early
+	sub.early = nil
+	p.mu.Unlock()
+	for _, msg := range early {
+		_ = raw.SetWriteDeadline(time.Now().Add(kvWriteTimeout))
+		if zc.SendMsg(msg) != nil {
+			_ = raw.Close() // the read below ends
+			break
+		}
+	}
+	sub.send.Unlock()
 	// Subscriptions are read and dropped: every subscriber gets every
 	// message. A read error is the subscriber gone (or closed by serve).
 	for {
@@ -515,12 +545,6 @@ func (p *kvPublisher) run(ctx context.Context) {
 		}
 		seq := p.seq
 		p.seq++
-		subs := make(map[net.Conn]*zmq4.Conn, len(p.subs))
-		for raw, zc := range p.subs {
-			if zc != nil {
-				subs[raw] = zc
-			}
-		}
 		p.mu.Unlock()
 		payload, err := encodeKVBatch(p.format, float64(p.now().UnixNano())/1e9, events)
 		if err != nil {
@@ -545,11 +569,24 @@ func (p *kvPublisher) run(ctx context.Context) {
 		var seqFrame [8]byte
 		binary.BigEndian.PutUint64(seqFrame[:], seq)
 		msg := zmq4.NewMsgFrom(p.topic, seqFrame[:], payload)
-		for raw, zc := range subs {
+		ready := make(map[net.Conn]*kvSubscriber, len(p.subs))
+		p.mu.Lock()
+		for raw, sub := range p.subs {
+			switch {
+			case sub.zc != nil:
+				ready[raw] = sub
+			case len(sub.early) < kvEarlyBatches:
+				sub.early = append(sub.early, msg)
+			}
+		}
+		p.mu.Unlock()
+		for raw, sub := range ready {
+			sub.send.Lock()
 			_ = raw.SetWriteDeadline(time.Now().Add(kvWriteTimeout))
-			if err := zc.SendMsg(msg); err != nil {
+			if err := sub.zc.SendMsg(msg); err != nil {
 				_ = raw.Close() // its reader ends and removes it
 			}
+			sub.send.Unlock()
 		}
 	}
 }

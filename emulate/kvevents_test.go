@@ -43,7 +43,6 @@ type testSubscriber struct {
 	zmtp *zmq4.Conn
 }
 
-// subscribe connects to e's events and waits until e counts the
 // startPublishing serves an engine of cfg, which publishes KV events, on
 // a local port until the test ends, and subscribes to its events.
 func startPublishing(t *testing.T, cfg Config) (*Engine, string, *testSubscriber) {
@@ -61,7 +60,10 @@ func startPublishing(t *testing.T, cfg Config) (*Engine, string, *testSubscriber
 	return e, base, subscribe(t, e)
 }
 
-// subscriber, so that no event published from then on is missed.
+// subscribe connects to e's events as a SUB socket. It does not wait for
+// the publisher's side of the handshake: a batch published meanwhile is
+// kept for the subscriber (kvSubscriber.early), and no event published
+// from then on is missed.
 func subscribe(t *testing.T, e *Engine) *testSubscriber {
 	t.Helper()
 	addr := strings.TrimPrefix(e.KVEventsEndpoint(), "tcp://")
@@ -77,16 +79,6 @@ func subscribe(t *testing.T, e *Engine) *testSubscriber {
 	if err := zc.SendMsg(zmq4.NewMsg([]byte{1})); err != nil { // every topic
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, "the publisher counting the subscriber", func() (bool, string) {
-		e.events.mu.Lock()
-		defer e.events.mu.Unlock()
-		for _, z := range e.events.subs {
-			if z != nil {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("%d connections, none past its handshake", len(e.events.subs))
-	})
 	return &testSubscriber{raw: raw, zmtp: zc}
 }
 
@@ -361,6 +353,57 @@ func TestKVEventsSubscriberCap(t *testing.T) {
 	complete(t, base, seq(1, 5), nil)
 	if events, _ := sub.next(t, KVEventsMap, 1); events[0].Type != "BlockStored" {
 		t.Errorf("the subscriber served: %v, want the block stored", events)
+	}
+}
+
+// TestKVEventsEarlySubscriber: a batch published while a subscriber's
+// handshake is under way (connected, greeting not yet sent) reaches it
+// once the handshake is done, before any later batch: an exporter that
+// subscribed before an engine's first request sees its first blocks,
+// which every later prompt of a conversation chains from.
+func TestKVEventsEarlySubscriber(t *testing.T) {
+	e, err := New(Config{BlockSize: 4, KVEvents: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	base, wait, err := e.Start(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); _ = wait() })
+	raw, err := net.Dial("tcp", strings.TrimPrefix(e.KVEventsEndpoint(), "tcp://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	testutil.Eventually(t, "the connection taken", func() (bool, string) {
+		e.events.mu.Lock()
+		defer e.events.mu.Unlock()
+		return len(e.events.subs) == 1, fmt.Sprint(len(e.events.subs))
+	})
+	complete(t, base, seq(1, 8), nil)
+	testutil.Eventually(t, "the batch kept for the subscriber", func() (bool, string) {
+		e.events.mu.Lock()
+		defer e.events.mu.Unlock()
+		for _, sub := range e.events.subs {
+			return len(sub.early) == 1, fmt.Sprint(len(sub.early), " kept")
+		}
+		return false, "no connection"
+	})
+	zc, err := zmq4.Open(raw, null.Security(), zmq4.Sub, zmq4.SocketIdentity("test"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := zc.SendMsg(zmq4.NewMsg([]byte{1})); err != nil {
+		t.Fatal(err)
+	}
+	sub := &testSubscriber{raw: raw, zmtp: zc}
+	complete(t, base, seq(100, 4), nil)
+	events, seqs := sub.next(t, KVEventsMap, 2)
+	if !reflect.DeepEqual(seqs, []uint64{0, 1}) || events[0].Type != "BlockStored" || len(events[0].Hashes) != 2 ||
+		events[1].Type != "BlockStored" || len(events[1].Hashes) != 1 {
+		t.Errorf("read %v in batches %v, want batch 0 (two blocks stored during the handshake), then batch 1 (one)", events, seqs)
 	}
 }
 

@@ -27,6 +27,14 @@ const (
 	// MaxReplayBatches bounds the batches one gap may be filled with: a
 	// longer gap is not asked for (vLLM keeps 10,000 by default).
 	MaxReplayBatches = 1 << 14
+	// lateJoinBatches: a stream whose first batch is numbered at most this
+	// came to an engine that had just started, and whose first batches went
+	// out while the subscription was still on its way (ZeroMQ's slow
+	// joiner). They are asked of the replay socket like a gap's: without
+	// them the prompts stored first, which later prompts chain from, are
+	// never known. A later first batch is an engine long running, whose
+	// older blocks the stream cannot know anyway.
+	lateJoinBatches = 64
 	// replayTimeout bounds one replay, from the connection to the last
 	// batch wanted: the stream's own messages wait meanwhile.
 	replayTimeout = 30 * time.Second

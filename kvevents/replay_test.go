@@ -180,6 +180,63 @@ func TestFollowReplay(t *testing.T) {
 	}
 }
 
+// TestFollowReplayJoinedLate: a stream whose first batch is numbered
+// shortly after the engine's start asks the replay socket for the batches
+// before it, which went out while the subscription was on its way: the
+// first prompt's blocks, stored in batch 0, are held, not never stored.
+// Later, a stream that joins an engine long running asks for nothing.
+func TestFollowReplayJoinedLate(t *testing.T) {
+	kept := map[uint64][]byte{
+		0: wireBatch(t, 1, wireStored(nil, toks(1, 12), 11, 12, 13)),
+		1: wireBatch(t, 2, wireStored(uint64(13), toks(50, 4), 50)),
+	}
+	cases := []struct {
+		name   string
+		first  uint64 // the sequence number of the first batch the stream takes
+		asked  bool
+		want   Tally
+		events int // batches taken
+	}{
+		{"batch 2 first: 0 and 1 asked for", 2, true, Tally{ClassUnexplained: 12}, 3},
+		{"a first batch past lateJoinBatches: nothing asked", lateJoinBatches + 1, false, Tally{ClassNeverStored: 12}, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newFakePublisher(t)
+			rp := newFakeReplay(t, true, kept)
+			s := NewStream(p.endpoint())
+			s.Replay = rp.endpoint()
+			r := followStream(t, s)
+			conn := testutil.Wait(t, "the subscriber's connection", p.conns)
+			live := wireBatch(t, 3, wireStored(nil, toks(100, 4), 100))
+			if _, err := conn.Write(message([]byte("kv"), seqFrame(c.first), live)); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Eventually(t, "every batch taken", func() (bool, string) {
+				return r.get().batches == c.events, r.String()
+			})
+			if c.asked {
+				if got := testutil.Wait(t, "the replay asked for", rp.asked); got != 0 {
+					t.Errorf("replay asked from batch %d, want 0", got)
+				}
+			} else if len(rp.asked) != 0 {
+				t.Errorf("replay asked from batch %d, want nothing asked", <-rp.asked)
+			}
+			if g := r.get(); g.errs[ReasonGap] != 0 || g.errs[ReasonReplay] != 0 || g.applied.Missed != 0 {
+				t.Errorf("%s: want no gap and no failed replay", r)
+			}
+			now := time.Now()
+			got, err := Classify([]*Stream{s}, Miss{Tokens: prompt, From: 0, To: 12, Sent: now, Until: now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, c.want) {
+				t.Errorf("Classify: %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
 // TestFollowStalled: a publisher silent in the middle of a message is a
 // stalled stream: counted, and not followed, rather than waited for.
 func TestFollowStalled(t *testing.T) {

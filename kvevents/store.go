@@ -351,6 +351,19 @@ func (s *Stream) gapBefore(seq uint64, maxBatches uint64) (from uint64, after ti
 	return s.lastSeq + 1, s.lastAt, true
 }
 
+// joinedLate tells whether batch seq is the stream's first, numbered
+// shortly after the engine's start (lateJoinBatches): the batches before
+// it went out before the subscription took, from batch 0 on, and are
+// timed from when the stream connected.
+func (s *Stream) joinedLate(seq uint64) (after time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.haveSeq || seq == 0 || seq > lateJoinBatches {
+		return time.Time{}, false
+	}
+	return s.since, true
+}
+
 // startReplay marks the stream behind its engine until the returned func
 // runs: a classification waits for it (settled).
 func (s *Stream) startReplay() (done func()) {
