@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -332,11 +333,19 @@ func TestShutdownRacesReload(t *testing.T) {
 			return reloaded
 		}},
 		{"shutdown during a big trace's reload", 500_000, false, func(t *testing.T, d *started, shutdown func()) <-chan error {
+			// The owner goroutine is idle until the reload: the count of
+			// parses is read where the reload leaves it.
+			parses := d.traces.stats.parses.Load
+			before := parses()
 			reloaded := make(chan error, 1)
 			go func() { reloaded <- d.Reload(context.Background()) }()
-			// The stimulus's timing, not a synchronisation: the reload
-			// parses for about a second (more under -race).
-			<-time.After(300 * time.Millisecond)
+			// The shutdown comes once the reload has begun to parse the
+			// big trace, which takes about a second (more under -race);
+			// should the parse be over first, the case is the one above.
+			testutil.Eventually(t, "the reload's parse of the big trace begun", func() (bool, string) {
+				n := parses()
+				return n > before, fmt.Sprint(n, " traces parsed")
+			})
 			shutdown()
 			return reloaded
 		}},
@@ -344,19 +353,19 @@ func TestShutdownRacesReload(t *testing.T) {
 			reloaded := make(chan error, 1)
 			go func() { reloaded <- d.Reload(context.Background()) }()
 			<-d.held
+			// Held before applying, the owner goroutine changes no unit:
+			// the steady one is read where the start left it.
+			steady := d.units.byKey[unitKey{"steady", "t"}]
 			// The owner goroutine is busy with the reload until released:
 			// the halt, which shutdown waits for, must not wait for it.
 			shutdown()
 			// The held requests answered, the old unit has free slots
-			// while the owner is still busy; it stays so a while more, the
-			// stimulus's timing (not a synchronisation) for a dispatch
-			// that went on.
-			testutil.Eventually(t, "the held requests counted", func() (bool, string) {
-				n, _ := testutil.Gather(t, d.reg).Value("kvload_requests_total")
-				return n >= raceInFlight, fmt.Sprint(n, " counted")
-			})
-			<-time.After(300 * time.Millisecond)
-			close(d.release)
+			// while the owner is still busy. Its replay must end all the
+			// same: every request it sends, it sends before its end, and
+			// a dispatch that went on would never end while the owner is
+			// held.
+			testutil.Wait(t, "the end of the steady unit's replay while the reload is held", steady.done)
+			d.release()
 			if err := <-reloaded; !errors.Is(err, ErrShuttingDown) {
 				t.Errorf("reload: %v, want ErrShuttingDown", err)
 			}
@@ -388,7 +397,10 @@ func TestShutdownRacesReload(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			d.held, d.release = held, release
+			// A failed wait in provoke leaves the reload held: the
+			// cleanup lets it go before the daemon's waits for its end.
+			d.held, d.release = held, sync.OnceFunc(func() { close(release) })
+			t.Cleanup(d.release)
 			testutil.Eventually(t, "the steady unit's slots all taken by held requests", func() (bool, string) {
 				n := srv.Requests()
 				return n == raceInFlight, fmt.Sprint(n, " requests")
