@@ -544,11 +544,13 @@ func TestShutdownIsAState(t *testing.T) {
 }
 
 // watching is a daemon reloading on file changes, with its log.
-func watching(t *testing.T, path string) (*started, *testutil.Buffer) {
+// With a timer, the watch measures its quiet on it.
+func watching(t *testing.T, path string, timer config.DebounceTimer) (*started, *testutil.Buffer) {
 	t.Helper()
 	var logs testutil.Buffer
 	d, err := startDaemon(t, path, func(o *Options) {
 		o.Watch = true
+		o.watchTimer = timer
 		o.Logger = log.NewLogfmtLogger(&logs)
 	})
 	if err != nil {
@@ -579,25 +581,26 @@ func watchConfig(srvURL, trace, model string) config.Config {
 
 // TestWatchCoalescesWrites: ten writes of the file within a fraction of the
 // debounce, each leaving it half-written (invalid) for a moment, give
-// exactly one reload, of the last version, and no rejection.
+// exactly one reload, of the last version, and no rejection. The watch's
+// quiet is measured on a fake clock, which moves only as the test says: a
+// stalled write (a slow fsync) cannot pass for the end of the burst.
 func TestWatchCoalescesWrites(t *testing.T) {
 	t.Parallel()
 	srv := newFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
 	trace := fixture(t, "future.jsonl")
 	daemontest.WriteConfig(t, path, watchConfig(srv.URL, trace, "m-initial"))
-	d, logs := watching(t, path)
+	clock := testutil.NewClock()
+	d, logs := watching(t, path, clock.NewTimer())
 	if model, applied := appliedModel(d, logs); model != "m-initial" || applied != 1 {
 		t.Fatalf("at start: model %q, %d applied", model, applied)
 	}
 
-	// Paces the writes like an editor or a config tool would, 20 ms
-	// apart, well under the 500 ms debounce; nothing waits on it.
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
+	// Paced like an editor or a config tool, 20 ms apart on the clock,
+	// well under the 500 ms debounce.
 	for i := range 10 {
 		if i > 0 {
-			<-tick.C
+			clock.Advance(20 * time.Millisecond)
 		}
 		content := string(daemontest.Marshal(t, watchConfig(srv.URL, trace, fmt.Sprintf("m-%d", i))))
 		half := strings.Index(content, "workloads:") // targets only: invalid
@@ -612,7 +615,10 @@ func TestWatchCoalescesWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The burst over, the quiet lasts: each look moves the clock past the
+	// debounce, whenever the watch took in the writes' events.
 	testutil.Eventually(t, "the last write applied", func() (bool, string) {
+		clock.Advance(reloadDebounce)
 		model, applied := appliedModel(d, logs)
 		return model == "m-9" && applied >= 2, fmt.Sprintf("model %q, %d applied", model, applied)
 	})
@@ -662,7 +668,7 @@ func TestWatchSymlinkSwap(t *testing.T) {
 	symlink("..data/kvload.yml", "kvload.yml")
 	symlink("..data/trace.jsonl", "trace.jsonl")
 
-	d, logs := watching(t, filepath.Join(dir, "kvload.yml"))
+	d, logs := watching(t, filepath.Join(dir, "kvload.yml"), nil)
 	if model, _ := appliedModel(d, logs); model != "m-v1" {
 		t.Fatalf("at start: model %q", model)
 	}
