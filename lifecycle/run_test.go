@@ -341,7 +341,8 @@ func TestShutdownRacesReload(t *testing.T) {
 			go func() { reloaded <- d.Reload(context.Background()) }()
 			// The shutdown comes once the reload has begun to parse the
 			// big trace, which takes about a second (more under -race);
-			// should the parse be over first, the case is the one above.
+			// should the parse be over first, the case is "reload then
+			// shutdown".
 			testutil.Eventually(t, "the reload's parse of the big trace begun", func() (bool, string) {
 				n := parses()
 				return n > before, fmt.Sprint(n, " traces parsed")
