@@ -42,14 +42,35 @@ func (w *Watcher) concerns(name string) bool {
 	return base == w.name || strings.HasPrefix(base, "..")
 }
 
+// DebounceTimer is the timer a Watcher measures the quiet on: the
+// runtime's in Run, a fake clock's in tests (RunOn), which then say when
+// the quiet has lasted.
+type DebounceTimer interface {
+	C() <-chan time.Time
+	Reset(d time.Duration)
+	Stop()
+}
+
+// runtimeTimer is a DebounceTimer on the runtime's timers.
+type runtimeTimer struct{ t *time.Timer }
+
+func (r runtimeTimer) C() <-chan time.Time   { return r.t.C }
+func (r runtimeTimer) Reset(d time.Duration) { r.t.Reset(d) }
+func (r runtimeTimer) Stop()                 { r.t.Stop() }
+
 // Run calls changed after each burst of changes has been quiet for
 // debounce. It may call changed when the file's content did not change; the
 // caller compares contents. Run closes the
 // watcher and returns when ctx is done.
 func (w *Watcher) Run(ctx context.Context, debounce time.Duration, changed func()) {
+	t := time.NewTimer(debounce)
+	t.Stop()
+	w.RunOn(ctx, debounce, runtimeTimer{t}, changed)
+}
+
+// RunOn is Run measuring the quiet on timer, which must be stopped.
+func (w *Watcher) RunOn(ctx context.Context, debounce time.Duration, timer DebounceTimer, changed func()) {
 	defer w.w.Close()
-	timer := time.NewTimer(debounce)
-	timer.Stop()
 	defer timer.Stop()
 	for {
 		select {
@@ -70,7 +91,7 @@ func (w *Watcher) Run(ctx context.Context, debounce time.Duration, changed func(
 			// An error such as a queue overflow may have lost events: treat
 			// it as a change, the content check downstream sorts it out.
 			timer.Reset(debounce)
-		case <-timer.C:
+		case <-timer.C():
 			changed()
 		}
 	}

@@ -9,11 +9,9 @@ import (
 	"sync"
 	"testing"
 	"time"
-)
 
-// hangGuard only turns a missing notification into a failure instead of a
-// test-binary timeout; nothing is measured against it.
-const hangGuard = 2 * time.Minute
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+)
 
 // seenContents runs a Watcher on path whose callback reads the file, as the
 // daemon does, and records what it read: a test then asserts on what each
@@ -60,15 +58,15 @@ func (s *seenContents) all() []string {
 // waitFor returns once a notification has read want.
 func (s *seenContents) waitFor(t *testing.T, want string) {
 	t.Helper()
-	guard := time.After(hangGuard)
 	for !slices.Contains(s.all(), want) {
-		select {
-		case <-s.news:
-		case <-guard:
-			t.Fatalf("no notification read %q; notifications read %q", want, s.all())
-		}
+		testutil.WaitShowing(t, fmt.Sprintf("a notification that reads %q", want), s.news, readSoFar{s})
 	}
 }
+
+// readSoFar shows what the notifications read, when a wait fails.
+type readSoFar struct{ s *seenContents }
+
+func (r readSoFar) String() string { return fmt.Sprintf("notifications read %q", r.s.all()) }
 
 // TestWatchCoalescesBursts: a burst of writes, each closer to the last than
 // the debounce, is one notification, which reads the burst's last content;

@@ -47,6 +47,14 @@ type testSubscriber struct {
 // a local port until the test ends, and subscribes to its events.
 func startPublishing(t *testing.T, cfg Config) (*Engine, string, *testSubscriber) {
 	t.Helper()
+	e, base := servePublishing(t, cfg)
+	return e, base, subscribe(t, e)
+}
+
+// servePublishing serves an engine of cfg on a local port until the test
+// ends, and returns it and its base URL.
+func servePublishing(t *testing.T, cfg Config) (*Engine, string) {
+	t.Helper()
 	e, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +65,7 @@ func startPublishing(t *testing.T, cfg Config) (*Engine, string, *testSubscriber
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); _ = wait() })
-	return e, base, subscribe(t, e)
+	return e, base
 }
 
 // subscribe connects to e's events as a SUB socket. It does not wait for
@@ -362,16 +370,7 @@ func TestKVEventsSubscriberCap(t *testing.T) {
 // subscribed before an engine's first request sees its first blocks,
 // which every later prompt of a conversation chains from.
 func TestKVEventsEarlySubscriber(t *testing.T) {
-	e, err := New(Config{BlockSize: 4, KVEvents: "tcp://127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	base, wait, err := e.Start(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); _ = wait() })
+	e, base := servePublishing(t, Config{BlockSize: 4, KVEvents: "tcp://127.0.0.1:0"})
 	raw, err := net.Dial("tcp", strings.TrimPrefix(e.KVEventsEndpoint(), "tcp://"))
 	if err != nil {
 		t.Fatal(err)

@@ -325,6 +325,11 @@ func TestServerScrapeDeadline(t *testing.T) {
 			return
 		case "drip":
 			// A valid page, a comment byte at a time, without end.
+			// The pace is the stimulus, far inside every timeout, so
+			// that only a deadline on the whole scrape cuts it. A
+			// loaded machine only spaces the bytes more: the scrape
+			// still times out, and that it is counted as a timeout is
+			// all that is judged.
 			rc := http.NewResponseController(w)
 			for r.Context().Err() == nil {
 				w.Write([]byte("#"))

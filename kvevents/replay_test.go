@@ -168,15 +168,22 @@ func TestFollowReplay(t *testing.T) {
 			if g.errs[ReasonGap] != 0 || int(g.applied.Missed) != c.gap || g.errs[ReasonReplay] != c.replays {
 				t.Errorf("%s: want %d batches missed, %d replays failed", r, c.gap, c.replays)
 			}
-			now := time.Now()
-			got, err := Classify([]*Stream{s}, Miss{Tokens: prompt, From: 0, To: 12, Sent: now, Until: now})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(got, c.want) {
-				t.Errorf("Classify: %v, want %v", got, c.want)
-			}
+			checkFirstPrompt(t, s, c.want)
 		})
+	}
+}
+
+// checkFirstPrompt classifies a miss of the first prompt's 12 tokens,
+// sent and answered now, against s, and wants want.
+func checkFirstPrompt(t *testing.T, s *Stream, want Tally) {
+	t.Helper()
+	now := time.Now()
+	got, err := Classify([]*Stream{s}, Miss{Tokens: prompt, From: 0, To: 12, Sent: now, Until: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Classify: %v, want %v", got, want)
 	}
 }
 
@@ -225,14 +232,7 @@ func TestFollowReplayJoinedLate(t *testing.T) {
 			if g := r.get(); g.errs[ReasonGap] != 0 || g.errs[ReasonReplay] != 0 || g.applied.Missed != 0 {
 				t.Errorf("%s: want no gap and no failed replay", r)
 			}
-			now := time.Now()
-			got, err := Classify([]*Stream{s}, Miss{Tokens: prompt, From: 0, To: 12, Sent: now, Until: now})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(got, c.want) {
-				t.Errorf("Classify: %v, want %v", got, c.want)
-			}
+			checkFirstPrompt(t, s, c.want)
 		})
 	}
 }

@@ -341,27 +341,22 @@ func (s *Stream) caughtUp(t, now time.Time, quiet time.Duration) bool {
 
 // gapBefore tells whether batch seq follows batches the stream has not
 // seen, at most maxBatches of them: it returns the first of them and when
-// the batch before them was taken.
+// the batch before them was taken. A stream's first batch numbered shortly
+// after the engine's start (lateJoinBatches) follows the batches from 0 on,
+// sent before the subscription took, timed from when the stream connected.
 func (s *Stream) gapBefore(seq uint64, maxBatches uint64) (from uint64, after time.Time, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.haveSeq || seq <= s.lastSeq+1 || seq-s.lastSeq-1 > maxBatches {
+	if !s.haveSeq {
+		if seq == 0 || seq > lateJoinBatches {
+			return 0, time.Time{}, false
+		}
+		return 0, s.since, true
+	}
+	if seq <= s.lastSeq+1 || seq-s.lastSeq-1 > maxBatches {
 		return 0, time.Time{}, false
 	}
 	return s.lastSeq + 1, s.lastAt, true
-}
-
-// joinedLate tells whether batch seq is the stream's first, numbered
-// shortly after the engine's start (lateJoinBatches): the batches before
-// it went out before the subscription took, from batch 0 on, and are
-// timed from when the stream connected.
-func (s *Stream) joinedLate(seq uint64) (after time.Time, ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.haveSeq || seq == 0 || seq > lateJoinBatches {
-		return time.Time{}, false
-	}
-	return s.since, true
 }
 
 // startReplay marks the stream behind its engine until the returned func

@@ -107,7 +107,7 @@ func Address(endpoint string) (string, error) {
 // Follow subscribes to s's endpoint and applies every batch to s until ctx
 // ends, connecting again, with a growing wait, whenever the connection
 // fails or breaks. With s.Replay, the batches a gap skipped, and those an
-// engine just started sent before the subscription took (joinedLate), are
+// engine just started sent before the subscription took, are
 // asked of the engine's replay socket before the batch after them is
 // applied.
 func Follow(ctx context.Context, s *Stream, r Reporter) {
@@ -206,8 +206,6 @@ func session(ctx context.Context, s *Stream, addr, replay string, r Reporter, co
 		if replay != "" {
 			if from, after, ok := s.gapBefore(seq, MaxReplayBatches); ok {
 				fillGap(ctx, s, replay, from, seq, engineClock(at, b.TS), after, at, r)
-			} else if after, ok := s.joinedLate(seq); ok {
-				fillGap(ctx, s, replay, 0, seq, engineClock(at, b.TS), after, at, r)
 			}
 		}
 		a := s.Apply(ctx, seq, &b, s.clock(at, b.TS))

@@ -45,6 +45,8 @@ type Daemon struct {
 	// shard, when set (--shard), replaces every workload's own shard.
 	shard *config.Shard
 	watch bool
+	// watchTimer, when set, measures the watch's quiet (Options.watchTimer).
+	watchTimer config.DebounceTimer
 	// memoryLimit refuses a configuration past it (Options.MemoryLimit).
 	memoryLimit int64
 	// beforeApply, when set, runs once a configuration is built and before
@@ -101,6 +103,7 @@ func New(o Options) *Daemon {
 		configFile:  o.ConfigFile,
 		shard:       o.Shard,
 		watch:       o.Watch,
+		watchTimer:  o.watchTimer,
 		memoryLimit: o.MemoryLimit,
 		beforeApply: o.beforeApply,
 		buildStep:   o.buildStep,

@@ -53,7 +53,7 @@ type started struct {
 	reg     *prometheus.Registry
 	stop    context.CancelFunc
 	held    <-chan struct{} // a test's beforeApply hook says it holds a reload
-	release chan struct{}   // and lets it go on when closed
+	release func()          // and lets it go on (once; later calls do nothing)
 }
 
 func startDaemon(t *testing.T, path string, configure func(*Options)) (*started, error) {

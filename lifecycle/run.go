@@ -43,6 +43,9 @@ type Options struct {
 	discovery   discoverySchedule          // tests only: the zero value is the default
 	// dispatchClock paces the replay (tests only): nil is the system clock.
 	dispatchClock replay.DispatchClock
+	// watchTimer measures the quiet a file change waits for (tests
+	// only): nil is the runtime's timer.
+	watchTimer config.DebounceTimer
 	// ResultObserved, when set, hears each result after every other side
 	// job has: the profile command's summary reads every request, and a
 	// test then knows what the daemon has learnt.
@@ -83,12 +86,17 @@ func (d *Daemon) Start(ctx context.Context) error {
 			fileChanged = make(chan struct{}, 1)
 			go func() {
 				defer close(watchDone)
-				w.Run(watchCtx, reloadDebounce, func() {
+				notify := func() {
 					select {
 					case fileChanged <- struct{}{}:
 					default: // a reload is already pending
 					}
-				})
+				}
+				if d.watchTimer != nil {
+					w.RunOn(watchCtx, reloadDebounce, d.watchTimer, notify)
+					return
+				}
+				w.Run(watchCtx, reloadDebounce, notify)
 			}()
 		}
 	} else {

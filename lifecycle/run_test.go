@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -332,11 +333,20 @@ func TestShutdownRacesReload(t *testing.T) {
 			return reloaded
 		}},
 		{"shutdown during a big trace's reload", 500_000, false, func(t *testing.T, d *started, shutdown func()) <-chan error {
+			// The owner goroutine is idle until the reload: the count of
+			// parses is read where the reload leaves it.
+			parses := d.traces.stats.parses.Load
+			before := parses()
 			reloaded := make(chan error, 1)
 			go func() { reloaded <- d.Reload(context.Background()) }()
-			// The stimulus's timing, not a synchronisation: the reload
-			// parses for about a second (more under -race).
-			<-time.After(300 * time.Millisecond)
+			// The shutdown comes once the reload has begun to parse the
+			// big trace, which takes about a second (more under -race);
+			// should the parse be over first, the case is "reload then
+			// shutdown".
+			testutil.Eventually(t, "the reload's parse of the big trace begun", func() (bool, string) {
+				n := parses()
+				return n > before, fmt.Sprint(n, " traces parsed")
+			})
 			shutdown()
 			return reloaded
 		}},
@@ -344,19 +354,19 @@ func TestShutdownRacesReload(t *testing.T) {
 			reloaded := make(chan error, 1)
 			go func() { reloaded <- d.Reload(context.Background()) }()
 			<-d.held
+			// Held before applying, the owner goroutine changes no unit:
+			// the steady one is read where the start left it.
+			steady := d.units.byKey[unitKey{"steady", "t"}]
 			// The owner goroutine is busy with the reload until released:
 			// the halt, which shutdown waits for, must not wait for it.
 			shutdown()
 			// The held requests answered, the old unit has free slots
-			// while the owner is still busy; it stays so a while more, the
-			// stimulus's timing (not a synchronisation) for a dispatch
-			// that went on.
-			testutil.Eventually(t, "the held requests counted", func() (bool, string) {
-				n, _ := testutil.Gather(t, d.reg).Value("kvload_requests_total")
-				return n >= raceInFlight, fmt.Sprint(n, " counted")
-			})
-			<-time.After(300 * time.Millisecond)
-			close(d.release)
+			// while the owner is still busy. Its replay must end all the
+			// same: every request it sends, it sends before its end, and
+			// a dispatch that went on would never end while the owner is
+			// held.
+			testutil.Wait(t, "the end of the steady unit's replay while the reload is held", steady.done)
+			d.release()
 			if err := <-reloaded; !errors.Is(err, ErrShuttingDown) {
 				t.Errorf("reload: %v, want ErrShuttingDown", err)
 			}
@@ -388,7 +398,10 @@ func TestShutdownRacesReload(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			d.held, d.release = held, release
+			// A failed wait in provoke leaves the reload held: the
+			// cleanup lets it go before the daemon's waits for its end.
+			d.held, d.release = held, sync.OnceFunc(func() { close(release) })
+			t.Cleanup(d.release)
 			testutil.Eventually(t, "the steady unit's slots all taken by held requests", func() (bool, string) {
 				n := srv.Requests()
 				return n == raceInFlight, fmt.Sprint(n, " requests")
@@ -532,11 +545,13 @@ func TestShutdownIsAState(t *testing.T) {
 }
 
 // watching is a daemon reloading on file changes, with its log.
-func watching(t *testing.T, path string) (*started, *testutil.Buffer) {
+// With a timer, the watch measures its quiet on it.
+func watching(t *testing.T, path string, timer config.DebounceTimer) (*started, *testutil.Buffer) {
 	t.Helper()
 	var logs testutil.Buffer
 	d, err := startDaemon(t, path, func(o *Options) {
 		o.Watch = true
+		o.watchTimer = timer
 		o.Logger = log.NewLogfmtLogger(&logs)
 	})
 	if err != nil {
@@ -567,25 +582,26 @@ func watchConfig(srvURL, trace, model string) config.Config {
 
 // TestWatchCoalescesWrites: ten writes of the file within a fraction of the
 // debounce, each leaving it half-written (invalid) for a moment, give
-// exactly one reload, of the last version, and no rejection.
+// exactly one reload, of the last version, and no rejection. The watch's
+// quiet is measured on a fake clock, which moves only as the test says: a
+// stalled write (a slow fsync) cannot pass for the end of the burst.
 func TestWatchCoalescesWrites(t *testing.T) {
 	t.Parallel()
 	srv := newFakeServer(t, nil)
 	path := filepath.Join(t.TempDir(), "kvload.yml")
 	trace := fixture(t, "future.jsonl")
 	daemontest.WriteConfig(t, path, watchConfig(srv.URL, trace, "m-initial"))
-	d, logs := watching(t, path)
+	clock := testutil.NewClock()
+	d, logs := watching(t, path, clock.NewTimer())
 	if model, applied := appliedModel(d, logs); model != "m-initial" || applied != 1 {
 		t.Fatalf("at start: model %q, %d applied", model, applied)
 	}
 
-	// Paces the writes like an editor or a config tool would, 20 ms
-	// apart, well under the 500 ms debounce; nothing waits on it.
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
+	// Paced like an editor or a config tool, 20 ms apart on the clock,
+	// well under the 500 ms debounce.
 	for i := range 10 {
 		if i > 0 {
-			<-tick.C
+			clock.Advance(20 * time.Millisecond)
 		}
 		content := string(daemontest.Marshal(t, watchConfig(srv.URL, trace, fmt.Sprintf("m-%d", i))))
 		half := strings.Index(content, "workloads:") // targets only: invalid
@@ -600,7 +616,10 @@ func TestWatchCoalescesWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The burst over, the quiet lasts: each look moves the clock past the
+	// debounce, whenever the watch took in the writes' events.
 	testutil.Eventually(t, "the last write applied", func() (bool, string) {
+		clock.Advance(reloadDebounce)
 		model, applied := appliedModel(d, logs)
 		return model == "m-9" && applied >= 2, fmt.Sprintf("model %q, %d applied", model, applied)
 	})
@@ -650,7 +669,7 @@ func TestWatchSymlinkSwap(t *testing.T) {
 	symlink("..data/kvload.yml", "kvload.yml")
 	symlink("..data/trace.jsonl", "trace.jsonl")
 
-	d, logs := watching(t, filepath.Join(dir, "kvload.yml"))
+	d, logs := watching(t, filepath.Join(dir, "kvload.yml"), nil)
 	if model, _ := appliedModel(d, logs); model != "m-v1" {
 		t.Fatalf("at start: model %q", model)
 	}

@@ -153,6 +153,10 @@ func TestMetricsScrapeStorm(t *testing.T) {
 				landing:       func() landingData { return landingData{} },
 			}))
 			t.Cleanup(srv.Close)
+			// The held gathers end before the server's Close waits for
+			// them, also when a wait below fails the test.
+			release := sync.OnceFunc(func() { close(g.release) })
+			t.Cleanup(release)
 
 			codes := make(chan int, scrapers)
 			for i := range scrapers {
@@ -172,13 +176,7 @@ func TestMetricsScrapeStorm(t *testing.T) {
 			}
 			count := map[int]int{}
 			for range tc.refused {
-				select {
-				case c := <-codes:
-					count[c]++
-				case <-time.After(testutil.Ceiling):
-					close(g.release)
-					t.Fatalf("only %v answered while %d gathers run", count, g.running())
-				}
+				count[testutil.WaitShowing(t, "an answer while the gathers are held", codes, heldAnswers{count, g})]++
 			}
 			if count[http.StatusServiceUnavailable] != tc.refused {
 				t.Errorf("while scrapes were held: %v, want %d × 503", count, tc.refused)
@@ -188,15 +186,26 @@ func TestMetricsScrapeStorm(t *testing.T) {
 				n := g.running()
 				return n == tc.running, fmt.Sprintf("%d gathers running, want %d", n, tc.running)
 			})
-			close(g.release)
+			release()
 			for range scrapers - tc.refused {
-				count[<-codes]++
+				count[testutil.Wait(t, "the answer of a released scrape", codes)]++
 			}
 			if count[http.StatusOK] != scrapers-tc.refused || g.peak != tc.running {
 				t.Errorf("answers %v, at most %d gathers at once; want %d × 200, at most %d at once", count, g.peak, scrapers-tc.refused, tc.running)
 			}
 		})
 	}
+}
+
+// heldAnswers shows the answers so far and the gathers running, when a
+// wait for an answer fails.
+type heldAnswers struct {
+	count map[int]int
+	g     *blockingGatherer
+}
+
+func (h heldAnswers) String() string {
+	return fmt.Sprintf("only %v answered while %d gathers run", h.count, h.g.running())
 }
 
 // closeRecorder is a connection that records whether it was closed.
