@@ -23,11 +23,16 @@ const (
 	// replay's speedup_ratio, so that rule time is the trace's time.
 	alertCompression = 30
 	// alertChangeAt: when a scenario breaks (or flushes) the cache: once
-	// the cache alerts' baselines have formed (10 evaluations, 30 s apart
-	// here, older than 10 minutes).
-	alertChangeAt = 16 * time.Minute
-	// healthySpan: how long a scenario without a change runs.
-	healthySpan = 40 * time.Minute
+	// the cache alerts' baselines have formed on settled samples
+	// (baselineForms, at 35 minutes), with 18 settled minutes in them,
+	// and early enough that the longest judged window (a transient's
+	// recoverWithin and 5 minutes more, to minute 58) ends inside the
+	// trace's first pass (its last row at 58:57).
+	alertChangeAt = 38 * time.Minute
+	// healthySpan: how long a scenario without a change runs: as long as
+	// a breaking one, so that a healthy engine is judged over the very
+	// minutes in which a broken one must page.
+	healthySpan = alertChangeAt + pageWithin + 2*time.Minute
 	// alertScenarioSlots: scenarios at a time. Each keeps about 0.3 of a
 	// core busy (the emulator tokenizing, the exporter building prompts)
 	// and mostly waits for its rule time; six at once run the nineteen
@@ -140,9 +145,21 @@ type alertScenario struct {
 	check       func(t *testing.T, r *scenarioResult)
 }
 
-// baselineForms: a baseline exists once 10 evaluations of its signal (30 s
-// apart here) lie more than 10 minutes back (kvload-rules.yml).
-const baselineForms = 10*time.Minute + 10*alertCompression*time.Second
+// A baseline takes only the samples of a pair that has run for
+// baselineSettle (kvload-rules.yml, workload_target:kvload_requests:settled20m),
+// and exists once 10 of them (30 s apart here) lie more than 10 minutes
+// back: baselineForms after its signal first appears, and never before
+// baselineSettle + baselineForms (35 minutes).
+const (
+	baselineSettle = 20 * time.Minute
+	baselineForms  = 10*time.Minute + 10*alertCompression*time.Second
+)
+
+// baselineAt is when the baseline of a signal first seen at firstSeen
+// forms.
+func baselineAt(firstSeen time.Duration) time.Duration {
+	return max(firstSeen, baselineSettle) + baselineForms
+}
 
 // scenarioResult is what a scenario recorded and the rules made of it.
 type scenarioResult struct {

@@ -129,14 +129,14 @@ workloads:
 	recordScenario(t, rec, exp, span, func(at time.Duration) *process {
 		if sc.baselineOf != "" && firstSeen < 0 && rec.has(t.Context(), sc.baselineOf, at) {
 			firstSeen = at
-			changeAt = max(alertChangeAt, at+baselineForms)
+			changeAt = max(alertChangeAt, baselineAt(at))
 			t.Logf("%s first at %v: the change comes at %v", sc.baselineOf, at, changeAt)
 		}
 		if sc.baselineOf != "" && firstSeen < 0 {
 			if at > 2*alertChangeAt {
 				t.Fatalf("%s never appeared in %v of rule time", sc.baselineOf, at)
 			}
-			changeAt = max(changeAt, at+baselineForms)
+			changeAt = max(changeAt, baselineAt(at))
 		}
 		if emu == nil && sc.startAfter > 0 && res.changeAt < 0 && at >= sc.startAfter {
 			emu = startProcess(t, dir, "emulator", kvload, args...)

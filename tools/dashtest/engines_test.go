@@ -275,8 +275,9 @@ const (
 	pairsBlock = 256
 	// engineChangeAt: when a real engine is restarted with its cache
 	// defeated (rule time): once the cache alerts' baselines have formed
-	// (10 evaluations older than 10 minutes).
-	engineChangeAt = 16 * time.Minute
+	// on settled samples (baselineAt: 10 evaluations of a pair running
+	// 20 minutes, older than 10 minutes), as in the emulator's scenarios.
+	engineChangeAt = alertChangeAt
 	// engineAfterChange: how long a scenario records after the change,
 	// past the 15 minutes a page may take.
 	engineAfterChange = 17 * time.Minute
