@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // Watcher reports changes to a configuration file. It watches the file's
@@ -42,34 +44,15 @@ func (w *Watcher) concerns(name string) bool {
 	return base == w.name || strings.HasPrefix(base, "..")
 }
 
-// DebounceTimer is the timer a Watcher measures the quiet on: the
-// runtime's in Run, a fake clock's in tests (RunOn), which then say when
-// the quiet has lasted.
-type DebounceTimer interface {
-	C() <-chan time.Time
-	Reset(d time.Duration)
-	Stop()
-}
-
-// runtimeTimer is a DebounceTimer on the runtime's timers.
-type runtimeTimer struct{ t *time.Timer }
-
-func (r runtimeTimer) C() <-chan time.Time   { return r.t.C }
-func (r runtimeTimer) Reset(d time.Duration) { r.t.Reset(d) }
-func (r runtimeTimer) Stop()                 { r.t.Stop() }
-
 // Run calls changed after each burst of changes has been quiet for
-// debounce. It may call changed when the file's content did not change; the
-// caller compares contents. Run closes the
-// watcher and returns when ctx is done.
-func (w *Watcher) Run(ctx context.Context, debounce time.Duration, changed func()) {
-	t := time.NewTimer(debounce)
-	t.Stop()
-	w.RunOn(ctx, debounce, runtimeTimer{t}, changed)
-}
-
-// RunOn is Run measuring the quiet on timer, which must be stopped.
-func (w *Watcher) RunOn(ctx context.Context, debounce time.Duration, timer DebounceTimer, changed func()) {
+// debounce, measured on timer (stopped; nil is the runtime's timer, a
+// test passes a fake clock's, which then says when the quiet has lasted).
+// It may call changed when the file's content did not change; the caller
+// compares contents. Run closes the watcher and returns when ctx is done.
+func (w *Watcher) Run(ctx context.Context, debounce time.Duration, timer replay.DispatchTimer, changed func()) {
+	if timer == nil {
+		timer = replay.NewRuntimeTimer()
+	}
 	defer w.w.Close()
 	defer timer.Stop()
 	for {

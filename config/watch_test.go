@@ -32,7 +32,7 @@ func watchContents(t *testing.T, path string, debounce time.Duration) *seenConte
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		w.Run(ctx, debounce, func() {
+		w.Run(ctx, debounce, nil, func() {
 			b, err := os.ReadFile(path)
 			got := string(b)
 			if err != nil {

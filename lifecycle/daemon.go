@@ -28,6 +28,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/engine"
 	"github.com/kvload-exporter/kvload-exporter/kvevents"
 	"github.com/kvload-exporter/kvload-exporter/openai"
+	"github.com/kvload-exporter/kvload-exporter/replay"
 	"github.com/kvload-exporter/kvload-exporter/servedcache"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
 	"github.com/kvload-exporter/kvload-exporter/tracing"
@@ -46,7 +47,7 @@ type Daemon struct {
 	shard *config.Shard
 	watch bool
 	// watchTimer, when set, measures the watch's quiet (Options.watchTimer).
-	watchTimer config.DebounceTimer
+	watchTimer replay.DispatchTimer
 	// memoryLimit refuses a configuration past it (Options.MemoryLimit).
 	memoryLimit int64
 	// beforeApply, when set, runs once a configuration is built and before

@@ -45,7 +45,7 @@ type Options struct {
 	dispatchClock replay.DispatchClock
 	// watchTimer measures the quiet a file change waits for (tests
 	// only): nil is the runtime's timer.
-	watchTimer config.DebounceTimer
+	watchTimer replay.DispatchTimer
 	// ResultObserved, when set, hears each result after every other side
 	// job has: the profile command's summary reads every request, and a
 	// test then knows what the daemon has learnt.
@@ -92,11 +92,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 					default: // a reload is already pending
 					}
 				}
-				if d.watchTimer != nil {
-					w.RunOn(watchCtx, reloadDebounce, d.watchTimer, notify)
-					return
-				}
-				w.Run(watchCtx, reloadDebounce, notify)
+				w.Run(watchCtx, reloadDebounce, d.watchTimer, notify)
 			}()
 		}
 	} else {

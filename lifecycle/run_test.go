@@ -20,6 +20,7 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/config"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil/daemontest"
+	"github.com/kvload-exporter/kvload-exporter/replay"
 )
 
 // startInBackground starts a daemon on path under ctx, handing Start's
@@ -546,7 +547,7 @@ func TestShutdownIsAState(t *testing.T) {
 
 // watching is a daemon reloading on file changes, with its log.
 // With a timer, the watch measures its quiet on it.
-func watching(t *testing.T, path string, timer config.DebounceTimer) (*started, *testutil.Buffer) {
+func watching(t *testing.T, path string, timer replay.DispatchTimer) (*started, *testutil.Buffer) {
 	t.Helper()
 	var logs testutil.Buffer
 	d, err := startDaemon(t, path, func(o *Options) {

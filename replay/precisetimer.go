@@ -22,6 +22,10 @@ import "time"
 // runtimeTimer is a DispatchTimer on the runtime's timers.
 type runtimeTimer struct{ t *time.Timer }
 
+// NewRuntimeTimer is a stopped DispatchTimer on the runtime's timers alone,
+// for waits that need no sub-millisecond accuracy (a file watch's quiet).
+func NewRuntimeTimer() DispatchTimer { return newRuntimeTimer() }
+
 func newRuntimeTimer() runtimeTimer {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
