@@ -33,13 +33,14 @@ const (
 	// a breaking one, so that a healthy engine is judged over the very
 	// minutes in which a broken one must page.
 	healthySpan = alertChangeAt + pageWithin + 2*time.Minute
-	// alertScenarioSlots: scenarios at a time. Each keeps about 0.3 of a
-	// core busy (the emulator tokenizing, the exporter building prompts)
-	// and mostly waits for its rule time; six at once run the nineteen
-	// scenarios in a little over three rounds. The silent targets' cost fit, which reads
-	// TTFT, held under that load (it reads "undecided" rather than wrong
-	// when a busy CPU delays answers).
-	alertScenarioSlots = 6
+	// alertScenarioSlots: scenarios at a time. Each runs an emulator
+	// that tokenizes every prompt and an exporter that builds them, and
+	// mostly waits for its rule time. Six at once kept the load of 2
+	// cores at 11 to 16: the silent targets' TTFT then carried seconds
+	// of run-queue wait, their cost fit read no_uncached_cost, and the
+	// broken one never paged (0 of 8 rounds). Four leave the machine
+	// some room; the twenty-one scenarios take about six rounds of them.
+	alertScenarioSlots = 4
 	// boundShare: the share of a pass's distinct blocks the engines whose
 	// capacity cannot be read hold. The shared trace's hit rate climbs
 	// steeply between 1 % and 7 % of them (analyze --capacity-curve):
