@@ -428,6 +428,19 @@ func TestServerMetricsShare(t *testing.T) {
 			{[]finish{known("a", 1000)}, engine.ServerCounts{Cached: 500, Prompt: 1000, PromptKnown: true}},
 			{nil, engine.ServerCounts{Cached: 700, Prompt: 1000, PromptKnown: true}},
 		}, map[string]float64{"a": 600}, map[string]float64{"a": 600}},
+		// The credit of the first read falls short (half the engine's
+		// prompt tokens are this replica's yet). Then the engine restarts
+		// with its cache off: its hits are gone, and a share that grows
+		// after the restart must not be credited any of the old ones.
+		{"an engine restarted (a series went back) takes no more of its past hits", []step{
+			{[]finish{known("a", 1000)}, engine.ServerCounts{Cached: 500, Prompt: 2000, PromptKnown: true}},
+			{[]finish{known("a", 2000)}, engine.ServerCounts{Prompt: 500, PromptKnown: true, SeriesBegan: true}},
+			{[]finish{known("a", 500)}, engine.ServerCounts{Prompt: 500, PromptKnown: true}},
+		}, map[string]float64{"a": 250}, map[string]float64{"a": 250}},
+		{"an engine restarted (a new start time) takes no more of its past hits", []step{
+			{[]finish{known("a", 1000)}, engine.ServerCounts{Cached: 500, Prompt: 2000, PromptKnown: true}},
+			{[]finish{known("a", 2000)}, engine.ServerCounts{Prompt: 500, PromptKnown: true, Restarted: true}},
+		}, map[string]float64{"a": 250}, map[string]float64{"a": 250}},
 		// Without a prompt counter the share cannot be known: the replica
 		// takes every hit of the interval (the documented limitation), but
 		// still leaves unknown theoretical tokens off the efficiency.

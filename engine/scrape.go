@@ -34,6 +34,10 @@ type ServerCounts struct {
 	// process start time). Cached and Prompt are then its counts since,
 	// and what it counted between the read before and its end is lost.
 	Restarted bool
+	// SeriesBegan: a series of a counter went back and is counted from
+	// zero again, which an engine that exports no start time does when it
+	// restarts. Like Restarted, it tells the reads before from this one.
+	SeriesBegan bool
 	// At is when the read was asked for: the page counts what the engine
 	// did until a moment later.
 	At time.Time
@@ -272,16 +276,19 @@ func (s *ServerScraper) counts(r engineRead) (ServerCounts, error) {
 	}
 	var inc [3]float64
 	var next [3]counterBaseline
+	began := false
 	for i, c := range counters {
 		if c.now == nil {
 			continue
 		}
-		inc[i], next[i] = c.last.advance(c.now, restarted)
+		var b bool
+		inc[i], next[i], b = c.last.advance(c.now, restarted)
+		began = began || b
 		if inc[i] > maxServerIncrease {
 			return ServerCounts{}, &RejectedCount{Target: s.Target, Counter: c.kind, Reason: ServerErrorJump, Value: c.now.sum(), Last: c.last.sumOf(c.now)}
 		}
 	}
-	c := ServerCounts{Cached: inc[0], Baseline: !s.seen, Restarted: restarted}
+	c := ServerCounts{Cached: inc[0], Baseline: !s.seen, Restarted: restarted, SeriesBegan: began}
 	if r.recomputed != nil {
 		c.Recomputed, c.RecomputedKnown = inc[2], true
 		if r.cachedFrom.CountsRecomputed {
@@ -363,10 +370,9 @@ type lastValue struct {
 // its baseline, unless the server restarted, when every series began again
 // from zero. A series missing from now is kept for a while, so that its
 // return credits only what it gained. The first read (b nil) credits
-// nothing.
-func (b counterBaseline) advance(now seriesValues, restarted bool) (float64, counterBaseline) {
-	var inc float64
-	next := make(counterBaseline, len(now))
+// nothing. began says a series went back.
+func (b counterBaseline) advance(now seriesValues, restarted bool) (inc float64, next counterBaseline, began bool) {
+	next = make(counterBaseline, len(now))
 	for k, v := range now {
 		last, ok := b[k]
 		switch {
@@ -375,13 +381,14 @@ func (b counterBaseline) advance(now seriesValues, restarted bool) (float64, cou
 		case !ok:
 		case v < last.v:
 			inc += v
+			began = true
 		default:
 			inc += v - last.v
 		}
 		next[k] = lastValue{v: v}
 	}
 	if restarted {
-		return inc, next
+		return inc, next, began
 	}
 	missing := 0
 	for k, last := range b {
@@ -391,7 +398,7 @@ func (b counterBaseline) advance(now seriesValues, restarted bool) (float64, cou
 		next[k] = lastValue{v: last.v, missed: last.missed + 1}
 		missing++
 	}
-	return inc, next
+	return inc, next, began
 }
 
 // sumOf is the sum of the last values of now's series, for messages.

@@ -270,6 +270,23 @@ func TestServerScraperRestartedFlag(t *testing.T) {
 	}
 }
 
+// TestServerScraperSeriesBeganFlag: an engine without a start time that
+// restarts shows it only by counters that went back; the read says so.
+func TestServerScraperSeriesBeganFlag(t *testing.T) {
+	s := &ServerScraper{Target: "t", Dialect: DialectLlamaCpp}
+	var got []bool
+	for _, cached := range []float64{5, 7, 3, 4, 4} {
+		c, err := s.counts(engineRead{cached: seriesValues{"": cached}, prompt: seriesValues{"": 10 * cached}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, c.SeriesBegan)
+	}
+	if want := []bool{false, false, true, false, false}; !slices.Equal(got, want) {
+		t.Errorf("SeriesBegan of each read = %v, want %v", got, want)
+	}
+}
+
 // sink records what a scraper hands the collector.
 type sink struct {
 	mu     sync.Mutex

@@ -134,11 +134,16 @@ func (t *Truth) credits(target string, d engine.ServerCounts) []credit {
 // windowed adds the read d, with this replica's shares finished since the
 // read before, to the window, and returns what is to be credited of it:
 // this replica's share of the window's cached tokens, less what the window
-// was credited already.
+// was credited already. An engine that began again (restarted) starts a
+// new window: the hits of its past life were credited as far as they
+// could be, and a share that grows after it must not earn more of them.
 func (st *targetState) windowed(shares map[string]serverShare, d engine.ServerCounts) float64 {
 	r := serverRead{cached: max(d.Cached, 0), prompt: max(d.Prompt, 0)}
 	for _, p := range shares {
 		r.mine += p.all
+	}
+	if d.Restarted || d.SeriesBegan {
+		st.window = st.window[:0]
 	}
 	st.window = append(st.window, r)
 	if n := len(st.window); n > serverShareReads {
