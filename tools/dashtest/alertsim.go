@@ -35,11 +35,10 @@ const (
 	healthySpan = alertChangeAt + pageWithin + 2*time.Minute
 	// alertScenarioSlots: scenarios at a time. Each runs an emulator
 	// that tokenizes every prompt and an exporter that builds them, and
-	// mostly waits for its rule time. Six at once kept the load of 2
-	// cores at 11 to 16: the silent targets' TTFT then carried seconds
-	// of run-queue wait, their cost fit read no_uncached_cost, and the
-	// broken one never paged (0 of 8 rounds). Four leave the machine
-	// some room; the twenty-one scenarios take about six rounds of them.
+	// mostly waits for its rule time. The silent targets' alert reads
+	// the cost fit, from TTFTs: on 2 cores more at once puts seconds of
+	// run-queue wait in them and hides a broken cache. The twenty-one
+	// scenarios take about six rounds of four.
 	alertScenarioSlots = 4
 	// boundShare: the share of a pass's distinct blocks the engines whose
 	// capacity cannot be read hold. The shared trace's hit rate climbs
