@@ -410,7 +410,7 @@ func TestKVEventsEarlySubscriber(t *testing.T) {
 // subscriber hears nothing, while the replay socket gives each batch back
 // from the sequence number asked, in vLLM's layout since v0.26.0 (a
 // delimiter, the topic, the sequence number, the payload), then its end
-// marker; and the drops are drawn, about the share configured.
+// marker; and the drops are counted.
 func TestKVEventsReplay(t *testing.T) {
 	cfg := Config{BlockSize: 4, KVEvents: "tcp://127.0.0.1:0", KVEventsTopic: "kv", KVEventsReplayEndpoint: "tcp://127.0.0.1:0", KVEventsDrop: 1}
 	e, base, sub := startPublishing(t, cfg)
@@ -426,54 +426,80 @@ func TestKVEventsReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = raw.SetReadDeadline(time.Now().Add(testutil.Ceiling)) // a broken socket only
+	// The three requests' blocks are queued before their requests are
+	// answered, but published by another goroutine, which puts all that
+	// is queued into one batch (one to three batches, as the machine's
+	// load has it): ask from the first until all three are kept.
 	var seqs []uint64
-	// The three batches are queued before their requests are answered,
-	// but published by another goroutine: ask until all three are kept.
-	testutil.Eventually(t, "three batches replayed", func() (bool, string) {
-		if err := zc.SendMsg(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, 1))); err != nil {
-			t.Fatal(err)
-		}
-		seqs = nil
-		for {
-			msg, err := zc.RecvMsg()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if msg.Type == zmq4.CmdMsg {
-				continue
-			}
-			if len(msg.Frames) != 4 || len(msg.Frames[0]) != 0 || len(msg.Frames[2]) != 8 {
-				t.Fatalf("a reply of %d frames %q: want a delimiter, the topic, a sequence number and a payload", len(msg.Frames), msg.Frames)
-			}
-			s := binary.BigEndian.Uint64(msg.Frames[2])
-			if s == ^uint64(0) {
-				if string(msg.Frames[1]) != "" || len(msg.Frames[3]) != 0 {
-					t.Fatalf("end marker %q: want an empty topic and payload", msg.Frames)
-				}
-				break
-			}
-			if string(msg.Frames[1]) != "kv" {
-				t.Fatalf("topic %q, want kv", msg.Frames[1])
-			}
-			if events := decodeWireBatch(t, KVEventsMap, msg.Frames[3]); len(events) != 1 || events[0].Type != "BlockStored" {
-				t.Fatalf("batch %d: %v, want one BlockStored", s, events)
-			}
-			seqs = append(seqs, s)
-		}
-		return reflect.DeepEqual(seqs, []uint64{1, 2}), fmt.Sprint(seqs)
+	testutil.Eventually(t, "three requests' blocks replayed", func() (bool, string) {
+		var stored int
+		seqs, stored = askReplay(t, raw, zc, 0)
+		return stored == 3, fmt.Sprintf("batches %v, %d blocks stored", seqs, stored)
 	})
+	for i, s := range seqs {
+		if s != uint64(i) {
+			t.Fatalf("batches %v replayed, want 0, 1, ... in order", seqs)
+		}
+	}
+	last := seqs[len(seqs)-1]
+	if got, _ := askReplay(t, raw, zc, last); !reflect.DeepEqual(got, []uint64{last}) {
+		t.Errorf("asked from %d, got batches %v: want that one only", last, got)
+	}
+	if got, _ := askReplay(t, raw, zc, last+1); len(got) != 0 {
+		t.Errorf("asked from %d, past the last batch, got %v: want none, only the end marker", last+1, got)
+	}
 	// Nothing was sent to the subscriber: a batch published now, undropped,
-	// comes first, numbered after the three dropped.
+	// comes first, numbered after those dropped.
 	e.events.mu.Lock()
 	e.events.drop = 0
 	e.events.mu.Unlock()
 	complete(t, base, seq(1000, 9), nil)
-	if _, seqs := sub.next(t, KVEventsMap, 1); seqs[0] != 3 {
-		t.Errorf("the first batch heard is %d, want 3: the three before dropped", seqs[0])
+	if _, heard := sub.next(t, KVEventsMap, 1); heard[0] != last+1 {
+		t.Errorf("the first batch heard is %d, want %d: the %d before dropped", heard[0], last+1, len(seqs))
 	}
-	if got := e.KVEventsDropped(); got != 3 {
-		t.Errorf("%d batches counted dropped, want 3", got)
+	if got := e.KVEventsDropped(); got != int64(len(seqs)) {
+		t.Errorf("%d batches counted dropped, want %d", got, len(seqs))
+	}
+}
+
+// askReplay asks the replay socket zc (on raw) for the batches from
+// sequence number from, and reads its answer to the end marker: the
+// sequence numbers of the batches, and the BlockStored events they hold
+// (any other event fails the test).
+func askReplay(t *testing.T, raw net.Conn, zc *zmq4.Conn, from uint64) (seqs []uint64, stored int) {
+	t.Helper()
+	_ = raw.SetReadDeadline(time.Now().Add(testutil.Ceiling)) // a broken socket only
+	if err := zc.SendMsg(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, from))); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		msg, err := zc.RecvMsg()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.Type == zmq4.CmdMsg {
+			continue
+		}
+		if len(msg.Frames) != 4 || len(msg.Frames[0]) != 0 || len(msg.Frames[2]) != 8 {
+			t.Fatalf("a reply of %d frames %q: want a delimiter, the topic, a sequence number and a payload", len(msg.Frames), msg.Frames)
+		}
+		s := binary.BigEndian.Uint64(msg.Frames[2])
+		if s == ^uint64(0) {
+			if string(msg.Frames[1]) != "" || len(msg.Frames[3]) != 0 {
+				t.Fatalf("end marker %q: want an empty topic and payload", msg.Frames)
+			}
+			return seqs, stored
+		}
+		if string(msg.Frames[1]) != "kv" {
+			t.Fatalf("topic %q, want kv", msg.Frames[1])
+		}
+		for _, ev := range decodeWireBatch(t, KVEventsMap, msg.Frames[3]) {
+			if ev.Type != "BlockStored" {
+				t.Fatalf("batch %d holds %v: want BlockStored events only", s, ev)
+			}
+			stored++
+		}
+		seqs = append(seqs, s)
 	}
 }
 
