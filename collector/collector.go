@@ -416,19 +416,19 @@ func (c *Collector) Finished(r *replay.Result) {
 	c.effective.Add(r)
 	c.reconcile.comparison.Finished(r)
 	c.slos.observe(r)
-	c.phases.finished(r)
+	c.phases.finished(s, r)
 
 	if r.Outcome != openai.OutcomeSuccess {
 		return
 	}
 	if d, ok := r.TTFT(); ok {
-		observeTraced(s.observer(&s.ttft, c.ttft), d.Seconds(), r)
+		observeTraced(s.observer(&s.ttft, c.ttft), &s.ttftExemplars, d.Seconds(), r, at)
 	}
 	if d, ok := r.ITL(); ok {
 		s.observer(&s.itl, c.itl).Observe(d.Seconds())
 	}
 	if d, ok := r.Latency(); ok {
-		observeTraced(s.observer(&s.duration, c.duration), d.Seconds(), r)
+		observeTraced(s.observer(&s.duration, c.duration), &s.durationExemplars, d.Seconds(), r, at)
 	}
 	if r.PromptKnown {
 		s.counter(&s.promptTokens, c.promptTokens).Add(float64(r.PromptTokens))

@@ -35,6 +35,11 @@ type pairSeries struct {
 	reportedTheoretical atomic.Pointer[prometheus.Counter]
 	classTTFT           [len(CacheClasses)]atomic.Pointer[prometheus.Observer]
 	classTokens         [len(CacheClasses)]atomic.Pointer[prometheus.Counter]
+	connections         [len(connectionKinds)]atomic.Pointer[prometheus.Counter]
+	phases              [len(openai.Phases)]atomic.Pointer[prometheus.Observer]
+	// When each bucket of the TTFT and duration series may take an
+	// exemplar again.
+	ttftExemplars, durationExemplars exemplarGate
 }
 
 // pair returns the series of (w, t).

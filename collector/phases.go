@@ -52,8 +52,9 @@ func (h *httpPhases) collectors() []prometheus.Collector {
 }
 
 func (h *httpPhases) start(w, t string) {
-	h.connections.WithLabelValues(w, t, string(ConnectionNew))
-	h.connections.WithLabelValues(w, t, string(ConnectionReused))
+	for _, k := range connectionKinds {
+		h.connections.WithLabelValues(w, t, string(k))
+	}
 }
 
 func (h *httpPhases) forget(l prometheus.Labels) {
@@ -63,19 +64,23 @@ func (h *httpPhases) forget(l prometheus.Labels) {
 
 // finished counts r's phases and connection, whatever its outcome: a
 // failed request's connect and first byte are as telling as a success's.
-func (h *httpPhases) finished(r *replay.Result) {
+// The series are s's, resolved once.
+func (h *httpPhases) finished(s *pairSeries, r *replay.Result) {
 	p := &r.Phases
 	if !p.GotConn {
 		return
 	}
-	kind := ConnectionNew
+	kind := 0
 	if p.Reused {
-		kind = ConnectionReused
+		kind = 1
 	}
-	h.connections.WithLabelValues(r.Workload, r.Target, string(kind)).Inc()
-	for _, ph := range openai.Phases {
+	s.counterBy(&s.connections[kind], h.connections, string(connectionKinds[kind])).Inc()
+	for i, ph := range openai.Phases {
 		if d, ok := p.Took(ph); ok {
-			h.seconds.WithLabelValues(r.Workload, r.Target, ph.String()).Observe(d.Seconds())
+			s.observerBy(&s.phases[i], h.seconds, ph.String()).Observe(d.Seconds())
 		}
 	}
 }
+
+// connectionKinds in the order of pairSeries.connections.
+var connectionKinds = [...]ConnectionKind{ConnectionNew, ConnectionReused}

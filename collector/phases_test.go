@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"fmt"
 	"net/http/httptest"
 	"regexp"
 	"strings"
@@ -62,6 +63,81 @@ func TestTraceExemplars(t *testing.T) {
 	}
 	if strings.Contains(out, "0000000000cd") {
 		t.Errorf("an unsampled request's trace id is an exemplar")
+	}
+}
+
+// TestExemplarsPerBucketAtMostEverySecond: a bucket of a series takes a
+// sampled request's trace, then no other for exemplarEvery; another
+// bucket, hit meanwhile, takes its own at once; after exemplarEvery the
+// first bucket takes the next request's.
+func TestExemplarsPerBucketAtMostEverySecond(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	tests := []struct {
+		name string
+		// each request: its TTFT, its trace id's last byte, and when it
+		// finished after start
+		requests []struct {
+			ttft time.Duration
+			id   byte
+			at   time.Duration
+		}
+		want map[string]string // bucket (le) → the exemplar's trace id's last byte, in hex
+	}{
+		{"one bucket, within a second: the first request's trace", []struct {
+			ttft time.Duration
+			id   byte
+			at   time.Duration
+		}{{30 * time.Millisecond, 0x01, 0}, {40 * time.Millisecond, 0x02, 10 * time.Millisecond}, {45 * time.Millisecond, 0x03, 900 * time.Millisecond}},
+			map[string]string{"0.05": "01"}},
+		{"the slow tail takes its trace at once", []struct {
+			ttft time.Duration
+			id   byte
+			at   time.Duration
+		}{{30 * time.Millisecond, 0x01, 0}, {3 * time.Second, 0x02, 10 * time.Millisecond}, {40 * time.Millisecond, 0x03, 20 * time.Millisecond}},
+			map[string]string{"0.05": "01", "5.0": "02"}},
+		{"a second later the bucket takes a new one", []struct {
+			ttft time.Duration
+			id   byte
+			at   time.Duration
+		}{{30 * time.Millisecond, 0x01, 0}, {40 * time.Millisecond, 0x02, 999 * time.Millisecond}, {45 * time.Millisecond, 0x03, 1000 * time.Millisecond}},
+			map[string]string{"0.05": "03"}},
+		{"a clock that went back does not hold the bucket", []struct {
+			ttft time.Duration
+			id   byte
+			at   time.Duration
+		}{{30 * time.Millisecond, 0x01, time.Second}, {40 * time.Millisecond, 0x02, 0}},
+			map[string]string{"0.05": "02"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			c := New(reg)
+			c.Start("canary", "vllm-a")
+			var now time.Time
+			c.now = func() time.Time { return now }
+			for _, rq := range tt.requests {
+				now = start.Add(rq.at)
+				sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{15: rq.id}, SpanID: trace.SpanID{7: 1}, TraceFlags: trace.FlagsSampled})
+				c.Sent("canary", "vllm-a", start, start)
+				c.Finished(&replay.Result{Workload: "canary", Target: "vllm-a", Response: openai.Response{
+					Sent: start, FirstToken: start.Add(rq.ttft), LastToken: start.Add(rq.ttft), Outcome: openai.OutcomeSuccess, OutputTokens: 1, Trace: sc}})
+			}
+			re := regexp.MustCompile(`kvload_time_to_first_token_seconds_bucket\{[^}]*le="([^"]+)"\} \d+ # \{trace_id="0{30}([0-9a-f]{2})"\}`)
+			got := map[string]string{}
+			for _, m := range re.FindAllStringSubmatch(openMetrics(t, reg), -1) {
+				got[m[1]] = m[2]
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("exemplars by bucket %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestExemplarSlots: the gate has a slot for every classic latency bucket.
+func TestExemplarSlots(t *testing.T) {
+	if exemplarSlots != len(LatencyBuckets)+1 {
+		t.Errorf("exemplarSlots %d, want len(LatencyBuckets)+1 = %d", exemplarSlots, len(LatencyBuckets)+1)
 	}
 }
 
