@@ -66,6 +66,14 @@ func TestTraceExemplars(t *testing.T) {
 	}
 }
 
+// exemplarRequest is a sampled request: its TTFT, its trace id's last
+// byte, and when it finished after the test's start.
+type exemplarRequest struct {
+	ttft time.Duration
+	id   byte
+	at   time.Duration
+}
+
 // TestExemplarsPerBucketAtMostEverySecond: a bucket of a series takes a
 // sampled request's trace, then no other for exemplarEvery; another
 // bucket, hit meanwhile, takes its own at once; after exemplarEvery the
@@ -73,39 +81,17 @@ func TestTraceExemplars(t *testing.T) {
 func TestExemplarsPerBucketAtMostEverySecond(t *testing.T) {
 	start := time.Unix(1_700_000_000, 0)
 	tests := []struct {
-		name string
-		// each request: its TTFT, its trace id's last byte, and when it
-		// finished after start
-		requests []struct {
-			ttft time.Duration
-			id   byte
-			at   time.Duration
-		}
-		want map[string]string // bucket (le) → the exemplar's trace id's last byte, in hex
+		name     string
+		requests []exemplarRequest
+		want     map[string]string // bucket (le) → the exemplar's trace id's last byte, in hex
 	}{
-		{"one bucket, within a second: the first request's trace", []struct {
-			ttft time.Duration
-			id   byte
-			at   time.Duration
-		}{{30 * time.Millisecond, 0x01, 0}, {40 * time.Millisecond, 0x02, 10 * time.Millisecond}, {45 * time.Millisecond, 0x03, 900 * time.Millisecond}},
+		{"one bucket, within a second: the first request's trace", []exemplarRequest{{30 * time.Millisecond, 0x01, 0}, {40 * time.Millisecond, 0x02, 10 * time.Millisecond}, {45 * time.Millisecond, 0x03, 900 * time.Millisecond}},
 			map[string]string{"0.05": "01"}},
-		{"the slow tail takes its trace at once", []struct {
-			ttft time.Duration
-			id   byte
-			at   time.Duration
-		}{{30 * time.Millisecond, 0x01, 0}, {3 * time.Second, 0x02, 10 * time.Millisecond}, {40 * time.Millisecond, 0x03, 20 * time.Millisecond}},
+		{"the slow tail takes its trace at once", []exemplarRequest{{30 * time.Millisecond, 0x01, 0}, {3 * time.Second, 0x02, 10 * time.Millisecond}, {40 * time.Millisecond, 0x03, 20 * time.Millisecond}},
 			map[string]string{"0.05": "01", "5.0": "02"}},
-		{"a second later the bucket takes a new one", []struct {
-			ttft time.Duration
-			id   byte
-			at   time.Duration
-		}{{30 * time.Millisecond, 0x01, 0}, {40 * time.Millisecond, 0x02, 999 * time.Millisecond}, {45 * time.Millisecond, 0x03, 1000 * time.Millisecond}},
+		{"a second later the bucket takes a new one", []exemplarRequest{{30 * time.Millisecond, 0x01, 0}, {40 * time.Millisecond, 0x02, 999 * time.Millisecond}, {45 * time.Millisecond, 0x03, 1000 * time.Millisecond}},
 			map[string]string{"0.05": "03"}},
-		{"a clock that went back does not hold the bucket", []struct {
-			ttft time.Duration
-			id   byte
-			at   time.Duration
-		}{{30 * time.Millisecond, 0x01, time.Second}, {40 * time.Millisecond, 0x02, 0}},
+		{"a clock that went back does not hold the bucket", []exemplarRequest{{30 * time.Millisecond, 0x01, time.Second}, {40 * time.Millisecond, 0x02, 0}},
 			map[string]string{"0.05": "02"}},
 	}
 	for _, tt := range tests {
