@@ -125,7 +125,8 @@ func TestBrowserLandingPage(t *testing.T) {
 	testutil.Eventually(t, "the recovering engine's row reads recovering", func() (bool, string) {
 		_, page := httpGet(t, d.base+"/")
 		row := rowOf(t, page, "health", "recovering")
-		return strings.Contains(row, ">recovering<"), text(row)
+		// The state's class: the target's own name reads "recovering" too.
+		return strings.Contains(row, `class="state rec"`), text(row)
 	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
