@@ -19,7 +19,9 @@ const namespace = "kvload"
 // LatencyBuckets are the classic buckets of every latency histogram: 1 ms to
 // 10 min, dense where TTFT and inter-token latency usually fall. The native
 // representation is exported beside them.
-var LatencyBuckets = []float64{
+var LatencyBuckets = latencyBuckets[:]
+
+var latencyBuckets = [...]float64{
 	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 	1, 2.5, 5, 10, 30, 60, 120, 300, 600,
 }

@@ -22,20 +22,17 @@ const ExemplarTraceID = "trace_id"
 // follows to its trace) still takes the trace of every request.
 const exemplarEvery = time.Second
 
-// exemplarSlots is the classic buckets of LatencyBuckets, +Inf included.
-const exemplarSlots = 19
-
 // exemplarGate says when each classic bucket of one histogram series is
 // due an exemplar again. Its zero value is ready.
 type exemplarGate struct {
-	last [exemplarSlots]atomic.Int64 // Unix nanoseconds of each bucket's last exemplar
+	last [len(latencyBuckets) + 1]atomic.Int64 // Unix nanoseconds of each classic bucket's last exemplar, +Inf's included
 }
 
 // due tells whether an observation of v at now is the one to carry an
 // exemplar, and if so claims the bucket until exemplarEvery has passed.
 // A clock that went back claims it at once.
 func (g *exemplarGate) due(v float64, now time.Time) bool {
-	i := min(sort.SearchFloat64s(LatencyBuckets, v), exemplarSlots-1)
+	i := sort.SearchFloat64s(latencyBuckets[:], v) // len(latencyBuckets): +Inf, NaN included
 	at := now.UnixNano()
 	last := g.last[i].Load()
 	if last != 0 && at >= last && at-last < int64(exemplarEvery) {

@@ -2,6 +2,7 @@ package collector
 
 import (
 	"fmt"
+	"math"
 	"net/http/httptest"
 	"regexp"
 	"strings"
@@ -120,10 +121,15 @@ func TestExemplarsPerBucketAtMostEverySecond(t *testing.T) {
 	}
 }
 
-// TestExemplarSlots: the gate has a slot for every classic latency bucket.
-func TestExemplarSlots(t *testing.T) {
-	if exemplarSlots != len(LatencyBuckets)+1 {
-		t.Errorf("exemplarSlots %d, want len(LatencyBuckets)+1 = %d", exemplarSlots, len(LatencyBuckets)+1)
+// TestExemplarGateOddValues: values outside the buckets (below the first,
+// past the last, NaN) have a slot of their own and are gated like others.
+func TestExemplarGateOddValues(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	for _, v := range []float64{-1, 0, 600, 601, math.Inf(1), math.NaN()} {
+		var g exemplarGate
+		if !g.due(v, now) || g.due(v, now.Add(time.Millisecond)) || !g.due(v, now.Add(exemplarEvery)) {
+			t.Errorf("value %v: want due, then not within %v, then due again", v, exemplarEvery)
+		}
 	}
 }
 
