@@ -48,9 +48,10 @@ type bodyField struct {
 	before, after string
 }
 
-// requestBody is a request's JSON in pieces. A long text that needs no
-// escaping (a built prompt never does) is a piece of its own that shares
-// the text's memory, so that the prompt is not copied into the body.
+// requestBody is a request's JSON in pieces. In a body over maxFlatBody, a
+// long text that needs no escaping (a built prompt never does) is a piece
+// of its own that shares the text's memory, so that the prompt is not
+// copied into the body. A smaller body is one piece.
 type requestBody [][]byte
 
 func (r requestBody) size() int {
@@ -61,14 +62,27 @@ func (r requestBody) size() int {
 	return n
 }
 
-// reader reads the body from its start; each call gets its own.
+// reader reads the body from its start; each call gets its own. A body of
+// one piece is read from a bytes.Reader, a type net/http knows to be in
+// memory: it then writes the headers and the body in one write, where for
+// any other reader it flushes the headers first, which costs a system call
+// and a packet more on each side.
 func (r requestBody) reader() io.Reader {
+	if len(r) == 1 {
+		return bytes.NewReader(r[0])
+	}
 	bufs := net.Buffers(slices.Clone(r))
 	return &bufs
 }
 
-// minShared is the shortest text worth a piece of its own.
-const minShared = 1024
+const (
+	// minShared is the shortest text worth a piece of its own.
+	minShared = 1024
+	// maxFlatBody is the largest body kept in one piece even when a text
+	// could be shared: copying it (a memmove, the text needs no escapes)
+	// costs less than the write it saves.
+	maxFlatBody = 16 << 10
+)
 
 // shareable reports whether s can go into the body as it is, between
 // quotes: it is long, valid UTF-8, and has nothing appendJSONString would
@@ -153,15 +167,22 @@ func (b *bodyBuilder) merge(raw []byte) error {
 // pieces assembles the body.
 func (b *bodyBuilder) pieces() requestBody {
 	n := 2 // the bytes copied into buf
+	sharedText := 0
 	for _, f := range b.fields {
 		n += len(f.key) + len(f.val) + 4
 		if f.escaped {
 			n += len(f.before) + len(f.after) + 2
-			if !f.shared {
+			if f.shared {
+				sharedText += len(f.text)
+			} else {
 				// Room for a few escapes, so that the usual text fits.
 				n += len(f.text) + len(f.text)/32
 			}
 		}
+	}
+	flat := n+sharedText <= maxFlatBody
+	if flat {
+		n += sharedText
 	}
 	var out requestBody
 	buf := make([]byte, 0, n)
@@ -178,14 +199,20 @@ func (b *bodyBuilder) pieces() requestBody {
 			continue
 		}
 		buf = append(buf, f.before...)
-		if f.shared {
+		switch {
+		case f.shared && flat:
+			// No escapes to look for: a copy as it is.
+			buf = append(buf, '"')
+			buf = append(buf, f.text...)
+			buf = append(buf, '"')
+		case f.shared:
 			buf = append(buf, '"')
 			out = append(out, buf[start:len(buf):len(buf)])
 			// Read only, by the transport, while the request lives.
 			out = append(out, unsafe.Slice(unsafe.StringData(f.text), len(f.text)))
 			start = len(buf)
 			buf = append(buf, '"')
-		} else {
+		default:
 			buf = appendJSONString(buf, f.text)
 		}
 		buf = append(buf, f.after...)

@@ -210,10 +210,12 @@ func TestNewClientEndpoint(t *testing.T) {
 }
 
 // TestEncodeRequestSharesLongPrompt checks that a long prompt needing no
-// escapes goes into the body as it is, without a copy, and that the body
-// is the same JSON as when it is escaped into one piece.
+// escapes goes into a body over maxFlatBody as it is, without a copy, that
+// a smaller body is one piece, and that the body is the same JSON as when
+// the prompt is escaped into it.
 func TestEncodeRequestSharesLongPrompt(t *testing.T) {
-	plain := strings.Repeat("the quick brown fox ", 100) // 2,000 bytes
+	plain := strings.Repeat("the quick brown fox ", 1000) // 20,000 bytes
+	small := plain[:2000]
 	tests := []struct {
 		name   string
 		api    API
@@ -222,12 +224,15 @@ func TestEncodeRequestSharesLongPrompt(t *testing.T) {
 	}{
 		{"chat, plain", APIChat, plain, true},
 		{"completions, plain", APICompletions, plain, true},
+		{"chat, plain, a small body", APIChat, small, false},
+		{"completions, plain, a small body", APICompletions, small, false},
 		{"short", APIChat, "the quick brown fox", false},
 		{"a quote", APIChat, plain + `"`, false},
 		{"a newline", APICompletions, plain + "\n", false},
 		{"a backslash", APIChat, `\` + plain, false},
 		{"invalid UTF-8", APIChat, plain + "\xff", false},
 		{"valid UTF-8", APIChat, plain + "é", true},
+		{"valid UTF-8, a small body", APIChat, small + "é", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -245,6 +250,9 @@ func TestEncodeRequestSharesLongPrompt(t *testing.T) {
 			}
 			if shared != tt.shared {
 				t.Errorf("prompt shared = %v, want %v", shared, tt.shared)
+			}
+			if body.size() <= maxFlatBody && len(body) != 1 {
+				t.Errorf("a body of %d bytes in %d pieces, want one", body.size(), len(body))
 			}
 			got := body.join()
 			if len(got) != body.size() {

@@ -1276,3 +1276,56 @@ func TestClientOllamaUpgrade(t *testing.T) {
 		}
 	}
 }
+
+// writeCountingConn counts the writes made on a connection.
+type writeCountingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c writeCountingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// TestRequestLeavesInOneWrite checks that a request whose headers and body
+// fit the transport's write buffer goes out in one write: net/http flushes
+// the headers on their own before a body it does not know to be in memory,
+// which costs each side a system call and a packet more per request.
+func TestRequestLeavesInOneWrite(t *testing.T) {
+	srv := newServer(t, replayHandler(t, "vllm_chat.sse"))
+	tests := []struct {
+		name   string
+		api    API
+		prompt string
+	}{
+		{"chat, short prompt", APIChat, "the quick brown fox"},
+		{"chat, 2,000-byte prompt", APIChat, strings.Repeat("the quick brown fox ", 100)},
+		{"completions, 2,000-byte prompt", APICompletions, strings.Repeat("the quick brown fox ", 100)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustClient(t, TargetConfig{URL: srv.URL, Model: "m", API: tt.api, Dialect: engine.DialectVLLM})
+			var writes atomic.Int64
+			c.http.Transport = &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return writeCountingConn{Conn: conn, writes: &writes}, nil
+			}}
+			t.Cleanup(c.Close)
+			for i := range 3 { // a new connection, then a kept-alive one
+				before := writes.Load()
+				var res Response
+				c.Do(t.Context(), Request{Prompt: tt.prompt, MaxTokens: 8}, &res)
+				if res.Outcome != OutcomeSuccess {
+					t.Fatalf("request %d: %s: %s", i, res.Outcome, res.Error)
+				}
+				if n := writes.Load() - before; n != 1 {
+					t.Errorf("request %d went out in %d writes, want 1", i, n)
+				}
+			}
+		})
+	}
+}
