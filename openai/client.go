@@ -98,6 +98,22 @@ type Client struct {
 type streamParser struct {
 	sse   sseReader
 	state streamState
+	grace graceCloser
+}
+
+// graceCloser closes a body doneGrace after [DONE] (see drainAfterDone).
+// Its timer is made once per parser and reset for each stream: an
+// AfterFunc, its closure and a channel per request were a tenth of what
+// reading a stream allocated.
+type graceCloser struct {
+	t      *time.Timer
+	body   io.Closer     // set before the timer is reset, read when it fires
+	closed chan struct{} // one value each time the timer has closed body
+}
+
+func (g *graceCloser) fire() {
+	_ = g.body.Close()
+	g.closed <- struct{}{}
 }
 
 const (
@@ -495,7 +511,7 @@ func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentTy
 		st.checkUsage()
 	}
 	if st.done && !st.failed {
-		drainAfterDone(&sp.sse, body)
+		drainAfterDone(&sp.sse, body, &sp.grace)
 	}
 	c.fillUsage(res, st)
 
@@ -525,21 +541,24 @@ func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentTy
 // hold the request, and its slot, until request_timeout; so after
 // doneGrace the body is closed, which unblocks the read and drops the
 // connection. The measurements are complete at [DONE] either way.
-func drainAfterDone(r *sseReader, body io.Reader) {
+func drainAfterDone(r *sseReader, body io.Reader, g *graceCloser) {
 	closer, ok := body.(io.Closer)
 	if !ok {
 		r.drain(maxDrain)
 		return
 	}
-	closed := make(chan struct{})
-	t := time.AfterFunc(doneGrace, func() {
-		_ = closer.Close()
-		close(closed)
-	})
-	r.drain(maxDrain)
-	if !t.Stop() {
-		<-closed // Do returns nothing still running
+	g.body = closer
+	if g.t == nil {
+		g.closed = make(chan struct{}, 1)
+		g.t = time.AfterFunc(doneGrace, g.fire)
+	} else {
+		g.t.Reset(doneGrace)
 	}
+	r.drain(maxDrain)
+	if !g.t.Stop() {
+		<-g.closed // Do returns nothing still running
+	}
+	g.body = nil
 }
 
 // putStream returns a parser to the pool without the body it read, and
