@@ -61,18 +61,19 @@ type TargetConfig struct {
 // Client streams completions from one target and measures them. It is safe
 // for concurrent use; one Client serves every request to its target.
 type Client struct {
-	api      API
-	spec     *engine.Spec
-	endpoint string // without userinfo
-	user     *url.Userinfo
-	timeout  time.Duration
-	http     *http.Client
-	fresh    *http.Client // without keep-alive: a new connection per request
-	model    []byte       // JSON string, nil when no model is configured
-	session  string       // the session header's name; "" sends none
-	extra    []bodyField  // extra_body, encoded once
-	salt     *bodyField   // the cache salt, set last; nil sends none
-	secrets  []string     // inline credentials, scrubbed from error texts
+	api         API
+	spec        *engine.Spec
+	endpoint    string  // without userinfo
+	endpointURL url.URL // endpoint parsed, copied into each request
+	user        *url.Userinfo
+	timeout     time.Duration
+	http        *http.Client
+	fresh       *http.Client // without keep-alive: a new connection per request
+	model       []byte       // JSON string, nil when no model is configured
+	session     string       // the session header's name; "" sends none
+	extra       []bodyField  // extra_body, encoded once
+	salt        *bodyField   // the cache salt, set last; nil sends none
+	secrets     []string     // inline credentials, scrubbed from error texts
 	// extraSetsLength: extra_body holds one of lengthKeys, so max_tokens
 	// does not bound the output (see limitsFor).
 	extraSetsLength bool
@@ -238,6 +239,7 @@ func (c *Client) setEndpoint(base string) error {
 		u.Path += "/v1/chat/completions"
 	}
 	c.endpoint = u.String()
+	c.endpointURL = *u
 	return nil
 }
 
@@ -450,10 +452,14 @@ func mentionsLengthKey(raw []byte) bool {
 // answer, on a busy machine long enough for the server to close it.
 func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, session string, clock *phaseClock) (resp *http.Response, retry bool, err error) {
 	tctx := httptrace.WithClientTrace(rctx, clock.trace())
-	hreq, err := http.NewRequestWithContext(tctx, http.MethodPost, c.endpoint, body.reader())
+	// The endpoint was parsed once (setEndpoint): each request gets a copy
+	// of it rather than parsing it again.
+	hreq, err := http.NewRequestWithContext(tctx, http.MethodPost, "", body.reader())
 	if err != nil {
 		return nil, false, fmt.Errorf("build request: %w", err)
 	}
+	u := c.endpointURL
+	hreq.URL, hreq.Host = &u, u.Host
 	// A reader of pieces is not one whose length net/http finds itself.
 	hreq.ContentLength = int64(body.size())
 	hreq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }

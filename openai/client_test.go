@@ -206,7 +206,9 @@ func TestClientAbsentCachedTokens(t *testing.T) {
 			// the test swaps the endpoint of a single client.
 			c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: tt.dialect})
 			for i, f := range tt.fixtures {
-				c.endpoint = srv.URL + "/" + f + "/v1/chat/completions"
+				if err := c.setEndpoint(srv.URL + "/" + f); err != nil {
+					t.Fatal(err)
+				}
 				var res Response
 				c.Do(context.Background(), Request{Prompt: "x"}, &res)
 				got := "?"
@@ -1268,7 +1270,9 @@ func TestClientOllamaUpgrade(t *testing.T) {
 	srv := newServer(t, mux)
 	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectOllama})
 	for i, f := range fixtures {
-		c.endpoint = srv.URL + "/" + f + "/v1/chat/completions"
+		if err := c.setEndpoint(srv.URL + "/" + f); err != nil {
+			t.Fatal(err)
+		}
 		var res Response
 		c.Do(context.Background(), Request{Prompt: "x"}, &res)
 		got := "?"
