@@ -145,11 +145,12 @@ test-rules: $(PROMTOOL)
 	$(PROMTOOL) check rules dashboards/rules/*.yml
 	$(PROMTOOL) test rules dashboards/rules/tests/*.yml
 
-## test-dashboards: gofmt, vet and staticcheck of tools/, and the dashboard and rule lint.
+## test-dashboards: gofmt, vet and staticcheck of tools/, the dashboard and rule lint, and the unit tests of the rate benchmark.
 test-dashboards:
 	@out=$$(gofmt -l tools); if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	cd tools && $(GO) vet ./... && $(GO) tool staticcheck ./...
 	cd tools && $(GO) test -count=1 -run '^TestLint' ./dashtest
+	cd tools && $(GO) test -count=1 ./benchrate
 
 ## test-prometheus: emulator + exporter + real Prometheus; every dashboard query, the rules, a cache regression; and promtool's cross-check shown able to fail.
 test-prometheus: build $(PROMETHEUS) $(PROMTOOL)
