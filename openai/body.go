@@ -79,9 +79,10 @@ const (
 	// minShared is the shortest text worth a piece of its own.
 	minShared = 1024
 	// maxFlatBody is the largest body kept in one piece even when a text
-	// could be shared: copying it (a memmove, the text needs no escapes)
-	// costs less than the write it saves.
-	maxFlatBody = 16 << 10
+	// could be shared: the size of the transport's write buffer, which
+	// then holds the headers and the body for one write. A larger body
+	// takes two writes either way, so copying it would save nothing.
+	maxFlatBody = 4 << 10
 )
 
 // shareable reports whether s can go into the body as it is, between

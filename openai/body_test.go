@@ -214,7 +214,7 @@ func TestNewClientEndpoint(t *testing.T) {
 // a smaller body is one piece, and that the body is the same JSON as when
 // the prompt is escaped into it.
 func TestEncodeRequestSharesLongPrompt(t *testing.T) {
-	plain := strings.Repeat("the quick brown fox ", 1000) // 20,000 bytes
+	plain := strings.Repeat("the quick brown fox ", 300) // 6,000 bytes
 	small := plain[:2000]
 	tests := []struct {
 		name   string
