@@ -103,9 +103,8 @@ type streamParser struct {
 }
 
 // graceCloser closes a body doneGrace after [DONE] (see drainAfterDone).
-// Its timer is made once per parser and reset for each stream: an
-// AfterFunc, its closure and a channel per request were a tenth of what
-// reading a stream allocated.
+// Its timer is made once per parser and reset for each stream, which saves
+// a request the allocations of an AfterFunc, its closure and a channel.
 type graceCloser struct {
 	t      *time.Timer
 	body   io.Closer     // set before the timer is reset, read when it fires
