@@ -381,3 +381,63 @@ func TestCacheSaltWhereNoneIsTaken(t *testing.T) {
 		t.Errorf("a client without a salt sent %s", got)
 	}
 }
+
+// FuzzEncodeRequest feeds the encoder a row's prompt and its extra members
+// (JSON from the trace, which merge parses): the body is JSON or the row is
+// refused, every reader reads size() bytes of it, a body that fits the
+// transport's write buffer is one piece, and the prompt comes back as it
+// was sent (each invalid UTF-8 byte replaced, as encoding/json does).
+func FuzzEncodeRequest(f *testing.F) {
+	f.Add("the quick brown fox", []byte(`{"seed":3}`), false)
+	f.Add(strings.Repeat("the quick brown fox ", 200), []byte(`{"max_tokens":9}`), true)
+	f.Add(strings.Repeat("x", maxFlatBody-120), []byte(`null`), false)
+	f.Add(strings.Repeat("é", 3000)+"\xff\"\\\n", []byte(`{"stream":false}`), true)
+	f.Add("", []byte(`{"a":`), false)
+	chat := mustClient(f, TargetConfig{Model: "m", API: APIChat, Dialect: engine.DialectVLLM})
+	completions := mustClient(f, TargetConfig{Model: "m", API: APICompletions, Dialect: engine.DialectVLLM})
+	f.Fuzz(func(t *testing.T, prompt string, extra []byte, useCompletions bool) {
+		c := chat
+		if useCompletions {
+			c = completions
+		}
+		body, err := c.encodeRequest(Request{Prompt: prompt, MaxTokens: 8, Extra: extra})
+		if err != nil {
+			return // a bad extra is refused; the row is dropped with the error
+		}
+		joined := body.join()
+		if len(joined) != body.size() {
+			t.Fatalf("size %d, joined %d bytes", body.size(), len(joined))
+		}
+		if body.size() <= maxFlatBody && len(body) != 1 {
+			t.Errorf("a body of %d bytes in %d pieces", body.size(), len(body))
+		}
+		for range 2 {
+			if b, _ := io.ReadAll(body.reader()); !bytes.Equal(b, joined) {
+				t.Fatalf("a reader read %d bytes, want %d", len(b), len(joined))
+			}
+		}
+		var v map[string]any
+		if err := json.Unmarshal(joined, &v); err != nil {
+			t.Fatalf("body is not JSON: %v\n%q", err, joined)
+		}
+		if v["stream"] != true {
+			t.Errorf("stream = %v, want true", v["stream"])
+		}
+		if bytes.Contains(extra, []byte(`"messages"`)) || bytes.Contains(extra, []byte(`"prompt"`)) {
+			return // the row's extra may replace the prompt
+		}
+		var got any
+		if useCompletions {
+			got = v["prompt"]
+		} else if msgs, ok := v["messages"].([]any); ok && len(msgs) == 1 {
+			got = msgs[0].(map[string]any)["content"]
+		}
+		// encoding/json replaces each invalid byte, as the encoder does.
+		quoted, _ := json.Marshal(prompt)
+		var want string
+		_ = json.Unmarshal(quoted, &want)
+		if got != want {
+			t.Errorf("prompt came back as %q, want %q", got, want)
+		}
+	})
+}
