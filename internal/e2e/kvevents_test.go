@@ -222,11 +222,16 @@ func TestE2EKVEventsGapsUnreplayed(t *testing.T) {
 	e2eReplaySlot(t)
 	e := daemontest.StartEmulator(t, emulate.Config{CapacityBlocks: 8000, HideCacheConfig: true, KVEvents: "tcp://127.0.0.1:0",
 		KVEventsDrop: 0.1})
-	d := e2eStart(t, kvConfig(t, e.URL, []string{e.KVEventsEndpoint()}, kvRows))
+	// The whole head of the trace: with kvRows, nine in ten requests that
+	// miss are sent across a gap and left unjudged, so one request more or
+	// less across a gap (the machine's timing) halved what was left to
+	// judge, down to under the 10,000 tokens kvShareOf asks for.
+	const rows = 1000
+	d := e2eStart(t, kvConfig(t, e.URL, []string{e.KVEventsEndpoint()}, rows))
 	var c kvCounts
 	testutil.Eventually(t, "the pass", func() (bool, string) {
 		c = kvRead(t, d.base)
-		return c.finished == kvRows, c.String()
+		return c.finished == rows, c.String()
 	})
 	m := testutil.Scrape(t, d.base)
 	c = kvRead(t, d.base)
