@@ -12,6 +12,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -679,19 +680,16 @@ func lagBuckets(text string) []bucket {
 			sums[le] += v
 		}
 	}
-	var bs []bucket
-	for le, c := range sums {
+	return sortedBuckets(sums)
+}
+
+// sortedBuckets turns counts by upper bound into buckets in order of bound.
+func sortedBuckets(byBound map[float64]float64) []bucket {
+	bs := make([]bucket, 0, len(byBound))
+	for le, c := range byBound {
 		bs = append(bs, bucket{le, c})
 	}
-	slices.SortFunc(bs, func(a, b bucket) int {
-		switch {
-		case a.le < b.le:
-			return -1
-		case a.le > b.le:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(bs, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
 	return bs
 }
 

@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"slices"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -53,11 +52,7 @@ func nativeLagBuckets(url string) ([]bucket, error) {
 	if len(counts) == 0 {
 		return nil, nil
 	}
-	bs := make([]bucket, 0, len(counts))
-	for le, c := range counts {
-		bs = append(bs, bucket{le, c})
-	}
-	slices.SortFunc(bs, func(a, b bucket) int { return cmpFloat(a.le, b.le) })
+	bs := sortedBuckets(counts)
 	for i := 1; i < len(bs); i++ {
 		bs[i].count += bs[i-1].count
 	}
@@ -69,9 +64,6 @@ func nativeLagBuckets(url string) ([]bucket, error) {
 // zero threshold, or negative (sent a hair early), counts at the zero
 // threshold.
 func addNative(counts map[float64]float64, h *dto.Histogram) {
-	if h == nil || (len(h.GetPositiveSpan()) == 0 && h.GetZeroCount() == 0 && len(h.GetNegativeSpan()) == 0) {
-		return
-	}
 	below := float64(h.GetZeroCount())
 	for _, d := range spanCounts(h.GetNegativeSpan(), h.GetNegativeDelta()) {
 		below += d.count
@@ -109,14 +101,4 @@ func spanCounts(spans []*dto.BucketSpan, deltas []int64) []indexedCount {
 		}
 	}
 	return out
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

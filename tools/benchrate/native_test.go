@@ -1,7 +1,6 @@
 package main
 
 import (
-	"slices"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -64,11 +63,7 @@ func TestQuantileOfNative(t *testing.T) {
 		PositiveSpan:  []*dto.BucketSpan{{Offset: proto.Int32(-10), Length: proto.Uint32(2)}},
 		PositiveDelta: []int64{50, 0}, // 50 in (2^-11, 2^-10], 50 in (2^-10, 2^-9]
 	})
-	var bs []bucket
-	for le, c := range counts {
-		bs = append(bs, bucket{le, c})
-	}
-	slices.SortFunc(bs, func(a, b bucket) int { return cmpFloat(a.le, b.le) })
+	bs := sortedBuckets(counts)
 	bs[1].count += bs[0].count
 	// Rank 99 is 49/50 of the way through the second bucket.
 	want := 1.0/1024 + (1.0/512-1.0/1024)*49/50
