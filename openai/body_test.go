@@ -203,8 +203,8 @@ func TestNewClientEndpoint(t *testing.T) {
 	}
 	for _, tt := range tests {
 		c := mustClient(t, TargetConfig{URL: tt.url, API: tt.api})
-		if c.endpoint != tt.want {
-			t.Errorf("%s: endpoint %s, want %s", tt.url, c.endpoint, tt.want)
+		if got := c.endpoint.String(); got != tt.want {
+			t.Errorf("%s: endpoint %s, want %s", tt.url, got, tt.want)
 		}
 	}
 }

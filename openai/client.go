@@ -61,19 +61,18 @@ type TargetConfig struct {
 // Client streams completions from one target and measures them. It is safe
 // for concurrent use; one Client serves every request to its target.
 type Client struct {
-	api         API
-	spec        *engine.Spec
-	endpoint    string  // without userinfo
-	endpointURL url.URL // endpoint parsed, copied into each request
-	user        *url.Userinfo
-	timeout     time.Duration
-	http        *http.Client
-	fresh       *http.Client // without keep-alive: a new connection per request
-	model       []byte       // JSON string, nil when no model is configured
-	session     string       // the session header's name; "" sends none
-	extra       []bodyField  // extra_body, encoded once
-	salt        *bodyField   // the cache salt, set last; nil sends none
-	secrets     []string     // inline credentials, scrubbed from error texts
+	api      API
+	spec     *engine.Spec
+	endpoint url.URL // without userinfo; copied into each request
+	user     *url.Userinfo
+	timeout  time.Duration
+	http     *http.Client
+	fresh    *http.Client // without keep-alive: a new connection per request
+	model    []byte       // JSON string, nil when no model is configured
+	session  string       // the session header's name; "" sends none
+	extra    []bodyField  // extra_body, encoded once
+	salt     *bodyField   // the cache salt, set last; nil sends none
+	secrets  []string     // inline credentials, scrubbed from error texts
 	// extraSetsLength: extra_body holds one of lengthKeys, so max_tokens
 	// does not bound the output (see limitsFor).
 	extraSetsLength bool
@@ -197,7 +196,7 @@ func New(cfg TargetConfig) (*Client, error) {
 		return nil, errors.Join(errs...)
 	}
 	c.tracer = cfg.Tracer
-	c.spanName, c.spanAttrs = spanStatic(cfg, c.api, c.spec.Dialect, c.endpoint)
+	c.spanName, c.spanAttrs = spanStatic(cfg, c.api, c.spec.Dialect, c.endpoint.String())
 	c.secrets = inlineSecrets(&hc, c.user)
 	c.secretFiles = secretFiles(&hc)
 	c.http, err = config.NewClientFromConfig(hc, cfg.Name, config.WithUserAgent("kvload-exporter"))
@@ -237,8 +236,7 @@ func (c *Client) setEndpoint(base string) error {
 	} else {
 		u.Path += "/v1/chat/completions"
 	}
-	c.endpoint = u.String()
-	c.endpointURL = *u
+	c.endpoint = *u
 	return nil
 }
 
@@ -457,7 +455,7 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, s
 	if err != nil {
 		return nil, false, fmt.Errorf("build request: %w", err)
 	}
-	u := c.endpointURL
+	u := c.endpoint
 	hreq.URL, hreq.Host = &u, u.Host
 	// A reader of pieces is not one whose length net/http finds itself.
 	hreq.ContentLength = int64(body.size())
