@@ -9,15 +9,29 @@ import "time"
 // (docs/benchmarks.md), more than the sub-millisecond accuracy the replay
 // aims for.
 //
-// On Linux, SystemClock's timers are therefore runtime timers with a
-// timerfd alarm beside them (precisetimer_linux.go): the kernel's
-// high-resolution timer makes the fd ready at the deadline, which ends
-// epoll_wait at once, whatever its timeout, and the woken thread runs the
-// runtime timer that has just come due. No thread blocks, nothing spins,
-// and no goroutine is added; an arming costs one timerfd_settime call, and
-// a firing one more wake-up of an idle process than the runtime's timers
-// would take (BenchmarkDispatchAlarmSlack measures both).
-// Elsewhere they are the runtime's timers alone.
+// On Linux the dispatcher therefore sleeps on a timerfd of its own
+// (precisetimer_linux.go): it reads the fd through the network poller, so
+// the kernel's high-resolution timer ends epoll_wait at the deadline and
+// the poller hands the dispatcher straight back, with no channel send and
+// no other goroutine woken on the way. A read deadline at the same instant
+// stands in for the fd when the process is busy and nobody polls: the
+// runtime checks its timers at every scheduling point. Waking it early
+// (a finished turn, Stop, a canceled context) moves that deadline into the
+// past. Elsewhere, and for every other wait, the timers are the runtime's.
+
+// sleeper is what the dispatcher sleeps on when its timer offers it.
+type sleeper interface {
+	// Arm sets the end of the next Sleep to d from now and forgets any
+	// Wake before it. It reports false when the sleeper cannot be used:
+	// the caller then waits on the timer's channel instead.
+	Arm(d time.Duration) bool
+	// Sleep blocks until the armed time has come or Wake is called after
+	// Arm, whichever is first.
+	Sleep()
+	// Wake ends the current Sleep, or the next one if none is under way.
+	// Any goroutine may call it.
+	Wake()
+}
 
 // runtimeTimer is a DispatchTimer on the runtime's timers.
 type runtimeTimer struct{ t *time.Timer }

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"errors"
 	"os"
 	"sync"
 	"time"
@@ -8,73 +9,100 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// alarmTimer is a runtime timer with a timerfd alarm beside it (see
-// precisetimer.go). The runtime timer alone decides what is delivered, with
-// its Go 1.23 Reset and Stop guarantees; the timerfd, armed for the same
-// deadline and registered with the network poller (edge-triggered, never
-// read), only wakes the thread sleeping in epoll_wait on time, which then
-// runs the timers that are due. Without the fd (none could be created) the
-// timer is the runtime's, as accurate as that is.
-type alarmTimer struct {
-	t *time.Timer
+// preciseTimer is a runtime timer for the channel waits (C, Reset, Stop)
+// and, for the dispatcher's own waits, a sleeper on a timerfd (see
+// precisetimer.go).
+type preciseTimer struct {
+	runtimeTimer
 
-	mu    sync.Mutex
-	alarm *os.File // nil when stopped or when no timerfd could be had
+	mu     sync.Mutex
+	file   *os.File // the timerfd, registered with the poller; nil before the first Arm and after Stop
+	fd     int      // file's descriptor: File.Fd would put it in blocking mode, out of the poller
+	broken bool     // no timerfd could be had or used: Arm reports false from then on
 }
 
-// alarmSlack is how long after the deadline the alarm rings. A process at
-// work runs due timers at every scheduling point, so the alarm matters only
-// when it is idle; ringing a little late lets activity run the timer
-// first, and the next Reset then re-arms the alarm before it rings, which
-// saves a wake-up of the whole process.
-var alarmSlack = 200 * time.Microsecond
+func newPreciseTimer() DispatchTimer { return &preciseTimer{runtimeTimer: newRuntimeTimer()} }
 
-func newPreciseTimer() DispatchTimer {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return &alarmTimer{t: t}
+// Stop stops the runtime timer and releases the timerfd; a later Arm opens
+// another.
+func (p *preciseTimer) Stop() {
+	p.runtimeTimer.Stop()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.file != nil {
+		_ = p.file.Close()
+		p.file = nil
+	}
 }
 
-func (a *alarmTimer) C() <-chan time.Time { return a.t.C }
+func (p *preciseTimer) Arm(d time.Duration) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.broken {
+		return false
+	}
+	if p.file == nil && !p.open() {
+		p.broken = true
+		return false
+	}
+	// A zero it_value would disarm the fd: 1 ns is as good as now. Setting
+	// it also clears an expiry nobody read.
+	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(max(int64(d), 1))}
+	if unix.TimerfdSettime(p.fd, 0, &spec, nil) != nil || p.file.SetReadDeadline(time.Now().Add(d)) != nil {
+		p.closeBroken()
+		return false
+	}
+	return true
+}
 
-func (a *alarmTimer) Reset(d time.Duration) {
-	// The runtime timer first: the alarm, armed after it for as long,
-	// rings no earlier than it is due.
-	a.t.Reset(d)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.alarm == nil {
-		a.alarm = openAlarm()
-		if a.alarm == nil {
-			return
+func (p *preciseTimer) Sleep() {
+	p.mu.Lock()
+	f := p.file
+	p.mu.Unlock()
+	if f == nil {
+		return
+	}
+	var expiries [8]byte
+	_, err := f.Read(expiries[:])
+	switch {
+	case err == nil, errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, os.ErrClosed):
+		// The fd's expiry, the deadline or a Wake, or Stop.
+	default:
+		// Not expected of a timerfd; the runtime timer takes over rather
+		// than a dispatcher that would spin on a failing read.
+		p.mu.Lock()
+		if p.file == f {
+			p.closeBroken()
 		}
-	}
-	// A zero it_value would disarm the fd: 1 ns is as good as now.
-	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(max(int64(d+alarmSlack), 1))}
-	if err := unix.TimerfdSettime(int(a.alarm.Fd()), 0, &spec, nil); err != nil {
-		// Not expected of a valid fd; the runtime timer still fires.
-		_ = a.alarm.Close()
-		a.alarm = nil
+		p.mu.Unlock()
 	}
 }
 
-// Stop stops the runtime timer and releases the fd.
-func (a *alarmTimer) Stop() {
-	a.t.Stop()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.alarm != nil {
-		_ = a.alarm.Close()
-		a.alarm = nil
+// wokenAt is a read deadline long past: set, it ends a read at once.
+var wokenAt = time.Unix(1, 0)
+
+func (p *preciseTimer) Wake() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.file != nil {
+		_ = p.file.SetReadDeadline(wokenAt)
 	}
 }
 
-// openAlarm creates a timerfd, non-blocking so that os.NewFile registers it
-// with the poller; nil if that fails.
-func openAlarm() *os.File {
+// open creates the timerfd, non-blocking so that os.NewFile registers it
+// with the poller. It reports false if that fails.
+func (p *preciseTimer) open() bool {
 	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
 	if err != nil {
-		return nil
+		return false
 	}
-	return os.NewFile(uintptr(fd), "timerfd")
+	p.file, p.fd = os.NewFile(uintptr(fd), "timerfd"), fd
+	return true
+}
+
+// closeBroken gives up the timerfd for good; p.mu is held.
+func (p *preciseTimer) closeBroken() {
+	_ = p.file.Close()
+	p.file = nil
+	p.broken = true
 }

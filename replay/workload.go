@@ -145,8 +145,9 @@ type Workload struct {
 	slots    chan struct{} // one token per request in flight
 	wg       sync.WaitGroup
 	inflight atomic.Int64
-	draining atomic.Bool   // request goroutines must wake the dispatcher on exit
-	wake     chan struct{} // capacity 1: "look at finished turns / in-flight count"
+	draining atomic.Bool             // request goroutines must wake the dispatcher on exit
+	wake     chan struct{}           // capacity 1: "look at finished turns / in-flight count"
+	sleeper  atomic.Pointer[sleeper] // what the dispatcher sleeps on, if its timer offers one; woken with wake
 
 	mu       sync.Mutex
 	finished []finishedTurn // completed turns whose conversation goes on
@@ -266,6 +267,7 @@ func (w *Workload) Halt(drain time.Duration) {
 	w.stopOnce.Do(func() {
 		w.drain = drain
 		close(w.stopCh)
+		w.wakeSleeper()
 	})
 }
 
@@ -296,8 +298,14 @@ func (w *Workload) Run(ctx context.Context) error {
 
 	timer := w.clock.NewTimer()
 	defer timer.Stop()
+	// Stored before the dispatcher looks at stopCh, so that Halt either
+	// finds it to wake or is seen by the dispatcher's own check.
+	sl, _ := timer.(sleeper)
+	if sl != nil {
+		w.sleeper.Store(&sl)
+	}
 
-	reason := w.dispatch(ctx, reqCtx, timer)
+	reason := w.dispatch(ctx, reqCtx, timer, sl)
 	w.draining.Store(true)
 
 	// Wait for the requests in flight, within the drain time once Stop
@@ -354,7 +362,10 @@ type workloadDispatcher struct {
 	users    *userPool    // a closed loop's free users; nil in an open loop
 }
 
-func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer) runEndReason {
+func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer, sl sleeper) runEndReason {
+	if sl != nil {
+		defer context.AfterFunc(ctx, sl.Wake)()
+	}
 	start := w.cfg.Start
 	if start.IsZero() {
 		start = w.clock.Now()
@@ -390,6 +401,20 @@ func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer) ru
 		}
 
 		now := w.clock.Now()
+		if at.After(now) && sl != nil && sl.Arm(at.Sub(now)) {
+			// Armed first: a wake from now on ends the sleep, and one
+			// before it is seen here.
+			select {
+			case <-w.wake:
+			case <-ctx.Done():
+				return d.shutdown(runEndCanceled)
+			case <-w.stopCh:
+				return d.shutdown(runEndStopped)
+			default:
+				sl.Sleep()
+			}
+			continue
+		}
 		if at.After(now) {
 			timer.Reset(at.Sub(now))
 			select {
@@ -657,6 +682,17 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 		case w.wake <- struct{}{}:
 		default:
 		}
+		if notify {
+			w.wakeSleeper()
+		}
+	}
+}
+
+// wakeSleeper ends the dispatcher's sleep, if it sleeps on a sleeper; the
+// reason (a finished turn, Halt) is set before.
+func (w *Workload) wakeSleeper() {
+	if p := w.sleeper.Load(); p != nil {
+		(*p).Wake()
 	}
 }
 

@@ -940,21 +940,6 @@ func benchDispatch(b *testing.B, rate int, clock DispatchClock) {
 	}
 }
 
-// BenchmarkDispatchAlarmSlack: the accuracy and CPU per request of
-// preciseTimer for several alarmSlack values.
-func BenchmarkDispatchAlarmSlack(b *testing.B) {
-	saved := alarmSlack
-	defer func() { alarmSlack = saved }()
-	for _, rate := range []int{1000, 5000} {
-		for _, slack := range []time.Duration{0, 100 * time.Microsecond, 200 * time.Microsecond, 400 * time.Microsecond} {
-			b.Run(fmt.Sprintf("rps=%d/slack=%v", rate, slack), func(b *testing.B) {
-				alarmSlack = slack
-				benchDispatch(b, rate, SystemClock())
-			})
-		}
-	}
-}
-
 // goroutinesCreated is the number of goroutines the process has started.
 func goroutinesCreated() uint64 {
 	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
