@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -16,12 +17,24 @@ type preciseTimer struct {
 	runtimeTimer
 
 	mu     sync.Mutex
-	file   *os.File // the timerfd, registered with the poller; nil before the first Arm and after Stop
-	fd     int      // file's descriptor: File.Fd would put it in blocking mode, out of the poller
-	broken bool     // no timerfd could be had or used: Arm reports false from then on
+	file   *os.File        // the timerfd, registered with the poller; nil before the first Arm and after Stop
+	raw    syscall.RawConn // file's, for waiting without a read that can only fail
+	fd     int             // file's descriptor: File.Fd would put it in blocking mode, out of the poller
+	broken bool            // no timerfd could be had or used: Arm reports false from then on
+
+	// The state of one Sleep's wait, kept here so that the function
+	// handed to raw.Read is made once: only the dispatcher sleeps.
+	polled   bool
+	readErr  error
+	expiries [8]byte
+	readFn   func(fd uintptr) bool
 }
 
-func newPreciseTimer() DispatchTimer { return &preciseTimer{runtimeTimer: newRuntimeTimer()} }
+func newPreciseTimer() DispatchTimer {
+	p := &preciseTimer{runtimeTimer: newRuntimeTimer()}
+	p.readFn = p.readExpiry
+	return p
+}
 
 // Stop stops the runtime timer and releases the timerfd; a later Arm opens
 // another.
@@ -31,7 +44,7 @@ func (p *preciseTimer) Stop() {
 	defer p.mu.Unlock()
 	if p.file != nil {
 		_ = p.file.Close()
-		p.file = nil
+		p.file, p.raw = nil, nil
 	}
 }
 
@@ -57,13 +70,16 @@ func (p *preciseTimer) Arm(d time.Duration) bool {
 
 func (p *preciseTimer) Sleep() {
 	p.mu.Lock()
-	f := p.file
+	f, raw := p.file, p.raw
 	p.mu.Unlock()
 	if f == nil {
 		return
 	}
-	var expiries [8]byte
-	_, err := f.Read(expiries[:])
+	p.polled, p.readErr = false, nil
+	err := raw.Read(p.readFn)
+	if err == nil {
+		err = p.readErr
+	}
 	switch {
 	case err == nil, errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, os.ErrClosed):
 		// The fd's expiry, the deadline or a Wake, or Stop.
@@ -76,6 +92,25 @@ func (p *preciseTimer) Sleep() {
 		}
 		p.mu.Unlock()
 	}
+}
+
+// readExpiry is Sleep's function for raw.Read, which calls it until it
+// returns true and waits for the poller between calls. The fd was just armed
+// for later, so the first call only asks for that wait; a call after it
+// reads the expiry count, and a read that finds none (a readiness the poller
+// kept from an expiry before the last Arm) asks for another wait; so does
+// an interrupted read, which the read deadline ends if the expiry is lost.
+func (p *preciseTimer) readExpiry(fd uintptr) bool {
+	if !p.polled {
+		p.polled = true
+		return false
+	}
+	_, err := unix.Read(int(fd), p.expiries[:])
+	if err == unix.EAGAIN || err == unix.EINTR {
+		return false
+	}
+	p.readErr = err
+	return true
 }
 
 // wokenAt is a read deadline long past: set, it ends a read at once.
@@ -96,13 +131,19 @@ func (p *preciseTimer) open() bool {
 	if err != nil {
 		return false
 	}
-	p.file, p.fd = os.NewFile(uintptr(fd), "timerfd"), fd
+	f := os.NewFile(uintptr(fd), "timerfd")
+	raw, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return false
+	}
+	p.file, p.raw, p.fd = f, raw, fd
 	return true
 }
 
 // closeBroken gives up the timerfd for good; p.mu is held.
 func (p *preciseTimer) closeBroken() {
 	_ = p.file.Close()
-	p.file = nil
+	p.file, p.raw = nil, nil
 	p.broken = true
 }
