@@ -8,9 +8,9 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
 )
 
-// runtimeDispatchClock is the real clock on the runtime's own timers, as
-// SystemClock was before the timerfd ones: BenchmarkDispatchClock compares
-// both.
+// runtimeDispatchClock is the real clock on the runtime's own timers, with
+// no sleeper for the dispatcher: BenchmarkDispatchClock compares it with
+// SystemClock.
 type runtimeDispatchClock struct{}
 
 func (runtimeDispatchClock) Now() time.Time          { return time.Now() }
@@ -22,8 +22,8 @@ func (runtimeDispatchClock) NewTimer() DispatchTimer { return newRuntimeTimer() 
 // looked for during a window that load can only lengthen, which makes a
 // stray value likelier to be seen, never a correct timer fail.
 
-// TestPreciseTimerFiresNotBefore: armed for d, the timer fires once, never
-// before d, also when re-armed after a Stop (a new timerfd).
+// TestPreciseTimerFiresNotBefore: armed for d, the timer's channel fires
+// once, never before d, also when re-armed after a Stop.
 func TestPreciseTimerFiresNotBefore(t *testing.T) {
 	for _, d := range []time.Duration{0, 200 * time.Microsecond, time.Millisecond, time.Millisecond + time.Millisecond, 5 * time.Millisecond} {
 		t.Run(d.String(), func(t *testing.T) {
