@@ -14,6 +14,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -21,6 +22,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,18 +34,32 @@ import (
 const chromiumBin = "/usr/bin/chromium"
 
 // chromium runs headless Chromium on args plus url, and returns its stdout.
+// Shared memory goes to the temporary directory: Debian's launcher decides
+// that from findmnt, whose answer it misreads when /dev/shm is mounted twice.
+// A browser killed by a signal is the machine's crash, not the page's: it is
+// logged and run again, at most crashRuns times in all.
 func chromium(t *testing.T, ctx context.Context, url string, args ...string) []byte {
 	t.Helper()
+	const crashRuns = 3
 	base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
 		"--disable-background-networking", "--disable-component-update", "--disable-sync",
-		"--user-data-dir=" + t.TempDir()}
-	cmd := exec.CommandContext(ctx, chromiumBin, append(append(base, args...), url)...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("chromium %v: %v\n%s", args, err, stderr.String())
+		"--disable-dev-shm-usage"}
+	for run := 1; ; run++ {
+		argv := append(append(append([]string{}, base...), "--user-data-dir="+t.TempDir()), args...)
+		cmd := exec.CommandContext(ctx, chromiumBin, append(argv, url)...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		if err == nil {
+			return stdout.Bytes()
+		}
+		var exit *exec.ExitError
+		crashed := errors.As(err, &exit) && ctx.Err() == nil && exit.ProcessState.Sys().(syscall.WaitStatus).Signaled()
+		if !crashed || run == crashRuns {
+			t.Fatalf("chromium %v (run %d): %v\n%s", args, run, err, stderr.String())
+		}
+		t.Logf("chromium %v crashed (run %d of %d), running it again: %v\n%s", args, run, crashRuns, err, stderr.String())
 	}
-	return stdout.Bytes()
 }
 
 // rowOf is the <tr> of table id for target, as rendered.
