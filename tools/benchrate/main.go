@@ -3,10 +3,11 @@
 // separate process streaming OpenAI chat responses, 32 tokens unless
 // -tokens says otherwise), and prints
 // for each the achieved rate, the send lag percentiles and the CPU time
-// per 1,000 requests of the load tool and of the sink (make bench-rate;
+// per 1,000 requests of the load tool and of the sink, over -rounds paired
+// runs a rate, then the medians of the pairs side by side (make bench-rate;
 // docs/benchmarks.md holds the figures).
 //
-//	benchrate -exporter bin/kvload-exporter -vegeta bin/vegeta -rates 1000,5000 -duration 10s
+//	benchrate -exporter bin/kvload-exporter -vegeta bin/vegeta -rates 1000,5000 -duration 10s -rounds 5
 //	benchrate sink [-addr ADDR] [-tokens N] [-events-per-write N]   (the sink alone; benchrate starts it itself)
 package main
 
@@ -50,6 +51,7 @@ func main() {
 	flag.StringVar(&o.rates, "rates", "1000,5000", "requests/s, comma-separated")
 	flag.DurationVar(&o.dur, "duration", 10*time.Second, "length of each run")
 	flag.StringVar(&o.only, "only", "", "run only this tool: kvload or vegeta")
+	flag.IntVar(&o.rounds, "rounds", 5, "paired runs of the two tools at each rate, in alternating order; the summary compares them by their medians")
 	flag.IntVar(&o.storm, "storm", 100, "concurrent /metrics scrapers of the extra kvload run at -storm-rate; 0 for none")
 	flag.IntVar(&o.stormRate, "storm-rate", 1000, "requests/s of the kvload run under a scrape storm")
 	flag.DurationVar(&o.stormGap, "storm-interval", 100*time.Millisecond, "pause of each scraper between scrapes; 0 for back to back")
@@ -68,6 +70,7 @@ func main() {
 type options struct {
 	exporter, vegeta string
 	rates, only      string
+	rounds           int
 	dur              time.Duration
 	storm, stormRate int
 	stormGap         time.Duration
@@ -115,6 +118,9 @@ func run(opt options) error {
 	// Every flag is checked before anything starts.
 	if err := opt.stream.check(); err != nil {
 		return err
+	}
+	if opt.rounds < 1 {
+		return fmt.Errorf("-rounds %d: want at least 1", opt.rounds)
 	}
 	var rates []int
 	for _, f := range strings.Split(opt.rates, ",") {
@@ -177,22 +183,40 @@ func run(opt options) error {
 	fmt.Printf("machine: %d CPUs, %s; load average %s\n", cpuCount(), cpuModel(), loadAvg())
 	fmt.Printf("sink %s (pid %d), %d-token streams, %d SSE events per write, %v per run; exporter environment %v\n\n", sinkURL, sinkCmd.Process.Pid, opt.stream.tokens, opt.stream.perWrite, opt.dur, exp.env)
 	var results []outcome
+	var summaries []rateSummary
 	for _, rate := range rates {
-		if only == "" || only == "kvload" {
-			o, err := runKvload(ctx, su, rate, 0, 0, "")
-			if err != nil {
-				return err
+		var pairs []pairedRound
+		for round := range opt.rounds {
+			var p pairedRound
+			// Alternating which tool goes first cancels a machine that
+			// drifts over the rounds.
+			order := []string{"kvload", "vegeta"}
+			if round%2 == 1 {
+				order = []string{"vegeta", "kvload"}
 			}
-			results = append(results, o)
-			printOutcome(o)
+			for _, tool := range order {
+				if only != "" && only != tool {
+					continue
+				}
+				var o outcome
+				var err error
+				if tool == "kvload" {
+					o, err = runKvload(ctx, su, rate, 0, 0, "")
+					p.kvload = &o
+				} else {
+					o, err = runVegeta(ctx, su, rate)
+					p.vegeta = &o
+				}
+				if err != nil {
+					return err
+				}
+				results = append(results, o)
+				printOutcome(o)
+			}
+			pairs = append(pairs, p)
 		}
-		if only == "" || only == "vegeta" {
-			o, err := runVegeta(ctx, su, rate)
-			if err != nil {
-				return err
-			}
-			results = append(results, o)
-			printOutcome(o)
+		if only == "" {
+			summaries = append(summaries, summarize(rate, pairs))
 		}
 	}
 	if storm > 0 && (only == "" || only == "kvload") {
@@ -224,6 +248,14 @@ func run(opt options) error {
 	for _, o := range results {
 		fmt.Printf("| %s | %d | %.0f | %d | %.0f | %s | %s | %.3f | %.3f |\n", o.tool, o.rate, o.achieved, o.sent, o.dropped,
 			ms(o.p50), ms(o.p99), perK(o.toolCPU, o.sent), perK(o.sinkCPU, o.sent))
+	}
+	if len(summaries) > 0 {
+		fmt.Printf("\nkvload-exporter against vegeta, %d paired rounds a rate (median, then the range):\n\n", opt.rounds)
+		fmt.Println("| req/s | CPU per request, kvload over vegeta | kvload p99 lag | vegeta p99 lag | achieved req/s, kvload / vegeta | kvload dropped | at or under vegeta |")
+		fmt.Println("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+		for _, m := range summaries {
+			fmt.Println(m.row())
+		}
 	}
 	return nil
 }

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// pairedRound is one round at one rate: each tool's run, nil where the
+// tool was left out.
+type pairedRound struct {
+	kvload, vegeta *outcome
+}
+
+// spread is the median of some figures and their range.
+type spread struct {
+	median, lo, hi float64
+	n              int
+}
+
+func spreadOf(xs []float64) spread {
+	xs = slices.DeleteFunc(slices.Clone(xs), math.IsNaN)
+	if len(xs) == 0 {
+		return spread{median: math.NaN(), lo: math.NaN(), hi: math.NaN()}
+	}
+	slices.Sort(xs)
+	n := len(xs)
+	med := xs[n/2]
+	if n%2 == 0 {
+		med = (xs[n/2-1] + xs[n/2]) / 2
+	}
+	return spread{median: med, lo: xs[0], hi: xs[n-1], n: n}
+}
+
+// rateSummary compares the tools at one rate over its rounds. One run of
+// each says little on a shared machine: the same build's CPU over vegeta's
+// has moved from 0.98 to 1.22 between rounds a minute apart. The ratio is
+// taken within each round, where both ran on the same machine state.
+type rateSummary struct {
+	rate                   int
+	cpuRatio               spread // kvload's CPU per request over vegeta's, per round
+	kvloadP99, vegetaP99   spread // milliseconds
+	kvloadRate, vegetaRate spread // achieved requests/s
+	dropped                float64
+}
+
+func summarize(rate int, rounds []pairedRound) rateSummary {
+	m := rateSummary{rate: rate}
+	var ratios, kp, vp, kr, vr []float64
+	for _, r := range rounds {
+		if r.kvload == nil || r.vegeta == nil {
+			continue
+		}
+		k, v := r.kvload, r.vegeta
+		ratios = append(ratios, perK(k.toolCPU, k.sent)/perK(v.toolCPU, v.sent))
+		kp = append(kp, float64(k.p99)/float64(time.Millisecond))
+		vp = append(vp, float64(v.p99)/float64(time.Millisecond))
+		kr = append(kr, k.achieved)
+		vr = append(vr, v.achieved)
+		m.dropped += k.dropped
+	}
+	m.cpuRatio, m.kvloadP99, m.vegetaP99 = spreadOf(ratios), spreadOf(kp), spreadOf(vp)
+	m.kvloadRate, m.vegetaRate = spreadOf(kr), spreadOf(vr)
+	return m
+}
+
+// verdict says whether kvload-exporter did at least as well as vegeta on
+// the medians (CPU per request, lag p99, achieved rate) with no request
+// dropped in any round.
+func (m rateSummary) verdict() string {
+	if m.cpuRatio.n == 0 {
+		return "no paired round"
+	}
+	var short []string
+	if !(m.cpuRatio.median <= 1) {
+		short = append(short, "CPU")
+	}
+	if !(m.kvloadP99.median <= m.vegetaP99.median) {
+		short = append(short, "lag p99")
+	}
+	if !(m.kvloadRate.median >= m.vegetaRate.median) {
+		short = append(short, "achieved rate")
+	}
+	if m.dropped > 0 {
+		short = append(short, "dropped requests")
+	}
+	if len(short) == 0 {
+		return "yes"
+	}
+	return "no: " + strings.Join(short, ", ")
+}
+
+func (m rateSummary) row() string {
+	r, k, v := m.cpuRatio, m.kvloadP99, m.vegetaP99
+	return fmt.Sprintf("| %d | %.2f (%.2f–%.2f) | %.3f ms (%.3f–%.3f) | %.3f ms (%.3f–%.3f) | %.1f / %.1f | %.0f | %s |",
+		m.rate, r.median, r.lo, r.hi, k.median, k.lo, k.hi, v.median, v.lo, v.hi, m.kvloadRate.median, m.vegetaRate.median, m.dropped, m.verdict())
+}
