@@ -63,6 +63,9 @@ func TestSummarize(t *testing.T) {
 			{run(0.9, 0.1, 1000, 0), run(1.0, 1.0, 1000, 0)},
 			{run(0.9, 0.1, 1000, 1), run(1.0, 1.0, 1000, 0)},
 		}, 0.9, "no: dropped requests"},
+		{"a tenth of a request a second is the clock's", []pairedRound{
+			{run(0.9, 0.1, 999.96, 0), run(1.0, 1.0, 1000.1, 0)},
+		}, 0.9, "yes"},
 		{"a lower rate fails", []pairedRound{
 			{run(0.9, 0.1, 4899, 0), run(1.0, 1.0, 4941, 0)},
 		}, 0.9, "no: achieved rate"},
