@@ -64,8 +64,11 @@ run:
 ## check: the fast tier, run before every commit: gofmt, vet, golangci-lint, the unit and doc tests under -race (no end-to-end replay, engine, browser or Prometheus), and the alert rules judged on recorded scenarios.
 check: lint tokenizers test-unit test-tapes
 
+# The engine client once more without -race: only there do its connections
+# make raw system calls (openai/quietconn_linux.go).
 test-unit:
 	$(GO) test -race -count=1 -skip '^TestE2E' $(PKGS)
+	$(GO) test -count=1 ./openai
 
 # The alert rules over the kept recordings of the alert scenarios
 # (tools/dashtest/testdata/alerts): rule time only, so a loaded machine

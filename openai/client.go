@@ -199,13 +199,13 @@ func New(cfg TargetConfig) (*Client, error) {
 	c.spanName, c.spanAttrs = spanStatic(cfg, c.api, c.spec.Dialect, c.endpoint.String())
 	c.secrets = inlineSecrets(&hc, c.user)
 	c.secretFiles = secretFiles(&hc)
-	c.http, err = config.NewClientFromConfig(hc, cfg.Name, config.WithUserAgent("kvload-exporter"))
+	c.http, err = config.NewClientFromConfig(hc, cfg.Name, append(transportOptions(), config.WithUserAgent("kvload-exporter"))...)
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
 	}
 	// The retry after a stale kept-alive connection (see Do) must not take
 	// another one from the pool, which may be as stale.
-	c.fresh, err = config.NewClientFromConfig(hc, cfg.Name, config.WithUserAgent("kvload-exporter"), config.WithKeepAlivesDisabled())
+	c.fresh, err = config.NewClientFromConfig(hc, cfg.Name, append(transportOptions(), config.WithUserAgent("kvload-exporter"), config.WithKeepAlivesDisabled())...)
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
 	}

@@ -1,0 +1,169 @@
+//go:build linux && !race
+
+package openai
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"github.com/prometheus/common/config"
+)
+
+// transportOptions has the engine clients dial quiet connections. Race
+// builds keep plain ones: the race detector learns from the syscall
+// package's own reads and writes that data written to a socket was seen by
+// its reader, and raw calls would hide that from it.
+func transportOptions() []config.HTTPClientOption {
+	return []config.HTTPClientOption{config.WithDialContextFunc(dialQuiet)}
+}
+
+// dialQuiet dials as net.Dialer does and wraps a TCP connection in a
+// quietConn.
+func dialQuiet(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c, nil
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return c, nil
+	}
+	q := &quietConn{Conn: tc, raw: raw}
+	q.readFn, q.writeFn = q.readSome, q.writeAll
+	return q, nil
+}
+
+// quietConn is a TCP connection whose reads and writes are raw system
+// calls on its non-blocking socket, waiting for the network poller as
+// net.TCPConn does. A plain read or write first tells the scheduler that it
+// may block. When the process was idle, that wakes the runtime's monitor
+// thread (sysmon), which then polls every 20 µs until the process is idle
+// again. An exporter that sends a request a millisecond and reads each token
+// as it comes would wake it thousands of times a second, for calls that
+// never block.
+type quietConn struct {
+	net.Conn // an interface, so that *net.TCPConn's ReadFrom and WriteTo are not promoted
+	raw      syscall.RawConn
+
+	rmu     sync.Mutex
+	rbuf    []byte
+	rn      int
+	rerr    error
+	readFn  func(fd uintptr) bool
+	wmu     sync.Mutex
+	wbuf    []byte
+	wn      int
+	werr    error
+	writeFn func(fd uintptr) bool
+}
+
+// maxIO bounds one system call, as the poller's own reads and writes are.
+const maxIO = 1 << 30
+
+// CloseWrite shuts down the sending side, as net.TCPConn's does.
+func (c *quietConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+func (c *quietConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.rbuf, c.rn, c.rerr = p[:min(len(p), maxIO)], 0, nil
+	err := c.raw.Read(c.readFn)
+	n, rerr := c.rn, c.rerr
+	c.rbuf = nil
+	switch {
+	case err != nil:
+		return n, c.opError("read", err)
+	case errors.Is(rerr, io.EOF):
+		return n, io.EOF // bare, as readers compare it
+	case rerr != nil:
+		return n, c.opError("read", rerr)
+	}
+	return n, nil
+}
+
+func (c *quietConn) readSome(fd uintptr) bool {
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rbuf[0])), uintptr(len(c.rbuf)))
+		switch {
+		case e == syscall.EINTR:
+			continue
+		case e == syscall.EAGAIN:
+			return false
+		case e != 0:
+			c.rerr = os.NewSyscallError("read", e)
+		case n == 0:
+			c.rerr = io.EOF
+		default:
+			c.rn = int(n)
+		}
+		return true
+	}
+}
+
+func (c *quietConn) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.wbuf, c.wn, c.werr = p, 0, nil
+	err := c.raw.Write(c.writeFn)
+	n, werr := c.wn, c.werr
+	c.wbuf = nil
+	if err == nil {
+		err = werr
+	}
+	if err != nil {
+		err = c.opError("write", err)
+	}
+	return n, err
+}
+
+// writeAll sends with MSG_NOSIGNAL: a peer that closed is EPIPE, not a signal.
+func (c *quietConn) writeAll(fd uintptr) bool {
+	for c.wn < len(c.wbuf) {
+		rest := c.wbuf[c.wn:]
+		rest = rest[:min(len(rest), maxIO)]
+		n, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&rest[0])), uintptr(len(rest)), syscall.MSG_NOSIGNAL, 0, 0)
+		switch {
+		case e == syscall.EINTR:
+			continue
+		case e == syscall.EAGAIN:
+			return false
+		case e != 0:
+			c.werr = os.NewSyscallError("write", e)
+			return true
+		}
+		c.wn += int(n)
+	}
+	return true
+}
+
+// opError wraps err as net.TCPConn does, so that net/http and its callers
+// see the same errors (a timeout is still a net.Error with Timeout true).
+func (c *quietConn) opError(op string, err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		return err
+	}
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
