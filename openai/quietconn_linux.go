@@ -37,10 +37,11 @@ func dialQuiet(ctx context.Context, network, addr string) (net.Conn, error) {
 	}
 	raw, err := tc.SyscallConn()
 	if err != nil {
-		return c, nil
+		return c, nil // closed already: its first read or write says so
 	}
-	q := &quietConn{Conn: tc, raw: raw}
-	q.readFn, q.writeFn = q.readSome, q.writeAll
+	q := &quietConn{Conn: tc}
+	q.r.call, q.r.fn = raw.Read, q.readSome
+	q.w.call, q.w.fn = raw.Write, q.writeAll
 	return q, nil
 }
 
@@ -54,18 +55,30 @@ func dialQuiet(ctx context.Context, network, addr string) (net.Conn, error) {
 // never block.
 type quietConn struct {
 	net.Conn // an interface, so that *net.TCPConn's ReadFrom and WriteTo are not promoted
-	raw      syscall.RawConn
+	r, w     rawCall
+}
 
-	rmu     sync.Mutex
-	rbuf    []byte
-	rn      int
-	rerr    error
-	readFn  func(fd uintptr) bool
-	wmu     sync.Mutex
-	wbuf    []byte
-	wn      int
-	werr    error
-	writeFn func(fd uintptr) bool
+// rawCall is one direction's state: the function handed to the RawConn is
+// made once, so a call allocates nothing, and it finds its buffer here.
+type rawCall struct {
+	mu   sync.Mutex
+	call func(func(fd uintptr) bool) error // the RawConn's Read or Write
+	fn   func(fd uintptr) bool             // readSome or writeAll
+	buf  []byte
+	n    int
+	err  error // the system call's
+}
+
+// do runs fn on p through the poller: n and ioErr are what fn did, err the
+// poller's own failure (a deadline, a closed connection).
+func (r *rawCall) do(p []byte) (n int, ioErr, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.buf, r.n, r.err = p, 0, nil
+	err = r.call(r.fn)
+	n, ioErr = r.n, r.err
+	r.buf = nil
+	return n, ioErr, err
 }
 
 // maxIO bounds one system call, as the poller's own reads and writes are.
@@ -83,37 +96,33 @@ func (c *quietConn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	c.rmu.Lock()
-	defer c.rmu.Unlock()
-	c.rbuf, c.rn, c.rerr = p[:min(len(p), maxIO)], 0, nil
-	err := c.raw.Read(c.readFn)
-	n, rerr := c.rn, c.rerr
-	c.rbuf = nil
+	n, ioErr, err := c.r.do(p[:min(len(p), maxIO)])
 	switch {
 	case err != nil:
 		return n, c.opError("read", err)
-	case errors.Is(rerr, io.EOF):
+	case errors.Is(ioErr, io.EOF):
 		return n, io.EOF // bare, as readers compare it
-	case rerr != nil:
-		return n, c.opError("read", rerr)
+	case ioErr != nil:
+		return n, c.opError("read", ioErr)
 	}
 	return n, nil
 }
 
 func (c *quietConn) readSome(fd uintptr) bool {
+	r := &c.r
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rbuf[0])), uintptr(len(c.rbuf)))
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&r.buf[0])), uintptr(len(r.buf)))
 		switch {
 		case e == syscall.EINTR:
 			continue
 		case e == syscall.EAGAIN:
 			return false
 		case e != 0:
-			c.rerr = os.NewSyscallError("read", e)
+			r.err = os.NewSyscallError("read", e)
 		case n == 0:
-			c.rerr = io.EOF
+			r.err = io.EOF
 		default:
-			c.rn = int(n)
+			r.n = int(n)
 		}
 		return true
 	}
@@ -123,14 +132,9 @@ func (c *quietConn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	c.wbuf, c.wn, c.werr = p, 0, nil
-	err := c.raw.Write(c.writeFn)
-	n, werr := c.wn, c.werr
-	c.wbuf = nil
+	n, ioErr, err := c.w.do(p)
 	if err == nil {
-		err = werr
+		err = ioErr
 	}
 	if err != nil {
 		err = c.opError("write", err)
@@ -140,8 +144,9 @@ func (c *quietConn) Write(p []byte) (int, error) {
 
 // writeAll sends with MSG_NOSIGNAL: a peer that closed is EPIPE, not a signal.
 func (c *quietConn) writeAll(fd uintptr) bool {
-	for c.wn < len(c.wbuf) {
-		rest := c.wbuf[c.wn:]
+	w := &c.w
+	for w.n < len(w.buf) {
+		rest := w.buf[w.n:]
 		rest = rest[:min(len(rest), maxIO)]
 		n, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&rest[0])), uintptr(len(rest)), syscall.MSG_NOSIGNAL, 0, 0)
 		switch {
@@ -150,10 +155,10 @@ func (c *quietConn) writeAll(fd uintptr) bool {
 		case e == syscall.EAGAIN:
 			return false
 		case e != 0:
-			c.werr = os.NewSyscallError("write", e)
+			w.err = os.NewSyscallError("write", e)
 			return true
 		}
-		c.wn += int(n)
+		w.n += int(n)
 	}
 	return true
 }
