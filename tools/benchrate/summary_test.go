@@ -66,8 +66,11 @@ func TestSummarize(t *testing.T) {
 		{"a tenth of a request a second is the clock's", []pairedRound{
 			{run(0.9, 0.1, 999.96, 0), run(1.0, 1.0, 1000.1, 0)},
 		}, 0.9, "yes"},
+		{"more than the rate asked is not more", []pairedRound{
+			{run(0.9, 0.1, 1000.2, 0), run(1.0, 1.0, 1001.3, 0)},
+		}, 0.9, "yes"},
 		{"a lower rate fails", []pairedRound{
-			{run(0.9, 0.1, 4899, 0), run(1.0, 1.0, 4941, 0)},
+			{run(0.9, 0.1, 989, 0), run(1.0, 1.0, 1000, 0)},
 		}, 0.9, "no: achieved rate"},
 		{"a round missing a tool is left out", []pairedRound{
 			{run(0.9, 0.1, 1000, 0), nil},
