@@ -10,15 +10,15 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"github.com/prometheus/common/config"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/quietsys"
 )
 
-// transportOptions has the engine clients dial quiet connections. Race
-// builds keep plain ones: the race detector learns from the syscall
-// package's own reads and writes that data written to a socket was seen by
-// its reader, and raw calls would hide that from it.
+// transportOptions has the engine clients dial quiet connections; race
+// builds keep plain ones, which the race detector can see through (see
+// quietsys).
 func transportOptions() []config.HTTPClientOption {
 	return []config.HTTPClientOption{config.WithDialContextFunc(dialQuiet)}
 }
@@ -45,14 +45,9 @@ func dialQuiet(ctx context.Context, network, addr string) (net.Conn, error) {
 	return q, nil
 }
 
-// quietConn is a TCP connection whose reads and writes are raw system
-// calls on its non-blocking socket, waiting for the network poller as
-// net.TCPConn does. A plain read or write first tells the scheduler that it
-// may block. When the process was idle, that wakes the runtime's monitor
-// thread (sysmon), which then polls every 20 µs until the process is idle
-// again. An exporter that sends a request a millisecond and reads each token
-// as it comes would wake it thousands of times a second, for calls that
-// never block.
+// quietConn is a TCP connection whose reads and writes are made with
+// quietsys on its non-blocking socket (why: see that package), waiting for
+// the network poller as net.TCPConn does.
 type quietConn struct {
 	net.Conn // an interface, so that *net.TCPConn's ReadFrom and WriteTo are not promoted
 	r, w     rawCall
@@ -111,7 +106,7 @@ func (c *quietConn) Read(p []byte) (int, error) {
 func (c *quietConn) readSome(fd uintptr) bool {
 	r := &c.r
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&r.buf[0])), uintptr(len(r.buf)))
+		n, e := quietsys.Read(fd, r.buf)
 		switch {
 		case e == syscall.EINTR:
 			continue
@@ -122,7 +117,7 @@ func (c *quietConn) readSome(fd uintptr) bool {
 		case n == 0:
 			r.err = io.EOF
 		default:
-			r.n = int(n)
+			r.n = n
 		}
 		return true
 	}
@@ -142,13 +137,12 @@ func (c *quietConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// writeAll sends with MSG_NOSIGNAL: a peer that closed is EPIPE, not a signal.
 func (c *quietConn) writeAll(fd uintptr) bool {
 	w := &c.w
 	for w.n < len(w.buf) {
 		rest := w.buf[w.n:]
 		rest = rest[:min(len(rest), maxIO)]
-		n, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&rest[0])), uintptr(len(rest)), syscall.MSG_NOSIGNAL, 0, 0)
+		n, e := quietsys.Send(fd, rest)
 		switch {
 		case e == syscall.EINTR:
 			continue
@@ -158,7 +152,7 @@ func (c *quietConn) writeAll(fd uintptr) bool {
 			w.err = os.NewSyscallError("write", e)
 			return true
 		}
-		w.n += int(n)
+		w.n += n
 	}
 	return true
 }

@@ -155,6 +155,9 @@ func TestQuietConnErrors(t *testing.T) {
 	}
 }
 
+// TestQuietConnCloseEndsARead: Close ends a read, whether it is already
+// waiting in the poller or starts after (the test cannot tell which, and
+// either way the read must end with net.ErrClosed, not hang).
 func TestQuietConnCloseEndsARead(t *testing.T) {
 	q, _ := quietPair(t)
 	done := make(chan error, 1)

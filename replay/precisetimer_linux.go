@@ -6,9 +6,10 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvload-exporter/kvload-exporter/internal/quietsys"
 )
 
 // preciseTimer is a runtime timer for the channel waits (C, Reset, Stop)
@@ -62,7 +63,7 @@ func (p *preciseTimer) Arm(d time.Duration) bool {
 	// A zero it_value would disarm the fd: 1 ns is as good as now. Setting
 	// it also clears an expiry nobody read.
 	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(max(int64(d), 1))}
-	if settime(p.fd, &spec) != nil || p.file.SetReadDeadline(time.Now().Add(d)) != nil {
+	if quietsys.TimerfdSettime(uintptr(p.fd), &spec) != 0 || p.file.SetReadDeadline(time.Now().Add(d)) != nil {
 		p.closeBroken()
 		return false
 	}
@@ -106,10 +107,7 @@ func (p *preciseTimer) readExpiry(fd uintptr) bool {
 		p.polled = true
 		return false
 	}
-	// Raw, as settime: neither call can block on this non-blocking fd,
-	// and a plain one would wake the runtime's monitor thread each time
-	// (see quietConn in the openai package).
-	_, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&p.expiries[0])), uintptr(len(p.expiries)))
+	_, e := quietsys.Read(fd, p.expiries[:]) // quietly, as Arm's settime (see quietsys)
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false
 	}
@@ -152,12 +150,4 @@ func (p *preciseTimer) closeBroken() {
 	_ = p.file.Close()
 	p.file, p.raw = nil, nil
 	p.broken = true
-}
-
-// settime arms the timerfd fd (timerfd_settime, relative) with a raw call.
-func settime(fd int, spec *unix.ItimerSpec) error {
-	if _, _, e := unix.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(fd), 0, uintptr(unsafe.Pointer(spec)), 0, 0, 0); e != 0 {
-		return e
-	}
-	return nil
 }
