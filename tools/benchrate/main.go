@@ -81,17 +81,21 @@ type options struct {
 
 // outcome is one tool's run at one rate.
 type outcome struct {
-	tool      string
-	rate      int
-	sent      int64   // requests the sink received
-	achieved  float64 // requests/s the sink received, first to last
-	p50, p99  time.Duration
-	dropped   float64 // requests the tool scheduled but never sent (kvload only)
-	toolCPU   float64 // CPU-seconds of the load tool over the run
-	toolSys   float64 // the part of toolCPU spent in the kernel
-	sinkCPU   float64 // CPU-seconds of the sink over the run
-	lagSource string
-	scrapes   map[int]int // status code → scrapes, under a storm
+	tool     string
+	rate     int
+	sent     int64   // requests the sink received
+	achieved float64 // requests/s the sink received, first to last
+	p50, p99 time.Duration
+	dropped  float64 // requests the tool scheduled but never sent (kvload only)
+	toolCPU  float64 // CPU-seconds of the load tool over the run
+	toolSys  float64 // the part of toolCPU spent in the kernel
+	sinkCPU  float64 // CPU-seconds of the sink over the run
+	// machineBusy is the share of all the machine's CPU time that the
+	// tool and the sink used together over the run: near 1, the kernel's
+	// run queue sets the tail of the lag, whichever tool is measured.
+	machineBusy float64
+	lagSource   string
+	scrapes     map[int]int // status code → scrapes, under a storm
 	// The exporter's heap allocations over the run (its Go runtime's
 	// counters, which the machine's load does not change), and its
 	// garbage collections.
@@ -243,26 +247,31 @@ func run(opt options) error {
 		}
 	}
 	fmt.Printf("\nload average after: %s\n\n", loadAvg())
-	fmt.Println("| tool | target req/s | achieved req/s | requests | dropped | p50 send lag | p99 send lag | tool CPU-s per 1,000 req | sink CPU-s per 1,000 req |")
-	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Println("| tool | target req/s | achieved req/s | requests | dropped | p50 send lag | p99 send lag | tool CPU-s per 1,000 req | sink CPU-s per 1,000 req | sink and tool, share of the machine |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, o := range results {
-		fmt.Printf("| %s | %d | %.0f | %d | %.0f | %s | %s | %.3f | %.3f |\n", o.tool, o.rate, o.achieved, o.sent, o.dropped,
-			ms(o.p50), ms(o.p99), perK(o.toolCPU, o.sent), perK(o.sinkCPU, o.sent))
+		fmt.Printf("| %s | %d | %.0f | %d | %.0f | %s | %s | %.3f | %.3f | %.0f %% |\n", o.tool, o.rate, o.achieved, o.sent, o.dropped,
+			ms(o.p50), ms(o.p99), perK(o.toolCPU, o.sent), perK(o.sinkCPU, o.sent), 100*o.machineBusy)
 	}
 	if len(summaries) > 0 {
 		fmt.Printf("\nkvload-exporter against vegeta, %d paired rounds a rate (median, then the range):\n\n", opt.rounds)
-		fmt.Println("| req/s | CPU per request, kvload over vegeta | kvload p99 lag | vegeta p99 lag | achieved req/s, kvload / vegeta | kvload dropped | at or under vegeta |")
-		fmt.Println("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+		fmt.Println("| req/s | CPU per request, kvload over vegeta | kvload p99 lag | vegeta p99 lag | achieved req/s, kvload / vegeta | kvload dropped | sink and tool, share of the machine, kvload / vegeta runs | at or under vegeta |")
+		fmt.Println("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 		for _, m := range summaries {
 			fmt.Println(m.row())
+		}
+		for _, m := range summaries {
+			if note := m.machineNote(); note != "" {
+				fmt.Println("\n" + note)
+			}
 		}
 	}
 	return nil
 }
 
 func printOutcome(o outcome) {
-	fmt.Printf("%-6s %5d/s: achieved %.0f/s, %d requests, %.0f dropped, lag p50 %s p99 %s (%s), CPU %.2f s of which %.2f s in the kernel (%.3f per 1,000 req), sink CPU %.2f s\n",
-		o.tool, o.rate, o.achieved, o.sent, o.dropped, ms(o.p50), ms(o.p99), o.lagSource, o.toolCPU, o.toolSys, perK(o.toolCPU, o.sent), o.sinkCPU)
+	fmt.Printf("%-6s %5d/s: achieved %.0f/s, %d requests, %.0f dropped, lag p50 %s p99 %s (%s), CPU %.2f s of which %.2f s in the kernel (%.3f per 1,000 req), sink CPU %.2f s, %.0f %% of the machine's CPU time for both\n",
+		o.tool, o.rate, o.achieved, o.sent, o.dropped, ms(o.p50), ms(o.p99), o.lagSource, o.toolCPU, o.toolSys, perK(o.toolCPU, o.sent), o.sinkCPU, 100*o.machineBusy)
 	if o.sent > 0 && o.mallocs > 0 {
 		n := float64(o.sent)
 		fmt.Printf("%-6s %5d/s: %.0f heap allocations and %.0f bytes per request, %.0f garbage collections\n", o.tool, o.rate, o.mallocs/n, o.allocBytes/n, o.gcs)
@@ -372,6 +381,7 @@ workloads:
 		}
 	}
 	cpu0, sink0, sys0 := procCPU(pid), procCPU(sinkPid), procSys(pid)
+	start := time.Now()
 	before, err := get("http://" + web + "/metrics")
 	if err != nil {
 		return o, err
@@ -392,12 +402,14 @@ workloads:
 	}
 	time.Sleep(100 * time.Millisecond) // the last streams end
 	cpu1, sink1, sys1 := procCPU(pid), procCPU(sinkPid), procSys(pid)
+	wall := time.Since(start)
 	text, err := get("http://" + web + "/metrics")
 	if err != nil {
 		return o, err
 	}
 	o.sent, o.achieved = st.Requests, achieved(st)
 	o.toolCPU, o.sinkCPU, o.toolSys = cpu1-cpu0, sink1-sink0, sys1-sys0
+	o.machineBusy = machineShare(o.toolCPU+o.sinkCPU, wall)
 	o.dropped = sumSeries(text, "kvload_requests_dropped_total")
 	o.mallocs = sumSeries(text, "go_memstats_mallocs_total") - sumSeries(before, "go_memstats_mallocs_total")
 	o.allocBytes = sumSeries(text, "go_memstats_alloc_bytes_total") - sumSeries(before, "go_memstats_alloc_bytes_total")
@@ -448,7 +460,7 @@ func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
 	if err := resetSink(sinkURL); err != nil {
 		return o, err
 	}
-	sink0 := procCPU(sinkPid)
+	sink0, start := procCPU(sinkPid), time.Now()
 	// -max-body 0: every byte of the stream is read, none kept.
 	cmd := exec.CommandContext(ctx, bin, "attack", "-format=json", "-targets="+targets, "-rate="+strconv.Itoa(rate)+"/1s",
 		"-duration="+dur.String(), "-max-body=0", "-output="+results)
@@ -456,12 +468,13 @@ func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
 	if err := cmd.Run(); err != nil {
 		return o, fmt.Errorf("vegeta attack: %w", err)
 	}
-	sink1 := procCPU(sinkPid)
+	sink1, wall := procCPU(sinkPid), time.Since(start)
 	// The same counters /proc/<pid>/stat shows (utime, stime), read by
 	// wait4 when vegeta exits: its whole life, start-up included.
 	o.toolCPU = cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
 	o.toolSys = cmd.ProcessState.SystemTime().Seconds()
 	o.sinkCPU = sink1 - sink0
+	o.machineBusy = machineShare(o.toolCPU+o.sinkCPU, wall)
 	st, err := sinkStatsOf(sinkURL)
 	if err != nil {
 		return o, err
@@ -747,6 +760,15 @@ func quantile(bs []bucket, q float64) time.Duration {
 		lower, below = b.le, b.count
 	}
 	return time.Duration(lower * 1e9)
+}
+
+// machineShare is cpu CPU-seconds as a share of all the machine's CPU
+// time over wall.
+func machineShare(cpu float64, wall time.Duration) float64 {
+	if wall <= 0 {
+		return math.NaN()
+	}
+	return cpu / (float64(cpuCount()) * wall.Seconds())
 }
 
 func cpuCount() int {

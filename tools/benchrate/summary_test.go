@@ -89,3 +89,35 @@ func TestSummarize(t *testing.T) {
 		})
 	}
 }
+
+func TestMachineNote(t *testing.T) {
+	// round pairs a kvload and a vegeta run, each with the machine's busy
+	// share of the machine the sink and the tool used.
+	round := func(kvloadBusy, vegetaBusy float64) pairedRound {
+		k := &outcome{sent: 1000, toolCPU: 1, achieved: 1000, machineBusy: kvloadBusy}
+		v := &outcome{sent: 1000, toolCPU: 1, achieved: 1000, machineBusy: vegetaBusy}
+		return pairedRound{k, v}
+	}
+	tests := []struct {
+		name     string
+		rounds   []pairedRound
+		wantNote bool
+	}{
+		{"an idle machine", []pairedRound{round(0.3, 0.3), round(0.4, 0.35)}, false},
+		{"full during kvload's runs", []pairedRound{round(0.9, 0.7), round(0.92, 0.75), round(0.5, 0.7)}, true},
+		{"full during vegeta's runs", []pairedRound{round(0.6, 0.85), round(0.6, 0.9)}, true},
+		{"one full round does not decide", []pairedRound{round(0.95, 0.95), round(0.4, 0.4), round(0.5, 0.5)}, false},
+		{"busy share unknown", []pairedRound{round(math.NaN(), math.NaN())}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := summarize(5000, tt.rounds)
+			if got := m.machineNote() != ""; got != tt.wantNote {
+				t.Errorf("note %q, want one: %v", m.machineNote(), tt.wantNote)
+			}
+			if m.verdict() != "yes" {
+				t.Errorf("verdict %q: the machine's load must not change it", m.verdict())
+			}
+		})
+	}
+}
