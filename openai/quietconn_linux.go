@@ -105,22 +105,18 @@ func (c *quietConn) Read(p []byte) (int, error) {
 
 func (c *quietConn) readSome(fd uintptr) bool {
 	r := &c.r
-	for {
-		n, e := quietsys.Read(fd, r.buf)
-		switch {
-		case e == syscall.EINTR:
-			continue
-		case e == syscall.EAGAIN:
-			return false
-		case e != 0:
-			r.err = os.NewSyscallError("read", e)
-		case n == 0:
-			r.err = io.EOF
-		default:
-			r.n = n
-		}
-		return true
+	n, e := quietsys.Read(fd, r.buf)
+	switch {
+	case e == syscall.EAGAIN:
+		return false
+	case e != 0:
+		r.err = os.NewSyscallError("read", e)
+	case n == 0:
+		r.err = io.EOF
+	default:
+		r.n = n
 	}
+	return true
 }
 
 func (c *quietConn) Write(p []byte) (int, error) {
@@ -144,8 +140,6 @@ func (c *quietConn) writeAll(fd uintptr) bool {
 		rest = rest[:min(len(rest), maxIO)]
 		n, e := quietsys.Send(fd, rest)
 		switch {
-		case e == syscall.EINTR:
-			continue
 		case e == syscall.EAGAIN:
 			return false
 		case e != 0:

@@ -100,15 +100,14 @@ func (p *preciseTimer) Sleep() {
 // returns true and waits for the poller between calls. The fd was just armed
 // for later, so the first call only asks for that wait; a call after it
 // reads the expiry count, and a read that finds none (a readiness the poller
-// kept from an expiry before the last Arm) asks for another wait; so does
-// an interrupted read, which the read deadline ends if the expiry is lost.
+// kept from an expiry before the last Arm) asks for another wait.
 func (p *preciseTimer) readExpiry(fd uintptr) bool {
 	if !p.polled {
 		p.polled = true
 		return false
 	}
 	_, e := quietsys.Read(fd, p.expiries[:]) // quietly, as Arm's settime (see quietsys)
-	if e == unix.EAGAIN || e == unix.EINTR {
+	if e == unix.EAGAIN {
 		return false
 	}
 	if e != 0 {

@@ -23,17 +23,28 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Read and Send make their call again when a signal interrupted it
+// (EINTR), as the os and net packages do, so no caller sees EINTR.
+
 // Read reads into p, which must not be empty.
 func Read(fd uintptr, p []byte) (int, syscall.Errno) {
-	n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	return int(n), e
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		if e != syscall.EINTR {
+			return int(n), e
+		}
+	}
 }
 
 // Send writes p, which must not be empty, to a socket; a peer that has
 // gone is EPIPE, not a SIGPIPE (MSG_NOSIGNAL).
 func Send(fd uintptr, p []byte) (int, syscall.Errno) {
-	n, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), syscall.MSG_NOSIGNAL, 0, 0)
-	return int(n), e
+	for {
+		n, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), syscall.MSG_NOSIGNAL, 0, 0)
+		if e != syscall.EINTR {
+			return int(n), e
+		}
+	}
 }
 
 // TimerfdSettime arms the timerfd fd, relative to now.
