@@ -28,6 +28,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -184,7 +185,7 @@ func run(opt options) error {
 	sinkURL := "http://" + sinkAddr
 
 	su := setup{exp: exp, vegeta: opt.vegeta, dir: dir, sinkURL: sinkURL, sinkPid: sinkCmd.Process.Pid, dur: opt.dur, tokens: opt.stream.tokens}
-	fmt.Printf("machine: %d CPUs, %s; load average %s\n", cpuCount(), cpuModel(), loadAvg())
+	fmt.Printf("machine: %d CPUs, %s; load average %s\n", runtime.NumCPU(), cpuModel(), loadAvg())
 	fmt.Printf("sink %s (pid %d), %d-token streams, %d SSE events per write, %v per run; exporter environment %v\n\n", sinkURL, sinkCmd.Process.Pid, opt.stream.tokens, opt.stream.perWrite, opt.dur, exp.env)
 	var results []outcome
 	var summaries []rateSummary
@@ -409,7 +410,7 @@ workloads:
 	}
 	o.sent, o.achieved = st.Requests, achieved(st)
 	o.toolCPU, o.sinkCPU, o.toolSys = cpu1-cpu0, sink1-sink0, sys1-sys0
-	o.machineBusy = machineShare(o.toolCPU+o.sinkCPU, wall)
+	o.machineBusy = machineShare(o.toolCPU+o.sinkCPU, runtime.NumCPU(), wall)
 	o.dropped = sumSeries(text, "kvload_requests_dropped_total")
 	o.mallocs = sumSeries(text, "go_memstats_mallocs_total") - sumSeries(before, "go_memstats_mallocs_total")
 	o.allocBytes = sumSeries(text, "go_memstats_alloc_bytes_total") - sumSeries(before, "go_memstats_alloc_bytes_total")
@@ -474,7 +475,7 @@ func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
 	o.toolCPU = cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
 	o.toolSys = cmd.ProcessState.SystemTime().Seconds()
 	o.sinkCPU = sink1 - sink0
-	o.machineBusy = machineShare(o.toolCPU+o.sinkCPU, wall)
+	o.machineBusy = machineShare(o.toolCPU+o.sinkCPU, runtime.NumCPU(), wall)
 	st, err := sinkStatsOf(sinkURL)
 	if err != nil {
 		return o, err
@@ -762,25 +763,13 @@ func quantile(bs []bucket, q float64) time.Duration {
 	return time.Duration(lower * 1e9)
 }
 
-// machineShare is cpu CPU-seconds as a share of all the machine's CPU
-// time over wall.
-func machineShare(cpu float64, wall time.Duration) float64 {
-	if wall <= 0 {
+// machineShare is cpu CPU-seconds as a share of the CPU time that cpus
+// CPUs had over wall.
+func machineShare(cpu float64, cpus int, wall time.Duration) float64 {
+	if wall <= 0 || cpus < 1 {
 		return math.NaN()
 	}
-	return cpu / (float64(cpuCount()) * wall.Seconds())
-}
-
-func cpuCount() int {
-	b, _ := os.ReadFile("/proc/cpuinfo")
-	return strings.Count(string(b), "\nprocessor") + boolInt(strings.HasPrefix(string(b), "processor"))
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	return cpu / (float64(cpus) * wall.Seconds())
 }
 
 func cpuModel() string {

@@ -121,3 +121,26 @@ func TestMachineNote(t *testing.T) {
 		})
 	}
 }
+
+func TestMachineShare(t *testing.T) {
+	tests := []struct {
+		name string
+		cpu  float64
+		cpus int
+		wall time.Duration
+		want float64
+	}{
+		{"both CPUs full", 20, 2, 10 * time.Second, 1},
+		{"a quarter of four", 10, 4, 10 * time.Second, 0.25},
+		{"no time", 1, 2, 0, math.NaN()},
+		{"no CPU", 1, 0, time.Second, math.NaN()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := machineShare(tt.cpu, tt.cpus, tt.wall)
+			if !(got == tt.want || math.IsNaN(got) && math.IsNaN(tt.want)) {
+				t.Errorf("machineShare(%v, %d, %v) = %v, want %v", tt.cpu, tt.cpus, tt.wall, got, tt.want)
+			}
+		})
+	}
+}
