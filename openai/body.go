@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"sync"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -110,6 +111,23 @@ func shareable(s string) bool {
 // keeps its own order. Setting an existing key replaces its value in place.
 type bodyBuilder struct {
 	fields []bodyField
+}
+
+// builders keeps bodyBuilders between requests: their fields, about a
+// kilobyte, are needed only until the body is assembled.
+var builders = sync.Pool{New: func() any { return &bodyBuilder{fields: make([]bodyField, 0, 16)} }}
+
+func newBodyBuilder() *bodyBuilder { return builders.Get().(*bodyBuilder) }
+
+// release returns b to the pool, keeping none of the request's values; a
+// builder a payload of many members grew is left to the collector.
+func (b *bodyBuilder) release() {
+	if cap(b.fields) > 64 {
+		return
+	}
+	clear(b.fields)
+	b.fields = b.fields[:0]
+	builders.Put(b)
 }
 
 func (b *bodyBuilder) set(key string, val []byte) {
@@ -355,8 +373,8 @@ func normalizeYAML(v any) (any, error) {
 // payload, extra_body or Extra carried: the isolation it promises must
 // hold for every request.
 func (c *Client) encodeRequest(req Request) (requestBody, error) {
-	var b bodyBuilder
-	b.fields = make([]bodyField, 0, 10+len(c.extra))
+	b := newBodyBuilder()
+	defer b.release()
 	if req.Payload != nil {
 		if err := b.merge(req.Payload); err != nil {
 			return nil, fmt.Errorf("payload: %w", err)

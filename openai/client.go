@@ -126,6 +126,15 @@ const (
 
 // errRequestTimeout is the cause of the per-request deadline, telling it
 // apart from a deadline of the caller's context.
+// Header values every request shares. Each slice is full (length equals
+// capacity), so a round tripper that adds to one of these headers gets a
+// new array and never writes into the shared one.
+var (
+	contentTypeJSON   = []string{"application/json"}
+	acceptEventStream = []string{"text/event-stream"}
+	userAgent         = []string{"kvload-exporter"}
+)
+
 var errRequestTimeout = errors.New("request timeout")
 
 // errAbandoned is the cause of the deadline of Request.Abandon.After.
@@ -199,13 +208,13 @@ func New(cfg TargetConfig) (*Client, error) {
 	c.spanName, c.spanAttrs = spanStatic(cfg, c.api, c.spec.Dialect, c.endpoint.String())
 	c.secrets = inlineSecrets(&hc, c.user)
 	c.secretFiles = secretFiles(&hc)
-	c.http, err = config.NewClientFromConfig(hc, cfg.Name, append(transportOptions(), config.WithUserAgent("kvload-exporter"))...)
+	c.http, err = config.NewClientFromConfig(hc, cfg.Name, transportOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
 	}
 	// The retry after a stale kept-alive connection (see Do) must not take
 	// another one from the pool, which may be as stale.
-	c.fresh, err = config.NewClientFromConfig(hc, cfg.Name, append(transportOptions(), config.WithUserAgent("kvload-exporter"), config.WithKeepAlivesDisabled())...)
+	c.fresh, err = config.NewClientFromConfig(hc, cfg.Name, append(transportOptions(), config.WithKeepAlivesDisabled())...)
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
 	}
@@ -460,8 +469,9 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, s
 	// A reader of pieces is not one whose length net/http finds itself.
 	hreq.ContentLength = int64(body.size())
 	hreq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Accept", "text/event-stream")
+	hreq.Header["Content-Type"] = contentTypeJSON
+	hreq.Header["Accept"] = acceptEventStream
+	hreq.Header["User-Agent"] = userAgent
 	tracing.Inject(rctx, hreq.Header)
 	if c.session != "" && session != "" {
 		hreq.Header.Set(c.session, sessionValue(session))
@@ -470,13 +480,20 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, s
 		p, _ := c.user.Password()
 		hreq.SetBasicAuth(c.user.Username(), p)
 	}
-	resp, err = hc.Do(hreq)
+	// Straight to the round trippers: the client has no redirects to
+	// follow (NoRedirects), no cookie jar and no timeout of its own, so
+	// http.Client would only copy the headers for a redirect that never
+	// comes.
+	resp, err = hc.Transport.RoundTrip(hreq)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err // drop the URL: the target name already says which endpoint
 		}
 		return nil, clock.failedOnReused(), err
+	}
+	if resp == nil {
+		return nil, false, errors.New("the transport returned neither a response nor an error")
 	}
 	return resp, false, nil
 }

@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1341,5 +1342,56 @@ func TestRequestLeavesInOneWrite(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestClientRequestHeaders: every request names the exporter, its JSON body
+// and the event stream it wants, and a header http_client_config adds to one
+// of those reaches the server next to it on every request, never piling up
+// from one request to the next.
+func TestClientRequestHeaders(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		seen []http.Header
+	)
+	replay := replayHandler(t, "vllm_chat.sse")
+	srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Clone())
+		mu.Unlock()
+		replay(w, r)
+	}))
+	hc := config.DefaultHTTPClientConfig
+	hc.HTTPHeaders = &config.Headers{Headers: map[string]config.Header{"Accept": {Values: []string{"application/x-ndjson"}}}}
+	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectVLLM, HTTPClientConfig: hc})
+	for range 3 {
+		var res Response
+		c.Do(context.Background(), Request{Prompt: "x"}, &res)
+		if res.Outcome != OutcomeSuccess {
+			t.Fatalf("outcome %s: %s", res.Outcome, res.Error)
+		}
+	}
+	want := http.Header{
+		"User-Agent":   {"kvload-exporter"},
+		"Content-Type": {"application/json"},
+		"Accept":       {"text/event-stream", "application/x-ndjson"},
+	}
+	// The values all requests share were not written through.
+	for _, v := range [][]string{contentTypeJSON, acceptEventStream, userAgent} {
+		if all := v[:cap(v)]; len(all) != 1 {
+			t.Errorf("a shared header value now holds %q", all)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 3 {
+		t.Fatalf("the server saw %d requests, want 3", len(seen))
+	}
+	for i, h := range seen {
+		for k, v := range want {
+			if !slices.Equal(h[k], v) {
+				t.Errorf("request %d: %s = %q, want %q", i, k, h[k], v)
+			}
+		}
 	}
 }
