@@ -7,10 +7,8 @@ package prompt
 
 import (
 	"bytes"
-	"container/list"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/kvload-exporter/kvload-exporter/internal/rng"
 	"github.com/kvload-exporter/kvload-exporter/tokenizer"
@@ -206,7 +204,8 @@ func (b *Builder) appendBlockText(dst []byte, ns uint64, h int64, n int) []byte 
 		return appendWordsText(dst, b.hashKey(ns, h), n)
 	}
 	k := cacheKey{ns: ns, h: h, n: int32(n)}
-	if e, ok := b.cache.get(k); ok {
+	e, hit, admit := b.cache.get(k)
+	if hit {
 		return append(dst, e.text...)
 	}
 	// Built in place, then copied at its exact size: a block's length is
@@ -214,7 +213,9 @@ func (b *Builder) appendBlockText(dst []byte, ns uint64, h int64, n int) []byte 
 	// entry that the cache's bound does not see.
 	start := len(dst)
 	dst = appendWordsText(dst, b.hashKey(ns, h), n)
-	b.cache.put(k, cacheEntry{text: bytes.Clone(dst[start:])})
+	if admit {
+		b.cache.put(k, cacheEntry{text: bytes.Clone(dst[start:])})
+	}
 	return dst
 }
 
@@ -223,8 +224,12 @@ func (b *Builder) appendBlockIDs(dst []int, ns uint64, h int64, n int) []int {
 		return b.appendWordIDs(dst, b.hashKey(ns, h), n)
 	}
 	k := cacheKey{ns: ns, h: h, n: int32(n), ids: true}
-	if e, ok := b.cache.get(k); ok {
+	e, hit, admit := b.cache.get(k)
+	if hit {
 		return append(dst, e.ids...)
+	}
+	if !admit {
+		return b.appendWordIDs(dst, b.hashKey(ns, h), n)
 	}
 	ids := b.appendWordIDs(make([]int, 0, n), b.hashKey(ns, h), n)
 	b.cache.put(k, cacheEntry{ids: ids})
@@ -286,111 +291,4 @@ func grow[S ~[]E, E any](s S, n int) S {
 		return t
 	}
 	return s
-}
-
-// blockCache is a byte-bounded LRU of built blocks, split into shards with
-// their own locks so that many request goroutines rarely wait on each
-// other. Entries are immutable once inserted, so a reader copies from the
-// slice get returned after the lock is released.
-type blockCache struct {
-	shards [cacheShards]cacheShard
-}
-
-const cacheShards = 32
-
-// entryOverhead is what an entry costs beyond its data: its item (80
-// bytes), list element (48) and map slot (about 50), as
-// TestPromptCacheHeapWithinBound measures.
-const entryOverhead = 192
-
-type cacheKey struct {
-	ns  uint64
-	h   int64
-	n   int32
-	ids bool
-}
-
-type cacheEntry struct {
-	text []byte
-	ids  []int
-}
-
-func (e cacheEntry) size() int64 {
-	return int64(cap(e.text)) + int64(cap(e.ids))*8 + entryOverhead
-}
-
-type cacheShard struct {
-	mu    sync.Mutex
-	limit int64
-	used  int64
-	order *list.List // front = most recently used; values are *cacheItem
-	items map[cacheKey]*list.Element
-}
-
-type cacheItem struct {
-	key   cacheKey
-	entry cacheEntry
-}
-
-func newBlockCache(limit int64) *blockCache {
-	c := &blockCache{}
-	for i := range c.shards {
-		c.shards[i].limit = limit / cacheShards
-		c.shards[i].order = list.New()
-		c.shards[i].items = make(map[cacheKey]*list.Element)
-	}
-	return c
-}
-
-func (c *blockCache) shard(k cacheKey) *cacheShard {
-	x := mix64(k.ns ^ uint64(k.h)*0x9e3779b97f4a7c15 ^ uint64(k.n)<<1)
-	return &c.shards[x%cacheShards]
-}
-
-func (c *blockCache) get(k cacheKey) (cacheEntry, bool) {
-	s := c.shard(k)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	el, ok := s.items[k]
-	if !ok {
-		return cacheEntry{}, false
-	}
-	s.order.MoveToFront(el)
-	return el.Value.(*cacheItem).entry, true
-}
-
-// put inserts e unless k is already there (another goroutine built the same
-// block) or e alone exceeds the shard's share, then evicts from the back.
-func (c *blockCache) put(k cacheKey, e cacheEntry) {
-	s := c.shard(k)
-	size := e.size()
-	if size > s.limit {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.items[k]; ok {
-		return
-	}
-	s.items[k] = s.order.PushFront(&cacheItem{key: k, entry: e})
-	s.used += size
-	for s.used > s.limit {
-		back := s.order.Back()
-		it := back.Value.(*cacheItem)
-		s.order.Remove(back)
-		delete(s.items, it.key)
-		s.used -= it.entry.size()
-	}
-}
-
-// cachedBytes reports the bytes the cache accounts for (tests).
-func (c *blockCache) cachedBytes() int64 {
-	var n int64
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		n += s.used
-		s.mu.Unlock()
-	}
-	return n
 }

@@ -311,6 +311,8 @@ func TestPromptCacheHeapWithinBound(t *testing.T) {
 	b := newTestBuilder(t, Options{Seed: 3, CacheBytes: limit})
 	var buf []byte
 	for h := range int64(4 * limit / 3000) {
+		// Twice: a block is stored the second time it is built.
+		buf = b.AppendBlockText(buf[:0], 0, h, 512)
 		buf = b.AppendBlockText(buf[:0], 0, h, 512)
 	}
 	buf = nil
@@ -322,6 +324,58 @@ func TestPromptCacheHeapWithinBound(t *testing.T) {
 		t.Fatalf("a cache bounded at %d bytes holds %d bytes of heap", limit, held)
 	}
 	runtime.KeepAlive(b)
+}
+
+// TestPromptCacheAdmitsReusedBlocks: blocks built once, as the partial
+// last block of most rows is, are not stored and do not push out the
+// shared blocks, which a plain LRU of this size would lose between two
+// uses: 100 shared blocks, each used again after 1,100 other ones, in a
+// cache that holds about 280 of them.
+func TestPromptCacheAdmitsReusedBlocks(t *testing.T) {
+	const (
+		shared  = 100
+		between = 10 // single-use blocks after each shared one
+		tokens  = 64
+	)
+	b := newTestBuilder(t, Options{Seed: 9, CacheBytes: 160 << 10})
+	plain := newTestBuilder(t, Options{Seed: 9})
+	var buf []byte
+	unique := int64(1 << 40)
+	for round := range 8 {
+		for h := range int64(shared) {
+			buf = b.AppendBlockText(buf[:0], 0, h, tokens)
+			if want := plain.AppendBlockText(nil, 0, h, tokens); !bytes.Equal(buf, want) {
+				t.Fatalf("round %d, block %d: the text differs from an uncached builder's", round, h)
+			}
+			for range between {
+				b.AppendBlockText(buf[:0], 0, unique, tokens)
+				unique++
+			}
+		}
+	}
+	stored := 0
+	for h := range int64(shared) {
+		if _, ok, _ := b.cache.get(cacheKey{h: h, n: tokens}); ok {
+			stored++
+		}
+	}
+	if stored < shared*95/100 {
+		t.Errorf("%d of the %d shared blocks are in the cache, want at least 95 %%", stored, shared)
+	}
+	// The doorkeeper's false positives (1 %) let a few in.
+	single := 0
+	for u := int64(1 << 40); u < unique; u++ {
+		if _, ok, _ := b.cache.get(cacheKey{h: u, n: tokens}); ok {
+			single++
+		}
+	}
+	t.Logf("in the cache: %d of %d shared blocks, %d of %d single-use ones", stored, shared, single, unique-1<<40)
+	if single > 100 {
+		t.Errorf("%d single-use blocks are in the cache, want at most 100", single)
+	}
+	if n := b.cache.cachedBytes(); n > 160<<10 {
+		t.Errorf("the cache holds %d bytes, over its bound", n)
+	}
 }
 
 // TestEveryTraceRowPromptLength builds the prompt of every row of both
