@@ -361,7 +361,26 @@ type workloadDispatcher struct {
 	pending  int          // dispatched turns whose next turn (or user) waits for them
 	passLeft map[int]int  // rows of a pass not yet dispatched
 	users    *userPool    // a closed loop's free users; nil in an open loop
+
+	// prepared is the next row's request, built while the dispatcher had
+	// time to spare before it (see prepareAhead); buildCost is what the
+	// last such build took, halved each time it kept one from being made.
+	prepared  *preparedRequest
+	buildCost time.Duration
 }
+
+// preparedRequest is a row unpacked and its request built, by the
+// dispatcher ahead of the row's send time or by the request's goroutine.
+type preparedRequest struct {
+	it   PacerItem
+	res  *Result // its Request set; nil when err is set
+	err  error
+	line int // the row's trace line, for err
+}
+
+// prepareSlack is the least spare time, beyond twice the last build's
+// cost, for which the dispatcher builds the next request ahead.
+const prepareSlack = 20 * time.Microsecond
 
 func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer, sl sleeper) runEndReason {
 	if sl != nil {
@@ -402,6 +421,9 @@ func (w *Workload) dispatch(ctx, reqCtx context.Context, timer DispatchTimer, sl
 		}
 
 		now := w.clock.Now()
+		if at.After(now) && d.prepareAhead(fromHeap, at.Sub(now)) {
+			continue // building took time: look again
+		}
 		if at.After(now) {
 			if sl != nil && sl.Arm(at.Sub(now)) {
 				// Armed first: a wake from now on ends the sleep, and one
@@ -453,6 +475,41 @@ func (d *workloadDispatcher) earliest() (at time.Time, fromHeap, have bool) {
 	return at, fromHeap, have
 }
 
+// prepareAhead builds the request of the row earliest named, with spare
+// time before it is due: its send then starts with the request ready, and
+// the building (unpacking the row, the prompt) is not in its lag. It
+// reports whether it built one. The request's goroutine builds instead
+// when the dispatcher has no time to spare: a row already due, one due
+// sooner than the last build took twice, or one already prepared.
+func (d *workloadDispatcher) prepareAhead(fromHeap bool, spare time.Duration) bool {
+	if d.prepared != nil {
+		return false
+	}
+	if spare < 2*d.buildCost+prepareSlack {
+		d.buildCost /= 2 // a slow build once must not stop preparing for good
+		return false
+	}
+	it := d.head
+	if fromHeap {
+		it = d.turns[0].it
+	}
+	t0 := time.Now()
+	d.prepared = d.w.prepare(it)
+	d.buildCost = time.Since(t0)
+	return true
+}
+
+// preparedFor hands over the request prepared for it, if any; one
+// prepared for another row (a later turn came due first) is kept.
+func (d *workloadDispatcher) preparedFor(it PacerItem) *preparedRequest {
+	p := d.prepared
+	if p == nil || p.it != it {
+		return nil
+	}
+	d.prepared = nil
+	return p
+}
+
 // take removes the row earliest named, a later turn or the pacer's next
 // first turn (and in a closed loop the user that sends it).
 func (d *workloadDispatcher) take(fromHeap bool) PacerItem {
@@ -498,6 +555,7 @@ func (d *workloadDispatcher) shutdown(r runEndReason) runEndReason {
 // stop reason when the run ended while it waited for a slot, else -1.
 func (d *workloadDispatcher) launch(ctx context.Context, it PacerItem, scheduled time.Time) runEndReason {
 	w := d.w
+	prepared := d.preparedFor(it)
 	acquired := false
 	select {
 	case w.slots <- struct{}{}:
@@ -548,7 +606,7 @@ func (d *workloadDispatcher) launch(ctx context.Context, it PacerItem, scheduled
 	}
 	w.inflight.Add(1)
 	w.wg.Add(1)
-	go w.request(d.reqCtx, it, scheduled, notify)
+	go w.request(d.reqCtx, it, scheduled, notify, prepared)
 	d.countRow(it.Pass)
 	return -1
 }
@@ -615,36 +673,50 @@ func (d *workloadDispatcher) follow(it PacerItem, end time.Time) {
 	heap.Push(&d.turns, pendingTurn{at: at, it: next})
 }
 
-// request is the goroutine of one request.
-func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Time, notify bool) {
+// prepare unpacks it's row, for its request only (the trace stays
+// compact), builds the request and the result it will fill.
+func (w *Workload) prepare(it PacerItem) *preparedRequest {
+	p := &preparedRequest{it: it}
+	rec := w.rows.Record(it.Index)
+	p.line = rec.Line
+	req, err := w.build.Build(&rec, it.Index, it.Namespace)
+	if err != nil {
+		p.err = err
+		return p
+	}
+	if w.cfg.Abandon.Picks(it.Index) {
+		req.Abandon = w.cfg.Abandon.When
+	}
+	p.res = &Result{
+		Workload:          w.cfg.Name,
+		Target:            w.cfg.Target,
+		TraceInputLength:  rec.ISL(),
+		TraceHashIDs:      rec.HashIDs,
+		TraceNamespace:    it.Namespace,
+		PromptBuiltTokens: req.BuiltTokens,
+		Request:           req,
+	}
+	return p
+}
+
+// request is the goroutine of one request; p is its request when the
+// dispatcher built it ahead, else nil.
+func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Time, notify bool, p *preparedRequest) {
 	defer w.wg.Done()
-	// The row is unpacked for its request only: the trace stays compact.
-	row := w.rows.Record(it.Index)
-	rec := &row
-	var res *Result
-	if req, err := w.build.Build(rec, it.Index, it.Namespace); err != nil {
+	if p == nil {
+		p = w.prepare(it)
+	}
+	res := p.res
+	if p.err != nil {
 		w.drop(it, DropBuildError, scheduled)
 		if w.cfg.OnBuildError != nil {
-			w.cfg.OnBuildError(fmt.Errorf("workload %s: trace line %d: %w", w.cfg.Name, rec.Line, err))
+			w.cfg.OnBuildError(fmt.Errorf("workload %s: trace line %d: %w", w.cfg.Name, p.line, p.err))
 		}
 	} else {
-		res = &Result{
-			Workload:          w.cfg.Name,
-			Target:            w.cfg.Target,
-			Scheduled:         scheduled,
-			TraceInputLength:  rec.ISL(),
-			TraceHashIDs:      rec.HashIDs,
-			TraceNamespace:    it.Namespace,
-			PromptBuiltTokens: req.BuiltTokens,
-			Request:           req,
-		}
-		if w.cfg.Abandon.Picks(it.Index) {
-			req.Abandon = w.cfg.Abandon.When
-			res.Request = req
-		}
+		res.Scheduled = scheduled
 		res.Sent = w.clock.Now()
 		w.obs.Sent(w.cfg.Name, w.cfg.Target, scheduled, res.Sent)
-		w.send.Do(ctx, req, res)
+		w.send.Do(ctx, res.Request, res)
 		if res.Outcome == "" && ctx.Err() != nil {
 			res.Outcome = openai.OutcomeCanceled
 		}

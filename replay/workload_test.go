@@ -991,3 +991,68 @@ func BenchmarkWorkloadRequest(b *testing.B) {
 	}
 	b.ReportMetric(float64(created)/float64(b.N), "goroutines/op")
 }
+
+// wlTestTimedBuilder records the clock's time at each row's build.
+type wlTestTimedBuilder struct {
+	*wlTestBuilder
+	clock wlTestClock
+	mu    sync.Mutex
+	at    map[int]time.Time
+}
+
+func (b *wlTestTimedBuilder) Build(rec *trace.Record, i int, ns uint64) (openai.Request, error) {
+	b.mu.Lock()
+	b.at[i] = b.clock.Now()
+	b.mu.Unlock()
+	return b.wlTestBuilder.Build(rec, i, ns)
+}
+
+// TestWorkloadBuildsAhead: with time to spare before a row, the dispatcher
+// builds its request before it is due, so that the send starts with it
+// ready; a row due at once is built by its own goroutine. Each request is
+// still its own row's.
+func TestWorkloadBuildsAhead(t *testing.T) {
+	recs := pacerTestTimestamps(0, 10, 20, 30)
+	clock := newWLTestClock(true)
+	t0 := clock.Now()
+	build := &wlTestTimedBuilder{wlTestBuilder: newWLTestBuilder(recs), clock: clock, at: map[int]time.Time{}}
+	var mu sync.Mutex
+	sentRow := map[int]int{} // the row each send's request was built for, by its scheduled row
+	send := &wlTestSender{do: func(_ context.Context, req openai.Request, res *Result) {
+		row, _ := wlTestRow(req)
+		mu.Lock()
+		sentRow[int(res.Scheduled.Sub(t0)/(10*pacerTestTick))] = row
+		mu.Unlock()
+		res.Outcome = openai.OutcomeSuccess
+	}}
+	obs := newWLTestObserver()
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{Name: "ahead", Target: "fake", MaxInFlight: 8, Clock: clock}, p, send, build, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	for i := range recs {
+		due := t0.Add(time.Duration(i) * 10 * pacerTestTick)
+		at, ok := build.at[i]
+		switch {
+		case !ok:
+			t.Errorf("row %d was never built", i)
+		case i == 0 && at.Before(due):
+			t.Errorf("row 0 built at %v, before its send time: nothing was to be done ahead of it", at.Sub(t0))
+		case i > 0 && !at.Before(due):
+			t.Errorf("row %d built at %v, not ahead of its send time %v", i, at.Sub(t0), due.Sub(t0))
+		}
+		if sentRow[i] != i {
+			t.Errorf("the send scheduled for row %d carried row %d's request", i, sentRow[i])
+		}
+	}
+	if obs.sent != len(recs) || len(obs.finished) != len(recs) {
+		t.Errorf("%d sent, %d finished, want %d", obs.sent, len(obs.finished), len(recs))
+	}
+}
