@@ -38,6 +38,15 @@ type RequestBuilder interface {
 	Build(rec *trace.Record, row int, ns uint64) (openai.Request, error)
 }
 
+// GenerationalBuilder is a RequestBuilder whose requests depend on what it
+// learns as the run goes (a chat template's size): Generation changes when
+// a row's request would be built differently. A request the dispatcher
+// built ahead under another generation is built again when it is due.
+type GenerationalBuilder interface {
+	RequestBuilder
+	Generation() uint64
+}
+
 // SaturationPolicy says what happens to a due row when max_in_flight requests
 // are already out.
 type SaturationPolicy string
@@ -373,6 +382,7 @@ type workloadDispatcher struct {
 // dispatcher ahead of the row's send time or by the request's goroutine.
 type preparedRequest struct {
 	it   PacerItem
+	gen  uint64  // the builder's generation before it built
 	res  *Result // its Request set; nil when err is set
 	err  error
 	line int // the row's trace line, for err
@@ -499,14 +509,18 @@ func (d *workloadDispatcher) prepareAhead(fromHeap bool, spare time.Duration) bo
 	return true
 }
 
-// preparedFor hands over the request prepared for it, if any; one
-// prepared for another row (a later turn came due first) is kept.
+// preparedFor hands over the request prepared for it, if any and still
+// what the builder would make; one prepared for another row (a later turn
+// came due first) is kept.
 func (d *workloadDispatcher) preparedFor(it PacerItem) *preparedRequest {
 	p := d.prepared
 	if p == nil || p.it != it {
 		return nil
 	}
 	d.prepared = nil
+	if g, ok := d.w.build.(GenerationalBuilder); ok && g.Generation() != p.gen {
+		return nil
+	}
 	return p
 }
 
@@ -677,6 +691,9 @@ func (d *workloadDispatcher) follow(it PacerItem, end time.Time) {
 // compact), builds the request and the result it will fill.
 func (w *Workload) prepare(it PacerItem) *preparedRequest {
 	p := &preparedRequest{it: it}
+	if g, ok := w.build.(GenerationalBuilder); ok {
+		p.gen = g.Generation()
+	}
 	rec := w.rows.Record(it.Index)
 	p.line = rec.Line
 	req, err := w.build.Build(&rec, it.Index, it.Namespace)

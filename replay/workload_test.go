@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1054,5 +1055,56 @@ func TestWorkloadBuildsAhead(t *testing.T) {
 	}
 	if obs.sent != len(recs) || len(obs.finished) != len(recs) {
 		t.Errorf("%d sent, %d finished, want %d", obs.sent, len(obs.finished), len(recs))
+	}
+}
+
+// wlTestLearningBuilder learns something new while it first builds row 1:
+// its generation moves on.
+type wlTestLearningBuilder struct {
+	*wlTestTimedBuilder
+	gen    atomic.Uint64
+	builds [4]atomic.Int32
+}
+
+func (b *wlTestLearningBuilder) Generation() uint64 { return b.gen.Load() }
+
+func (b *wlTestLearningBuilder) Build(rec *trace.Record, i int, ns uint64) (openai.Request, error) {
+	if n := b.builds[i].Add(1); i == 1 && n == 1 {
+		b.gen.Add(1)
+	}
+	return b.wlTestTimedBuilder.Build(rec, i, ns)
+}
+
+// TestWorkloadRebuildsStale: a request built ahead under a generation the
+// builder has since left is built again when it is due.
+func TestWorkloadRebuildsStale(t *testing.T) {
+	recs := pacerTestTimestamps(0, 10, 20, 30)
+	clock := newWLTestClock(true)
+	t0 := clock.Now()
+	build := &wlTestLearningBuilder{wlTestTimedBuilder: &wlTestTimedBuilder{wlTestBuilder: newWLTestBuilder(recs), clock: clock, at: map[int]time.Time{}}}
+	send := &wlTestSender{do: func(_ context.Context, req openai.Request, res *Result) { res.Outcome = openai.OutcomeSuccess }}
+	obs := newWLTestObserver()
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{Name: "stale", Target: "fake", MaxInFlight: 8, Clock: clock}, p, send, build, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	want := [4]int32{1, 2, 1, 1}
+	for i := range want {
+		if got := build.builds[i].Load(); got != want[i] {
+			t.Errorf("row %d built %d times, want %d", i, got, want[i])
+		}
+	}
+	if due := t0.Add(10 * pacerTestTick); build.at[1].Before(due) {
+		t.Errorf("row 1 last built at %v, before it was due at %v: the stale request was sent", build.at[1].Sub(t0), due.Sub(t0))
+	}
+	if obs.sent != len(recs) {
+		t.Errorf("%d sent, want %d", obs.sent, len(recs))
 	}
 }

@@ -31,6 +31,16 @@ type Builder struct {
 	TemplateRoom func() int
 }
 
+// Generation changes whenever a request built now could differ from one
+// built before for the same row: it is the chat template's room, the one
+// thing Build learns as the run goes (replay.RequestBuilder).
+func (b *Builder) Generation() uint64 {
+	if b.TemplateRoom == nil {
+		return 0
+	}
+	return uint64(b.TemplateRoom())
+}
+
 // Build returns the request of row (its index in the trace) under the
 // hash-id namespace ns.
 func (b *Builder) Build(rec *trace.Record, row int, ns uint64) (openai.Request, error) {
