@@ -1008,6 +1008,25 @@ func (b *wlTestTimedBuilder) Build(rec *trace.Record, i int, ns uint64) (openai.
 	return b.wlTestBuilder.Build(rec, i, ns)
 }
 
+// wlTestRunOnce replays recs once through send and build, with room for
+// every row, and returns what the observer saw.
+func wlTestRunOnce(t *testing.T, recs []trace.Record, clock wlTestClock, send Sender, build RequestBuilder) *wlTestObserver {
+	t.Helper()
+	obs := newWLTestObserver()
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(WorkloadConfig{Name: "once", Target: "fake", MaxInFlight: len(recs), Clock: clock}, p, send, build, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	return obs
+}
+
 // TestWorkloadBuildsAhead: with time to spare before a row, the dispatcher
 // builds its request before it is due, so that the send starts with it
 // ready; a row due at once is built by its own goroutine. Each request is
@@ -1026,18 +1045,7 @@ func TestWorkloadBuildsAhead(t *testing.T) {
 		mu.Unlock()
 		res.Outcome = openai.OutcomeSuccess
 	}}
-	obs := newWLTestObserver()
-	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := NewWorkload(WorkloadConfig{Name: "ahead", Target: "fake", MaxInFlight: 8, Clock: clock}, p, send, build, obs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Run(t.Context()); err != nil {
-		t.Fatalf("Run = %v", err)
-	}
+	obs := wlTestRunOnce(t, recs, clock, send, build)
 	for i := range recs {
 		due := t0.Add(time.Duration(i) * 10 * pacerTestTick)
 		at, ok := build.at[i]
@@ -1083,18 +1091,7 @@ func TestWorkloadRebuildsStale(t *testing.T) {
 	t0 := clock.Now()
 	build := &wlTestLearningBuilder{wlTestTimedBuilder: &wlTestTimedBuilder{wlTestBuilder: newWLTestBuilder(recs), clock: clock, at: map[int]time.Time{}}}
 	send := &wlTestSender{do: func(_ context.Context, req openai.Request, res *Result) { res.Outcome = openai.OutcomeSuccess }}
-	obs := newWLTestObserver()
-	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := NewWorkload(WorkloadConfig{Name: "stale", Target: "fake", MaxInFlight: 8, Clock: clock}, p, send, build, obs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Run(t.Context()); err != nil {
-		t.Fatalf("Run = %v", err)
-	}
+	obs := wlTestRunOnce(t, recs, clock, send, build)
 	want := [4]int32{1, 2, 1, 1}
 	for i := range want {
 		if got := build.builds[i].Load(); got != want[i] {
