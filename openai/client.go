@@ -66,13 +66,13 @@ type Client struct {
 	endpoint url.URL // without userinfo; copied into each request
 	user     *url.Userinfo
 	timeout  time.Duration
-	http     *http.Client
-	fresh    *http.Client // without keep-alive: a new connection per request
-	model    []byte       // JSON string, nil when no model is configured
-	session  string       // the session header's name; "" sends none
-	extra    []bodyField  // extra_body, encoded once
-	salt     *bodyField   // the cache salt, set last; nil sends none
-	secrets  []string     // inline credentials, scrubbed from error texts
+	http     http.RoundTripper
+	fresh    http.RoundTripper // without keep-alive: a new connection per request
+	model    []byte            // JSON string, nil when no model is configured
+	session  string            // the session header's name; "" sends none
+	extra    []bodyField       // extra_body, encoded once
+	salt     *bodyField        // the cache salt, set last; nil sends none
+	secrets  []string          // inline credentials, scrubbed from error texts
 	// extraSetsLength: extra_body holds one of lengthKeys, so max_tokens
 	// does not bound the output (see limitsFor).
 	extraSetsLength bool
@@ -124,8 +124,6 @@ const (
 	maxErrorText = 300 // Response.Error is for logs: keep it short
 )
 
-// errRequestTimeout is the cause of the per-request deadline, telling it
-// apart from a deadline of the caller's context.
 // Header values every request shares. Each slice is full (length equals
 // capacity), so a round tripper that adds to one of these headers gets a
 // new array and never writes into the shared one.
@@ -135,6 +133,8 @@ var (
 	userAgent         = []string{"kvload-exporter"}
 )
 
+// errRequestTimeout is the cause of the per-request deadline, telling it
+// apart from a deadline of the caller's context.
 var errRequestTimeout = errors.New("request timeout")
 
 // errAbandoned is the cause of the deadline of Request.Abandon.After.
@@ -208,20 +208,21 @@ func New(cfg TargetConfig) (*Client, error) {
 	c.spanName, c.spanAttrs = spanStatic(cfg, c.api, c.spec.Dialect, c.endpoint.String())
 	c.secrets = inlineSecrets(&hc, c.user)
 	c.secretFiles = secretFiles(&hc)
-	c.http, err = config.NewClientFromConfig(hc, cfg.Name, transportOptions()...)
+	// Round trippers, not http.Client: a request needs no redirect
+	// following (an inference endpoint has no reason to redirect, so a 3xx
+	// is reported as the http_error it is), no cookie jar and no timeout
+	// of the client's own, and http.Client would copy every request's
+	// headers for the redirect that never comes.
+	c.http, err = config.NewRoundTripperFromConfig(hc, cfg.Name, transportOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
 	}
 	// The retry after a stale kept-alive connection (see Do) must not take
 	// another one from the pool, which may be as stale.
-	c.fresh, err = config.NewClientFromConfig(hc, cfg.Name, append(transportOptions(), config.WithKeepAlivesDisabled())...)
+	c.fresh, err = config.NewRoundTripperFromConfig(hc, cfg.Name, append(transportOptions(), config.WithKeepAlivesDisabled())...)
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
 	}
-	// An inference endpoint has no reason to redirect, so a 3xx is
-	// reported as the http_error it is.
-	engine.NoRedirects(c.http)
-	engine.NoRedirects(c.fresh)
 	return c, nil
 }
 
@@ -296,8 +297,11 @@ func secretFiles(hc *config.HTTPClientConfig) []string {
 // Close releases the client's idle connections. Call it when the target is
 // removed; requests still running are not affected.
 func (c *Client) Close() {
-	c.http.CloseIdleConnections()
-	c.fresh.CloseIdleConnections()
+	for _, rt := range []http.RoundTripper{c.http, c.fresh} {
+		if ci, ok := rt.(interface{ CloseIdleConnections() }); ok {
+			ci.CloseIdleConnections()
+		}
+	}
 }
 
 // Do sends one request and measures its stream into res. It returns when
@@ -456,7 +460,7 @@ func mentionsLengthKey(raw []byte) bool {
 // from the idle pool: one handed straight to a request that was dialing
 // (WasIdle false) has been idle on the server's side since its last
 // answer, on a busy machine long enough for the server to close it.
-func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, session string, clock *phaseClock) (resp *http.Response, retry bool, err error) {
+func (c *Client) send(rctx context.Context, rt http.RoundTripper, body requestBody, session string, clock *phaseClock) (resp *http.Response, retry bool, err error) {
 	tctx := httptrace.WithClientTrace(rctx, clock.trace())
 	// The endpoint was parsed once (setEndpoint): each request gets a copy
 	// of it rather than parsing it again.
@@ -480,11 +484,7 @@ func (c *Client) send(rctx context.Context, hc *http.Client, body requestBody, s
 		p, _ := c.user.Password()
 		hreq.SetBasicAuth(c.user.Username(), p)
 	}
-	// Straight to the round trippers: the client has no redirects to
-	// follow (NoRedirects), no cookie jar and no timeout of its own, so
-	// http.Client would only copy the headers for a redirect that never
-	// comes.
-	resp, err = hc.Transport.RoundTrip(hreq)
+	resp, err = rt.RoundTrip(hreq)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {

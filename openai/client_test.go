@@ -1318,7 +1318,7 @@ func TestRequestLeavesInOneWrite(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := mustClient(t, TargetConfig{URL: srv.URL, Model: "m", API: tt.api, Dialect: engine.DialectVLLM})
 			var writes atomic.Int64
-			c.http.Transport = &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c.http = &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 				conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 				if err != nil {
 					return nil, err

@@ -382,7 +382,7 @@ type workloadDispatcher struct {
 // dispatcher ahead of the row's send time or by the request's goroutine.
 type preparedRequest struct {
 	it   PacerItem
-	gen  uint64  // the builder's generation before it built
+	gen  uint64  // the builder's generation before the dispatcher built it
 	res  *Result // its Request set; nil when err is set
 	err  error
 	line int // the row's trace line, for err
@@ -503,9 +503,14 @@ func (d *workloadDispatcher) prepareAhead(fromHeap bool, spare time.Duration) bo
 	if fromHeap {
 		it = d.turns[0].it
 	}
+	var gen uint64 // read before the build, so that a change during it counts
+	if g, ok := d.w.build.(GenerationalBuilder); ok {
+		gen = g.Generation()
+	}
 	t0 := time.Now()
 	d.prepared = d.w.prepare(it)
 	d.buildCost = time.Since(t0)
+	d.prepared.gen = gen
 	return true
 }
 
@@ -687,13 +692,10 @@ func (d *workloadDispatcher) follow(it PacerItem, end time.Time) {
 	heap.Push(&d.turns, pendingTurn{at: at, it: next})
 }
 
-// prepare unpacks it's row, for its request only (the trace stays
-// compact), builds the request and the result it will fill.
+// prepare unpacks the row of it, for its request only (the trace stays
+// compact), and builds the request and the result it will fill.
 func (w *Workload) prepare(it PacerItem) *preparedRequest {
 	p := &preparedRequest{it: it}
-	if g, ok := w.build.(GenerationalBuilder); ok {
-		p.gen = g.Generation()
-	}
 	rec := w.rows.Record(it.Index)
 	p.line = rec.Line
 	req, err := w.build.Build(&rec, it.Index, it.Namespace)
