@@ -1105,3 +1105,74 @@ func TestWorkloadRebuildsStale(t *testing.T) {
 		t.Errorf("%d sent, want %d", obs.sent, len(recs))
 	}
 }
+
+// wlTestArmClock is a fake clock whose timers offer the dispatcher a
+// sleeper that records each Arm and declines it, so the wait goes on the
+// timer's channel.
+type wlTestArmClock struct {
+	wlTestClock
+	mu   sync.Mutex
+	arms []time.Duration
+}
+
+func (c *wlTestArmClock) NewTimer() DispatchTimer {
+	return wlTestArmTimer{c.wlTestClock.NewTimer(), c}
+}
+
+type wlTestArmTimer struct {
+	DispatchTimer
+	c *wlTestArmClock
+}
+
+func (t wlTestArmTimer) Arm(d time.Duration) bool {
+	t.c.mu.Lock()
+	t.c.arms = append(t.c.arms, d)
+	t.c.mu.Unlock()
+	return false
+}
+func (wlTestArmTimer) Sleep() {}
+func (wlTestArmTimer) Wake()  {}
+
+// TestWorkloadShortWaitsOnRuntimeTimers: the dispatcher offers a wait to
+// its sleeper (the timerfd) when the wait is long or nothing is in flight,
+// and leaves a short wait with a request in flight to the runtime's
+// timers.
+func TestWorkloadShortWaitsOnRuntimeTimers(t *testing.T) {
+	short := shortWait / 2
+	long := 40 * shortWait
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	// Row 0 is due short after the start, with nothing in flight; row 1
+	// short after row 0, which is still in flight; row 2 long after row 1.
+	recs := pacerTestTimestamps(0, ms(short), ms(short+long))
+	clock := &wlTestArmClock{wlTestClock: newWLTestClock(true)}
+	hold := make(chan struct{})
+	send := &wlTestSender{do: func(_ context.Context, req openai.Request, res *Result) {
+		switch row, _ := wlTestRow(req); row {
+		case 0:
+			<-hold // in flight until row 2 is sent
+		case 2:
+			close(hold)
+		}
+		res.Outcome = openai.OutcomeSuccess
+	}}
+	p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := newWLTestObserver()
+	cfg := WorkloadConfig{Name: "waits", Target: "fake", MaxInFlight: len(recs), Clock: clock, Start: clock.Now().Add(short)}
+	w, err := NewWorkload(cfg, p, send, newWLTestBuilder(recs), obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	want := []time.Duration{short, long}
+	if !slices.Equal(clock.arms, want) {
+		t.Errorf("the sleeper was armed for %v, want %v: row 0's short wait with nothing in flight and row 2's long one, not row 1's short one with row 0 in flight", clock.arms, want)
+	}
+	if len(obs.finished) != len(recs) {
+		t.Errorf("%d finished, want %d", len(obs.finished), len(recs))
+	}
+}
