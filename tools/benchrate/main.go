@@ -84,13 +84,16 @@ type options struct {
 type outcome struct {
 	tool     string
 	rate     int
-	sent     int64   // requests the sink received
-	achieved float64 // requests/s the sink received, first to last
-	p50, p99 time.Duration
-	dropped  float64 // requests the tool scheduled but never sent (kvload only)
-	toolCPU  float64 // CPU-seconds of the load tool over the run
-	toolSys  float64 // the part of toolCPU spent in the kernel
-	sinkCPU  float64 // CPU-seconds of the sink over the run
+	sent     int64         // requests the sink received
+	achieved float64       // requests/s the sink received, as arrivalRate fits them
+	p50, p99 time.Duration // the tool's own send lag (see lagSource)
+	// The send lag as the sink saw it, by one formula for both tools
+	// (arrivalLag): what the comparison with vegeta uses.
+	sinkP50, sinkP99 time.Duration
+	dropped          float64 // requests the tool scheduled but never sent (kvload only)
+	toolCPU          float64 // CPU-seconds of the load tool over the run
+	toolSys          float64 // the part of toolCPU spent in the kernel
+	sinkCPU          float64 // CPU-seconds of the sink over the run
 	// machineBusy is the share of all the machine's CPU time that the
 	// tool and the sink used together over the run: near 1, the kernel's
 	// run queue sets the tail of the lag, whichever tool is measured.
@@ -248,16 +251,16 @@ func run(opt options) error {
 		}
 	}
 	fmt.Printf("\nload average after: %s\n\n", loadAvg())
-	fmt.Println("| tool | target req/s | achieved req/s | requests | dropped | p50 send lag | p99 send lag | tool CPU-s per 1,000 req | sink CPU-s per 1,000 req | sink and tool, share of the machine |")
-	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Println("| tool | target req/s | achieved req/s | requests | dropped | p50 lag at the sink | p99 lag at the sink | p50 own send lag | p99 own send lag | tool CPU-s per 1,000 req | sink CPU-s per 1,000 req | sink and tool, share of the machine |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, o := range results {
-		fmt.Printf("| %s | %d | %.0f | %d | %.0f | %s | %s | %.3f | %.3f | %.0f %% |\n", o.tool, o.rate, o.achieved, o.sent, o.dropped,
-			ms(o.p50), ms(o.p99), perK(o.toolCPU, o.sent), perK(o.sinkCPU, o.sent), 100*o.machineBusy)
+		fmt.Printf("| %s | %d | %.0f | %d | %.0f | %s | %s | %s | %s | %.3f | %.3f | %.0f %% |\n", o.tool, o.rate, o.achieved, o.sent, o.dropped,
+			ms(o.sinkP50), ms(o.sinkP99), ms(o.p50), ms(o.p99), perK(o.toolCPU, o.sent), perK(o.sinkCPU, o.sent), 100*o.machineBusy)
 	}
 	if len(summaries) > 0 {
 		fmt.Printf("\nkvload-exporter against vegeta, %d paired rounds a rate (median, then the range):\n\n", opt.rounds)
-		fmt.Println("| req/s | CPU per request, kvload over vegeta | kvload p99 lag | vegeta p99 lag | achieved req/s, kvload / vegeta | kvload dropped | sink and tool, share of the machine, kvload / vegeta runs | at or under vegeta |")
-		fmt.Println("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+		fmt.Println("| req/s | CPU per request, kvload over vegeta | kvload p99 lag at the sink | vegeta p99 lag at the sink | own p99 lag, kvload / vegeta (medians) | achieved req/s, kvload / vegeta | kvload dropped | sink and tool, share of the machine, kvload / vegeta runs | at or under vegeta |")
+		fmt.Println("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 		for _, m := range summaries {
 			fmt.Println(m.row())
 		}
@@ -271,8 +274,8 @@ func run(opt options) error {
 }
 
 func printOutcome(o outcome) {
-	fmt.Printf("%-6s %5d/s: achieved %.0f/s, %d requests, %.0f dropped, lag p50 %s p99 %s (%s), CPU %.2f s of which %.2f s in the kernel (%.3f per 1,000 req), sink CPU %.2f s, %.0f %% of the machine's CPU time for both\n",
-		o.tool, o.rate, o.achieved, o.sent, o.dropped, ms(o.p50), ms(o.p99), o.lagSource, o.toolCPU, o.toolSys, perK(o.toolCPU, o.sent), o.sinkCPU, 100*o.machineBusy)
+	fmt.Printf("%-6s %5d/s: achieved %.0f/s, %d requests, %.0f dropped, lag at the sink p50 %s p99 %s, own lag p50 %s p99 %s (%s), CPU %.2f s of which %.2f s in the kernel (%.3f per 1,000 req), sink CPU %.2f s, %.0f %% of the machine's CPU time for both\n",
+		o.tool, o.rate, o.achieved, o.sent, o.dropped, ms(o.sinkP50), ms(o.sinkP99), ms(o.p50), ms(o.p99), o.lagSource, o.toolCPU, o.toolSys, perK(o.toolCPU, o.sent), o.sinkCPU, 100*o.machineBusy)
 	if o.sent > 0 && o.mallocs > 0 {
 		n := float64(o.sent)
 		fmt.Printf("%-6s %5d/s: %.0f heap allocations and %.0f bytes per request, %.0f garbage collections\n", o.tool, o.rate, o.mallocs/n, o.allocBytes/n, o.gcs)
@@ -408,7 +411,12 @@ workloads:
 	if err != nil {
 		return o, err
 	}
-	o.sent, o.achieved = st.Requests, achieved(st)
+	arrivals, err := sinkArrivals(sinkURL)
+	if err != nil {
+		return o, err
+	}
+	o.sent, o.achieved = st.Requests, arrivalRate(arrivals)
+	o.sinkP50, o.sinkP99 = arrivalLag(arrivals, rate)
 	o.toolCPU, o.sinkCPU, o.toolSys = cpu1-cpu0, sink1-sink0, sys1-sys0
 	o.machineBusy = machineShare(o.toolCPU+o.sinkCPU, runtime.NumCPU(), wall)
 	o.dropped = sumSeries(text, "kvload_requests_dropped_total")
@@ -480,7 +488,12 @@ func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
 	if err != nil {
 		return o, err
 	}
-	o.sent, o.achieved = st.Requests, achieved(st)
+	arrivals, err := sinkArrivals(sinkURL)
+	if err != nil {
+		return o, err
+	}
+	o.sent, o.achieved = st.Requests, arrivalRate(arrivals)
+	o.sinkP50, o.sinkP99 = arrivalLag(arrivals, rate)
 
 	f, err := os.Open(results)
 	if err != nil {
@@ -488,8 +501,7 @@ func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
 	}
 	defer f.Close()
 	dec := vegeta.NewDecoder(f)
-	var offsets []time.Duration // hit start minus seq × interval, from an arbitrary origin
-	interval := time.Second / time.Duration(rate)
+	var starts []time.Duration // hit start times, Unix
 	failed := 0
 	for {
 		var r vegeta.Result
@@ -502,18 +514,86 @@ func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
 		if r.Code != http.StatusOK {
 			failed++
 		}
-		offsets = append(offsets, time.Duration(r.Timestamp.UnixNano())-time.Duration(r.Seq)*interval)
+		starts = append(starts, time.Duration(r.Timestamp.UnixNano()))
 	}
 	if failed > 0 {
-		fmt.Printf("vegeta: %d of %d requests failed\n", failed, len(offsets))
+		fmt.Printf("vegeta: %d of %d requests failed\n", failed, len(starts))
 	}
-	if len(offsets) == 0 {
+	if len(starts) == 0 {
 		return o, errors.New("vegeta recorded no results")
+	}
+	// Vegeta numbers its hits as they start, so its own order is the
+	// order of start times: the same formula as the sink's.
+	o.p50, o.p99 = arrivalLag(starts, rate)
+	return o, nil
+}
+
+// sinkArrivals are the arrival times (Unix) of the requests the sink
+// received since its last reset.
+func sinkArrivals(url string) ([]time.Duration, error) {
+	text, err := get(url + "/arrivals")
+	if err != nil {
+		return nil, err
+	}
+	var unix []int64
+	if err := json.Unmarshal([]byte(text), &unix); err != nil {
+		return nil, fmt.Errorf("sink arrivals: %w", err)
+	}
+	if len(unix) == 0 {
+		return nil, errors.New("the sink recorded no arrivals")
+	}
+	times := make([]time.Duration, len(unix))
+	for i, t := range unix {
+		times[i] = time.Duration(t)
+	}
+	return times, nil
+}
+
+// arrivalRate is the rate that requests arriving at the given times were
+// kept at: the inverse of the least-squares slope of the k-th earliest
+// time against k. The first and the last arrival alone would make it move
+// with the lag of two requests: at 5,000/s over 10 s, a last request 1 ms
+// late takes 0.5/s off, which a tool's median then loses to vegeta's by.
+func arrivalRate(times []time.Duration) float64 {
+	n := len(times)
+	if n < 2 {
+		return 0
+	}
+	times = slices.Clone(times)
+	slices.Sort(times)
+	var sumK, sumT, sumKK, sumKT float64
+	for k, t := range times {
+		x, y := float64(k), (t - times[0]).Seconds()
+		sumK += x
+		sumT += y
+		sumKK += x * x
+		sumKT += x * y
+	}
+	fn := float64(n)
+	slope := (fn*sumKT - sumK*sumT) / (fn*sumKK - sumK*sumK) // seconds per request
+	if !(slope > 0) {
+		return 0
+	}
+	return 1 / slope
+}
+
+// arrivalLag is the send lag of requests started (or received) at the
+// given times against a constant rate: the k-th earliest is compared with
+// the k-th slot of the schedule, and the schedule starts where the
+// best-kept request puts it, so no lag is negative. Whatever the tool, the
+// requests are matched to the schedule the same way: by order, not by
+// which row each one was.
+func arrivalLag(times []time.Duration, rate int) (p50, p99 time.Duration) {
+	times = slices.Clone(times)
+	slices.Sort(times)
+	interval := time.Second / time.Duration(rate)
+	offsets := make([]time.Duration, len(times))
+	for k, t := range times {
+		offsets[k] = t - time.Duration(k)*interval
 	}
 	slices.Sort(offsets)
 	pct := func(q float64) time.Duration { return offsets[int(q*float64(len(offsets)-1))] - offsets[0] }
-	o.p50, o.p99 = pct(0.5), pct(0.99)
-	return o, nil
+	return pct(0.5), pct(0.99)
 }
 
 // scrapeStorm starts n scrapers fetching url, each pausing gap between
@@ -595,13 +675,6 @@ func waitSink(url string, want int64, dur time.Duration) (sinkStats, error) {
 		}
 		last = st
 	}
-}
-
-func achieved(st sinkStats) float64 {
-	if st.Requests < 2 || st.Last <= st.First {
-		return 0
-	}
-	return float64(st.Requests-1) / (float64(st.Last-st.First) / 1e9)
 }
 
 // captureGzip fetches url as the scrapers do (asking for gzip) and keeps

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -36,7 +37,14 @@ type sink struct {
 
 	mu    sync.Mutex
 	stats sinkStats
+	// arrivals are the requests' arrival times since the last reset, in
+	// Unix nanoseconds, the first maxArrivals of them: each tool's send lag
+	// is measured from them the same way (see arrivalLag).
+	arrivals []int64
 }
+
+// maxArrivals bounds the arrival log: a 10 s run at 20,000/s.
+const maxArrivals = 200_000
 
 // newSink prepares an OpenAI chat stream of shape.tokens tokens, shaped
 // like vLLM's: a role chunk, the content chunks, a finish chunk, a usage
@@ -70,7 +78,14 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/reset":
 		s.mu.Lock()
 		s.stats = sinkStats{}
+		s.arrivals = s.arrivals[:0]
 		s.mu.Unlock()
+		return
+	case "/arrivals":
+		s.mu.Lock()
+		a := slices.Clone(s.arrivals)
+		s.mu.Unlock()
+		_ = json.NewEncoder(w).Encode(a)
 		return
 	}
 	now := time.Now().UnixNano()
@@ -80,6 +95,9 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.stats.First = now
 	}
 	s.stats.Last = now
+	if len(s.arrivals) < maxArrivals {
+		s.arrivals = append(s.arrivals, now)
+	}
 	s.mu.Unlock()
 	_, _ = io.Copy(io.Discard, r.Body)
 	w.Header().Set("Content-Type", "text/event-stream")

@@ -30,9 +30,12 @@ func TestSpreadOf(t *testing.T) {
 
 func TestSummarize(t *testing.T) {
 	// run is one tool's run of 1,000 requests: cpu CPU-seconds, a p99 of
-	// p99 ms, the rate achieved and the rows dropped.
+	// p99 ms at the sink, the rate achieved and the rows dropped.
 	run := func(cpu, p99, achieved, dropped float64) *outcome {
-		return &outcome{sent: 1000, toolCPU: cpu, p99: time.Duration(p99 * float64(time.Millisecond)), achieved: achieved, dropped: dropped}
+		lag := time.Duration(p99 * float64(time.Millisecond))
+		// The tool's own p99 is the opposite of the sink's: only the
+		// sink's may decide.
+		return &outcome{sent: 1000, toolCPU: cpu, sinkP99: lag, p99: 10*time.Millisecond - lag, achieved: achieved, dropped: dropped}
 	}
 	tests := []struct {
 		name      string
@@ -140,6 +143,68 @@ func TestMachineShare(t *testing.T) {
 			got := machineShare(tt.cpu, tt.cpus, tt.wall)
 			if !(got == tt.want || math.IsNaN(got) && math.IsNaN(tt.want)) {
 				t.Errorf("machineShare(%v, %d, %v) = %v, want %v", tt.cpu, tt.cpus, tt.wall, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestArrivalLag(t *testing.T) {
+	const rate = 1000 // a slot every millisecond
+	ms := func(xs ...float64) []time.Duration {
+		d := make([]time.Duration, len(xs))
+		for i, x := range xs {
+			d[i] = time.Duration(x * float64(time.Millisecond))
+		}
+		return d
+	}
+	tests := []struct {
+		name     string
+		times    []time.Duration
+		p50, p99 time.Duration
+	}{
+		{"on time, from any origin", ms(5, 6, 7, 8, 9), 0, 0},
+		{"order does not matter", ms(9, 5, 7, 6, 8), 0, 0},
+		{"all late alike is on time", ms(5.3, 6.3, 7.3), 0, 0},
+		// Offsets 0, 0, 0, 2.5: the p99 of four is the third smallest.
+		{"one late in four", ms(0, 1, 2, 5.5), 0, 0},
+		// Offsets 0, 0.5, 0.5, 0.5, 0.5 against the best-kept first.
+		{"all but the first late", ms(0, 1.5, 2.5, 3.5, 4.5), 500 * time.Microsecond, 500 * time.Microsecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p50, p99 := arrivalLag(tt.times, rate)
+			if p50 != tt.p50 || p99 != tt.p99 {
+				t.Errorf("arrivalLag = p50 %v p99 %v, want %v %v", p50, p99, tt.p50, tt.p99)
+			}
+		})
+	}
+}
+
+func TestArrivalRate(t *testing.T) {
+	every := func(n int, gap time.Duration) []time.Duration {
+		d := make([]time.Duration, n)
+		for i := range d {
+			d[i] = time.Duration(i) * gap
+		}
+		return d
+	}
+	lateLast := every(5000, 200*time.Microsecond)
+	lateLast[len(lateLast)-1] += 5 * time.Millisecond
+	halfRate := every(5000, 400*time.Microsecond)
+	tests := []struct {
+		name  string
+		times []time.Duration
+		want  float64
+	}{
+		{"evenly spaced", every(5000, 200*time.Microsecond), 5000},
+		{"the last one late does not make a lower rate", lateLast, 5000},
+		{"a rate not held is seen", halfRate, 2500},
+		{"one arrival has no rate", every(1, time.Millisecond), 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := arrivalRate(tt.times); math.Round(got) != tt.want {
+				t.Errorf("arrivalRate = %.3f, want %v", got, tt.want)
 			}
 		})
 	}
