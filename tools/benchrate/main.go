@@ -138,6 +138,9 @@ func run(opt options) error {
 		}
 		rates = append(rates, rate)
 	}
+	if err := checkRunSize(rates, opt); err != nil {
+		return err
+	}
 	exp := exporterCmd{bin: opt.exporter}
 	for _, kv := range strings.Split(opt.exporterEnv, ",") {
 		if kv = strings.TrimSpace(kv); kv == "" {
@@ -411,12 +414,10 @@ workloads:
 	if err != nil {
 		return o, err
 	}
-	arrivals, err := sinkArrivals(sinkURL)
-	if err != nil {
+	o.sent = st.Requests
+	if err := o.judgeAtSink(sinkURL); err != nil {
 		return o, err
 	}
-	o.sent, o.achieved = st.Requests, arrivalRate(arrivals)
-	o.sinkP50, o.sinkP99 = arrivalLag(arrivals, rate)
 	o.toolCPU, o.sinkCPU, o.toolSys = cpu1-cpu0, sink1-sink0, sys1-sys0
 	o.machineBusy = machineShare(o.toolCPU+o.sinkCPU, runtime.NumCPU(), wall)
 	o.dropped = sumSeries(text, "kvload_requests_dropped_total")
@@ -488,12 +489,10 @@ func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
 	if err != nil {
 		return o, err
 	}
-	arrivals, err := sinkArrivals(sinkURL)
-	if err != nil {
+	o.sent = st.Requests
+	if err := o.judgeAtSink(sinkURL); err != nil {
 		return o, err
 	}
-	o.sent, o.achieved = st.Requests, arrivalRate(arrivals)
-	o.sinkP50, o.sinkP99 = arrivalLag(arrivals, rate)
 
 	f, err := os.Open(results)
 	if err != nil {
@@ -528,25 +527,44 @@ func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
 	return o, nil
 }
 
-// sinkArrivals are the arrival times (Unix) of the requests the sink
-// received since its last reset.
-func sinkArrivals(url string) ([]time.Duration, error) {
+// checkRunSize refuses a run the sink's arrival log cannot hold: each run
+// is judged from it, and it keeps the first maxArrivals arrivals, so a
+// longer run would be judged on a part of it.
+func checkRunSize(rates []int, opt options) error {
+	runRates := slices.Clone(rates)
+	if opt.storm > 0 {
+		runRates = append(runRates, opt.stormRate)
+	}
+	for _, rate := range runRates {
+		if n := float64(rate) * opt.dur.Seconds(); n > maxArrivals {
+			return fmt.Errorf("%d/s for -duration %v is %.0f requests a run, more than the sink's arrival log keeps (%d)", rate, opt.dur, n, maxArrivals)
+		}
+	}
+	return nil
+}
+
+// judgeAtSink sets the achieved rate and the lag at the sink from the
+// arrival times (Unix) of the requests the sink received since its last
+// reset: the same figures, by the same formulas, whichever tool sent them.
+func (o *outcome) judgeAtSink(url string) error {
 	text, err := get(url + "/arrivals")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var unix []int64
 	if err := json.Unmarshal([]byte(text), &unix); err != nil {
-		return nil, fmt.Errorf("sink arrivals: %w", err)
+		return fmt.Errorf("sink arrivals: %w", err)
 	}
 	if len(unix) == 0 {
-		return nil, errors.New("the sink recorded no arrivals")
+		return errors.New("the sink recorded no arrivals")
 	}
 	times := make([]time.Duration, len(unix))
 	for i, t := range unix {
 		times[i] = time.Duration(t)
 	}
-	return times, nil
+	o.achieved = arrivalRate(times)
+	o.sinkP50, o.sinkP99 = arrivalLag(times, o.rate)
+	return nil
 }
 
 // arrivalRate is the rate that requests arriving at the given times were

@@ -209,3 +209,25 @@ func TestArrivalRate(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckRunSize(t *testing.T) {
+	tests := []struct {
+		name  string
+		rates []int
+		opt   options
+		ok    bool
+	}{
+		{"the largest run the log holds", []int{20000}, options{dur: 10 * time.Second}, true},
+		{"one request more", []int{20001}, options{dur: 10 * time.Second}, false},
+		{"a long run at a low rate", []int{1000}, options{dur: 201 * time.Second}, false},
+		{"the storm's rate counts when there is a storm", []int{1000}, options{dur: 10 * time.Second, storm: 1, stormRate: 30000}, false},
+		{"and not without one", []int{1000}, options{dur: 10 * time.Second, stormRate: 30000}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := checkRunSize(tt.rates, tt.opt); (err == nil) != tt.ok {
+				t.Errorf("checkRunSize(%v) = %v, want ok %v", tt.rates, err, tt.ok)
+			}
+		})
+	}
+}
