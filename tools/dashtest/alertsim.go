@@ -170,6 +170,28 @@ type scenarioResult struct {
 	// From the rule files as they are.
 	effThreshold, contrastThreshold float64
 	hitHold, contrastHold           time.Duration
+	// failures: what errorf reported, said again once the test's
+	// processes have printed their logs (see recapFailures).
+	failures []string
+}
+
+// errorf fails the test and keeps the message for recapFailures.
+func (r *scenarioResult) errorf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	r.failures = append(r.failures, msg)
+	t.Error(msg)
+}
+
+// recapFailures says the scenario's failures again at the end of the
+// test's output, after the tails of the processes' logs that a failing
+// test prints: a CI log cut to its last lines still shows why.
+func (r *scenarioResult) recapFailures(t *testing.T) {
+	t.Cleanup(func() {
+		if len(r.failures) > 0 {
+			t.Logf("failed (%d):\n  %s", len(r.failures), strings.Join(r.failures, "\n  "))
+		}
+	})
 }
 
 // alertThresholds are the cache alerts' thresholds and holds, read from the
@@ -472,21 +494,21 @@ func (r *scenarioResult) first(alert, state string, from time.Duration) (time.Du
 func (r *scenarioResult) neverActive(t *testing.T, alert string) {
 	t.Helper()
 	if at, ok := r.first(alert, "active", 0); ok {
-		t.Errorf("%s %s at %v, want never pending or firing", alert, r.stateAt(alert, at), at)
+		r.errorf(t, "%s %s at %v, want never pending or firing", alert, r.stateAt(alert, at), at)
 	}
 }
 
 func (r *scenarioResult) neverActiveAfter(t *testing.T, alert string, from time.Duration) {
 	t.Helper()
 	if at, ok := r.first(alert, "active", from); ok {
-		t.Errorf("%s %s at %v, want never pending or firing from %v on", alert, r.stateAt(alert, at), at, from)
+		r.errorf(t, "%s %s at %v, want never pending or firing from %v on", alert, r.stateAt(alert, at), at, from)
 	}
 }
 
 func (r *scenarioResult) neverFiring(t *testing.T, alert string) {
 	t.Helper()
 	if at, ok := r.first(alert, "firing", 0); ok {
-		t.Errorf("%s firing at %v, want never", alert, at)
+		r.errorf(t, "%s firing at %v, want never", alert, at)
 	}
 	if at, ok := r.first(alert, "pending", 0); ok {
 		t.Logf("%s pending from %v (never firing)", alert, at)
@@ -508,7 +530,7 @@ func (r *scenarioResult) firesWithin(t *testing.T, alert string, within time.Dur
 		t.Fatal("no change applied")
 	}
 	if at, ok := r.first(alert, "firing", 0); ok && at < r.changeAt {
-		t.Errorf("%s firing at %v, before the change at %v", alert, at, r.changeAt)
+		r.errorf(t, "%s firing at %v, before the change at %v", alert, at, r.changeAt)
 	}
 	if at, ok := r.first(alert, "pending", 0); ok && at < r.changeAt {
 		t.Logf("%s pending at %v, before the change at %v (never firing before it)", alert, at, r.changeAt)
@@ -517,9 +539,9 @@ func (r *scenarioResult) firesWithin(t *testing.T, alert string, within time.Dur
 	firing, okF := r.first(alert, "firing", r.changeAt)
 	switch {
 	case !okF:
-		t.Errorf("%s never firing after the change at %v (pending %v at %v)", alert, r.changeAt, okP, pending)
+		r.errorf(t, "%s never firing after the change at %v (pending %v at %v)", alert, r.changeAt, okP, pending)
 	case firing-r.changeAt > within:
-		t.Errorf("%s firing at %v, %v after the change, want within %v", alert, firing, firing-r.changeAt, within)
+		r.errorf(t, "%s firing at %v, %v after the change, want within %v", alert, firing, firing-r.changeAt, within)
 	case !okP || pending > firing:
 		// A counted alert has no pending state: it fires at once.
 		t.Logf("%s: change at %v, firing at %v (+%v)", alert, r.changeAt, firing, firing-r.changeAt)
@@ -538,6 +560,38 @@ func (r *scenarioResult) stateAt(alert string, at time.Duration) string {
 	return "?"
 }
 
+// readsZeroAfter: from rule time from on the cache serves nothing (a
+// window past the restart without it), so every efficiency read must be
+// exactly 0; with server_metrics the counter's reset must not read as
+// hits (or as a fault), nor the hits before it be credited to requests
+// after it. A step with no reading says nothing either way: the
+// cacheless engine evaluates every prompt whole, and a window in which
+// no request finished has no efficiency. Most steps must read.
+func (r *scenarioResult) readsZeroAfter(t *testing.T, from time.Duration) {
+	t.Helper()
+	var steps, read int
+	var absent []string
+	for _, s := range r.steps {
+		if s.at < from {
+			continue
+		}
+		steps++
+		if math.IsNaN(s.efficiency) {
+			absent = append(absent, fmt.Sprintf("%v (efficiency itself %s)", s.at, num(s.effAbs)))
+			continue
+		}
+		read++
+		if s.efficiency != 0 {
+			r.errorf(t, "efficiency %.3f at %v, with the cache off since %v: want 0", s.efficiency, s.at, r.changeAt)
+			return
+		}
+	}
+	t.Logf("efficiency 0 at %d of %d steps from %v; absent at %v", read, steps, from, absent)
+	if steps == 0 || 2*read < steps {
+		r.errorf(t, "efficiency read at %d of %d steps from %v: want most", read, steps, from)
+	}
+}
+
 // mostlyLowerBound: once a window has passed, the effective capacity was
 // measured and read as a lower bound at 90 % or more of the evaluations.
 func (r *scenarioResult) mostlyLowerBound(t *testing.T) {
@@ -554,7 +608,7 @@ func (r *scenarioResult) mostlyLowerBound(t *testing.T) {
 	}
 	t.Logf("effective capacity a lower bound at %d of %d evaluations", bound, n)
 	if n == 0 || float64(bound) < 0.9*float64(n) {
-		t.Errorf("effective capacity a lower bound at %d of %d evaluations, want 90 %% or more", bound, n)
+		r.errorf(t, "effective capacity a lower bound at %d of %d evaluations, want 90 %% or more", bound, n)
 	}
 }
 
@@ -563,7 +617,7 @@ func (r *scenarioResult) efficiencyAbsent(t *testing.T) {
 	t.Helper()
 	for _, s := range r.steps {
 		if !math.IsNaN(s.efficiency) {
-			t.Errorf("efficiency %.3f at %v, want absent for a target that reports no cached tokens", s.efficiency, s.at)
+			r.errorf(t, "efficiency %.3f at %v, want absent for a target that reports no cached tokens", s.efficiency, s.at)
 			return
 		}
 	}
@@ -657,11 +711,11 @@ func (r *scenarioResult) dipsAndRecovers(t *testing.T) {
 	}
 	low := r.logDip(t)
 	if !(low < healthy) {
-		t.Errorf("no dip: the lowest efficiency after the change, %.3f, is not below the healthy minimum %.3f", low, healthy)
+		r.errorf(t, "no dip: the lowest efficiency after the change, %.3f, is not below the healthy minimum %.3f", low, healthy)
 	}
 	for _, s := range r.steps {
 		if s.at >= r.changeAt+recoverWithin && (math.IsNaN(s.efficiency) || s.efficiency < r.effThreshold) {
-			t.Errorf("efficiency %s at %v (%s), want at or above %g from %s on", num(s.efficiency), s.at, r.since(s.at),
+			r.errorf(t, "efficiency %s at %v (%s), want at or above %g from %s on", num(s.efficiency), s.at, r.since(s.at),
 				r.effThreshold, r.since(r.changeAt+recoverWithin))
 		}
 	}
