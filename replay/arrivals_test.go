@@ -315,6 +315,81 @@ func TestWorkloadClosedLoop(t *testing.T) {
 	}
 }
 
+// TestWorkloadClosedLoopPausesAfterFailures: one user whose requests fail
+// at once pauses 100 ms after the first failure in a row, twice as long
+// after each further one (on top of the think time), and not after a
+// success, which ends the row; a request that could not be built counts
+// as failed. (An open loop never pauses: pauseAfter returns at once
+// without users.)
+func TestWorkloadClosedLoopPausesAfterFailures(t *testing.T) {
+	const ms = time.Millisecond
+	// Rows 0-4 fail (row 3 cannot be built), 5 succeeds, 6 fails, 7 succeeds.
+	fails := map[int]bool{0: true, 1: true, 2: true, 4: true, 6: true}
+	outcome := func(row int) openai.Outcome {
+		if fails[row] {
+			return openai.OutcomeConnectionError
+		}
+		return openai.OutcomeSuccess
+	}
+	recs := pacerTestRecords(make([]pacerTestRow, 8)...)
+	for i := range recs {
+		recs[i].Timestamp = nil
+	}
+	for _, tc := range []struct {
+		name  string
+		sched Schedule
+		want  []time.Duration // each request's scheduled time; row 3 has none
+	}{
+		{"users", Schedule{Users: 1}, []time.Duration{0, 100 * ms, 300 * ms, 1500 * ms, 3100 * ms, 3100 * ms, 3200 * ms}},
+		// 10 ms of think time after each row, the pause on top.
+		{"users with think time", Schedule{Users: 1, ThinkTime: 10 * ms}, []time.Duration{0, 110 * ms, 320 * ms, 1540 * ms, 3150 * ms, 3160 * ms, 3270 * ms}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := NewPacer(recs, PacerOptions{Loop: LoopOnce, Schedule: tc.sched})
+			if err != nil {
+				t.Fatal(err)
+			}
+			clock := newWLTestClock(true)
+			t0 := clock.Now()
+			obs := newWLTestObserver()
+			send := &wlTestSender{do: func(ctx context.Context, req openai.Request, res *Result) {
+				row, _ := wlTestRow(req)
+				res.Outcome = outcome(row)
+			}}
+			build := newWLTestBuilder(recs)
+			build.fail[3] = true
+			w, err := NewWorkload(WorkloadConfig{Name: "failing", Target: "fake", MaxInFlight: 1, Clock: clock}, p, send, build, obs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Run(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			var got []time.Duration
+			for _, r := range obs.finished {
+				got = append(got, r.Scheduled.Sub(t0))
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("scheduled at %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFailurePause(t *testing.T) {
+	for _, tc := range []struct {
+		streak int
+		want   time.Duration
+	}{
+		{-1, 0}, {0, 0}, {1, 100 * time.Millisecond}, {2, 200 * time.Millisecond},
+		{6, 3200 * time.Millisecond}, {7, 5 * time.Second}, {17, 5 * time.Second}, {1 << 40, 5 * time.Second},
+	} {
+		if got := failurePause(tc.streak); got != tc.want {
+			t.Errorf("failurePause(%d) = %v, want %v", tc.streak, got, tc.want)
+		}
+	}
+}
+
 // TestWorkloadClosedLoopThinkTime: with one user and instant answers, a
 // later turn waits its delay, or the think time when it has none, and the
 // next conversation waits the think time after the last turn. (One user:

@@ -176,8 +176,9 @@ type Workload struct {
 }
 
 type finishedTurn struct {
-	it PacerItem
-	at time.Time
+	it     PacerItem
+	at     time.Time
+	failed bool // the request failed (openai.Outcome.IsError) or could not be built
 }
 
 // NewWorkload returns a runner that replays pacer's records through send.
@@ -370,6 +371,9 @@ type workloadDispatcher struct {
 	pending  int          // dispatched turns whose next turn (or user) waits for them
 	passLeft map[int]int  // rows of a pass not yet dispatched
 	users    *userPool    // a closed loop's free users; nil in an open loop
+	// failStreak: the closed loop's requests that failed in a row, all
+	// users together (see failurePause).
+	failStreak int
 
 	// prepared is the next row's request, built while the dispatcher had
 	// time to spare before it (see prepareAhead); buildCost is what the
@@ -681,8 +685,48 @@ func (d *workloadDispatcher) absorb() {
 	w.mu.Unlock()
 	for _, f := range done {
 		d.pending--
-		d.follow(f.it, f.at)
+		d.follow(f.it, f.at.Add(d.pauseAfter(f.failed)))
 	}
+}
+
+// A closed loop's user whose request failed waits failurePause before its
+// next request (on top of any delay or think time): 100 ms after the
+// first failure in a row, twice as long after each further one, at most
+// 5 s; a success ends the row. Its answer comes back at once from a
+// target that is down or refusing (a refused connection, a 503 from a
+// full queue), and without the pause one user sent about 1,500 requests
+// a second at a dead port, most of a core, and made a struggling target's
+// load worse. The row is the workload's, all users together: a target
+// fails them all alike, and 64 users facing a dead one send 64 requests
+// every 5 s.
+const (
+	failurePauseFirst = 100 * time.Millisecond
+	failurePauseMax   = 5 * time.Second
+)
+
+// failurePause is the pause after the streak-th failure in a row.
+func failurePause(streak int) time.Duration {
+	if streak <= 0 {
+		return 0
+	}
+	if streak > 16 { // past the cap long before the shift could overflow
+		return failurePauseMax
+	}
+	return min(failurePauseFirst<<(streak-1), failurePauseMax)
+}
+
+// pauseAfter counts a finished request of a closed loop into the row of
+// failures and returns its user's pause; an open loop keeps its schedule.
+func (d *workloadDispatcher) pauseAfter(failed bool) time.Duration {
+	if d.users == nil {
+		return 0
+	}
+	if !failed {
+		d.failStreak = 0
+		return 0
+	}
+	d.failStreak++
+	return failurePause(d.failStreak)
 }
 
 // follow queues the turn after it, which finished (or was given up) at end;
@@ -764,7 +808,7 @@ func (w *Workload) request(ctx context.Context, it PacerItem, scheduled time.Tim
 	<-w.slots
 	if notify {
 		w.mu.Lock()
-		w.finished = append(w.finished, finishedTurn{it: it, at: end})
+		w.finished = append(w.finished, finishedTurn{it: it, at: end, failed: res == nil || res.Outcome.IsError()})
 		w.mu.Unlock()
 	}
 	if res != nil {
