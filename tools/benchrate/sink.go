@@ -41,7 +41,7 @@ type sink struct {
 }
 
 // maxArrivals bounds the arrival log: a 10 s run at 20,000/s. benchrate
-// refuses a run that would send more (see run).
+// refuses a run that would send more (checkRunSize).
 const maxArrivals = 200_000
 
 // newSink prepares an OpenAI chat stream of shape.tokens tokens, shaped

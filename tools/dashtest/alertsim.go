@@ -561,34 +561,28 @@ func (r *scenarioResult) stateAt(alert string, at time.Duration) string {
 }
 
 // readsZeroAfter: from rule time from on the cache serves nothing (a
-// window past the restart without it), so every efficiency read must be
-// exactly 0; with server_metrics the counter's reset must not read as
-// hits (or as a fault), nor the hits before it be credited to requests
-// after it. A step with no reading says nothing either way: the
-// cacheless engine evaluates every prompt whole, and a window in which
-// no request finished has no efficiency. Most steps must read.
+// window past the restart without it), so the efficiency must read
+// exactly 0 at every step; with server_metrics the counter's reset must
+// not read as hits (or as a fault), nor the hits before it be credited to
+// requests after it. A step with no reading fails too: a window in which
+// no request finished says the test's load did not reach the engine.
 func (r *scenarioResult) readsZeroAfter(t *testing.T, from time.Duration) {
 	t.Helper()
-	var steps, read int
-	var absent []string
+	steps := 0
 	for _, s := range r.steps {
 		if s.at < from {
 			continue
 		}
 		steps++
-		if math.IsNaN(s.efficiency) {
-			absent = append(absent, fmt.Sprintf("%v (efficiency itself %s)", s.at, num(s.effAbs)))
-			continue
-		}
-		read++
-		if s.efficiency != 0 {
-			r.errorf(t, "efficiency %.3f at %v, with the cache off since %v: want 0", s.efficiency, s.at, r.changeAt)
+		if s.efficiency != 0 { // NaN included
+			r.errorf(t, "efficiency %s at %v (the efficiency itself %s), with the cache off since %v: want 0",
+				num(s.efficiency), s.at, num(s.effAbs), r.changeAt)
 			return
 		}
 	}
-	t.Logf("efficiency 0 at %d of %d steps from %v; absent at %v", read, steps, from, absent)
-	if steps == 0 || 2*read < steps {
-		r.errorf(t, "efficiency read at %d of %d steps from %v: want most", read, steps, from)
+	t.Logf("efficiency 0 at all %d steps from %v", steps, from)
+	if steps == 0 {
+		r.errorf(t, "no step from %v: the recording ended before it", from)
 	}
 }
 
