@@ -170,28 +170,7 @@ type scenarioResult struct {
 	// From the rule files as they are.
 	effThreshold, contrastThreshold float64
 	hitHold, contrastHold           time.Duration
-	// failures: what errorf reported, said again once the test's
-	// processes have printed their logs (see recapFailures).
-	failures []string
-}
-
-// errorf fails the test and keeps the message for recapFailures.
-func (r *scenarioResult) errorf(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	r.failures = append(r.failures, msg)
-	t.Error(msg)
-}
-
-// recapFailures says the scenario's failures again at the end of the
-// test's output, after the tails of the processes' logs that a failing
-// test prints: a CI log cut to its last lines still shows why.
-func (r *scenarioResult) recapFailures(t *testing.T) {
-	t.Cleanup(func() {
-		if len(r.failures) > 0 {
-			t.Logf("failed (%d):\n  %s", len(r.failures), strings.Join(r.failures, "\n  "))
-		}
-	})
+	failureRecap
 }
 
 // alertThresholds are the cache alerts' thresholds and holds, read from the

@@ -29,7 +29,8 @@ import (
 // behind and rows were dropped, and with four users the slots a request
 // met depended on the engine's speed, so the machine decided the figures.
 func TestRealEngineLlamaServer(t *testing.T) {
-	t.Parallel() // see llamaParallel
+	t.Parallel()             // see llamaParallel
+	rc := newFailureRecap(t) // before the processes: see failureRecap
 	root := repoRoot(t)
 	server := engineBinary(t, "LLAMA_SERVER_BIN")
 	modelFile := engineBinary(t, "TINY_MODEL")
@@ -81,7 +82,7 @@ workloads:
 	// so; any other failure is the exporter's.
 	connErrs := sumLabel(e, "kvload_requests_total", "outcome", "connection_error")
 	if ok == 0 || failed != connErrs || connErrs > 0.01*(ok+failed) {
-		t.Fatalf("%.0f requests succeeded, %.0f failed (%.0f connection errors): want every one to succeed but for at most 1 %% connection errors",
+		rc.fatalf(t, "%.0f requests succeeded, %.0f failed (%.0f connection errors): want every one to succeed but for at most 1 %% connection errors",
 			ok, failed, connErrs)
 	}
 	for _, c := range []struct {
@@ -93,19 +94,19 @@ workloads:
 		{"completion tokens", completion, sPredicted},
 	} {
 		if c.exporter != c.server {
-			t.Errorf("%s: exporter %.0f, llama-server %.0f", c.what, c.exporter, c.server)
+			rc.errorf(t, "%s: exporter %.0f, llama-server %.0f", c.what, c.exporter, c.server)
 		}
 	}
 	// On /v1/completions the server's prompt is the trace's tokens and
 	// its BOS.
 	if r := prompt / trace; !(r >= 0.99 && r <= 1.01) {
-		t.Errorf("prompt / trace tokens %.4f, want within [0.99, 1.01]", r)
+		rc.errorf(t, "prompt / trace tokens %.4f, want within [0.99, 1.01]", r)
 	}
 
 	// The exporter's words are one token each in the Llama-3 vocabulary:
 	// the server's own tokenizer must count a built prompt as built.
 	if r := sumLabel(e, "kvload_target_tokenize_ratio", "target", "llama"); r != 1 {
-		t.Errorf("kvload_target_tokenize_ratio %v, want 1 (the server's /tokenize counting a built prompt)", r)
+		rc.errorf(t, "kvload_target_tokenize_ratio %v, want 1 (the server's /tokenize counting a built prompt)", r)
 	}
 
 	rCached := familySum(e, "kvload_cache_reported_cached_prompt_tokens_total")
@@ -121,10 +122,10 @@ workloads:
 	// make the comparison moot (the fleet model counts every row of the
 	// schedule), so there must be none.
 	if dropped != 0 {
-		t.Errorf("%.0f rows dropped: the engine could not keep up, so the efficiency says nothing", dropped)
+		rc.errorf(t, "%.0f rows dropped: the engine could not keep up, so the efficiency says nothing", dropped)
 	}
 	if math.IsNaN(eff) || eff < 0.93 || eff > 1.05 {
-		t.Errorf("efficiency %.4f, want within [0.93, 1.05]", eff)
+		rc.errorf(t, "efficiency %.4f, want within [0.93, 1.05]", eff)
 	}
 }
 
@@ -135,7 +136,8 @@ workloads:
 // it room: over 30 short prompts (100 to 390 tokens, sent one at a time)
 // the server counts the trace's tokens within 1 %.
 func TestRealEngineChatPromptLength(t *testing.T) {
-	t.Parallel() // see llamaParallel
+	t.Parallel()             // see llamaParallel
+	rc := newFailureRecap(t) // before the processes: see failureRecap
 	root := repoRoot(t)
 	server := engineBinary(t, "LLAMA_SERVER_BIN")
 	modelFile := engineBinary(t, "TINY_MODEL")
@@ -168,14 +170,14 @@ workloads:
 	trc := familySum(e, "kvload_trace_prompt_tokens_total")
 	t.Logf("chat: %.0f requests, the server counted %.0f prompt tokens for %.0f in the trace (%.4f)", ok, prompt, trc, prompt/trc)
 	if ok != rows {
-		t.Fatalf("%.0f of %d requests succeeded", ok, rows)
+		rc.fatalf(t, "%.0f of %d requests succeeded", ok, rows)
 	}
 	if r := prompt / trc; r < 0.99 || r > 1.01 {
-		t.Errorf("chat prompt / trace tokens %.4f, want within [0.99, 1.01]", r)
+		rc.errorf(t, "chat prompt / trace tokens %.4f, want within [0.99, 1.01]", r)
 	}
 	b, _ := os.ReadFile(filepath.Join(dir, "exporter.log"))
 	if !strings.Contains(string(b), "chat template overhead read from the target's tokenize endpoint") {
-		t.Errorf("the exporter did not log the template it measured:\n%s", tail(filepath.Join(dir, "exporter.log"), 20))
+		rc.errorf(t, "the exporter did not log the template it measured:\n%s", tail(filepath.Join(dir, "exporter.log"), 20))
 	}
 }
 
@@ -186,7 +188,8 @@ workloads:
 // the exporter's prompts as built, and the exporter's counters must equal
 // the server's.
 func TestRealEngineLlamaCppExample(t *testing.T) {
-	t.Parallel() // see llamaParallel
+	t.Parallel()             // see llamaParallel
+	rc := newFailureRecap(t) // before the processes: see failureRecap
 	root := repoRoot(t)
 	server := engineBinary(t, "LLAMA_SERVER_BIN")
 	modelFile := engineBinary(t, "TINY_MODEL")
@@ -198,7 +201,7 @@ func TestRealEngineLlamaCppExample(t *testing.T) {
 	}
 	const exampleURL, exampleModel = "http://localhost:8080", "Qwen/Qwen3-0.6B"
 	if !strings.Contains(string(example), "url: "+exampleURL) || !strings.Contains(string(example), "model: "+exampleModel) {
-		t.Fatalf("examples/llamacpp.yml no longer has url: %s and model: %s; update this test", exampleURL, exampleModel)
+		rc.fatalf(t, "examples/llamacpp.yml no longer has url: %s and model: %s; update this test", exampleURL, exampleModel)
 	}
 	// The trace path is relative to the configuration file.
 	if err := os.MkdirAll(filepath.Join(dir, "traces"), 0o755); err != nil {
@@ -230,11 +233,11 @@ func TestRealEngineLlamaCppExample(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d requests finished in 5 minutes:\n%s", want, tail(filepath.Join(dir, "exporter.log"), 20))
+			rc.fatalf(t, "fewer than %d requests finished in 5 minutes:\n%s", want, tail(filepath.Join(dir, "exporter.log"), 20))
 		}
 		select {
 		case <-exp.done:
-			t.Fatalf("exporter exited: %v", exp.err)
+			rc.fatalf(t, "exporter exited: %v", exp.err)
 		case <-time.After(time.Second): // polling interval
 		}
 	}
@@ -246,10 +249,10 @@ func TestRealEngineLlamaCppExample(t *testing.T) {
 		familySum(e, "kvload_cache_reported_cached_prompt_tokens_total")/familySum(e, "kvload_cache_reported_prompt_tokens_total"),
 		familySum(e, "kvload_cache_reported_theoretical_cached_prompt_tokens_total")/familySum(e, "kvload_cache_reported_trace_prompt_tokens_total"))
 	if ok != total || unreported != 0 {
-		t.Errorf("%.0f of %.0f requests succeeded, %.0f without a cached-token count: want all, all reporting", ok, total, unreported)
+		rc.errorf(t, "%.0f of %.0f requests succeeded, %.0f without a cached-token count: want all, all reporting", ok, total, unreported)
 	}
 	if r := sumLabel(e, "kvload_target_tokenize_ratio", "target", "llamacpp"); r != 1 {
-		t.Errorf("kvload_target_tokenize_ratio %v, want 1", r)
+		rc.errorf(t, "kvload_target_tokenize_ratio %v, want 1", r)
 	}
 }
 
@@ -442,7 +445,7 @@ workloads:
 	res.logTimeline(t)
 	res.logContrast(t)
 
-	answers := ollamaCountsExactly(t, tap, expAddr)
+	answers := ollamaCountsExactly(t, &res.failureRecap, tap, expAddr)
 	healthy, defeated := sum(answers, time.Time{}, restarted), sum(answers, restarted, time.Now())
 	t.Logf("Ollama's own hit rate: %.3f over %d answers before the change, %.3f over %d after it",
 		healthy.hitRate(), healthy.answers, defeated.hitRate(), defeated.answers)
@@ -486,7 +489,7 @@ workloads:
 // exporter's counters hold exactly the usage Ollama answered with: every
 // successful answer, its prompt and cached tokens, and every answer
 // carrying a cached-token count. It hands back the answers.
-func ollamaCountsExactly(t *testing.T, tap *usageTap, expAddr string) []tapAnswer {
+func ollamaCountsExactly(t *testing.T, rc *failureRecap, tap *usageTap, expAddr string) []tapAnswer {
 	t.Helper()
 	answers := tap.close()
 	sent := sum(answers, time.Time{}, time.Now())
@@ -503,7 +506,7 @@ func ollamaCountsExactly(t *testing.T, tap *usageTap, expAddr string) []tapAnswe
 	t.Logf("Ollama answered %d requests whole: %d prompt tokens, %d of them cached; %d without a cached-token count",
 		sent.answers, sent.prompt, sent.cached, sent.unreported)
 	if sent.answers == 0 || sent.cached == 0 || sent.unreported != 0 {
-		t.Errorf("Ollama answered %d requests, %d cached tokens, %d without a count: want answers, cached tokens, and a count in every one",
+		rc.errorf(t, "Ollama answered %d requests, %d cached tokens, %d without a count: want answers, cached tokens, and a count in every one",
 			sent.answers, sent.cached, sent.unreported)
 	}
 	for _, c := range []struct {
@@ -516,7 +519,7 @@ func ollamaCountsExactly(t *testing.T, tap *usageTap, expAddr string) []tapAnswe
 		{"requests not reporting cached tokens", familySum(e, "kvload_cache_unreported_requests_total"), float64(sent.unreported)},
 	} {
 		if c.exporter != c.ollama {
-			t.Errorf("%s: exporter %.0f, Ollama %.0f", c.what, c.exporter, c.ollama)
+			rc.errorf(t, "%s: exporter %.0f, Ollama %.0f", c.what, c.exporter, c.ollama)
 		}
 	}
 	return answers

@@ -178,3 +178,43 @@ func writeFile(t *testing.T, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+// failureRecap keeps a test's failure messages and says them again at the
+// end of its output, after the tails of the processes' logs that a failing
+// test prints: a CI log cut to its last lines still shows why it failed.
+type failureRecap struct {
+	failures []string
+}
+
+// recapFailures registers the recap. Register it before starting the
+// test's processes: cleanups run last first, so it then prints after
+// their log tails.
+func (r *failureRecap) recapFailures(t *testing.T) {
+	t.Cleanup(func() {
+		if len(r.failures) > 0 {
+			t.Logf("failed (%d):\n  %s", len(r.failures), strings.Join(r.failures, "\n  "))
+		}
+	})
+}
+
+// errorf fails the test and keeps the message for the recap.
+func (r *failureRecap) errorf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	r.failures = append(r.failures, msg)
+	t.Error(msg)
+}
+
+// fatalf is errorf, then stops the test.
+func (r *failureRecap) fatalf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	r.errorf(t, format, args...)
+	t.FailNow()
+}
+
+// newFailureRecap is a registered recap for a test without a scenario.
+func newFailureRecap(t *testing.T) *failureRecap {
+	r := &failureRecap{}
+	r.recapFailures(t)
+	return r
+}
