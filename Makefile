@@ -36,7 +36,7 @@ export KVLOAD_TOKENIZER_DIR := $(abspath $(CACHE)/tokenizers)
 SHA256_qwen3    := aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
 SHA256_llama3_1 := e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
 
-.PHONY: check test-unit test-tapes test-e2e-race engines test-engines all build release run test test-browser screenshot test-go test-prompts test-e2e test-e2e-beside test-faults lint fmt-check vet golangci-lint staticcheck bench bench-scale bench-quickstart tokenizers clean \
+.PHONY: check test-unit test-tapes test-e2e-race engines test-engines all build release run test test-browser screenshot test-go test-prompts test-e2e test-e2e-beside test-engines-beside test-faults lint fmt-check vet golangci-lint staticcheck bench bench-scale bench-quickstart tokenizers clean \
         prometheus test-rules test-dashboards test-prometheus test-alerts record-alerts vulncheck bench-rate
 
 all: build
@@ -77,7 +77,7 @@ test-tapes:
 	cd tools && $(GO) test -count=1 -run '^TestAlertTapes$$' ./dashtest
 
 ## test: everything CI runs: check, then the system tiers.
-test: check vulncheck test-e2e-race test-e2e-beside test-faults test-browser test-prometheus test-engines
+test: check vulncheck test-e2e-race test-e2e-beside test-faults test-browser test-engines-beside
 
 # The end-to-end tests under -race, replaying less (raceEnabled).
 test-e2e-race: tokenizers
@@ -156,10 +156,12 @@ test-dashboards:
 	cd tools && $(GO) test -count=1 ./benchrate
 
 ## test-prometheus: emulator + exporter + real Prometheus; every dashboard query, the rules, a cache regression; and promtool's cross-check shown able to fail.
-test-prometheus: build $(PROMETHEUS) $(PROMTOOL)
-	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) PROMETHEUS_BIN=$(abspath $(PROMETHEUS)) \
+PROMETHEUS_TESTS := cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) PROMETHEUS_BIN=$(abspath $(PROMETHEUS)) \
 	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) \
 	  $(GO) test -count=1 -timeout 15m -v -run '^(TestPrometheusEndToEnd|TestPromtoolCrossCheck)$$' ./dashtest
+
+test-prometheus: build $(PROMETHEUS) $(PROMTOOL)
+	$(PROMETHEUS_TESTS)
 
 ## test-alerts: the alert scenarios live: real exporter output, time-compressed (rule engine as a library, cross-checked by promtool).
 # The shared conversation trace replayed 30 times as fast against the
@@ -214,9 +216,26 @@ $(TINY_MODEL): | $(LLAMA_SERVER)
 # end before the next); then the llama-server
 # tests two at a time, one engine thread each (they judge counts; four at
 # once starved the engines and paged late).
+ENGINE_TESTS := cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) LLAMA_SERVER_BIN=$(LLAMA_SERVER) OLLAMA_BIN=$(OLLAMA) TINY_MODEL=$(TINY_MODEL) \
+	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) $(GO) test -count=1 -timeout 30m -v -parallel 2
+
 test-engines: build engines $(PROMTOOL)
-	cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) LLAMA_SERVER_BIN=$(LLAMA_SERVER) OLLAMA_BIN=$(OLLAMA) TINY_MODEL=$(TINY_MODEL) \
-	  PROMTOOL_BIN=$(abspath $(PROMTOOL)) $(GO) test -count=1 -timeout 30m -v -parallel 2 -run '^TestRealEngine' ./dashtest
+	$(ENGINE_TESTS) -run '^TestRealEngine' ./dashtest
+
+# test-prometheus and test-engines as `make test` runs them: test-prometheus
+# (under 3 minutes) beside the healthy part of Ollama's test, a request
+# every 6 s to a loaded model; Ollama is restarted with its cache defeated
+# 228 s in, when the Prometheus test is done. Then the llama-server tests,
+# whose engine threads fill both cores, on their own. The Prometheus
+# test's output is held back and printed after Ollama's.
+test-engines-beside: build engines $(PROMETHEUS) $(PROMTOOL)
+	@log=$$(mktemp); \
+	($(PROMETHEUS_TESTS)) >$$log 2>&1 & beside=$$!; \
+	($(ENGINE_TESTS) -run '^TestRealEngineOllama$$' ./dashtest); ollama=$$?; \
+	wait $$beside; prom=$$?; cat $$log; rm -f $$log; \
+	($(ENGINE_TESTS) -run '^TestRealEngine' -skip '^TestRealEngineOllama$$' ./dashtest); llama=$$?; \
+	echo "test-engines exit $$ollama (Ollama), $$llama (llama-server); beside Ollama's, test-prometheus exit $$prom"; \
+	[ $$ollama -eq 0 ] && [ $$llama -eq 0 ] && [ $$prom -eq 0 ]
 
 ## lint: gofmt, go vet and golangci-lint (.golangci.yml; depguard holds the import direction of the packages).
 lint: fmt-check vet golangci-lint
