@@ -77,7 +77,7 @@ test-tapes:
 	cd tools && $(GO) test -count=1 -run '^TestAlertTapes$$' ./dashtest
 
 ## test: everything CI runs: check, then the system tiers.
-test: check vulncheck test-e2e-race test-e2e-beside test-faults test-browser test-engines-beside
+test: check test-e2e-race test-e2e-beside test-engines-beside
 
 # The end-to-end tests under -race, replaying less (raceEnabled).
 test-e2e-race: tokenizers
@@ -92,12 +92,13 @@ test-prompts: tokenizers
 
 # test-e2e with the stages that judge no times beside it, at the lowest
 # CPU priority (nice 19): the end-to-end tests mostly wait on paced
-# replays, and the prompt check (pure computation) and the rule and
-# dashboard checks take only the CPU they leave idle. Their output is held
-# back and printed after test-e2e's, so that the two do not mix. The fault
-# suite and the browser test time their requests, and starved of CPU they
-# cancel some: they run after.
-BESIDE_E2E := test-prompts test-rules test-dashboards
+# replays, and the prompt check (pure computation), the rule and
+# dashboard checks and vulncheck take only the CPU they leave idle. Their
+# output is held back and printed after test-e2e's, so that the two do not
+# mix. The fault suite and the browser test time their requests, and
+# starved of CPU they cancel some: they run beside Ollama's test
+# (test-engines-beside), at normal priority.
+BESIDE_E2E := test-prompts test-rules test-dashboards vulncheck
 
 test-e2e-beside: tokenizers build $(PROMTOOL)
 	@log=$$(mktemp); \
@@ -222,20 +223,24 @@ ENGINE_TESTS := cd tools && KVLOAD_EXPORTER_BIN=$(abspath $(BIN)) LLAMA_SERVER_B
 test-engines: build engines $(PROMTOOL)
 	$(ENGINE_TESTS) -run '^TestRealEngine' ./dashtest
 
-# test-prometheus and test-engines as `make test` runs them: test-prometheus
-# (under 3 minutes) beside the healthy part of Ollama's test, a request
-# every 6 s to a loaded model; Ollama is restarted with its cache defeated
-# 228 s in, when the Prometheus test is done. Then the llama-server tests,
-# whose engine threads fill both cores, on their own. The Prometheus
-# test's output is held back and printed after Ollama's.
-test-engines-beside: build engines $(PROMETHEUS) $(PROMTOOL)
+# test-engines as `make test` runs it, with test-prometheus, test-faults
+# and test-browser one after another beside the healthy part of Ollama's
+# test (a request every 6 s to a loaded model, about a quarter of a core;
+# Ollama is restarted with its cache defeated 228 s in, when they are
+# about done: 157, 44 and 24 s measured). Then the llama-server tests,
+# whose engine threads fill both cores, on their own. The output of the
+# tests beside is held back and printed after Ollama's.
+BESIDE_OLLAMA := test-faults test-browser
+
+test-engines-beside: build engines $(PROMETHEUS) $(PROMTOOL) $(CHROMIUM)
 	@log=$$(mktemp); \
-	($(PROMETHEUS_TESTS)) >$$log 2>&1 & beside=$$!; \
+	{ ($(PROMETHEUS_TESTS)); prom=$$?; $(MAKE) -k --no-print-directory $(BESIDE_OLLAMA); rest=$$?; \
+	  echo "test-prometheus exit $$prom"; [ $$prom -eq 0 ] && [ $$rest -eq 0 ]; } >$$log 2>&1 & beside=$$!; \
 	($(ENGINE_TESTS) -run '^TestRealEngineOllama$$' ./dashtest); ollama=$$?; \
-	wait $$beside; prom=$$?; cat $$log; rm -f $$log; \
+	wait $$beside; rc=$$?; cat $$log; rm -f $$log; \
 	($(ENGINE_TESTS) -run '^TestRealEngine' -skip '^TestRealEngineOllama$$' ./dashtest); llama=$$?; \
-	echo "test-engines exit $$ollama (Ollama), $$llama (llama-server); beside Ollama's, test-prometheus exit $$prom"; \
-	[ $$ollama -eq 0 ] && [ $$llama -eq 0 ] && [ $$prom -eq 0 ]
+	echo "test-engines exit $$ollama (Ollama), $$llama (llama-server); beside Ollama's (test-prometheus $(BESIDE_OLLAMA)) exit $$rc"; \
+	[ $$ollama -eq 0 ] && [ $$llama -eq 0 ] && [ $$rc -eq 0 ]
 
 ## lint: gofmt, go vet and golangci-lint (.golangci.yml; depguard holds the import direction of the packages).
 lint: fmt-check vet golangci-lint
