@@ -226,8 +226,8 @@ test-engines: build engines $(PROMTOOL)
 # test-engines as `make test` runs it, with test-prometheus, test-faults
 # and test-browser one after another beside the healthy part of Ollama's
 # test (a request every 6 s to a loaded model, about a quarter of a core;
-# Ollama is restarted with its cache defeated 228 s in, when they are
-# about done: 157, 44 and 24 s measured). Then the llama-server tests,
+# Ollama is restarted with its cache defeated 228 s in, about when they
+# end, see docs/benchmarks.md). Then the llama-server tests,
 # whose engine threads fill both cores, on their own. The output of the
 # tests beside is held back and printed after Ollama's.
 BESIDE_OLLAMA := test-faults test-browser

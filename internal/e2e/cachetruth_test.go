@@ -1014,10 +1014,9 @@ func TestE2ECachedTokenCost(t *testing.T) {
 		t.Skip("a replay at speed against six engines: too slow under -race; run by `make test-e2e`")
 	}
 	// No replay slot: a row every 500 ms across six engines asks little of
-	// the CPU, and costScale is there so that the fast replays beside it
-	// cannot decide the fit. Holding a slot for its 5 minutes kept the
-	// fast replays queued behind it (test-e2e took 1,000 s, 3 minutes of
-	// it with this test the only replay running).
+	// the CPU, and costScale keeps the fast replays beside it from
+	// deciding the fit. Holding a slot for its 5 minutes would keep them
+	// queued behind it.
 	const rows = 400
 	cases := []struct {
 		name       string
