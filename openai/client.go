@@ -68,6 +68,7 @@ type Client struct {
 	timeout  time.Duration
 	http     http.RoundTripper
 	fresh    http.RoundTripper // without keep-alive: a new connection per request
+	fast     *fastSender       // nil: every attempt goes through http
 	model    []byte            // JSON string, nil when no model is configured
 	session  string            // the session header's name; "" sends none
 	extra    []bodyField       // extra_body, encoded once
@@ -144,7 +145,8 @@ var errAbandoned = errors.New("abandoned")
 // proxy come from cfg.HTTPClientConfig via prometheus/common; its transport
 // keeps connections alive with MaxIdleConnsPerHost 1000 (MaxIdleConns
 // 20000), enough for hundreds of concurrent streams to one target without
-// re-dialling.
+// re-dialling. A plain http target that needs none of it is sent its
+// requests through fasthttp instead (fastSender).
 func New(cfg TargetConfig) (*Client, error) {
 	var errs []error
 	c := &Client{api: cfg.API, timeout: cfg.RequestTimeout}
@@ -223,6 +225,9 @@ func New(cfg TargetConfig) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("http_client_config: %w", err)
 	}
+	if fastEligible(c.endpoint, hc) {
+		c.fast = newFastSender(c.endpoint, c.user)
+	}
 	return c, nil
 }
 
@@ -247,6 +252,10 @@ func (c *Client) setEndpoint(base string) error {
 		u.Path += "/v1/chat/completions"
 	}
 	c.endpoint = *u
+	if c.fast != nil { // a test moved the endpoint
+		c.fast.hc.CloseIdleConnections()
+		c.fast = newFastSender(c.endpoint, c.user)
+	}
 	return nil
 }
 
@@ -301,6 +310,9 @@ func (c *Client) Close() {
 		if ci, ok := rt.(interface{ CloseIdleConnections() }); ok {
 			ci.CloseIdleConnections()
 		}
+	}
+	if c.fast != nil {
+		c.fast.hc.CloseIdleConnections()
 	}
 }
 
@@ -358,7 +370,13 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 	// (see phaseClock).
 	clock := new(phaseClock)
 	defer func() { res.Phases = clock.phases() }()
-	resp, retry, err := c.send(rctx, c.http, body, req.Session, clock)
+	var resp answer
+	var retry bool
+	if c.fast != nil {
+		resp, retry, err = c.fast.send(rctx, c, body, req.Session, clock)
+	} else {
+		resp, retry, err = c.send(rctx, c.http, body, req.Session, clock)
+	}
 	if err != nil && retry && rctx.Err() == nil {
 		// The server closed a kept-alive connection as the request went
 		// out on it (its idle timeout): it cannot have answered. Go's
@@ -379,20 +397,20 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 		c.setOutcome(res, o, c.failureText(o, err.Error()))
 		return
 	}
-	defer resp.Body.Close()
-	res.HTTPStatus = resp.StatusCode
+	defer resp.body.Close()
+	res.HTTPStatus = resp.status
 
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	if resp.status < 200 || resp.status > 299 {
+		b, _ := io.ReadAll(io.LimitReader(resp.body, maxErrorBody))
 		msg := errorBodyMessage(b)
 		if msg == "" {
-			msg = http.StatusText(resp.StatusCode)
+			msg = http.StatusText(resp.status)
 		}
-		c.setOutcome(res, OutcomeHTTPError, fmt.Sprintf("HTTP %d: %s", resp.StatusCode, msg))
+		c.setOutcome(res, OutcomeHTTPError, fmt.Sprintf("HTTP %d: %s", resp.status, msg))
 		return
 	}
 
-	c.readStream(ctx, rctx, resp.Body, resp.Header.Get("Content-Type"), c.limitsFor(req, body.size()), req.Abandon.AfterTokens, res)
+	c.readStream(ctx, rctx, resp.body, resp.contentType, c.limitsFor(req, body.size()), req.Abandon.AfterTokens, res)
 }
 
 const (
@@ -460,13 +478,13 @@ func mentionsLengthKey(raw []byte) bool {
 // from the idle pool: one handed straight to a request that was dialing
 // (WasIdle false) has been idle on the server's side since its last
 // answer, on a busy machine long enough for the server to close it.
-func (c *Client) send(rctx context.Context, rt http.RoundTripper, body requestBody, session string, clock *phaseClock) (resp *http.Response, retry bool, err error) {
+func (c *Client) send(rctx context.Context, rt http.RoundTripper, body requestBody, session string, clock *phaseClock) (ans answer, retry bool, err error) {
 	tctx := httptrace.WithClientTrace(rctx, clock.trace())
 	// The endpoint was parsed once (setEndpoint): each request gets a copy
 	// of it rather than parsing it again.
 	hreq, err := http.NewRequestWithContext(tctx, http.MethodPost, "", body.reader())
 	if err != nil {
-		return nil, false, fmt.Errorf("build request: %w", err)
+		return answer{}, false, fmt.Errorf("build request: %w", err)
 	}
 	u := c.endpoint
 	hreq.URL, hreq.Host = &u, u.Host
@@ -484,18 +502,25 @@ func (c *Client) send(rctx context.Context, rt http.RoundTripper, body requestBo
 		p, _ := c.user.Password()
 		hreq.SetBasicAuth(c.user.Username(), p)
 	}
-	resp, err = rt.RoundTrip(hreq)
+	resp, err := rt.RoundTrip(hreq)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err // drop the URL: the target name already says which endpoint
 		}
-		return nil, clock.failedOnReused(), err
+		return answer{}, clock.failedOnReused(), err
 	}
 	if resp == nil {
-		return nil, false, errors.New("the transport returned neither a response nor an error")
+		return answer{}, false, errors.New("the transport returned neither a response nor an error")
 	}
-	return resp, false, nil
+	return answer{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"), body: resp.Body}, false, nil
+}
+
+// answer is what an attempt got back. Its body must be closed.
+type answer struct {
+	status      int
+	contentType string
+	body        io.ReadCloser
 }
 
 // readStream consumes a 2xx streaming body into res and decides the
@@ -507,7 +532,7 @@ func (c *Client) readStream(ctx, rctx context.Context, body io.Reader, contentTy
 		sp = new(streamParser)
 	}
 	defer c.putStream(sp)
-	sp.sse.reset(body, time.Now)
+	sp.sse.reset(body, nil)
 	sp.state.reset()
 	st := &sp.state
 	st.lim = lim

@@ -573,7 +573,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(benchSinkEnv) != "" {
 		os.Exit(runBenchSink())
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, testutil.LeakOptions()...)
 }
 
 // socketSlack is what the kernel's socket buffers and the transport's
@@ -1315,33 +1315,42 @@ func TestRequestLeavesInOneWrite(t *testing.T) {
 		{"chat, 12,000-byte prompt, shared", APIChat, strings.Repeat("the quick brown fox ", 600)},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := mustClient(t, TargetConfig{URL: srv.URL, Model: "m", API: tt.api, Dialect: engine.DialectVLLM})
-			var writes atomic.Int64
-			c.http = &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
+		for _, sender := range []string{"fasthttp", "net/http"} {
+			t.Run(tt.name+", "+sender, func(t *testing.T) {
+				c := mustClient(t, TargetConfig{URL: srv.URL, Model: "m", API: tt.api, Dialect: engine.DialectVLLM})
+				var writes atomic.Int64
+				dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+					conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+					if err != nil {
+						return nil, err
+					}
+					return writeCountingConn{Conn: conn, writes: &writes}, nil
 				}
-				return writeCountingConn{Conn: conn, writes: &writes}, nil
-			}}
-			t.Cleanup(c.Close)
-			want := int64(1)
-			if len(tt.prompt) > maxFlatBody {
-				want = 2
-			}
-			for i := range 3 { // a new connection, then a kept-alive one
-				before := writes.Load()
-				var res Response
-				c.Do(t.Context(), Request{Prompt: tt.prompt, MaxTokens: 8}, &res)
-				if res.Outcome != OutcomeSuccess {
-					t.Fatalf("request %d: %s: %s", i, res.Outcome, res.Error)
+				if sender == "fasthttp" {
+					c.fast.hc.DialTimeout = func(addr string, _ time.Duration) (net.Conn, error) {
+						return dial(t.Context(), "tcp", addr)
+					}
+				} else {
+					c.fast, c.http = nil, &http.Transport{DialContext: dial}
 				}
-				if n := writes.Load() - before; n != want {
-					t.Errorf("request %d went out in %d writes, want %d", i, n, want)
+				t.Cleanup(c.Close)
+				want := int64(1)
+				if len(tt.prompt) > maxFlatBody {
+					want = 2
 				}
-			}
-		})
+				for i := range 3 { // a new connection, then a kept-alive one
+					before := writes.Load()
+					var res Response
+					c.Do(t.Context(), Request{Prompt: tt.prompt, MaxTokens: 8}, &res)
+					if res.Outcome != OutcomeSuccess {
+						t.Fatalf("request %d: %s: %s", i, res.Outcome, res.Error)
+					}
+					if n := writes.Load() - before; n != want {
+						t.Errorf("request %d went out in %d writes, want %d", i, n, want)
+					}
+				}
+			})
+		}
 	}
 }
 

@@ -103,6 +103,58 @@ func (c *phaseClock) trace() *httptrace.ClientTrace {
 	}
 }
 
+// dialTimes are a new connection's DNS and connect times, taken by the
+// fast sender's dial and handed to the phaseClock of the request that
+// dialed it.
+type dialTimes struct {
+	dnsStart, dnsDone, connectStart, connectDone time.Time
+}
+
+// trace is the ClientTrace that feeds d; net.Dialer calls it on the
+// dialing goroutine.
+func (d *dialTimes) trace() *httptrace.ClientTrace {
+	first := func(t *time.Time) {
+		if t.IsZero() {
+			*t = time.Now()
+		}
+	}
+	return &httptrace.ClientTrace{
+		DNSStart: func(httptrace.DNSStartInfo) { first(&d.dnsStart) },
+		DNSDone: func(i httptrace.DNSDoneInfo) {
+			if i.Err == nil {
+				first(&d.dnsDone)
+			}
+		},
+		ConnectStart: func(string, string) { first(&d.connectStart) },
+		ConnectDone: func(_, _ string, err error) {
+			if err == nil {
+				first(&d.connectDone)
+			}
+		},
+	}
+}
+
+// tookConn records the connection the fast sender took, with the dial's
+// times when it is a new one (d nil for a reused one).
+func (c *phaseClock) tookConn(d *dialTimes) {
+	now := time.Now()
+	c.mu.Lock()
+	if d != nil {
+		c.dnsStart, c.dnsDone, c.connectStart, c.connectDone = d.dnsStart, d.dnsDone, d.connectStart, d.connectDone
+	}
+	c.gotConnection, c.reused, c.gotConn = true, d == nil, now
+	c.mu.Unlock()
+}
+
+// stamp records now in t, which the fast sender passes as &c.wrote or
+// &c.firstByte.
+func (c *phaseClock) stamp(t *time.Time) {
+	now := time.Now()
+	c.mu.Lock()
+	*t = now
+	c.mu.Unlock()
+}
+
 // failedOnReused tells whether the attempt had a reused connection and no
 // byte of an answer (see send). The first byte's hook runs before the
 // transport hands the answer over, so it is known when Do returns.

@@ -23,6 +23,9 @@ func transportOptions() []config.HTTPClientOption {
 	return []config.HTTPClientOption{config.WithDialContextFunc(dialQuiet)}
 }
 
+// dialEngine dials an engine's connection for the fast sender.
+var dialEngine = dialQuiet
+
 // dialQuiet dials as net.Dialer does and wraps a TCP connection in a
 // quietConn.
 func dialQuiet(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -580,3 +580,19 @@ func BenchmarkClientStream32Sink(b *testing.B) {
 		b.ReportMetric((sink1-sink0)/tokens*1e6, "sink-cpu-µs/tok")
 	}
 }
+
+// TestSSEReaderMonotonicClock: without a clock of its own the reader times
+// its reads from the monotonic clock; the times read as time.Now would.
+func TestSSEReaderMonotonicClock(t *testing.T) {
+	before := time.Now()
+	var r sseReader
+	r.reset(strings.NewReader("data: x\n\n"), nil)
+	ev, ok := r.next()
+	after := time.Now()
+	if !ok || ev.at.Before(before) || ev.at.After(after) {
+		t.Fatalf("event %v at %v, want one between %v and %v", ok, ev.at, before, after)
+	}
+	if d := ev.at.Round(0).Sub(before.Round(0)); d < 0 || d > after.Round(0).Sub(before.Round(0))+time.Millisecond {
+		t.Errorf("the wall clock reading is %v after the start, want within the read", d)
+	}
+}

@@ -254,6 +254,11 @@ func Inject(ctx context.Context, h http.Header) {
 	propagator.Inject(ctx, propagation.HeaderCarrier(h))
 }
 
+// InjectInto is Inject for headers that are not an http.Header.
+func InjectInto(ctx context.Context, c propagation.TextMapCarrier) {
+	propagator.Inject(ctx, c)
+}
+
 // Current holds the tracer of the running configuration. The clients read
 // it at each request; the daemon replaces it at a reload.
 type Current struct {

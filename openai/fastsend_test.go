@@ -1,0 +1,168 @@
+package openai
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/config"
+
+	"github.com/kvload-exporter/kvload-exporter/engine"
+	"github.com/kvload-exporter/kvload-exporter/internal/testutil"
+)
+
+// TestFastEligible: only plain http targets whose http_client_config asks
+// nothing of net/http go through fasthttp.
+func TestFastEligible(t *testing.T) {
+	tests := []struct {
+		name string
+		url  string
+		hc   config.HTTPClientConfig
+		want bool
+	}{
+		{"plain http, no settings", "http://127.0.0.1:8000/v1/chat/completions", config.HTTPClientConfig{}, true},
+		{"prometheus/common's defaults", "http://engine/v1/chat/completions", config.DefaultHTTPClientConfig, true},
+		{"a TLS setting on plain http", "http://engine/v1/chat/completions", config.HTTPClientConfig{TLSConfig: config.TLSConfig{InsecureSkipVerify: true}}, true},
+		{"https", "https://engine/v1/chat/completions", config.HTTPClientConfig{}, false},
+		{"basic auth", "http://engine/v1/chat/completions", config.HTTPClientConfig{BasicAuth: &config.BasicAuth{Username: "u"}}, false},
+		{"bearer token", "http://engine/v1/chat/completions", config.HTTPClientConfig{Authorization: &config.Authorization{Type: "Bearer", Credentials: "t"}}, false},
+		{"proxy from the environment", "http://engine/v1/chat/completions", config.HTTPClientConfig{ProxyConfig: config.ProxyConfig{ProxyFromEnvironment: true}}, false},
+		{"extra headers", "http://engine/v1/chat/completions", config.HTTPClientConfig{HTTPHeaders: &config.Headers{Headers: map[string]config.Header{"X-A": {Values: []string{"b"}}}}}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			u, err := url.Parse(tt.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fastEligible(*u, tt.hc); got != tt.want {
+				t.Errorf("fastEligible = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// answerWithHeader answers every request on a connection with a stream
+// whose headers carry a field of n bytes.
+func answerWithHeader(n int) func(conn net.Conn, _ int) {
+	return func(conn net.Conn, _ int) {
+		defer conn.Close()
+		br := bufio.NewReader(conn)
+		for readRequest(br) {
+			resp := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Pad: %s\r\nContent-Length: %d\r\n\r\n%s",
+				strings.Repeat("a", n), len(doneStream), doneStream)
+			if _, err := io.WriteString(conn, resp); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// TestFastSenderHeaderBound: an answer's headers must fit the read
+// buffer; a longer one is a connection error that says so, and does not
+// take the client's memory with it.
+func TestFastSenderHeaderBound(t *testing.T) {
+	tests := []struct {
+		name    string
+		pad     int
+		outcome Outcome
+		errSub  string
+	}{
+		{"headers within the bound", fastReadBuffer - 1024, OutcomeSuccess, ""},
+		{"headers past the bound", fastReadBuffer + 1, OutcomeConnectionError, "longer than 16 KiB"},
+		{"a megabyte of headers", 1 << 20, OutcomeConnectionError, "longer than 16 KiB"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustClient(t, TargetConfig{URL: rawServer(t, answerWithHeader(tt.pad)), Dialect: engine.DialectVLLM})
+			if c.fast == nil {
+				t.Fatal("the client does not use the fast sender")
+			}
+			var res Response
+			c.Do(t.Context(), Request{Prompt: "x", MaxTokens: 1}, &res)
+			if res.Outcome != tt.outcome || !strings.Contains(res.Error, tt.errSub) {
+				t.Errorf("outcome %s (%q), want %s with %q", res.Outcome, res.Error, tt.outcome, tt.errSub)
+			}
+		})
+	}
+}
+
+// TestFastSenderReuse: a connection goes back to the pool only after a
+// body read to its end by a request that was not canceled; a request
+// timed out in the middle of its stream leaves its connection closed,
+// and the next request dials a new one.
+func TestFastSenderReuse(t *testing.T) {
+	var conns atomic.Int32
+	hold := make(chan struct{})
+	u := rawServer(t, func(conn net.Conn, n int) {
+		conns.Add(1)
+		defer conn.Close()
+		br := bufio.NewReader(conn)
+		for req := 0; readRequest(br); req++ {
+			head := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+			if n == 0 && req == 1 { // the second request on the first connection hangs mid-stream
+				chunk := "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"
+				_, _ = fmt.Fprintf(conn, "%s%x\r\n%s\r\n", head, len(chunk), chunk)
+				<-hold
+				return
+			}
+			if _, err := fmt.Fprintf(conn, "%s%x\r\n%s\r\n0\r\n\r\n", head, len(doneStream), doneStream); err != nil {
+				return
+			}
+		}
+	})
+	t.Cleanup(func() { close(hold) }) // before the server's cleanup waits for its handlers
+	c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM, RequestTimeout: 200 * time.Millisecond})
+	steps := []struct {
+		outcome Outcome
+		reused  bool
+		conns   int32
+	}{
+		{OutcomeSuccess, false, 1},
+		{OutcomeTimeout, true, 1}, // the hang, on the kept-alive connection
+		{OutcomeSuccess, false, 2},
+		{OutcomeSuccess, true, 2},
+	}
+	for i, s := range steps {
+		var res Response
+		c.Do(t.Context(), Request{Prompt: "x", MaxTokens: 1}, &res)
+		if res.Outcome != s.outcome || res.Phases.Reused != s.reused || conns.Load() != s.conns {
+			t.Errorf("request %d: %s (%s), reused %v, %d connections; want %s, reused %v, %d", i, res.Outcome, res.Error,
+				res.Phases.Reused, conns.Load(), s.outcome, s.reused, s.conns)
+		}
+	}
+}
+
+// TestFastSenderCancelBeforeAnswer: a caller's cancellation while the
+// server has not answered ends the request at once, as canceled.
+func TestFastSenderCancelBeforeAnswer(t *testing.T) {
+	got := make(chan struct{})
+	u := rawServer(t, func(conn net.Conn, _ int) {
+		defer conn.Close()
+		if readRequest(bufio.NewReader(conn)) {
+			close(got)
+			_, _ = io.Copy(io.Discard, conn) // never answers
+		}
+	})
+	c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	var res Response
+	go func() {
+		defer close(done)
+		c.Do(ctx, Request{Prompt: "x", MaxTokens: 1}, &res)
+	}()
+	testutil.Wait(t, "the request at the server", got)
+	cancel()
+	testutil.Wait(t, "Do's return after the cancellation", done)
+	if res.Outcome != OutcomeCanceled {
+		t.Errorf("outcome %s (%s), want canceled", res.Outcome, res.Error)
+	}
+}
