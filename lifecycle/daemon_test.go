@@ -22,7 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, testutil.LeakOptions()...)
+	goleak.VerifyTestMain(m)
 }
 
 func fixture(t *testing.T, name string) string {

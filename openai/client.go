@@ -253,7 +253,7 @@ func (c *Client) setEndpoint(base string) error {
 	}
 	c.endpoint = *u
 	if c.fast != nil { // a test moved the endpoint
-		c.fast.hc.CloseIdleConnections()
+		c.fast.close()
 		c.fast = newFastSender(c.endpoint, c.user)
 	}
 	return nil
@@ -312,7 +312,7 @@ func (c *Client) Close() {
 		}
 	}
 	if c.fast != nil {
-		c.fast.hc.CloseIdleConnections()
+		c.fast.close()
 	}
 }
 

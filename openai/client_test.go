@@ -573,7 +573,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(benchSinkEnv) != "" {
 		os.Exit(runBenchSink())
 	}
-	goleak.VerifyTestMain(m, testutil.LeakOptions()...)
+	goleak.VerifyTestMain(m)
 }
 
 // socketSlack is what the kernel's socket buffers and the transport's
@@ -1327,9 +1327,7 @@ func TestRequestLeavesInOneWrite(t *testing.T) {
 					return writeCountingConn{Conn: conn, writes: &writes}, nil
 				}
 				if sender == "fasthttp" {
-					c.fast.hc.DialTimeout = func(addr string, _ time.Duration) (net.Conn, error) {
-						return dial(t.Context(), "tcp", addr)
-					}
+					c.fast.dial = dial
 				} else {
 					c.fast, c.http = nil, &http.Transport{DialContext: dial}
 				}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -22,18 +21,27 @@ import (
 	"github.com/kvload-exporter/kvload-exporter/tracing"
 )
 
-// fastSender sends a target's requests with fasthttp: each request is
-// written and its answer read on the request's own goroutine, where
-// net/http's transport hands every request to a writing and a reading
-// goroutine of the connection and back, a cost a canary at thousands of
-// requests a second pays in CPU (docs/benchmarks.md). It serves plain
-// http targets with no authentication, proxy or extra headers
-// (fastEligible); the others, and the retry on a new connection (Do), go
-// through net/http. Connections are pooled by fasthttp's HostClient.
+// fastSender sends a target's requests with fasthttp's request writer and
+// response parser, each request written and its answer read on the
+// request's own goroutine, where net/http's transport hands every request
+// to a writing and a reading goroutine of the connection and back: a cost
+// a canary at thousands of requests a second pays in CPU
+// (docs/benchmarks.md). It serves plain http targets with no
+// authentication, proxy or extra headers (fastEligible); the others, and
+// the retry on a new connection (Do), go through net/http.
+//
+// Its connections are dialed on the request's goroutine with the request's
+// context, so that a cancellation ends a dial too, which fasthttp's own
+// pool (HostClient) cannot do; idle ones wait in a short list.
 type fastSender struct {
-	hc   *fasthttp.HostClient
+	addr string        // host:port
 	uri  *fasthttp.URI // the endpoint, copied into each request
 	auth string        // the Authorization header of the URL's userinfo; "" for none
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	mu     sync.Mutex
+	idle   []*fastConn // oldest first: a request takes the last one
+	closed bool        // Close was called: a connection given back is closed
 }
 
 const (
@@ -44,10 +52,9 @@ const (
 	// headers in one write.
 	fastWriteBuffer = 4 << 10
 	// fastIdle is how long an idle connection is kept, as prometheus/common
-	// keeps net/http's.
-	fastIdle = 5 * time.Minute
-	// fastDialTimeout bounds a dial when the request has no deadline.
-	fastDialTimeout = 30 * time.Second
+	// keeps net/http's; fastMaxIdle how many, as its MaxIdleConnsPerHost.
+	fastIdle    = 5 * time.Minute
+	fastMaxIdle = 1000
 )
 
 // fastEligible reports whether a target's requests may go through the
@@ -63,11 +70,10 @@ func fastEligible(endpoint url.URL, hc config.HTTPClientConfig) bool {
 }
 
 func newFastSender(endpoint url.URL, user *url.Userinfo) *fastSender {
-	addr := endpoint.Host
+	f := &fastSender{addr: endpoint.Host, uri: fasthttp.AcquireURI(), dial: dialEngine}
 	if endpoint.Port() == "" {
-		addr = net.JoinHostPort(endpoint.Hostname(), "80")
+		f.addr = net.JoinHostPort(endpoint.Hostname(), "80")
 	}
-	f := &fastSender{uri: fasthttp.AcquireURI()}
 	if err := f.uri.Parse(nil, []byte(endpoint.String())); err != nil {
 		// setEndpoint parsed it already; fasthttp takes what net/url takes.
 		panic("fasthttp cannot parse the endpoint: " + err.Error())
@@ -79,42 +85,84 @@ func newFastSender(endpoint url.URL, user *url.Userinfo) *fastSender {
 		r.SetBasicAuth(user.Username(), p)
 		f.auth = r.Header.Get("Authorization")
 	}
-	f.hc = &fasthttp.HostClient{
-		Addr:                     addr,
-		DialTimeout:              dialFast,
-		MaxConns:                 math.MaxInt32, // max_in_flight bounds them
-		MaxIdleConnDuration:      fastIdle,
-		ReadBufferSize:           fastReadBuffer,
-		WriteBufferSize:          fastWriteBuffer,
-		NoDefaultUserAgentHeader: true,
-		DisablePathNormalizing:   true,
-	}
 	return f
 }
 
-// fastConn is a connection the fast sender dialed, with the dial's times
-// for the phases of the request that takes it first.
+// fastConn is one connection of the fast sender.
 type fastConn struct {
 	net.Conn
-	dial dialTimes
-	used bool // set by the first request that took it
+	dial     dialTimes // the dial's, for the phases of the first request
+	used     bool      // a request has taken it before
+	lastUsed time.Time // when it was last given back
 }
 
-// dialFast dials as the net/http path does (dialEngine), timing the DNS
-// lookup and the connection.
-func dialFast(addr string, timeout time.Duration) (net.Conn, error) {
-	if timeout <= 0 {
-		timeout = fastDialTimeout
+// take gives the request a kept-alive connection, the most recently used,
+// or dials a new one with the request's context.
+func (f *fastSender) take(rctx context.Context) (*fastConn, error) {
+	f.mu.Lock()
+	if n := len(f.idle); n > 0 {
+		fc := f.idle[n-1]
+		f.idle[n-1] = nil
+		f.idle = f.idle[:n-1]
+		f.mu.Unlock()
+		return fc, nil
 	}
+	f.mu.Unlock()
 	fc := &fastConn{}
-	ctx, cancel := context.WithTimeout(httptrace.WithClientTrace(context.Background(), fc.dial.trace()), timeout)
-	defer cancel()
-	c, err := dialEngine(ctx, "tcp", addr)
+	c, err := f.dial(httptrace.WithClientTrace(rctx, fc.dial.trace()), "tcp", f.addr)
 	if err != nil {
 		return nil, err
 	}
 	fc.Conn = c
 	return fc, nil
+}
+
+// giveBack keeps fc for the next request, or closes it: after Close, past
+// fastMaxIdle, or when reuse is false. Connections idle past fastIdle
+// are closed on the way.
+func (f *fastSender) giveBack(fc *fastConn, reuse bool) {
+	if !reuse {
+		_ = fc.Close()
+		return
+	}
+	now := time.Now()
+	fc.lastUsed = now
+	var stale []*fastConn
+	f.mu.Lock()
+	keep := !f.closed && len(f.idle) < fastMaxIdle
+	if keep {
+		f.idle = append(f.idle, fc)
+	}
+	// Oldest first: the stale ones are a prefix.
+	i := 0
+	for i < len(f.idle) && now.Sub(f.idle[i].lastUsed) > fastIdle {
+		i++
+	}
+	if i > 0 {
+		stale = append(stale, f.idle[:i]...)
+		n := copy(f.idle, f.idle[i:])
+		clear(f.idle[n:])
+		f.idle = f.idle[:n]
+	}
+	f.mu.Unlock()
+	if !keep {
+		_ = fc.Close()
+	}
+	for _, s := range stale {
+		_ = s.Close()
+	}
+}
+
+// close closes the idle connections; those in use are closed when given
+// back.
+func (f *fastSender) close() {
+	f.mu.Lock()
+	idle := f.idle
+	f.idle, f.closed = nil, true
+	f.mu.Unlock()
+	for _, fc := range idle {
+		_ = fc.Close()
+	}
 }
 
 // fastHeaders lets the trace context be written into a fasthttp request.
@@ -133,55 +181,54 @@ func (f fastHeaders) Keys() []string {
 // aLongTimeAgo is a deadline that makes a blocked read or write return.
 var aLongTimeAgo = time.Unix(1, 0)
 
+var (
+	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, fastReadBuffer) }}
+	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, fastWriteBuffer) }}
+)
+
 // send makes one attempt at the request (see Client.send, whose contract
 // it keeps). The answer's body must be closed.
 func (f *fastSender) send(rctx context.Context, c *Client, body requestBody, session string, clock *phaseClock) (answer, bool, error) {
-	if err := rctx.Err(); err != nil {
-		return answer{}, false, err
-	}
-	var wait time.Duration
-	if d, ok := rctx.Deadline(); ok {
-		wait = max(time.Until(d), time.Nanosecond)
-	}
-	cc, err := f.hc.AcquireConn(wait, false)
+	fc, err := f.take(rctx)
 	if err != nil {
+		if e := rctx.Err(); e != nil {
+			err = e
+		}
 		return answer{}, false, err
 	}
-	conn := cc.Conn()
-	reused := true
-	if fc, ok := conn.(*fastConn); ok && !fc.used {
-		fc.used, reused = true, false
-		clock.tookConn(&fc.dial)
-	} else {
+	reused := fc.used
+	if reused {
 		clock.tookConn(nil)
+	} else {
+		fc.used = true
+		clock.tookConn(&fc.dial)
 	}
+	b := &fastBody{f: f, fc: fc}
 	// A canceled request (request_timeout, abandon.after, the workload's
 	// end) unblocks whatever it waits for on the connection, which is then
 	// never reused.
-	stop := context.AfterFunc(rctx, func() { _ = conn.SetDeadline(aLongTimeAgo) })
-	release := func(reuse bool) {
-		if reuse {
-			f.hc.ReleaseConn(cc)
-		} else {
-			f.hc.CloseConn(cc)
-		}
-	}
+	b.stop = context.AfterFunc(rctx, b.interrupt)
 	fail := func(err error, retry bool) (answer, bool, error) {
-		stop()
-		release(false)
+		b.stop()
+		f.giveBack(fc, false)
 		if e := rctx.Err(); e != nil {
 			err = e // the cancellation is why, not the deadline it set
 		}
 		return answer{}, retry && rctx.Err() == nil, err
 	}
 
-	if err := f.write(rctx, conn, c, body, session); err != nil {
+	if err := f.write(rctx, fc, c, body, session); err != nil {
 		return fail(err, reused)
 	}
 	clock.stamp(&clock.wrote)
-	br := f.hc.AcquireReader(conn)
+	br := readers.Get().(*bufio.Reader) //nolint:forcetypeassert // the pool holds nothing else
+	br.Reset(fc)
+	release := func() {
+		br.Reset(nil)
+		readers.Put(br)
+	}
 	if _, err := br.Peek(1); err != nil {
-		f.hc.ReleaseReader(br)
+		release()
 		return fail(err, reused)
 	}
 	clock.stamp(&clock.firstByte)
@@ -190,7 +237,7 @@ func (f *fastSender) send(rctx context.Context, c *Client, body requestBody, ses
 	resp.Header.SetNoDefaultContentType(true)
 	if err := resp.Read(br); err != nil {
 		fasthttp.ReleaseResponse(resp)
-		f.hc.ReleaseReader(br)
+		release()
 		var small *fasthttp.ErrSmallBuffer
 		switch {
 		case errors.As(err, &small):
@@ -201,7 +248,7 @@ func (f *fastSender) send(rctx context.Context, c *Client, body requestBody, ses
 		}
 		return fail(err, false)
 	}
-	b := &fastBody{resp: resp, br: br, conn: conn, stop: stop, release: release, hc: f.hc}
+	b.resp, b.br = resp, br
 	if b.stream = resp.BodyStream(); b.stream == nil {
 		b.stream, b.eof = eofReader{}, true // a status without a body (204, 304)
 	}
@@ -227,8 +274,12 @@ func (f *fastSender) write(rctx context.Context, conn net.Conn, c *Client, body 
 	for _, p := range body {
 		req.AppendBody(p)
 	}
-	bw := f.hc.AcquireWriter(conn)
-	defer f.hc.ReleaseWriter(bw)
+	bw := writers.Get().(*bufio.Writer) //nolint:forcetypeassert // the pool holds nothing else
+	bw.Reset(conn)
+	defer func() {
+		bw.Reset(nil)
+		writers.Put(bw)
+	}()
 	if err := req.Write(bw); err != nil {
 		return err
 	}
@@ -249,23 +300,26 @@ func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
 // errBodyClosed is what a read of a closed body returns.
 var errBodyClosed = errors.New("read on a closed response body")
 
-// fastBody is a streamed answer's body. Close may run while Read is
-// blocked (drainAfterDone's timer): it then unblocks the read through the
-// connection's deadline and waits for it before the buffers go back to
-// their pools. The connection is reused only after a body read to its
-// end, by a request that was not canceled.
+// fastBody is a streamed answer's body, and the request's hold on its
+// connection. Close may run while Read is blocked (drainAfterDone's
+// timer): it then unblocks the read through the connection's deadline and
+// waits for it before the buffers go back to their pools. The connection
+// is reused only after a body read to its end, by a request that was not
+// canceled.
 type fastBody struct {
-	mu      sync.Mutex // held by Read
-	closed  atomic.Bool
-	stream  io.Reader
-	eof     bool
-	resp    *fasthttp.Response
-	br      *bufio.Reader
-	conn    net.Conn
-	hc      *fasthttp.HostClient
-	stop    func() bool
-	release func(reuse bool)
+	mu     sync.Mutex // held by Read
+	closed atomic.Bool
+	f      *fastSender
+	fc     *fastConn
+	stop   func() bool // stops the cancellation's AfterFunc
+	stream io.Reader
+	eof    bool
+	resp   *fasthttp.Response
+	br     *bufio.Reader
 }
+
+// interrupt makes what waits on the connection return.
+func (b *fastBody) interrupt() { _ = b.fc.SetDeadline(aLongTimeAgo) }
 
 func (b *fastBody) Read(p []byte) (int, error) {
 	b.mu.Lock()
@@ -287,7 +341,7 @@ func (b *fastBody) Close() error {
 	interrupted := false
 	if !b.mu.TryLock() {
 		interrupted = true
-		_ = b.conn.SetReadDeadline(aLongTimeAgo)
+		b.interrupt()
 		b.mu.Lock()
 	}
 	defer b.mu.Unlock()
@@ -295,7 +349,8 @@ func (b *fastBody) Close() error {
 	reuse := b.eof && !interrupted && !canceled && !b.resp.ConnectionClose()
 	_ = b.resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(b.resp)
-	b.hc.ReleaseReader(b.br)
-	b.release(reuse)
+	b.br.Reset(nil)
+	readers.Put(b.br)
+	b.f.giveBack(b.fc, reuse)
 	return nil
 }

@@ -166,3 +166,72 @@ func TestFastSenderCancelBeforeAnswer(t *testing.T) {
 		t.Errorf("outcome %s (%s), want canceled", res.Outcome, res.Error)
 	}
 }
+
+// TestFastSenderCancelDuringDial: the dial has the request's context, so a
+// cancellation ends a connection attempt that hangs (an address that
+// drops SYNs) at once.
+func TestFastSenderCancelDuringDial(t *testing.T) {
+	c := mustClient(t, TargetConfig{URL: "http://192.0.2.1:8000", Dialect: engine.DialectVLLM})
+	dialing := make(chan struct{})
+	c.fast.dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		close(dialing)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	var res Response
+	go func() {
+		defer close(done)
+		c.Do(ctx, Request{Prompt: "x", MaxTokens: 1}, &res)
+	}()
+	testutil.Wait(t, "the dial", dialing)
+	cancel()
+	testutil.Wait(t, "Do's return after the cancellation", done)
+	if res.Outcome != OutcomeCanceled {
+		t.Errorf("outcome %s (%s), want canceled", res.Outcome, res.Error)
+	}
+}
+
+// closeCounter counts the closes of the connections it stands for.
+type closeCounter struct {
+	net.Conn
+	closes *atomic.Int32
+}
+
+func (c closeCounter) Close() error { c.closes.Add(1); return nil }
+
+// TestFastSenderIdleBounds: at most fastMaxIdle connections wait idle, one
+// idle past fastIdle is closed when another is given back, and close
+// closes the idle ones and every one given back after it.
+func TestFastSenderIdleBounds(t *testing.T) {
+	var closes atomic.Int32
+	conn := func() *fastConn { return &fastConn{Conn: closeCounter{closes: &closes}} }
+	f := newFastSender(url.URL{Scheme: "http", Host: "127.0.0.1:1"}, nil)
+	for range fastMaxIdle + 5 {
+		f.giveBack(conn(), true)
+	}
+	if len(f.idle) != fastMaxIdle || closes.Load() != 5 {
+		t.Fatalf("%d idle, %d closed; want %d and 5", len(f.idle), closes.Load(), fastMaxIdle)
+	}
+	for _, fc := range f.idle[:10] {
+		fc.lastUsed = fc.lastUsed.Add(-fastIdle - time.Second)
+	}
+	f.giveBack(conn(), false) // not reused: closed, the idle ones untouched
+	if closes.Load() != 6 {
+		t.Fatalf("%d closed after a connection not reused, want 6", closes.Load())
+	}
+	fc, err := f.take(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.giveBack(fc, true) // the 10 stale ones go
+	if len(f.idle) != fastMaxIdle-10 || closes.Load() != 16 {
+		t.Fatalf("%d idle, %d closed after the stale ones; want %d and 16", len(f.idle), closes.Load(), fastMaxIdle-10)
+	}
+	f.close()
+	f.giveBack(conn(), true)
+	if len(f.idle) != 0 || closes.Load() != 16+fastMaxIdle-10+1 {
+		t.Errorf("%d idle, %d closed after close; want 0 and %d", len(f.idle), closes.Load(), 16+fastMaxIdle-10+1)
+	}
+}

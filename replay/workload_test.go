@@ -866,7 +866,7 @@ func TestWorkloadQueueLagBounded(t *testing.T) {
 // Every goroutine the package starts must have ended when its tests end:
 // a dispatcher or request left behind would keep a connection open.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, testutil.LeakOptions()...)
+	goleak.VerifyTestMain(m)
 }
 
 // BenchmarkDispatchClock replays two seconds of evenly spaced 32-token

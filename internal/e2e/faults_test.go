@@ -43,7 +43,7 @@ func checkLeaks(t *testing.T) {
 	existing := goleak.IgnoreCurrent()
 	t.Cleanup(func() {
 		http.DefaultClient.CloseIdleConnections()
-		goleak.VerifyNone(t, testutil.LeakOptions(existing)...)
+		goleak.VerifyNone(t, existing)
 	})
 }
 
