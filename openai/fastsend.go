@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -243,8 +244,9 @@ func (f *fastSender) send(rctx context.Context, c *Client, body requestBody, ses
 		case errors.As(err, &small):
 			err = fmt.Errorf("the answer's headers are longer than %d KiB", fastReadBuffer>>10)
 		case errors.Is(err, io.EOF):
-			// fasthttp's text would quote the answer's bytes.
 			err = errors.New("the connection closed in the answer's headers: unexpected EOF")
+		default:
+			err = errors.New(withoutQuotedAnswer(err.Error()))
 		}
 		return fail(err, false)
 	}
@@ -253,6 +255,18 @@ func (f *fastSender) send(rctx context.Context, c *Client, body requestBody, ses
 		b.stream, b.eof = eofReader{}, true // a status without a body (204, 304)
 	}
 	return answer{status: resp.StatusCode(), contentType: string(resp.Header.ContentType()), body: b}, false, nil
+}
+
+// withoutQuotedAnswer cuts off the copy of the answer's bytes that
+// fasthttp appends to a header error: the reason is enough for a log, and
+// the bytes are the server's, which may echo a credential.
+func withoutQuotedAnswer(msg string) string {
+	for _, cut := range []string{": buffer size=", ": response \""} {
+		if i := strings.Index(msg, cut); i >= 0 {
+			msg = msg[:i]
+		}
+	}
+	return msg
 }
 
 // write sends the request's headers and body on conn.

@@ -235,3 +235,49 @@ func TestFastSenderIdleBounds(t *testing.T) {
 		t.Errorf("%d idle, %d closed after close; want 0 and %d", len(f.idle), closes.Load(), 16+fastMaxIdle-10+1)
 	}
 }
+
+// TestFastSenderHostileAnswers: answers that break HTTP/1.1 end the request
+// with an error outcome that says what was wrong, and leave nothing
+// running; none is read as a success.
+func TestFastSenderHostileAnswers(t *testing.T) {
+	sse := "Content-Type: text/event-stream\r\n"
+	tests := []struct {
+		name string
+		raw  string
+		want []Outcome
+	}{
+		{"a chunk size past 2^63", "HTTP/1.1 200 OK\r\n" + sse + "Transfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n" + doneStream, []Outcome{OutcomeStreamError}},
+		{"a chunk size that is not hex", "HTTP/1.1 200 OK\r\n" + sse + "Transfer-Encoding: chunked\r\n\r\nzz\r\n" + doneStream, []Outcome{OutcomeStreamError}},
+		{"a chunk longer than its size", "HTTP/1.1 200 OK\r\n" + sse + "Transfer-Encoding: chunked\r\n\r\n2\r\n" + doneStream + "\r\n0\r\n\r\n", []Outcome{OutcomeStreamError}},
+		{"a negative length", "HTTP/1.1 200 OK\r\n" + sse + "Content-Length: -5\r\n\r\n" + doneStream, []Outcome{OutcomeConnectionError}},
+		{"two lengths that disagree", "HTTP/1.1 200 OK\r\n" + sse + "Content-Length: 5\r\nContent-Length: 6\r\n\r\n" + doneStream, []Outcome{OutcomeConnectionError}},
+		{"a length past the body", "HTTP/1.1 200 OK\r\n" + sse + fmt.Sprintf("Content-Length: %d\r\n\r\n", 1<<40) + "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", []Outcome{OutcomeStreamError}},
+		{"an endless run of 100 Continue", strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 1000), []Outcome{OutcomeConnectionError}},
+		{"no status line", "\r\n\r\n" + doneStream, []Outcome{OutcomeConnectionError}},
+		{"a status of 99999", "HTTP/1.1 99999 Odd\r\n" + sse + "\r\n" + doneStream, []Outcome{OutcomeConnectionError}},
+		{"a header line without a colon", "HTTP/1.1 200 OK\r\nno colon here\r\n" + sse + "\r\n" + doneStream, []Outcome{OutcomeConnectionError}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			u := rawServer(t, func(conn net.Conn, _ int) {
+				defer conn.Close()
+				if readRequest(bufio.NewReader(conn)) {
+					_, _ = io.WriteString(conn, tt.raw)
+				}
+			})
+			c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM, RequestTimeout: time.Minute})
+			var res Response
+			c.Do(t.Context(), Request{Prompt: "x", MaxTokens: 1}, &res)
+			ok := false
+			for _, o := range tt.want {
+				ok = ok || res.Outcome == o
+			}
+			if !ok || (res.Outcome != OutcomeSuccess && res.Error == "") {
+				t.Errorf("outcome %s (%q), want one of %v with a reason", res.Outcome, res.Error, tt.want)
+			}
+			if strings.Contains(res.Error, "data:") {
+				t.Errorf("the error %q quotes the answer", res.Error)
+			}
+		})
+	}
+}
