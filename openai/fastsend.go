@@ -110,7 +110,7 @@ func (f *fastSender) take(rctx context.Context) (*fastConn, error) {
 	}
 	f.mu.Unlock()
 	fc := &fastConn{}
-	c, err := f.dial(httptrace.WithClientTrace(rctx, fc.dial.trace()), "tcp", f.addr)
+	c, err := f.dial(httptrace.WithClientTrace(rctx, fc.dial.trace(firstTime)), "tcp", f.addr)
 	if err != nil {
 		return nil, err
 	}

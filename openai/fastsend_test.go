@@ -140,56 +140,54 @@ func TestFastSenderReuse(t *testing.T) {
 	}
 }
 
-// TestFastSenderCancelBeforeAnswer: a caller's cancellation while the
-// server has not answered ends the request at once, as canceled.
-func TestFastSenderCancelBeforeAnswer(t *testing.T) {
-	got := make(chan struct{})
-	u := rawServer(t, func(conn net.Conn, _ int) {
-		defer conn.Close()
-		if readRequest(bufio.NewReader(conn)) {
-			close(got)
-			_, _ = io.Copy(io.Discard, conn) // never answers
+// TestFastSenderCancel: a caller's cancellation ends the request at once,
+// as canceled, whether the server has not answered yet or the dial hangs
+// (an address that drops SYNs): the dial has the request's context.
+func TestFastSenderCancel(t *testing.T) {
+	silent := func(t *testing.T, reached chan struct{}) *Client {
+		u := rawServer(t, func(conn net.Conn, _ int) {
+			defer conn.Close()
+			if readRequest(bufio.NewReader(conn)) {
+				close(reached)
+				_, _ = io.Copy(io.Discard, conn) // never answers
+			}
+		})
+		return mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM})
+	}
+	hangingDial := func(t *testing.T, reached chan struct{}) *Client {
+		c := mustClient(t, TargetConfig{URL: "http://192.0.2.1:8000", Dialect: engine.DialectVLLM})
+		c.fast.dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			close(reached)
+			<-ctx.Done()
+			return nil, ctx.Err()
 		}
-	})
-	c := mustClient(t, TargetConfig{URL: u, Dialect: engine.DialectVLLM})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	var res Response
-	go func() {
-		defer close(done)
-		c.Do(ctx, Request{Prompt: "x", MaxTokens: 1}, &res)
-	}()
-	testutil.Wait(t, "the request at the server", got)
-	cancel()
-	testutil.Wait(t, "Do's return after the cancellation", done)
-	if res.Outcome != OutcomeCanceled {
-		t.Errorf("outcome %s (%s), want canceled", res.Outcome, res.Error)
+		return c
 	}
-}
-
-// TestFastSenderCancelDuringDial: the dial has the request's context, so a
-// cancellation ends a connection attempt that hangs (an address that
-// drops SYNs) at once.
-func TestFastSenderCancelDuringDial(t *testing.T) {
-	c := mustClient(t, TargetConfig{URL: "http://192.0.2.1:8000", Dialect: engine.DialectVLLM})
-	dialing := make(chan struct{})
-	c.fast.dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
-		close(dialing)
-		<-ctx.Done()
-		return nil, ctx.Err()
+	tests := []struct {
+		name   string
+		client func(t *testing.T, reached chan struct{}) *Client
+	}{
+		{"before the answer", silent},
+		{"during the dial", hangingDial},
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	var res Response
-	go func() {
-		defer close(done)
-		c.Do(ctx, Request{Prompt: "x", MaxTokens: 1}, &res)
-	}()
-	testutil.Wait(t, "the dial", dialing)
-	cancel()
-	testutil.Wait(t, "Do's return after the cancellation", done)
-	if res.Outcome != OutcomeCanceled {
-		t.Errorf("outcome %s (%s), want canceled", res.Outcome, res.Error)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reached := make(chan struct{})
+			c := tt.client(t, reached)
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			var res Response
+			go func() {
+				defer close(done)
+				c.Do(ctx, Request{Prompt: "x", MaxTokens: 1}, &res)
+			}()
+			testutil.Wait(t, "the request's wait", reached)
+			cancel()
+			testutil.Wait(t, "Do's return after the cancellation", done)
+			if res.Outcome != OutcomeCanceled {
+				t.Errorf("outcome %s (%s), want canceled", res.Outcome, res.Error)
+			}
+		})
 	}
 }
 

@@ -51,56 +51,42 @@ func (h *HTTPPhases) Took(p Phase) (d time.Duration, ok bool) {
 // the answer's first byte was read. Hence the lock, and durations worked
 // out only once the request is over (phases).
 type phaseClock struct {
-	mu                               sync.Mutex
-	dnsStart, connectStart, tlsStart time.Time
-	dnsDone, connectDone, tlsDone    time.Time
-	gotConn, wrote, firstByte        time.Time
-	gotConnection, reused            bool
+	mu                        sync.Mutex
+	dial                      dialTimes
+	tlsStart, tlsDone         time.Time
+	gotConn, wrote, firstByte time.Time
+	gotConnection, reused     bool
 }
 
 // trace is the ClientTrace that feeds c.
 func (c *phaseClock) trace() *httptrace.ClientTrace {
 	at := func(t *time.Time) {
 		c.mu.Lock()
-		if t.IsZero() { // the first: a later dial of the same attempt does not count
-			*t = time.Now()
-		}
+		firstTime(t)
 		c.mu.Unlock()
 	}
-	return &httptrace.ClientTrace{
-		DNSStart: func(httptrace.DNSStartInfo) { at(&c.dnsStart) },
-		DNSDone: func(i httptrace.DNSDoneInfo) {
-			if i.Err == nil {
-				at(&c.dnsDone)
-			}
-		},
-		ConnectStart: func(string, string) { at(&c.connectStart) },
-		ConnectDone: func(_, _ string, err error) {
-			if err == nil {
-				at(&c.connectDone)
-			}
-		},
-		TLSHandshakeStart: func() { at(&c.tlsStart) },
-		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
-			if err == nil {
-				at(&c.tlsDone)
-			}
-		},
-		GotConn: func(i httptrace.GotConnInfo) {
-			c.mu.Lock()
-			c.gotConn = time.Now()
-			// Any reused connection counts, not only one taken from the
-			// idle pool (see send).
-			c.gotConnection, c.reused = true, i.Reused
-			c.mu.Unlock()
-		},
-		WroteRequest: func(i httptrace.WroteRequestInfo) {
-			if i.Err == nil {
-				at(&c.wrote)
-			}
-		},
-		GotFirstResponseByte: func() { at(&c.firstByte) },
+	t := c.dial.trace(at)
+	t.TLSHandshakeStart = func() { at(&c.tlsStart) }
+	t.TLSHandshakeDone = func(_ tls.ConnectionState, err error) {
+		if err == nil {
+			at(&c.tlsDone)
+		}
 	}
+	t.GotConn = func(i httptrace.GotConnInfo) {
+		c.mu.Lock()
+		c.gotConn = time.Now()
+		// Any reused connection counts, not only one taken from the
+		// idle pool (see send).
+		c.gotConnection, c.reused = true, i.Reused
+		c.mu.Unlock()
+	}
+	t.WroteRequest = func(i httptrace.WroteRequestInfo) {
+		if i.Err == nil {
+			at(&c.wrote)
+		}
+	}
+	t.GotFirstResponseByte = func() { at(&c.firstByte) }
+	return t
 }
 
 // dialTimes are a new connection's DNS and connect times, taken by the
@@ -110,27 +96,30 @@ type dialTimes struct {
 	dnsStart, dnsDone, connectStart, connectDone time.Time
 }
 
-// trace is the ClientTrace that feeds d; net.Dialer calls it on the
-// dialing goroutine.
-func (d *dialTimes) trace() *httptrace.ClientTrace {
-	first := func(t *time.Time) {
-		if t.IsZero() {
-			*t = time.Now()
-		}
-	}
+// trace is the ClientTrace of a dial: each hook records its time in d
+// through at.
+func (d *dialTimes) trace(at func(*time.Time)) *httptrace.ClientTrace {
 	return &httptrace.ClientTrace{
-		DNSStart: func(httptrace.DNSStartInfo) { first(&d.dnsStart) },
+		DNSStart: func(httptrace.DNSStartInfo) { at(&d.dnsStart) },
 		DNSDone: func(i httptrace.DNSDoneInfo) {
 			if i.Err == nil {
-				first(&d.dnsDone)
+				at(&d.dnsDone)
 			}
 		},
-		ConnectStart: func(string, string) { first(&d.connectStart) },
+		ConnectStart: func(string, string) { at(&d.connectStart) },
 		ConnectDone: func(_, _ string, err error) {
 			if err == nil {
-				first(&d.connectDone)
+				at(&d.connectDone)
 			}
 		},
+	}
+}
+
+// firstTime sets *t to now unless it is set: a later dial of the same
+// attempt does not count. For a dial's own goroutine, without a lock.
+func firstTime(t *time.Time) {
+	if t.IsZero() {
+		*t = time.Now()
 	}
 }
 
@@ -140,7 +129,7 @@ func (c *phaseClock) tookConn(d *dialTimes) {
 	now := time.Now()
 	c.mu.Lock()
 	if d != nil {
-		c.dnsStart, c.dnsDone, c.connectStart, c.connectDone = d.dnsStart, d.dnsDone, d.connectStart, d.connectDone
+		c.dial = *d
 	}
 	c.gotConnection, c.reused, c.gotConn = true, d == nil, now
 	c.mu.Unlock()
@@ -176,8 +165,8 @@ func (c *phaseClock) phases() HTTPPhases {
 			h.took[p], h.seen[p] = max(to.Sub(from), 0), true
 		}
 	}
-	set(PhaseDNS, c.dnsStart, c.dnsDone)
-	set(PhaseConnect, c.connectStart, c.connectDone)
+	set(PhaseDNS, c.dial.dnsStart, c.dial.dnsDone)
+	set(PhaseConnect, c.dial.connectStart, c.dial.connectDone)
 	set(PhaseTLS, c.tlsStart, c.tlsDone)
 	set(PhaseWriteRequest, c.gotConn, c.wrote)
 	set(PhaseFirstByte, c.wrote, c.firstByte)

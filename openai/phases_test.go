@@ -12,8 +12,17 @@ import (
 // request written and first byte (plain http to an address: no dns, no
 // tls); the next one reuses the connection.
 func TestHTTPPhases(t *testing.T) {
+	for _, sender := range []string{"fasthttp", "net/http"} {
+		t.Run(sender, func(t *testing.T) { testHTTPPhases(t, sender == "net/http") })
+	}
+}
+
+func testHTTPPhases(t *testing.T, netHTTP bool) {
 	srv := newHeaderServer(t)
 	c := mustClient(t, TargetConfig{URL: srv.URL, Model: "m", Dialect: engine.DialectVLLM})
+	if netHTTP {
+		c.fast = nil
+	}
 	var first, second Response
 	c.Do(context.Background(), Request{Prompt: "hello", MaxTokens: 4}, &first)
 	c.Do(context.Background(), Request{Prompt: "hello", MaxTokens: 4}, &second)
