@@ -226,7 +226,7 @@ func New(cfg TargetConfig) (*Client, error) {
 		return nil, fmt.Errorf("http_client_config: %w", err)
 	}
 	if fastEligible(c.endpoint, hc) {
-		c.fast = newFastSender(c.endpoint, c.user)
+		c.fast = newFastSender(c.endpoint, c.user, c.session)
 	}
 	return c, nil
 }
@@ -252,10 +252,6 @@ func (c *Client) setEndpoint(base string) error {
 		u.Path += "/v1/chat/completions"
 	}
 	c.endpoint = *u
-	if c.fast != nil { // a test moved the endpoint
-		c.fast.close()
-		c.fast = newFastSender(c.endpoint, c.user)
-	}
 	return nil
 }
 
@@ -373,7 +369,7 @@ func (c *Client) Do(ctx context.Context, req Request, res *Response) {
 	var resp answer
 	var retry bool
 	if c.fast != nil {
-		resp, retry, err = c.fast.send(rctx, c, body, req.Session, clock)
+		resp, retry, err = c.fast.send(rctx, body, req.Session, clock)
 	} else {
 		resp, retry, err = c.send(rctx, c.http, body, req.Session, clock)
 	}

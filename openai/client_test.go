@@ -207,7 +207,7 @@ func TestClientAbsentCachedTokens(t *testing.T) {
 			// the test swaps the endpoint of a single client.
 			c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: tt.dialect})
 			for i, f := range tt.fixtures {
-				if err := c.setEndpoint(srv.URL + "/" + f); err != nil {
+				if err := moveEndpoint(c, srv.URL+"/"+f); err != nil {
 					t.Fatal(err)
 				}
 				var res Response
@@ -1271,7 +1271,7 @@ func TestClientOllamaUpgrade(t *testing.T) {
 	srv := newServer(t, mux)
 	c := mustClient(t, TargetConfig{URL: srv.URL, Dialect: engine.DialectOllama})
 	for i, f := range fixtures {
-		if err := c.setEndpoint(srv.URL + "/" + f); err != nil {
+		if err := moveEndpoint(c, srv.URL+"/"+f); err != nil {
 			t.Fatal(err)
 		}
 		var res Response
@@ -1284,6 +1284,18 @@ func TestClientOllamaUpgrade(t *testing.T) {
 			t.Errorf("answer %d (%s): %s, cached %s, want success, cached %s", i, f, res.Outcome, got, want[i])
 		}
 	}
+}
+
+// moveEndpoint points c at base, its fast sender too.
+func moveEndpoint(c *Client, base string) error {
+	if err := c.setEndpoint(base); err != nil {
+		return err
+	}
+	if c.fast != nil {
+		c.fast.close()
+		c.fast = newFastSender(c.endpoint, c.user, c.session)
+	}
+	return nil
 }
 
 // writeCountingConn counts the writes made on a connection.

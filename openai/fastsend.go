@@ -35,10 +35,11 @@ import (
 // context, so that a cancellation ends a dial too, which fasthttp's own
 // pool (HostClient) cannot do; idle ones wait in a short list.
 type fastSender struct {
-	addr string        // host:port
-	uri  *fasthttp.URI // the endpoint, copied into each request
-	auth string        // the Authorization header of the URL's userinfo; "" for none
-	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	addr    string        // host:port
+	uri     *fasthttp.URI // the endpoint, copied into each request
+	auth    string        // the Authorization header of the URL's userinfo; "" for none
+	session string        // the session header's name; "" sends none
+	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 
 	mu     sync.Mutex
 	idle   []*fastConn // oldest first: a request takes the last one
@@ -70,8 +71,8 @@ func fastEligible(endpoint url.URL, hc config.HTTPClientConfig) bool {
 	return reflect.DeepEqual(hc, config.HTTPClientConfig{})
 }
 
-func newFastSender(endpoint url.URL, user *url.Userinfo) *fastSender {
-	f := &fastSender{addr: endpoint.Host, uri: fasthttp.AcquireURI(), dial: dialEngine}
+func newFastSender(endpoint url.URL, user *url.Userinfo, sessionHeader string) *fastSender {
+	f := &fastSender{addr: endpoint.Host, uri: fasthttp.AcquireURI(), dial: dialEngine, session: sessionHeader}
 	if endpoint.Port() == "" {
 		f.addr = net.JoinHostPort(endpoint.Hostname(), "80")
 	}
@@ -187,9 +188,15 @@ var (
 	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, fastWriteBuffer) }}
 )
 
+// putReader gives br back to its pool, reading from nothing.
+func putReader(br *bufio.Reader) {
+	br.Reset(nil)
+	readers.Put(br)
+}
+
 // send makes one attempt at the request (see Client.send, whose contract
 // it keeps). The answer's body must be closed.
-func (f *fastSender) send(rctx context.Context, c *Client, body requestBody, session string, clock *phaseClock) (answer, bool, error) {
+func (f *fastSender) send(rctx context.Context, body requestBody, session string, clock *phaseClock) (answer, bool, error) {
 	fc, err := f.take(rctx)
 	if err != nil {
 		if e := rctx.Err(); e != nil {
@@ -218,18 +225,14 @@ func (f *fastSender) send(rctx context.Context, c *Client, body requestBody, ses
 		return answer{}, retry && rctx.Err() == nil, err
 	}
 
-	if err := f.write(rctx, fc, c, body, session); err != nil {
+	if err := f.write(rctx, fc, body, session); err != nil {
 		return fail(err, reused)
 	}
 	clock.stamp(&clock.wrote)
 	br := readers.Get().(*bufio.Reader) //nolint:forcetypeassert // the pool holds nothing else
 	br.Reset(fc)
-	release := func() {
-		br.Reset(nil)
-		readers.Put(br)
-	}
 	if _, err := br.Peek(1); err != nil {
-		release()
+		putReader(br)
 		return fail(err, reused)
 	}
 	clock.stamp(&clock.firstByte)
@@ -238,7 +241,7 @@ func (f *fastSender) send(rctx context.Context, c *Client, body requestBody, ses
 	resp.Header.SetNoDefaultContentType(true)
 	if err := resp.Read(br); err != nil {
 		fasthttp.ReleaseResponse(resp)
-		release()
+		putReader(br)
 		var small *fasthttp.ErrSmallBuffer
 		switch {
 		case errors.As(err, &small):
@@ -270,7 +273,7 @@ func withoutQuotedAnswer(msg string) string {
 }
 
 // write sends the request's headers and body on conn.
-func (f *fastSender) write(rctx context.Context, conn net.Conn, c *Client, body requestBody, session string) error {
+func (f *fastSender) write(rctx context.Context, conn net.Conn, body requestBody, session string) error {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	req.Header.SetMethod(fasthttp.MethodPost)
@@ -279,8 +282,8 @@ func (f *fastSender) write(rctx context.Context, conn net.Conn, c *Client, body 
 	req.Header.SetBytesKV(acceptKey, acceptEventStreamBytes)
 	req.Header.SetUserAgentBytes(userAgentBytes)
 	tracing.InjectInto(rctx, fastHeaders{&req.Header})
-	if c.session != "" && session != "" {
-		req.Header.Set(c.session, sessionValue(session))
+	if f.session != "" && session != "" {
+		req.Header.Set(f.session, sessionValue(session))
 	}
 	if f.auth != "" {
 		req.Header.Set(fasthttp.HeaderAuthorization, f.auth)
@@ -363,8 +366,7 @@ func (b *fastBody) Close() error {
 	reuse := b.eof && !interrupted && !canceled && !b.resp.ConnectionClose()
 	_ = b.resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(b.resp)
-	b.br.Reset(nil)
-	readers.Put(b.br)
+	putReader(b.br)
 	b.f.giveBack(b.fc, reuse)
 	return nil
 }

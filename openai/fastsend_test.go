@@ -205,7 +205,7 @@ func (c closeCounter) Close() error { c.closes.Add(1); return nil }
 func TestFastSenderIdleBounds(t *testing.T) {
 	var closes atomic.Int32
 	conn := func() *fastConn { return &fastConn{Conn: closeCounter{closes: &closes}} }
-	f := newFastSender(url.URL{Scheme: "http", Host: "127.0.0.1:1"}, nil)
+	f := newFastSender(url.URL{Scheme: "http", Host: "127.0.0.1:1"}, nil, "")
 	for range fastMaxIdle + 5 {
 		f.giveBack(conn(), true)
 	}

@@ -251,7 +251,7 @@ var propagator = propagation.TraceContext{}
 
 // Inject sets the traceparent header of h from ctx, which Start returned.
 func Inject(ctx context.Context, h http.Header) {
-	propagator.Inject(ctx, propagation.HeaderCarrier(h))
+	InjectInto(ctx, propagation.HeaderCarrier(h))
 }
 
 // InjectInto is Inject for headers that are not an http.Header.
