@@ -59,6 +59,7 @@ func main() {
 	flag.BoolVar(&o.stormControl, "storm-control", true, "after the storm, the same storm on a copy of the exporter's /metrics served by another process (the machine's share of the lag)")
 	flag.IntVar(&o.stream.tokens, "tokens", 32, "output tokens of every streamed response")
 	flag.IntVar(&o.stream.perWrite, "sink-events-per-write", 1, "SSE events the sink writes and flushes at once: 1 like a real engine, 35 for the whole 32-token stream in one write (a sink cheaper than its client)")
+	flag.StringVar(&keepArrivals, "keep-arrivals", "", "directory to write each run's arrival logs to (JSON arrays of Unix nanoseconds, TOOL-RATE-TIME-received.json and -handled.json)")
 	flag.StringVar(&o.exporterEnv, "exporter-env", "", "extra environment of the exporter only, comma-separated KEY=VALUE (e.g. GOGC=400)")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -87,13 +88,17 @@ type outcome struct {
 	sent     int64         // requests the sink received
 	achieved float64       // requests/s the sink received, as arrivalRate fits them
 	p50, p99 time.Duration // the tool's own send lag (see lagSource)
-	// The send lag as the sink saw it, by one formula for both tools
-	// (arrivalLag): what the comparison with vegeta uses.
+	// The send lag as the sink's socket saw it (the kernel's receive
+	// stamps, wire.go), by one formula for both tools (arrivalLag): what
+	// the comparison with vegeta uses.
 	sinkP50, sinkP99 time.Duration
-	dropped          float64 // requests the tool scheduled but never sent (kvload only)
-	toolCPU          float64 // CPU-seconds of the load tool over the run
-	toolSys          float64 // the part of toolCPU spent in the kernel
-	sinkCPU          float64 // CPU-seconds of the sink over the run
+	// The same at the sink's handler, which its own scheduling delays.
+	handlerP50, handlerP99 time.Duration
+	unstamped              int64   // requests with no receive stamp, timed at the handler instead
+	dropped                float64 // requests the tool scheduled but never sent (kvload only)
+	toolCPU                float64 // CPU-seconds of the load tool over the run
+	toolSys                float64 // the part of toolCPU spent in the kernel
+	sinkCPU                float64 // CPU-seconds of the sink over the run
 	// machineBusy is the share of all the machine's CPU time that the
 	// tool and the sink used together over the run: near 1, the kernel's
 	// run queue sets the tail of the lag, whichever tool is measured.
@@ -254,11 +259,11 @@ func run(opt options) error {
 		}
 	}
 	fmt.Printf("\nload average after: %s\n\n", loadAvg())
-	fmt.Println("| tool | target req/s | achieved req/s | requests | dropped | p50 lag at the sink | p99 lag at the sink | p50 own send lag | p99 own send lag | tool CPU-s per 1,000 req | sink CPU-s per 1,000 req | sink and tool, share of the machine |")
-	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Println("| tool | target req/s | achieved req/s | requests | dropped | p50 lag at the sink | p99 lag at the sink | p99 lag at the sink's handler | p50 own send lag | p99 own send lag | tool CPU-s per 1,000 req | sink CPU-s per 1,000 req | sink and tool, share of the machine |")
+	fmt.Println("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, o := range results {
-		fmt.Printf("| %s | %d | %.0f | %d | %.0f | %s | %s | %s | %s | %.3f | %.3f | %.0f %% |\n", o.tool, o.rate, o.achieved, o.sent, o.dropped,
-			ms(o.sinkP50), ms(o.sinkP99), ms(o.p50), ms(o.p99), perK(o.toolCPU, o.sent), perK(o.sinkCPU, o.sent), 100*o.machineBusy)
+		fmt.Printf("| %s | %d | %.0f | %d | %.0f | %s | %s | %s | %s | %s | %.3f | %.3f | %.0f %% |\n", o.tool, o.rate, o.achieved, o.sent, o.dropped,
+			ms(o.sinkP50), ms(o.sinkP99), ms(o.handlerP99), ms(o.p50), ms(o.p99), perK(o.toolCPU, o.sent), perK(o.sinkCPU, o.sent), 100*o.machineBusy)
 	}
 	if len(summaries) > 0 {
 		fmt.Printf("\nkvload-exporter against vegeta, %d paired rounds a rate (median, then the range):\n\n", opt.rounds)
@@ -277,8 +282,11 @@ func run(opt options) error {
 }
 
 func printOutcome(o outcome) {
-	fmt.Printf("%-6s %5d/s: achieved %.0f/s, %d requests, %.0f dropped, lag at the sink p50 %s p99 %s, own lag p50 %s p99 %s (%s), CPU %.2f s of which %.2f s in the kernel (%.3f per 1,000 req), sink CPU %.2f s, %.0f %% of the machine's CPU time for both\n",
-		o.tool, o.rate, o.achieved, o.sent, o.dropped, ms(o.sinkP50), ms(o.sinkP99), ms(o.p50), ms(o.p99), o.lagSource, o.toolCPU, o.toolSys, perK(o.toolCPU, o.sent), o.sinkCPU, 100*o.machineBusy)
+	fmt.Printf("%-6s %5d/s: achieved %.0f/s, %d requests, %.0f dropped, lag at the sink p50 %s p99 %s (at its handler p50 %s p99 %s), own lag p50 %s p99 %s (%s), CPU %.2f s of which %.2f s in the kernel (%.3f per 1,000 req), sink CPU %.2f s, %.0f %% of the machine's CPU time for both\n",
+		o.tool, o.rate, o.achieved, o.sent, o.dropped, ms(o.sinkP50), ms(o.sinkP99), ms(o.handlerP50), ms(o.handlerP99), ms(o.p50), ms(o.p99), o.lagSource, o.toolCPU, o.toolSys, perK(o.toolCPU, o.sent), o.sinkCPU, 100*o.machineBusy)
+	if o.unstamped > 0 {
+		fmt.Printf("%-6s %5d/s: %d requests came without the kernel's receive stamp; the sink's handler timed them\n", o.tool, o.rate, o.unstamped)
+	}
 	if o.sent > 0 && o.mallocs > 0 {
 		n := float64(o.sent)
 		fmt.Printf("%-6s %5d/s: %.0f heap allocations and %.0f bytes per request, %.0f garbage collections\n", o.tool, o.rate, o.mallocs/n, o.allocBytes/n, o.gcs)
@@ -414,7 +422,7 @@ workloads:
 	if err != nil {
 		return o, err
 	}
-	o.sent = st.Requests
+	o.sent, o.unstamped = st.Requests, st.Unstamped
 	if err := o.judgeAtSink(sinkURL); err != nil {
 		return o, err
 	}
@@ -489,7 +497,7 @@ func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
 	if err != nil {
 		return o, err
 	}
-	o.sent = st.Requests
+	o.sent, o.unstamped = st.Requests, st.Unstamped
 	if err := o.judgeAtSink(sinkURL); err != nil {
 		return o, err
 	}
@@ -546,25 +554,55 @@ func checkRunSize(rates []int, opt options) error {
 // judgeAtSink sets the achieved rate and the lag at the sink from the
 // arrival times (Unix) of the requests the sink received since its last
 // reset: the same figures, by the same formulas, whichever tool sent them.
+// The lag and the rate are the kernel's receive stamps' (wire.go); the lag
+// at the sink's handler is kept beside them.
 func (o *outcome) judgeAtSink(url string) error {
-	text, err := get(url + "/arrivals")
+	received, err := sinkArrivals(url+"/arrivals", o)
 	if err != nil {
 		return err
 	}
+	handled, err := sinkArrivals(url+"/arrivals?at=handler", o)
+	if err != nil {
+		return err
+	}
+	o.achieved = arrivalRate(received)
+	o.sinkP50, o.sinkP99 = arrivalLag(received, o.rate)
+	o.handlerP50, o.handlerP99 = arrivalLag(handled, o.rate)
+	return nil
+}
+
+// keepArrivals is -keep-arrivals: where each run's arrival logs go, for a
+// look at their shape; empty for nowhere.
+var keepArrivals string
+
+// sinkArrivals reads one of the sink's arrival logs.
+func sinkArrivals(url string, o *outcome) ([]time.Duration, error) {
+	text, err := get(url)
+	if err != nil {
+		return nil, err
+	}
 	var unix []int64
 	if err := json.Unmarshal([]byte(text), &unix); err != nil {
-		return fmt.Errorf("sink arrivals: %w", err)
+		return nil, fmt.Errorf("sink arrivals: %w", err)
+	}
+	if keepArrivals != "" {
+		kind := "received"
+		if strings.Contains(url, "at=handler") {
+			kind = "handled"
+		}
+		name := fmt.Sprintf("%s-%d-%d-%s.json", strings.TrimSuffix(strings.Fields(o.tool)[0], ","), o.rate, time.Now().UnixNano(), kind)
+		if err := os.WriteFile(filepath.Join(keepArrivals, name), []byte(text), 0o644); err != nil {
+			return nil, fmt.Errorf("keep the arrivals: %w", err)
+		}
 	}
 	if len(unix) == 0 {
-		return errors.New("the sink recorded no arrivals")
+		return nil, errors.New("the sink recorded no arrivals")
 	}
 	times := make([]time.Duration, len(unix))
 	for i, t := range unix {
 		times[i] = time.Duration(t)
 	}
-	o.achieved = arrivalRate(times)
-	o.sinkP50, o.sinkP99 = arrivalLag(times, o.rate)
-	return nil
+	return times, nil
 }
 
 // arrivalRate is the rate that requests arriving at the given times were

@@ -19,9 +19,12 @@ import (
 )
 
 // sinkStats is what the sink saw since its last reset: how many streams
-// it served. When they arrived is its arrival log (see sink.arrivals).
+// it served. When they arrived is in its arrival logs (see sink.received).
 type sinkStats struct {
 	Requests int64 `json:"requests"`
+	// Unstamped counts the requests whose socket gave no receive stamp:
+	// their handler's time stands in (see wire.go).
+	Unstamped int64 `json:"unstamped"`
 }
 
 type sink struct {
@@ -34,10 +37,13 @@ type sink struct {
 
 	mu    sync.Mutex
 	stats sinkStats
-	// arrivals are the requests' arrival times since the last reset, in
-	// Unix nanoseconds, the first maxArrivals of them: each tool's send lag
-	// is measured from them the same way (see arrivalLag).
-	arrivals []int64
+	// The requests' arrival times since the last reset, in Unix
+	// nanoseconds, the first maxArrivals of them: each tool's send lag is
+	// measured from them the same way (see arrivalLag). received are the
+	// kernel's stamps at the sink's socket (wire.go), handled the times the
+	// sink's handler began; /arrivals serves the first, ?at=handler the
+	// second.
+	received, handled []int64
 }
 
 // maxArrivals bounds the arrival log: a 10 s run at 20,000/s. benchrate
@@ -76,24 +82,36 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/reset":
 		s.mu.Lock()
 		s.stats = sinkStats{}
-		s.arrivals = s.arrivals[:0]
+		s.received, s.handled = s.received[:0], s.handled[:0]
 		s.mu.Unlock()
 		return
 	case "/arrivals":
 		s.mu.Lock()
-		a := slices.Clone(s.arrivals)
+		a := slices.Clone(s.received)
+		if r.URL.Query().Get("at") == "handler" {
+			a = slices.Clone(s.handled)
+		}
 		s.mu.Unlock()
 		_ = json.NewEncoder(w).Encode(a)
 		return
 	}
 	now := time.Now().UnixNano()
+	received := takeReceiveStamp(r.Context())
 	s.mu.Lock()
 	s.stats.Requests++
-	if len(s.arrivals) < maxArrivals {
-		s.arrivals = append(s.arrivals, now)
+	if received == 0 {
+		received = now
+		s.stats.Unstamped++
+	}
+	if len(s.handled) < maxArrivals {
+		s.handled = append(s.handled, now)
+		s.received = append(s.received, received)
 	}
 	s.mu.Unlock()
 	_, _ = io.Copy(io.Discard, r.Body)
+	// Body bytes that came in a later segment are this request's, not
+	// the next one's.
+	takeReceiveStamp(r.Context())
 	w.Header().Set("Content-Type", "text/event-stream")
 	rc := http.NewResponseController(w)
 	for i, ev := range s.stream {
@@ -147,12 +165,12 @@ func runSink(args []string) error {
 	fmt.Println(ln.Addr().String())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	srv := &http.Server{Handler: newSink(shape), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: newSink(shape), ReadHeaderTimeout: 10 * time.Second, ConnContext: withWireConn}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(newWireListener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("sink: %w", err)
 	}
 	return nil

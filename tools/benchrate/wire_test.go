@@ -1,0 +1,106 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReceiveStampIsTheSendTime checks that a read's stamp is the time the
+// peer wrote, not the time the sink got round to reading.
+func TestReceiveStampIsTheSendTime(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	wl := newWireListener(ln)
+	written := make(chan [2]int64, 1)
+	go func() {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			written <- [2]int64{}
+			return
+		}
+		defer c.Close()
+		before := time.Now().UnixNano()
+		_, _ = c.Write([]byte("ping"))
+		written <- [2]int64{before, time.Now().UnixNano()}
+		_, _ = io.Copy(io.Discard, c) // until the sink closes
+	}()
+	c, err := wl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	wc, ok := c.(*wireConn)
+	if !ok {
+		t.Fatalf("accepted %T, want *wireConn", c)
+	}
+	span := <-written // the read below starts only after the write has returned
+	readAt := time.Now().UnixNano()
+	buf := make([]byte, 16)
+	if n, err := wc.Read(buf); err != nil || string(buf[:n]) != "ping" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+	stamp := wc.first.Swap(0)
+	if stamp < span[0] || stamp > span[1] {
+		t.Errorf("stamp %d not within the write [%d, %d]; the read began at %d", stamp, span[0], span[1], readAt)
+	}
+}
+
+// TestSinkStampsEachRequest checks that the sink logs a stamp per request,
+// and that a keep-alive connection's second request gets its own, not the
+// first's.
+func TestSinkStampsEachRequest(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(streamShape{tokens: 2, perWrite: 1})
+	srv := &http.Server{Handler: s, ConnContext: withWireConn}
+	go func() { _ = srv.Serve(newWireListener(ln)) }()
+	defer srv.Close()
+
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	const body = `{"model":"bench"}`
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: sink\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	var sentAfter [2]int64
+	for i := range 2 {
+		sentAfter[i] = time.Now().UnixNano()
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), "[DONE]") {
+			t.Fatalf("request %d: stream %q", i, b)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stats.Requests != 2 || s.stats.Unstamped != 0 || len(s.received) != 2 {
+		t.Fatalf("stats %+v, %d stamps; want 2 requests, all stamped", s.stats, len(s.received))
+	}
+	for i, at := range s.received {
+		if at < sentAfter[i] || at > s.handled[i] {
+			t.Errorf("request %d: stamp %d, want between its write (%d) and its handler (%d)", i, at, sentAfter[i], s.handled[i])
+		}
+	}
+}
