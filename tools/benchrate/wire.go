@@ -26,9 +26,9 @@ import (
 // stamps.
 type wireListener struct{ net.Listener }
 
-// newWireListener asks for the stamps on the listening socket too: an
-// accepted socket inherits the option, so a request that comes before
-// Accept returns is stamped as well.
+// newWireListener asks for the stamps on the listening socket: an accepted
+// socket inherits the option, so even a request that comes before Accept
+// returns is stamped.
 func newWireListener(ln net.Listener) wireListener {
 	if tl, ok := ln.(*net.TCPListener); ok {
 		if raw, err := tl.SyscallConn(); err == nil {
@@ -43,21 +43,12 @@ func (l wireListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return c, nil
+	if tc, ok := c.(*net.TCPConn); ok {
+		if raw, err := tc.SyscallConn(); err == nil {
+			return &wireConn{TCPConn: tc, raw: raw}, nil
+		}
 	}
-	raw, err := tc.SyscallConn()
-	if err != nil {
-		return c, nil
-	}
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
-	}); err != nil || serr != nil {
-		return c, nil // no stamps: the handler's clock stands in
-	}
-	return &wireConn{TCPConn: tc, raw: raw}, nil
+	return c, nil // no stamps: the handler's clock stands in
 }
 
 // wireConn reads with recvmsg to get the receive stamp of every read.

@@ -66,7 +66,8 @@ func TestSinkStampsEachRequest(t *testing.T) {
 	}
 	s := newSink(streamShape{tokens: 2, perWrite: 1})
 	srv := &http.Server{Handler: s, ConnContext: withWireConn}
-	go func() { _ = srv.Serve(newWireListener(ln)) }()
+	wl := newWireListener(ln) // before any dial: a socket accepted earlier has no stamps
+	go func() { _ = srv.Serve(wl) }()
 	defer srv.Close()
 
 	c, err := net.Dial("tcp", ln.Addr().String())
