@@ -557,11 +557,11 @@ func checkRunSize(rates []int, opt options) error {
 // The lag and the rate are the kernel's receive stamps' (wire.go); the lag
 // at the sink's handler is kept beside them.
 func (o *outcome) judgeAtSink(url string) error {
-	received, err := sinkArrivals(url+"/arrivals", o)
+	received, err := o.sinkArrivals(url, "received")
 	if err != nil {
 		return err
 	}
-	handled, err := sinkArrivals(url+"/arrivals?at=handler", o)
+	handled, err := o.sinkArrivals(url, "handled")
 	if err != nil {
 		return err
 	}
@@ -575,9 +575,10 @@ func (o *outcome) judgeAtSink(url string) error {
 // look at their shape; empty for nowhere.
 var keepArrivals string
 
-// sinkArrivals reads one of the sink's arrival logs.
-func sinkArrivals(url string, o *outcome) ([]time.Duration, error) {
-	text, err := get(url)
+// sinkArrivals reads the sink's arrival log of the given kind, "received"
+// or "handled", and keeps a copy under -keep-arrivals.
+func (o *outcome) sinkArrivals(sinkURL, kind string) ([]time.Duration, error) {
+	text, err := get(sinkURL + "/arrivals?at=" + kind)
 	if err != nil {
 		return nil, err
 	}
@@ -586,10 +587,6 @@ func sinkArrivals(url string, o *outcome) ([]time.Duration, error) {
 		return nil, fmt.Errorf("sink arrivals: %w", err)
 	}
 	if keepArrivals != "" {
-		kind := "received"
-		if strings.Contains(url, "at=handler") {
-			kind = "handled"
-		}
 		name := fmt.Sprintf("%s-%d-%d-%s.json", strings.TrimSuffix(strings.Fields(o.tool)[0], ","), o.rate, time.Now().UnixNano(), kind)
 		if err := os.WriteFile(filepath.Join(keepArrivals, name), []byte(text), 0o644); err != nil {
 			return nil, fmt.Errorf("keep the arrivals: %w", err)

@@ -41,7 +41,7 @@ type sink struct {
 	// nanoseconds, the first maxArrivals of them: each tool's send lag is
 	// measured from them the same way (see arrivalLag). received are the
 	// kernel's stamps at the sink's socket (wire.go), handled the times the
-	// sink's handler began; /arrivals serves the first, ?at=handler the
+	// sink's handler began; /arrivals serves the first, ?at=handled the
 	// second.
 	received, handled []int64
 }
@@ -87,10 +87,11 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case "/arrivals":
 		s.mu.Lock()
-		a := slices.Clone(s.received)
-		if r.URL.Query().Get("at") == "handler" {
-			a = slices.Clone(s.handled)
+		log := s.received
+		if r.URL.Query().Get("at") == "handled" {
+			log = s.handled
 		}
+		a := slices.Clone(log)
 		s.mu.Unlock()
 		_ = json.NewEncoder(w).Encode(a)
 		return

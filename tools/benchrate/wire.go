@@ -19,8 +19,8 @@ import (
 // tool's. The kernel stamps each segment as it is received, and on the
 // loopback that happens inside the sender's write, so the stamp on a
 // request's first bytes is the instant the tool sent it, whatever the
-// sink's scheduling. The sink asks for the stamps (SO_TIMESTAMPNS) on every
-// connection it accepts and keeps both times.
+// sink's scheduling. The sink asks for the stamps (SO_TIMESTAMPNS) on its
+// listening socket, which every accepted one inherits, and keeps both times.
 
 // wireListener accepts connections that read with the kernel's receive
 // stamps.

@@ -4,10 +4,13 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,14 +97,29 @@ func TestSinkStampsEachRequest(t *testing.T) {
 			t.Fatalf("request %d: stream %q", i, b)
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stats.Requests != 2 || s.stats.Unstamped != 0 || len(s.received) != 2 {
-		t.Fatalf("stats %+v, %d stamps; want 2 requests, all stamped", s.stats, len(s.received))
+	// The logs as benchrate reads them.
+	logOf := func(query string) []int64 {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/arrivals"+query, nil))
+		var times []int64
+		if err := json.Unmarshal(rec.Body.Bytes(), &times); err != nil {
+			t.Fatalf("/arrivals%s: %v", query, err)
+		}
+		return times
 	}
-	for i, at := range s.received {
-		if at < sentAfter[i] || at > s.handled[i] {
-			t.Errorf("request %d: stamp %d, want between its write (%d) and its handler (%d)", i, at, sentAfter[i], s.handled[i])
+	received, handled := logOf("?at=received"), logOf("?at=handled")
+	if !slices.Equal(logOf(""), received) {
+		t.Errorf("/arrivals serves %v, want the stamps %v", logOf(""), received)
+	}
+	s.mu.Lock()
+	st := s.stats
+	s.mu.Unlock()
+	if st.Requests != 2 || st.Unstamped != 0 || len(received) != 2 || len(handled) != 2 {
+		t.Fatalf("stats %+v, %d stamps, %d handler times; want 2 requests, all stamped", st, len(received), len(handled))
+	}
+	for i, at := range received {
+		if at < sentAfter[i] || at > handled[i] {
+			t.Errorf("request %d: stamp %d, want between its write (%d) and its handler (%d)", i, at, sentAfter[i], handled[i])
 		}
 	}
 }
