@@ -86,9 +86,15 @@ func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		return
 	case "/arrivals":
+		at := r.URL.Query().Get("at")
+		if at != "" && at != "received" && at != "handled" {
+			// A misspelt kind must not be answered with the other log.
+			http.Error(w, fmt.Sprintf("at=%q: want received or handled", at), http.StatusBadRequest)
+			return
+		}
 		s.mu.Lock()
 		log := s.received
-		if r.URL.Query().Get("at") == "handled" {
+		if at == "handled" {
 			log = s.handled
 		}
 		a := slices.Clone(log)

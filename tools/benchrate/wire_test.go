@@ -107,6 +107,11 @@ func TestSinkStampsEachRequest(t *testing.T) {
 		}
 		return times
 	}
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/arrivals?at=handler", nil))
+	if rec.Code != http.StatusBadRequest {
+		t.Errorf("/arrivals?at=handler: status %d, want %d for an unknown kind", rec.Code, http.StatusBadRequest)
+	}
 	received, handled := logOf("?at=received"), logOf("?at=handled")
 	if !slices.Equal(logOf(""), received) {
 		t.Errorf("/arrivals serves %v, want the stamps %v", logOf(""), received)
