@@ -60,6 +60,7 @@ func main() {
 	flag.IntVar(&o.stream.tokens, "tokens", 32, "output tokens of every streamed response")
 	flag.IntVar(&o.stream.perWrite, "sink-events-per-write", 1, "SSE events the sink writes and flushes at once: 1 like a real engine, 35 for the whole 32-token stream in one write (a sink cheaper than its client)")
 	flag.StringVar(&keepArrivals, "keep-arrivals", "", "directory to write each run's arrival logs to (JSON arrays of Unix nanoseconds, TOOL-RATE-TIME-received.json and -handled.json)")
+	flag.StringVar(&o.onSaturation, "on-saturation", "queue", "the exporter's on_saturation when max_in_flight (4,096) requests are out: queue sends the row late, as vegeta does; drop skips and counts it")
 	flag.StringVar(&o.exporterEnv, "exporter-env", "", "extra environment of the exporter only, comma-separated KEY=VALUE (e.g. GOGC=400)")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -79,6 +80,7 @@ type options struct {
 	stormControl     bool
 	stream           streamShape
 	exporterEnv      string
+	onSaturation     string // the exporter's workloads[].on_saturation
 }
 
 // outcome is one tool's run at one rate.
@@ -94,11 +96,14 @@ type outcome struct {
 	sinkP50, sinkP99 time.Duration
 	// The same at the sink's handler, which its own scheduling delays.
 	handlerP50, handlerP99 time.Duration
-	unstamped              int64   // requests with no receive stamp, timed at the handler instead
-	dropped                float64 // requests the tool scheduled but never sent (kvload only)
-	toolCPU                float64 // CPU-seconds of the load tool over the run
-	toolSys                float64 // the part of toolCPU spent in the kernel
-	sinkCPU                float64 // CPU-seconds of the sink over the run
+	unstamped              int64 // requests with no receive stamp, timed at the handler instead
+	// dropped is the requests the run asked for that never went out: the
+	// rows the exporter dropped, or what vegeta had not sent when its
+	// -duration ended (it stops there, late or not).
+	dropped float64
+	toolCPU float64 // CPU-seconds of the load tool over the run
+	toolSys float64 // the part of toolCPU spent in the kernel
+	sinkCPU float64 // CPU-seconds of the sink over the run
 	// machineBusy is the share of all the machine's CPU time that the
 	// tool and the sink used together over the run: near 1, the kernel's
 	// run queue sets the tail of the lag, whichever tool is measured.
@@ -195,7 +200,7 @@ func run(opt options) error {
 	sinkAddr := strings.TrimSpace(string(line[:n]))
 	sinkURL := "http://" + sinkAddr
 
-	su := setup{exp: exp, vegeta: opt.vegeta, dir: dir, sinkURL: sinkURL, sinkPid: sinkCmd.Process.Pid, dur: opt.dur, tokens: opt.stream.tokens}
+	su := setup{exp: exp, vegeta: opt.vegeta, dir: dir, sinkURL: sinkURL, sinkPid: sinkCmd.Process.Pid, dur: opt.dur, tokens: opt.stream.tokens, onSaturation: opt.onSaturation}
 	fmt.Printf("machine: %d CPUs, %s; load average %s\n", runtime.NumCPU(), cpuModel(), loadAvg())
 	fmt.Printf("sink %s (pid %d), %d-token streams, %d SSE events per write, %v per run; exporter environment %v\n\n", sinkURL, sinkCmd.Process.Pid, opt.stream.tokens, opt.stream.perWrite, opt.dur, exp.env)
 	var results []outcome
@@ -267,7 +272,7 @@ func run(opt options) error {
 	}
 	if len(summaries) > 0 {
 		fmt.Printf("\nkvload-exporter against vegeta, %d paired rounds a rate (median, then the range):\n\n", opt.rounds)
-		fmt.Println("| req/s | CPU per request, kvload over vegeta | kvload p99 lag at the sink | vegeta p99 lag at the sink | own p99 lag, kvload / vegeta (medians) | achieved req/s, kvload / vegeta | kvload dropped | sink and tool, share of the machine, kvload / vegeta runs | at or under vegeta |")
+		fmt.Println("| req/s | CPU per request, kvload over vegeta | kvload p99 lag at the sink | vegeta p99 lag at the sink | own p99 lag, kvload / vegeta (medians) | achieved req/s, kvload / vegeta | dropped or never sent, kvload / vegeta | sink and tool, share of the machine, kvload / vegeta runs | at or under vegeta |")
 		fmt.Println("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 		for _, m := range summaries {
 			fmt.Println(m.row())
@@ -317,6 +322,9 @@ type setup struct {
 	sinkPid int
 	dur     time.Duration
 	tokens  int // output tokens of every stream
+	// onSaturation is the exporter's on_saturation: queue, as vegeta
+	// never skips a request, or drop.
+	onSaturation string
 }
 
 // runKvload replays a trace of rate×dur evenly spaced rows (64-token
@@ -355,7 +363,8 @@ workloads:
     seed: 1
     loop: once
     max_in_flight: 4096
-`, sinkURL, trace)
+    on_saturation: %s
+`, sinkURL, trace, su.onSaturation)
 	if err := os.WriteFile(cfg, []byte(yml), 0o644); err != nil {
 		return o, err
 	}
@@ -501,6 +510,7 @@ func runVegeta(ctx context.Context, su setup, rate int) (outcome, error) {
 	if err := o.judgeAtSink(sinkURL); err != nil {
 		return o, err
 	}
+	o.dropped = neverSent(rate, dur, o.sent)
 
 	f, err := os.Open(results)
 	if err != nil {

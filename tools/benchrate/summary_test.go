@@ -66,6 +66,9 @@ func TestSummarize(t *testing.T) {
 			{run(0.9, 0.1, 1000, 0), run(1.0, 1.0, 1000, 0)},
 			{run(0.9, 0.1, 1000, 1), run(1.0, 1.0, 1000, 0)},
 		}, 0.9, "no: dropped requests"},
+		{"vegeta's unsent requests do not decide", []pairedRound{
+			{run(0.9, 0.1, 1000, 0), run(1.0, 1.0, 1000, 500)},
+		}, 0.9, "yes"},
 		{"a tenth of a request a second is the clock's", []pairedRound{
 			{run(0.9, 0.1, 999.96, 0), run(1.0, 1.0, 1000.1, 0)},
 		}, 0.9, "yes"},
@@ -90,6 +93,34 @@ func TestSummarize(t *testing.T) {
 				t.Errorf("verdict %q, want %q", got, tt.verdict)
 			}
 		})
+	}
+}
+
+func TestSummarizeCountsBothToolsUnsent(t *testing.T) {
+	k := &outcome{sent: 1000, toolCPU: 1, achieved: 1000, dropped: 2}
+	v := &outcome{sent: 600, toolCPU: 1, achieved: 600, dropped: 400}
+	m := summarize(1000, []pairedRound{{k, v}, {k, v}})
+	if m.dropped != 4 || m.vegetaDropped != 800 {
+		t.Errorf("dropped %v / %v, want 4 / 800", m.dropped, m.vegetaDropped)
+	}
+}
+
+func TestNeverSent(t *testing.T) {
+	tests := []struct {
+		rate int
+		dur  time.Duration
+		sent int64
+		want float64
+	}{
+		{5000, 10 * time.Second, 50000, 0},
+		{5000, 10 * time.Second, 13566, 36434},
+		{5000, 10 * time.Second, 50003, 0}, // a hit more than asked is not a negative shortfall
+		{1000, 1500 * time.Millisecond, 1000, 500},
+	}
+	for _, tt := range tests {
+		if got := neverSent(tt.rate, tt.dur, tt.sent); got != tt.want {
+			t.Errorf("neverSent(%d, %v, %d) = %v, want %v", tt.rate, tt.dur, tt.sent, got, tt.want)
+		}
 	}
 }
 
