@@ -140,6 +140,11 @@ func run(opt options) error {
 	if opt.rounds < 1 {
 		return fmt.Errorf("-rounds %d: want at least 1", opt.rounds)
 	}
+	if opt.onSaturation != "queue" && opt.onSaturation != "drop" {
+		// The exporter would refuse its configuration, and the run would
+		// wait 30 s for a readiness that never comes.
+		return fmt.Errorf("-on-saturation %q: want queue or drop", opt.onSaturation)
+	}
 	var rates []int
 	for _, f := range strings.Split(opt.rates, ",") {
 		rate, err := strconv.Atoi(strings.TrimSpace(f))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -258,6 +259,30 @@ func TestCheckRunSize(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if err := checkRunSize(tt.rates, tt.opt); (err == nil) != tt.ok {
 				t.Errorf("checkRunSize(%v) = %v, want ok %v", tt.rates, err, tt.ok)
+			}
+		})
+	}
+}
+
+func TestRunRefusesBadFlags(t *testing.T) {
+	good := options{rounds: 1, rates: "1000", onSaturation: "queue", stream: streamShape{tokens: 32, perWrite: 1}}
+	tests := []struct {
+		name string
+		edit func(*options)
+		want string
+	}{
+		{"no rounds", func(o *options) { o.rounds = 0 }, "-rounds 0"},
+		{"a misspelt saturation policy", func(o *options) { o.onSaturation = "Queue" }, `-on-saturation "Queue"`},
+		{"no saturation policy", func(o *options) { o.onSaturation = "" }, `-on-saturation ""`},
+		{"no tokens", func(o *options) { o.stream.tokens = 0 }, "tokens 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := good
+			tt.edit(&o)
+			err := run(o)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("run: %v, want an error naming %s", err, tt.want)
 			}
 		})
 	}
