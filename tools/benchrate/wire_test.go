@@ -39,15 +39,7 @@ func TestReceiveStampIsTheSendTime(t *testing.T) {
 		written <- [2]int64{before, time.Now().UnixNano()}
 		_, _ = io.Copy(io.Discard, c) // until the sink closes
 	}()
-	c, err := wl.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	wc, ok := c.(*wireConn)
-	if !ok {
-		t.Fatalf("accepted %T, want *wireConn", c)
-	}
+	wc := acceptWire(t, wl)
 	span := <-written // the read below starts only after the write has returned
 	readAt := time.Now().UnixNano()
 	buf := make([]byte, 16)
@@ -73,15 +65,7 @@ func untilStamped(t *testing.T, wl wireListener) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	c, err := wl.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	wc, ok := c.(*wireConn)
-	if !ok {
-		t.Fatalf("accepted %T, want *wireConn", c)
-	}
+	wc := acceptWire(t, wl)
 	buf := make([]byte, 1)
 	// A bound on tries, not on time: the work item runs within
 	// microseconds on an idle machine.
@@ -97,6 +81,21 @@ func untilStamped(t *testing.T, wl wireListener) {
 		}
 	}
 	t.Fatal("no read was stamped in a million tries: the kernel gives no SO_TIMESTAMPNS stamps")
+}
+
+// acceptWire accepts one connection of wl, closed when the test ends.
+func acceptWire(t *testing.T, wl wireListener) *wireConn {
+	t.Helper()
+	c, err := wl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	wc, ok := c.(*wireConn)
+	if !ok {
+		t.Fatalf("accepted %T, want *wireConn", c)
+	}
+	return wc
 }
 
 // TestSinkStampsEachRequest checks that the sink logs a stamp per request,
