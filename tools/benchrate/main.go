@@ -277,10 +277,15 @@ func run(opt options) error {
 	}
 	if len(summaries) > 0 {
 		fmt.Printf("\nkvload-exporter against vegeta, %d paired rounds a rate (median, then the range):\n\n", opt.rounds)
-		fmt.Println("| req/s | CPU per request, kvload over vegeta | kvload p99 lag at the sink | vegeta p99 lag at the sink | own p99 lag, kvload / vegeta (medians) | achieved req/s, kvload / vegeta | dropped or never sent, kvload / vegeta | sink and tool, share of the machine, kvload / vegeta runs | at or under vegeta |")
-		fmt.Println("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+		fmt.Printf("| req/s | CPU per request, kvload over vegeta | its median's %.0f %% upper bound | kvload p99 lag at the sink | vegeta p99 lag at the sink | own p99 lag, kvload / vegeta (medians) | achieved req/s, kvload / vegeta | dropped or never sent, kvload / vegeta | sink and tool, share of the machine, kvload / vegeta runs | at or under vegeta |\n", 100*boundConfidence)
+		fmt.Println("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 		for _, m := range summaries {
 			fmt.Println(m.row())
+		}
+		for _, m := range summaries {
+			if note := m.boundNote(); note != "" {
+				fmt.Println("\n" + note)
+			}
 		}
 		for _, m := range summaries {
 			if note := m.machineNote(); note != "" {

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"gonum.org/v1/gonum/stat/distuv"
 )
 
 // pairedRound is one round at one rate: each tool's run, nil where the
@@ -34,13 +36,42 @@ func spreadOf(xs []float64) spread {
 	return spread{median: med, lo: xs[0], hi: xs[n-1], n: n}
 }
 
+// boundConfidence is how sure the summary must be that the median CPU
+// ratio lies under its reported bound.
+const boundConfidence = 0.95
+
+// medianUpperBound is a one-sided upper confidence bound, at conf, on the
+// median of whatever distribution the figures were drawn from: the sign
+// test's order statistic. Each figure falls under that median with
+// probability one half, so the j-th smallest lies above it unless j or more
+// figures fell under it; the bound is the smallest such x_(j) whose chance
+// of lying above is at least conf. It is NaN where there are too few
+// figures for that confidence (under 5 at 95 %).
+func medianUpperBound(xs []float64, conf float64) float64 {
+	xs = slices.DeleteFunc(slices.Clone(xs), math.IsNaN)
+	slices.Sort(xs)
+	under := distuv.Binomial{N: float64(len(xs)), P: 0.5}
+	for j := 1; j <= len(xs); j++ {
+		// P(fewer than j figures under the median) = P(B <= j-1).
+		if under.CDF(float64(j-1)) >= conf {
+			return xs[j-1]
+		}
+	}
+	return math.NaN()
+}
+
 // rateSummary compares the tools at one rate over its rounds. One run of
 // each says little on a shared machine: the same build's CPU over vegeta's
 // has moved from 0.98 to 1.22 between rounds a minute apart. The ratio is
 // taken within each round, where both ran on the same machine state.
 type rateSummary struct {
-	rate                   int
-	cpuRatio               spread // kvload's CPU per request over vegeta's, per round
+	rate     int
+	cpuRatio spread // kvload's CPU per request over vegeta's, per round
+	// cpuRatioBound is the upper bound, at boundConfidence, on the median
+	// of that ratio over rounds like these: the machine's noise moves a
+	// median of five by a few hundredths, so a median just under 1 alone
+	// does not show the exporter is cheaper.
+	cpuRatioBound          float64
 	kvloadP99, vegetaP99   spread // the send lag at the sink, milliseconds: what the verdict compares
 	kvloadOwn, vegetaOwn   spread // each tool's own p99 send lag, milliseconds (see outcome.lagSource)
 	kvloadRate, vegetaRate spread // achieved requests/s
@@ -86,6 +117,7 @@ func summarize(rate int, rounds []pairedRound) rateSummary {
 		m.vegetaDropped += v.dropped
 	}
 	m.cpuRatio, m.kvloadP99, m.vegetaP99 = spreadOf(ratios), spreadOf(kp), spreadOf(vp)
+	m.cpuRatioBound = medianUpperBound(ratios, boundConfidence)
 	m.kvloadOwn, m.vegetaOwn = spreadOf(ko), spreadOf(vo)
 	m.kvloadRate, m.vegetaRate = spreadOf(kr), spreadOf(vr)
 	m.kvloadBusy, m.vegetaBusy = spreadOf(kb), spreadOf(vb)
@@ -129,9 +161,34 @@ func (m rateSummary) verdict() string {
 
 func (m rateSummary) row() string {
 	r, k, v := m.cpuRatio, m.kvloadP99, m.vegetaP99
-	return fmt.Sprintf("| %d | %.2f (%.2f–%.2f) | %.3f ms (%.3f–%.3f) | %.3f ms (%.3f–%.3f) | %.3f ms / %.3f ms | %.0f / %.0f | %.0f / %.0f | %.0f %% / %.0f %% | %s |",
-		m.rate, r.median, r.lo, r.hi, k.median, k.lo, k.hi, v.median, v.lo, v.hi, m.kvloadOwn.median, m.vegetaOwn.median, m.kvloadRate.median, m.vegetaRate.median, m.dropped, m.vegetaDropped,
+	return fmt.Sprintf("| %d | %.2f (%.2f–%.2f) | %s | %.3f ms (%.3f–%.3f) | %.3f ms (%.3f–%.3f) | %.3f ms / %.3f ms | %.0f / %.0f | %.0f / %.0f | %.0f %% / %.0f %% | %s |",
+		m.rate, r.median, r.lo, r.hi, boundText(m.cpuRatioBound), k.median, k.lo, k.hi, v.median, v.lo, v.hi, m.kvloadOwn.median, m.vegetaOwn.median, m.kvloadRate.median, m.vegetaRate.median, m.dropped, m.vegetaDropped,
 		100*m.kvloadBusy.median, 100*m.vegetaBusy.median, m.verdict())
+}
+
+func boundText(b float64) string {
+	if math.IsNaN(b) {
+		return "too few rounds"
+	}
+	return fmt.Sprintf("%.2f", b)
+}
+
+// boundNote says whether the rounds show, at boundConfidence, that the
+// exporter's median CPU per request is under vegeta's. The verdict is the
+// medians'; this says how far the machine's noise lets one trust it.
+func (m rateSummary) boundNote() string {
+	if m.cpuRatio.n == 0 {
+		return ""
+	}
+	if math.IsNaN(m.cpuRatioBound) {
+		return fmt.Sprintf("At %d/s %d paired rounds are too few to bound the median CPU ratio at %.0f %% confidence: run 5 or more.", m.rate, m.cpuRatio.n, 100*boundConfidence)
+	}
+	shown := "shown under 1: kvload-exporter's CPU per request is under vegeta's"
+	if !(m.cpuRatioBound < 1) {
+		shown = "not shown under 1"
+	}
+	return fmt.Sprintf("At %d/s the median CPU ratio is at most %.2f with %.0f %% confidence over %d paired rounds (sign test): %s.",
+		m.rate, m.cpuRatioBound, 100*boundConfidence, m.cpuRatio.n, shown)
 }
 
 // machineNote says, where the machine was nearly full during either

@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -283,6 +284,86 @@ func TestRunRefusesBadFlags(t *testing.T) {
 			err := run(o)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("run: %v, want an error naming %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestMedianUpperBound(t *testing.T) {
+	// upTo is 1, 2, ..., n in a shuffled order: the bound is its index.
+	upTo := func(n int) []float64 {
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = float64((i*7)%n + 1)
+		}
+		return xs
+	}
+	// The one-sided 95 % bounds of the sign test's tables: the 5th of 5
+	// (31/32 = 96.9 %), the 9th of 11, the 12th of 15, the 18th of 25.
+	tests := []struct {
+		name string
+		in   []float64
+		want float64
+	}{
+		{"four are too few", upTo(4), math.NaN()},
+		{"five: the largest", upTo(5), 5},
+		{"eleven", upTo(11), 9},
+		{"fifteen", upTo(15), 12},
+		{"twenty-five", upTo(25), 18},
+		{"NaN left out", append(upTo(5), math.NaN()), 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := medianUpperBound(tt.in, 0.95)
+			if got != tt.want && !(math.IsNaN(got) && math.IsNaN(tt.want)) {
+				t.Errorf("medianUpperBound(%v) = %v, want %v", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestMedianUpperBoundCovers draws rounds from a skewed distribution whose
+// median is known and counts how often the bound falls under it: at most 5
+// % of the time, and not far under that, or the bound is needlessly loose.
+func TestMedianUpperBoundCovers(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const trials, n = 20000, 15
+	median := math.Ln2 // of the exponential distribution with mean 1
+	missed := 0
+	xs := make([]float64, n)
+	for range trials {
+		for i := range xs {
+			xs[i] = rng.ExpFloat64()
+		}
+		if medianUpperBound(xs, 0.95) < median {
+			missed++
+		}
+	}
+	// The 12th of 15 lies under the median with chance P(B >= 12) = 1.76 %.
+	if got := float64(missed) / trials; got > 0.05 || got < 0.01 {
+		t.Errorf("the bound fell under the median in %.2f %% of %d trials, want about 1.76 %%", 100*got, trials)
+	}
+}
+
+func TestBoundNote(t *testing.T) {
+	ratios := func(xs ...float64) rateSummary {
+		return rateSummary{rate: 5000, cpuRatio: spreadOf(xs), cpuRatioBound: medianUpperBound(xs, boundConfidence)}
+	}
+	tests := []struct {
+		name string
+		m    rateSummary
+		want string
+	}{
+		{"shown under", ratios(0.90, 0.95, 0.97, 0.98, 0.99), "at most 0.99 with 95 % confidence over 5 paired rounds (sign test): shown under 1"},
+		{"one round over leaves it unshown", ratios(0.90, 0.95, 0.97, 0.98, 1.01), "at most 1.01 with 95 % confidence over 5 paired rounds (sign test): not shown under 1"},
+		{"too few", ratios(0.9, 0.9), "2 paired rounds are too few"},
+		{"no round", rateSummary{rate: 5000}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.m.boundNote()
+			if tt.want == "" && got != "" || !strings.Contains(got, tt.want) {
+				t.Errorf("boundNote() = %q, want it to hold %q", got, tt.want)
 			}
 		})
 	}
