@@ -71,7 +71,14 @@ type rateSummary struct {
 	// of that ratio over rounds like these: the machine's noise moves a
 	// median of five by a few hundredths, so a median just under 1 alone
 	// does not show the exporter is cheaper.
-	cpuRatioBound          float64
+	cpuRatioBound float64
+	// heldRatio and heldBound are the same over the rounds in which both
+	// tools held the rate. On a slow spell vegeta falls far behind and its
+	// CPU per request grows several times (its workers pile up in the
+	// kernel), which makes the whole-run median flatter the exporter; these
+	// rounds compare the two doing the same work.
+	heldRatio              spread
+	heldBound              float64
 	kvloadP99, vegetaP99   spread // the send lag at the sink, milliseconds: what the verdict compares
 	kvloadOwn, vegetaOwn   spread // each tool's own p99 send lag, milliseconds (see outcome.lagSource)
 	kvloadRate, vegetaRate spread // achieved requests/s
@@ -96,15 +103,25 @@ func neverSent(rate int, dur time.Duration, sent int64) float64 {
 // by over 1 ms in a window where no thread of the exporter ran.
 const busyMachine = 0.8
 
+// heldRate says whether a run's achieved rate came within 1 % of the rate
+// it was asked for.
+func heldRate(achieved float64, rate int) bool {
+	return achieved >= 0.99*float64(rate)
+}
+
 func summarize(rate int, rounds []pairedRound) rateSummary {
 	m := rateSummary{rate: rate}
-	var ratios, kp, vp, ko, vo, kr, vr, kb, vb []float64
+	var ratios, held, kp, vp, ko, vo, kr, vr, kb, vb []float64
 	for _, r := range rounds {
 		if r.kvload == nil || r.vegeta == nil {
 			continue
 		}
 		k, v := r.kvload, r.vegeta
-		ratios = append(ratios, perK(k.toolCPU, k.sent)/perK(v.toolCPU, v.sent))
+		ratio := perK(k.toolCPU, k.sent) / perK(v.toolCPU, v.sent)
+		ratios = append(ratios, ratio)
+		if heldRate(k.achieved, rate) && heldRate(v.achieved, rate) {
+			held = append(held, ratio)
+		}
 		kp = append(kp, float64(k.sinkP99)/float64(time.Millisecond))
 		vp = append(vp, float64(v.sinkP99)/float64(time.Millisecond))
 		ko = append(ko, float64(k.p99)/float64(time.Millisecond))
@@ -118,6 +135,7 @@ func summarize(rate int, rounds []pairedRound) rateSummary {
 	}
 	m.cpuRatio, m.kvloadP99, m.vegetaP99 = spreadOf(ratios), spreadOf(kp), spreadOf(vp)
 	m.cpuRatioBound = medianUpperBound(ratios, boundConfidence)
+	m.heldRatio, m.heldBound = spreadOf(held), medianUpperBound(held, boundConfidence)
 	m.kvloadOwn, m.vegetaOwn = spreadOf(ko), spreadOf(vo)
 	m.kvloadRate, m.vegetaRate = spreadOf(kr), spreadOf(vr)
 	m.kvloadBusy, m.vegetaBusy = spreadOf(kb), spreadOf(vb)
@@ -175,20 +193,35 @@ func boundText(b float64) string {
 
 // boundNote says whether the rounds show, at boundConfidence, that the
 // exporter's median CPU per request is under vegeta's. The verdict is the
-// medians'; this says how far the machine's noise lets one trust it.
+// medians'; this says how far the machine's noise lets one trust it. Where
+// some rounds found a tool behind the rate, the rounds where both held it
+// decide: they compare the two doing the same work.
 func (m rateSummary) boundNote() string {
-	if m.cpuRatio.n == 0 {
+	all, h := m.cpuRatio, m.heldRatio
+	if all.n == 0 {
 		return ""
 	}
-	if math.IsNaN(m.cpuRatioBound) {
-		return fmt.Sprintf("At %d/s %d paired rounds are too few to bound the median CPU ratio at %.0f %% confidence: run 5 or more.", m.rate, m.cpuRatio.n, 100*boundConfidence)
+	note := fmt.Sprintf("At %d/s, over %d paired rounds, the CPU ratio's median is %s.", m.rate, all.n, boundPhrase(m.cpuRatioBound))
+	bound, basis := m.cpuRatioBound, "the rounds"
+	if h.n < all.n {
+		note += fmt.Sprintf(" In the %d where both tools held the rate (within 1 %%), the ratio was %.2f (%.2f–%.2f), its median %s.",
+			h.n, h.median, h.lo, h.hi, boundPhrase(m.heldBound))
+		bound, basis = m.heldBound, "the rounds where both held the rate"
 	}
-	shown := "shown under 1: kvload-exporter's CPU per request is under vegeta's"
-	if !(m.cpuRatioBound < 1) {
-		shown = "not shown under 1"
+	switch {
+	case math.IsNaN(bound):
+		return note + fmt.Sprintf(" Too few of %s to show a difference: run more.", basis)
+	case bound < 1:
+		return note + fmt.Sprintf(" By %s, kvload-exporter's CPU per request is under vegeta's.", basis)
 	}
-	return fmt.Sprintf("At %d/s the median CPU ratio is at most %.2f with %.0f %% confidence over %d paired rounds (sign test): %s.",
-		m.rate, m.cpuRatioBound, 100*boundConfidence, m.cpuRatio.n, shown)
+	return note + fmt.Sprintf(" %s do not show kvload-exporter's CPU per request under vegeta's.", strings.ToUpper(basis[:1])+basis[1:])
+}
+
+func boundPhrase(b float64) string {
+	if math.IsNaN(b) {
+		return "not bounded (under 5 rounds)"
+	}
+	return fmt.Sprintf("at most %.2f with %.0f %% confidence (sign test)", b, 100*boundConfidence)
 }
 
 // machineNote says, where the machine was nearly full during either
