@@ -279,9 +279,9 @@ bench: tokenizers
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 ## bench-rate: kvload-exporter and vegeta (pinned in tools/go.mod) at the same constant rates against one local
-## SSE sink, five paired rounds a rate compared by their medians, then kvload-exporter under a storm of 100 /metrics
+## SSE sink, 25 paired rounds a rate compared by their medians, the CPU ratio bounded by the sign test, then kvload-exporter under a storm of 100 /metrics
 ## scrapers, then the same storm on a copy of its /metrics served by another process, the machine's share of the lag (docs/benchmarks.md).
-# About ten minutes of load on every core: never part of `make test`.
+# About 25 minutes of load on every core: never part of `make test`.
 # BENCH_RATE_FLAGS=-rates 1000 -duration 5s -rounds 1 for a shorter run.
 BENCH_RATE_FLAGS ?=
 bench-rate: build

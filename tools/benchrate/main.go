@@ -7,7 +7,7 @@
 // runs a rate, then the medians of the pairs side by side (make bench-rate;
 // docs/benchmarks.md holds the figures).
 //
-//	benchrate -exporter bin/kvload-exporter -vegeta bin/vegeta -rates 1000,5000 -duration 10s -rounds 5
+//	benchrate -exporter bin/kvload-exporter -vegeta bin/vegeta -rates 1000,5000 -duration 10s -rounds 25
 //	benchrate sink [-addr ADDR] [-tokens N] [-events-per-write N]   (the sink alone; benchrate starts it itself)
 package main
 
@@ -52,7 +52,7 @@ func main() {
 	flag.StringVar(&o.rates, "rates", "1000,5000", "requests/s, comma-separated")
 	flag.DurationVar(&o.dur, "duration", 10*time.Second, "length of each run")
 	flag.StringVar(&o.only, "only", "", "run only this tool: kvload or vegeta")
-	flag.IntVar(&o.rounds, "rounds", 5, "paired runs of the two tools at each rate, in alternating order; the summary compares them by their medians")
+	flag.IntVar(&o.rounds, "rounds", 25, "paired runs of the two tools at each rate, in alternating order; the summary compares them by their medians and bounds the CPU ratio's median (5 or more)")
 	flag.IntVar(&o.storm, "storm", 100, "concurrent /metrics scrapers of the extra kvload run at -storm-rate; 0 for none")
 	flag.IntVar(&o.stormRate, "storm-rate", 1000, "requests/s of the kvload run under a scrape storm")
 	flag.DurationVar(&o.stormGap, "storm-interval", 100*time.Millisecond, "pause of each scraper between scrapes; 0 for back to back")
