@@ -22,12 +22,18 @@ type spread struct {
 	n              int
 }
 
-func spreadOf(xs []float64) spread {
+// sortedFigures is xs without its NaNs, sorted, in a new slice.
+func sortedFigures(xs []float64) []float64 {
 	xs = slices.DeleteFunc(slices.Clone(xs), math.IsNaN)
+	slices.Sort(xs)
+	return xs
+}
+
+func spreadOf(xs []float64) spread {
+	xs = sortedFigures(xs)
 	if len(xs) == 0 {
 		return spread{median: math.NaN(), lo: math.NaN(), hi: math.NaN()}
 	}
-	slices.Sort(xs)
 	n := len(xs)
 	med := xs[n/2]
 	if n%2 == 0 {
@@ -48,8 +54,7 @@ const boundConfidence = 0.95
 // of lying above is at least conf. It is NaN where there are too few
 // figures for that confidence (under 5 at 95 %).
 func medianUpperBound(xs []float64, conf float64) float64 {
-	xs = slices.DeleteFunc(slices.Clone(xs), math.IsNaN)
-	slices.Sort(xs)
+	xs = sortedFigures(xs)
 	under := distuv.Binomial{N: float64(len(xs)), P: 0.5}
 	for j := 1; j <= len(xs); j++ {
 		// P(fewer than j figures under the median) = P(B <= j-1).
@@ -203,7 +208,11 @@ func (m rateSummary) boundNote() string {
 	}
 	note := fmt.Sprintf("At %d/s, over %d paired rounds, the CPU ratio's median is %s.", m.rate, all.n, boundPhrase(m.cpuRatioBound))
 	bound, basis := m.cpuRatioBound, "the rounds"
-	if h.n < all.n {
+	switch {
+	case h.n == 0:
+		note += " In no round did both tools hold the rate (within 1 %)."
+		bound, basis = math.NaN(), "the rounds where both held the rate"
+	case h.n < all.n:
 		note += fmt.Sprintf(" In the %d where both tools held the rate (within 1 %%), the ratio was %.2f (%.2f–%.2f), its median %s.",
 			h.n, h.median, h.lo, h.hi, boundPhrase(m.heldBound))
 		bound, basis = m.heldBound, "the rounds where both held the rate"
@@ -214,7 +223,7 @@ func (m rateSummary) boundNote() string {
 	case bound < 1:
 		return note + fmt.Sprintf(" By %s, kvload-exporter's CPU per request is under vegeta's.", basis)
 	}
-	return note + fmt.Sprintf(" %s do not show kvload-exporter's CPU per request under vegeta's.", strings.ToUpper(basis[:1])+basis[1:])
+	return note + fmt.Sprintf(" By %s, kvload-exporter's CPU per request is not shown under vegeta's.", basis)
 }
 
 func boundPhrase(b float64) string {

@@ -371,13 +371,15 @@ func TestBoundNote(t *testing.T) {
 		{"shown under", summary(r{0.90, true}, r{0.95, true}, r{0.97, true}, r{0.98, true}, r{0.99, true}),
 			[]string{"over 5 paired rounds, the CPU ratio's median is at most 0.99 with 95 % confidence", "By the rounds, kvload-exporter's CPU per request is under vegeta's."}},
 		{"one round over leaves it unshown", summary(r{0.90, true}, r{0.95, true}, r{0.97, true}, r{0.98, true}, r{1.01, true}),
-			[]string{"at most 1.01", "The rounds do not show"}},
+			[]string{"at most 1.01", "By the rounds, kvload-exporter's CPU per request is not shown under vegeta's."}},
 		{"too few", summary(r{0.9, true}, r{0.9, true}),
 			[]string{"not bounded (under 5 rounds)", "Too few of the rounds"}},
 		{"rounds behind the rate do not decide", summary(r{0.90, true}, r{0.95, true}, r{0.97, true}, r{0.98, true}, r{1.01, true}, r{0.5, false}, r{0.5, false}),
-			[]string{"In the 5 where both tools held the rate (within 1 %), the ratio was 0.97 (0.90–1.01), its median at most 1.01", "The rounds where both held the rate do not show"}},
+			[]string{"In the 5 where both tools held the rate (within 1 %), the ratio was 0.97 (0.90–1.01), its median at most 1.01", "By the rounds where both held the rate, kvload-exporter's CPU per request is not shown"}},
 		{"few held rounds", summary(r{0.90, true}, r{0.5, false}, r{0.5, false}, r{0.5, false}, r{0.5, false}),
 			[]string{"median is at most 0.90", "Too few of the rounds where both held the rate"}},
+		{"no round where both held", summary(r{0.5, false}, r{0.5, false}, r{0.5, false}, r{0.5, false}, r{0.5, false}),
+			[]string{"median is at most 0.50", "In no round did both tools hold the rate (within 1 %). Too few of the rounds where both held the rate"}},
 		{"no round", rateSummary{rate: 5000}, []string{""}},
 	}
 	for _, tt := range tests {
